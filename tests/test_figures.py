@@ -1,0 +1,170 @@
+"""Figure builders and the trace format, on hand-made step events (no model needed)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tr_core.events import StepEvent, SummaryEvent
+from tr_core.figures import (ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, MatrixTracker, Speed, accepted_chart,
+                             coloured_markdown, display_token, heatmap_figure, meter_html, tree_figure, tree_layout,
+                             unique_labels)
+from tr_core.trace import TextAssembler, Trace, TraceError, boundaries_from_texts
+
+VOCAB = {0: "<root>", 1: " the", 2: " cat", 3: " sat", 4: " dog", 5: "the", 6: "\n", 7: " on", 8: " mat", 9: "!"}
+
+
+def text_of(t: int) -> str:
+    return VOCAB.get(t, f"<{t}>")
+
+
+def make_event(step: int = 0) -> StepEvent:
+    """A 7-node tree: root -> {1, 4}; 1 -> {2, 5}; 2 -> {3}; 4 -> {7}. Accepted root-1-2, bonus 8."""
+    return StepEvent(
+        step=step, position=10 + step, tokens=[0, 1, 4, 2, 5, 7, 3], parents=[-1, 0, 0, 1, 1, 2, 3],
+        depths=[0, 1, 1, 2, 2, 2, 3], ranks=[-1, 0, 1, 0, 1, 0, 0], accepted=[0, 1, 3], emitted=[1, 2, 8], bonus=8,
+        timings={"draft": 0.1, "forward": 10.0, "verify": 0.2, "commit": 0.1, "update": 0.3, "total": 10.7},
+        matrix_rows=[0, 1, 2, 4], matrix_values=[[1, 4], [2, 5], [8, 3], [7, 9]],
+        matrix_probs=[[0.7, 0.2], [0.6, 0.3], [0.9, 0.05], [0.5, 0.4]], template="tiny",
+    )
+
+
+def node_traces(fig):
+    return {t.name: t for t in fig.data if t.mode == "markers+text"}
+
+
+def test_tree_figure_has_every_node_and_marks_the_accepted_path():
+    ev = make_event()
+    fig = tree_figure(ev, text_of)
+    nodes = node_traces(fig)
+    assert sum(len(t.x) for n, t in nodes.items() if not n.startswith("bonus")) == len(ev.tokens)
+    accepted = nodes["accepted draft tokens"]
+    assert list(accepted.customdata) == [1, 3]
+    assert accepted.marker.color == ACCEPTED_COLOUR
+    assert nodes["rejected draft tokens"].marker.color == REJECTED_COLOUR
+    assert sorted(nodes["rejected draft tokens"].customdata) == [2, 4, 5, 6]
+    bonus = nodes["bonus token (from the verify forward)"]
+    assert bonus.marker.color == BONUS_COLOUR and bonus.text == ("␣mat",)
+    # the accepted edges (root->1, 1->3) are drawn in the accepted colour, thicker
+    path_edges = [t for t in fig.data if t.mode == "lines" and t.line.color == ACCEPTED_COLOUR]
+    assert len(path_edges) == 1 and len([v for v in path_edges[0].x if v is None]) == 2
+    assert "2 accepted + 1 bonus" in fig.layout.title.text
+
+
+def test_tree_figure_root_on_top_and_hover_has_id_depth_rank():
+    ev = make_event()
+    fig = tree_figure(ev, text_of)
+    layout = tree_layout(tuple(ev.parents))
+    assert layout.y[0] == 0 and all(layout.y[i] == -ev.depths[i] for i in range(len(ev.tokens)))
+    hover = " ".join(node_traces(fig)["rejected draft tokens"].hovertext)
+    assert "id 4 · depth 1 · rank 1" in hover
+
+
+def test_tree_layout_is_cached_per_shape_and_children_keep_parent_order():
+    tree_layout.cache_clear()
+    parents = (-1, 0, 0, 1, 1, 2, 3)
+    a = tree_layout(parents)
+    assert tree_layout(parents) is a
+    assert tree_layout.cache_info().hits == 1
+    # node 5 (child of 2) is right of nodes 3 and 4 (children of 1), since 2 is right of 1
+    assert a.x[1] < a.x[2] and a.x[3] < a.x[4] < a.x[5]
+
+
+def test_tree_figure_handles_any_tree_shape_and_missing_event():
+    ev = make_event()
+    ev.tokens, ev.parents, ev.depths, ev.ranks, ev.accepted = [0, 1], [-1, 0], [0, 1], [-1, 0], [0]
+    ev.bonus, ev.node_probs = None, [1.0, 0.4]
+    fig = tree_figure(ev, text_of)
+    assert "accepted draft tokens" in node_traces(fig) and "bonus token (from the verify forward)" not in node_traces(fig)
+    assert len(tree_figure(None, text_of).data) == 0
+
+
+def test_heatmap_labels_are_unique_and_rows_touched_this_step_come_first():
+    tracker = MatrixTracker()
+    ev = make_event()
+    tracker.update(ev)
+    fig = heatmap_figure(tracker, ev, text_of)
+    heat = fig.data[0]
+    labels = list(heat.y)[::-1]
+    assert len(labels) == len(set(labels)) == 4
+    assert labels[0] == "● <root>" and labels[1] == "● ␣the"  # accepted path rows first: root, " the", " cat"
+    assert list(list(heat.z)[::-1][0]) == [0.7, 0.2]
+    assert unique_labels([1, 5, 1], lambda t: "x") == ["x #1", "x #5", "x #1"]
+    assert tracker.hits[0] == 1 and tracker.hits[1] == 1  # root row's rank-0 candidate and " the" row's accepted
+
+
+def test_heatmap_keeps_most_hit_rows_from_earlier_steps():
+    tracker = MatrixTracker()
+    first = make_event(0)
+    tracker.update(first)
+    later = make_event(1)
+    later.matrix_rows, later.matrix_values, later.matrix_probs = [9], [[1, 2]], [[0.5, 0.5]]
+    later.accepted = [0]
+    tracker.update(later)
+    rows = tracker.window(later, max_rows=4)
+    assert rows[0] == 9 and set(rows[1:]) <= {0, 1, 2, 4}
+
+
+def test_accepted_chart_and_meter():
+    events = [make_event(i) for i in range(3)]
+    fig = accepted_chart(events, current=1)
+    assert list(fig.data[0].y) == [3, 3, 3] and fig.data[0].marker.color[1] == BONUS_COLOUR
+    html = meter_html(Speed(tr_tps=30.0, plain_tps=15.0, plain_is_estimate=False, mean_accepted=2.5, identical=True))
+    assert "2.00×" in html and "token-identical" in html and "measured" in html
+    est = meter_html(Speed(tr_tps=30.0, plain_tps=12.0, plain_is_estimate=True))
+    assert "estimate" in est and "not compared" in est
+    assert "✗" in meter_html(Speed(tr_tps=1.0, plain_tps=1.0, plain_is_estimate=False, identical=False))
+
+
+def test_coloured_markdown_keeps_code_and_block_markers_plain():
+    text = "Here:\n```python\nprint('x')\n```\n- item `a<b`\n# Title"
+    bounds = [3, 20, 35, len(text)]
+    out = coloured_markdown(text, bounds)
+    assert "```python\nprint('x')\n```" in out  # code fence untouched
+    assert "`a<b`" in out  # inline code untouched, not escaped
+    assert "\n- " in out and "\n# " in out  # block markers stay at line start
+    assert 'class="tr-run-a"' in out and 'class="tr-run-b"' in out
+    assert "<span" not in out.split("```")[1]
+    plain = coloured_markdown("1 < 2 & 3", [9])
+    assert "&lt;" in plain and "&amp;" in plain
+
+
+def test_display_token_shows_whitespace():
+    assert display_token(" a\n") == "␣a↵" and display_token("") == "∅" and display_token("abcdefghijkl", 5) == "abcd…"
+
+
+def test_trace_round_trip_and_errors(tmp_path):
+    trace = Trace(model="tiny", settings={"template": "tiny"}, messages=[{"role": "user", "content": "hi"}])
+    asm = TextAssembler(lambda ids: "".join(text_of(t) for t in ids))
+    for i in range(2):
+        ev = make_event(i)
+        trace.add_step(ev, text_of)
+        asm.push(ev.emitted)
+    trace.step_texts = asm.step_texts()
+    trace.summary = SummaryEvent(tokens=[1, 2, 8, 1, 2, 8], prompt_tokens=5, new_tokens=6, steps=2, mean_accepted=3.0,
+                                 tokens_per_s=100.0, prefill_s=0.1, decode_s=0.06, wall_s=0.16, stop_reason="length",
+                                 method="recycling", template="tiny", matrix_rows_filled=5, matrix_mb=0.1)
+    path = trace.save(tmp_path / "t.json")
+    back = Trace.load(path)
+    assert back.steps == trace.steps and back.summary == trace.summary and back.token_text(8) == " mat"
+    assert back.answer == " the cat mat the cat mat" and boundaries_from_texts(back.step_texts) == [12, 24]
+    assert back.identical is None
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "other"}))
+    with pytest.raises(TraceError):
+        Trace.load(tmp_path / "bad.json")
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(TraceError):
+        Trace.load(tmp_path / "broken.json")
+    data = trace.to_dict()
+    data["steps"][0].pop("tokens")
+    with pytest.raises(TraceError):
+        Trace.from_dict(data)
+
+
+def test_text_assembler_waits_for_complete_characters():
+    pieces = {1: b"\xe2\x82", 2: b"\xac!", 3: b" ok"}
+    asm = TextAssembler(lambda ids: b"".join(pieces[i] for i in ids).decode("utf-8", errors="replace"))
+    asm.push([1])
+    asm.push([2])
+    asm.push([3])
+    assert asm.text == "€! ok" and asm.step_texts() == ["", "€!", " ok"]

@@ -1,0 +1,410 @@
+"""Figures of the studio, built from plain-data step events: draft tree, adjacency-matrix window, charts.
+
+Every builder is a pure function of events (plus a `token_text(id) -> str` lookup), so the live app, the
+replay of a saved trace and the tests draw the same pictures from the same data.
+"""
+from __future__ import annotations
+
+import html
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable
+
+import networkx as nx
+import plotly.graph_objects as go
+
+from .events import StepEvent
+
+TokenText = Callable[[int], str]
+
+# Colours chosen for a projector: strong for what was accepted, muted for what was rejected.
+ROOT_COLOUR = "#1e3a8a"
+ACCEPTED_COLOUR = "#16a34a"
+BONUS_COLOUR = "#f59e0b"
+REJECTED_COLOUR = "#cbd5e1"
+REJECTED_TEXT = "#64748b"
+EDGE_COLOUR = "#cbd5e1"
+# Soft background colours that alternate between the accepted runs of consecutive steps in the chat.
+RUN_CLASSES = ("tr-run-a", "tr-run-b")
+
+
+def display_token(text: str, max_len: int = 10) -> str:
+    """Make a token string visible in a label: spaces as '␣', newlines as '↵', tabs as '⇥', cut to max_len."""
+    shown = text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "")
+    if shown == "":
+        shown = "∅"
+    return shown if len(shown) <= max_len else shown[: max_len - 1] + "…"
+
+
+# --------------------------------------------------------------------------------------------- draft tree
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """Positions of a draft tree's nodes: root at the top (y = 0), depth d at y = -d, x in [0, 1]."""
+
+    x: tuple[float, ...]
+    y: tuple[float, ...]
+
+
+@lru_cache(maxsize=64)
+def tree_layout(parents: tuple[int, ...]) -> TreeLayout:
+    """Layered layout of a tree given by parent indices (root: -1), computed once per tree shape.
+
+    Nodes of one depth are spread evenly over the width in depth-first order, so children sit under
+    their parents' side of the tree and no two edges cross.
+    """
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(len(parents)))
+    graph.add_edges_from((p, i) for i, p in enumerate(parents) if p >= 0)
+    depth = nx.shortest_path_length(graph, 0)
+    order = {node: i for i, node in enumerate(nx.dfs_preorder_nodes(graph, 0, sort_neighbors=sorted))}
+    levels: dict[int, list[int]] = {}
+    for node in sorted(graph.nodes, key=lambda n: order.get(n, n)):
+        levels.setdefault(depth.get(node, 0), []).append(node)
+    x = [0.5] * len(parents)
+    y = [0.0] * len(parents)
+    for d, members in levels.items():
+        for i, node in enumerate(members):
+            x[node] = (i + 0.5) / len(members)
+            y[node] = -float(d)
+    return TreeLayout(tuple(x), tuple(y))
+
+
+def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = 430) -> go.Figure:
+    """The draft tree of one step: accepted path green, bonus token amber star, rejected nodes muted.
+
+    Hover shows token id, depth and candidate rank; the layout depends only on the tree's shape.
+    """
+    fig = go.Figure()
+    _style(fig, height)
+    if ev is None or not ev.tokens:
+        fig.add_annotation(text="The draft tree of each step appears here", showarrow=False, x=0.5, y=0.5,
+                           xref="paper", yref="paper", font=dict(size=16, color=REJECTED_TEXT))
+        return fig
+    layout = tree_layout(tuple(ev.parents))
+    accepted = set(ev.accepted)
+    n = len(ev.tokens)
+
+    # Edges: one trace for muted edges, one for the accepted path (None separates segments).
+    for on_path in (False, True):
+        ex: list[float | None] = []
+        ey: list[float | None] = []
+        for i in range(1, n):
+            p = ev.parents[i]
+            if (i in accepted and p in accepted) == on_path:
+                ex += [layout.x[p], layout.x[i], None]
+                ey += [layout.y[p], layout.y[i], None]
+        fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", hoverinfo="skip", showlegend=False,
+                                 line=dict(color=ACCEPTED_COLOUR if on_path else EDGE_COLOUR, width=4 if on_path else 1)))
+
+    groups = {"root": [0], "accepted": [i for i in ev.accepted if i != 0],
+              "rejected": [i for i in range(1, n) if i not in accepted]}
+    styles = {
+        "root": dict(color=ROOT_COLOUR, size=24, symbol="circle", text=ROOT_COLOUR, name="root (last committed token)"),
+        "accepted": dict(color=ACCEPTED_COLOUR, size=22, symbol="circle", text="#14532d", name="accepted draft tokens"),
+        "rejected": dict(color=REJECTED_COLOUR, size=11, symbol="circle", text=REJECTED_TEXT, name="rejected draft tokens"),
+    }
+    for group in ("rejected", "root", "accepted"):
+        nodes = groups[group]
+        style = styles[group]
+        hover = []
+        for i in nodes:
+            prob = f"<br>p(reach) ≈ {ev.node_probs[i]:.2f}" if ev.node_probs and i < len(ev.node_probs) else ""
+            rank = "root" if ev.ranks[i] < 0 else f"rank {ev.ranks[i]}"
+            hover.append(f"<b>{html.escape(repr(token_text(ev.tokens[i])))}</b><br>id {ev.tokens[i]} · depth {ev.depths[i]}"
+                         f" · {rank}<br>node {i}, parent {ev.parents[i]}{prob}")
+        fig.add_trace(go.Scatter(
+            x=[layout.x[i] for i in nodes], y=[layout.y[i] for i in nodes], mode="markers+text",
+            name=style["name"], text=[display_token(token_text(ev.tokens[i]), 8 if group != "rejected" else 6) for i in nodes],
+            textposition="top center" if group != "rejected" else "bottom center",
+            textfont=dict(size=15 if group != "rejected" else 10, color=style["text"]),
+            marker=dict(color=style["color"], size=style["size"], symbol=style["symbol"],
+                        line=dict(color="white", width=1.5)),
+            hovertext=hover, hoverinfo="text", customdata=nodes,
+        ))
+
+    if ev.bonus is not None:
+        last = ev.accepted[-1] if ev.accepted else 0
+        bx, by = layout.x[last], layout.y[last] - 0.55
+        fig.add_trace(go.Scatter(x=[layout.x[last], bx], y=[layout.y[last], by], mode="lines", hoverinfo="skip",
+                                 showlegend=False, line=dict(color=BONUS_COLOUR, width=3, dash="dot")))
+        fig.add_trace(go.Scatter(
+            x=[bx], y=[by], mode="markers+text", name="bonus token (from the verify forward)",
+            text=[display_token(token_text(ev.bonus), 10)], textposition="middle right",
+            textfont=dict(size=15, color="#92400e"),
+            marker=dict(color=BONUS_COLOUR, size=24, symbol="star", line=dict(color="white", width=1)),
+            hovertext=[f"<b>bonus</b> {html.escape(repr(token_text(ev.bonus)))}<br>id {ev.bonus}"], hoverinfo="text",
+        ))
+    depth = max(ev.depths) if ev.depths else 0
+    fig.update_yaxes(range=[-depth - 0.9, 0.6])
+    fig.update_xaxes(range=[-0.03, 1.03])
+    n_acc = len(ev.accepted) - 1 if ev.accepted else 0
+    fig.update_layout(title=dict(
+        text=f"Step {ev.step + 1}: {n - 1} draft tokens → {n_acc} accepted + {1 if ev.bonus is not None else 0} bonus",
+        x=0.01, font=dict(size=17)))
+    return fig
+
+
+# ----------------------------------------------------------------------------------- adjacency matrix
+
+
+@dataclass
+class MatrixTracker:
+    """Latest known rows of the adjacency matrix and how often each row was used, accumulated from events.
+
+    `hits[row]` counts the steps in which a candidate of that row was accepted (its token was the parent
+    of an accepted draft token): the rows that made decoding faster.
+    """
+
+    values: dict[int, list[int]] = field(default_factory=dict)
+    probs: dict[int, list[float]] = field(default_factory=dict)
+    hits: Counter = field(default_factory=Counter)
+    writes: Counter = field(default_factory=Counter)
+
+    def update(self, ev: StepEvent) -> None:
+        """Fold one step into the tracker: its accepted rows' hits and the rows it rewrote."""
+        for i in ev.accepted[1:]:
+            self.hits[ev.tokens[ev.parents[i]]] += 1
+        for j, row in enumerate(ev.matrix_rows):
+            self.values[row] = list(ev.matrix_values[j])
+            if j < len(ev.matrix_probs):
+                self.probs[row] = list(ev.matrix_probs[j])
+            self.writes[row] += 1
+
+    def window(self, ev: StepEvent | None, max_rows: int = 12, step_rows: int = 6) -> list[int]:
+        """Rows to show: those of this step's accepted path (rewritten now), then the most-hit rows."""
+        rows: list[int] = []
+        if ev is not None:
+            touched = set(ev.matrix_rows)
+            for tok in [ev.tokens[i] for i in ev.accepted] + list(ev.matrix_rows):
+                if tok in touched and tok in self.values and tok not in rows:
+                    rows.append(tok)
+                if len(rows) >= step_rows:
+                    break
+        for row, _ in self.hits.most_common():
+            if len(rows) >= max_rows:
+                break
+            if row in self.values and row not in rows:
+                rows.append(row)
+        return rows
+
+
+def unique_labels(rows: list[int], token_text: TokenText, max_len: int = 12) -> list[str]:
+    """Row labels from token strings, made unique by appending the token id where two look the same."""
+    shown = [display_token(token_text(r), max_len) for r in rows]
+    counts = Counter(shown)
+    return [f"{s} #{r}" if counts[s] > 1 else s for s, r in zip(shown, rows)]
+
+
+def heatmap_figure(tracker: MatrixTracker, ev: StepEvent | None, token_text: TokenText,
+                   max_rows: int = 12, height: int = 430) -> go.Figure:
+    """A window of the adjacency matrix: rows = tokens, columns = candidate rank, colour = candidate probability."""
+    fig = go.Figure()
+    _style(fig, height)
+    rows = tracker.window(ev, max_rows=max_rows)
+    if not rows:
+        fig.add_annotation(text="Rows of the adjacency matrix appear here", showarrow=False, x=0.5, y=0.5,
+                           xref="paper", yref="paper", font=dict(size=16, color=REJECTED_TEXT))
+        return fig
+    touched = set(ev.matrix_rows) if ev is not None else set()
+    k = max(len(tracker.values[r]) for r in rows)
+    labels = unique_labels(rows, token_text)
+    labels = [("● " if r in touched else "") + lab for lab, r in zip(labels, rows)]
+    z, text, hover = [], [], []
+    for r, lab in zip(rows, labels):
+        vals = tracker.values[r] + [None] * (k - len(tracker.values[r]))
+        probs = tracker.probs.get(r, [])
+        z.append([probs[j] if j < len(probs) else None for j in range(k)])
+        text.append([display_token(token_text(v), 8) if v is not None else "" for v in vals])
+        hover.append([
+            (f"row {html.escape(repr(token_text(r)))} (id {r}) → rank {j}: {html.escape(repr(token_text(v)))} (id {v})"
+             + (f"<br>p = {probs[j]:.3f}" if j < len(probs) else "")
+             + f"<br>hits {tracker.hits[r]}, rewrites {tracker.writes[r]}")
+            if v is not None else "" for j, v in enumerate(vals)])
+    # Reverse so the first row is drawn at the top.
+    fig.add_trace(go.Heatmap(
+        z=z[::-1], x=[f"#{j}" for j in range(k)], y=labels[::-1], text=text[::-1], texttemplate="%{text}",
+        textfont=dict(size=13), hovertext=hover[::-1], hoverinfo="text", colorscale="Blues", zmin=0.0, zmax=1.0,
+        xgap=2, ygap=2, colorbar=dict(title=dict(text="p", side="right"), thickness=12, len=0.8),
+    ))
+    fig.update_layout(
+        title=dict(text="Adjacency matrix window (● = rewritten this step)", x=0.01, font=dict(size=17)),
+        margin=dict(l=10, r=10, t=44, b=30),
+    )
+    fig.update_xaxes(visible=True, showgrid=False, side="bottom", title=dict(text="candidate rank", font=dict(size=12)),
+                     tickfont=dict(size=12))
+    fig.update_yaxes(visible=True, showgrid=False, tickfont=dict(size=14, family="monospace"), automargin=True)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------- charts
+
+
+def accepted_chart(events: list[StepEvent], current: int | None = None, height: int = 220) -> go.Figure:
+    """Tokens emitted per step (accepted draft tokens + bonus) as bars, the selected step highlighted."""
+    fig = go.Figure()
+    _style(fig, height)
+    lengths = [len(e.emitted) for e in events]
+    if not lengths:
+        fig.add_annotation(text="Tokens per step", showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                           font=dict(size=14, color=REJECTED_TEXT))
+        return fig
+    colours = [BONUS_COLOUR if current is not None and i == current else ACCEPTED_COLOUR for i in range(len(lengths))]
+    fig.add_trace(go.Bar(x=list(range(1, len(lengths) + 1)), y=lengths, marker_color=colours, showlegend=False,
+                         hovertemplate="step %{x}: %{y} tokens<extra></extra>"))
+    mean = sum(lengths) / len(lengths)
+    fig.add_hline(y=mean, line=dict(color=ROOT_COLOUR, dash="dash", width=2),
+                  annotation_text=f"mean {mean:.2f} tokens/step", annotation_position="top left",
+                  annotation_font=dict(size=13, color=ROOT_COLOUR))
+    fig.update_xaxes(visible=True, showgrid=False, title=dict(text="step", font=dict(size=12)))
+    fig.update_yaxes(visible=True, showgrid=True, gridcolor="#eef2f7", rangemode="tozero", dtick=1,
+                     title=dict(text="tokens", font=dict(size=12)))
+    fig.update_layout(margin=dict(l=50, r=10, t=16, b=40), bargap=0.15)
+    return fig
+
+
+def _style(fig: go.Figure, height: int) -> None:
+    fig.update_layout(
+        height=height, template="plotly_white", margin=dict(l=10, r=10, t=44, b=10),
+        paper_bgcolor="white", plot_bgcolor="white", font=dict(size=14),
+        legend=dict(orientation="h", yanchor="bottom", y=-0.12, x=0.0, font=dict(size=12)),
+        uirevision="keep",
+    )
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+
+
+# ------------------------------------------------------------------------------------ speed and text
+
+
+@dataclass
+class Speed:
+    """What the speedup meter shows; every number comes from engine-side timings (UI time excluded)."""
+
+    tr_tps: float | None = None  # Token Recycling tokens/s (SummaryEvent.tokens_per_s, or live from step timings)
+    plain_tps: float | None = None  # plain decoding tokens/s
+    plain_is_estimate: bool = True  # True until plain decoding was measured on this very prompt
+    mean_accepted: float | None = None  # tokens per step, bonus included
+    identical: bool | None = None  # both outputs token-identical (None = not compared)
+    live: bool = False  # numbers still accumulating during a run
+    note: str = ""  # extra line, e.g. where an estimate comes from
+
+
+def meter_html(s: Speed) -> str:
+    """The speedup meter as HTML: big ratio, both speeds, mean accepted tokens, identical-output flag."""
+    def num(v: float | None, fmt: str = "{:.1f}") -> str:
+        return fmt.format(v) if v is not None else "—"
+
+    ratio = s.tr_tps / s.plain_tps if s.tr_tps and s.plain_tps else None
+    ratio_label = "speedup (estimate)" if s.plain_is_estimate else "speedup (measured)"
+    if s.identical is None:
+        flag = '<span class="tr-flag tr-flag-none">outputs not compared</span>'
+    elif s.identical:
+        flag = '<span class="tr-flag tr-flag-ok">✓ token-identical to plain decoding</span>'
+    else:
+        flag = '<span class="tr-flag tr-flag-bad">✗ outputs differ from plain decoding</span>'
+    plain_label = "plain tok/s" + (" (estimate)" if s.plain_is_estimate and s.plain_tps else "")
+    live = ' <span class="tr-live">live</span>' if s.live else ""
+    note = f'<div class="tr-note">{html.escape(s.note)}</div>' if s.note else ""
+    return (
+        '<div class="tr-meter" id="tr-meter">'
+        f'<div class="tr-big"><span class="tr-ratio" id="tr-ratio">{num(ratio, "{:.2f}")}×</span>'
+        f'<span class="tr-biglabel">{ratio_label}{live}</span></div>'
+        '<div class="tr-cells">'
+        f'<div class="tr-cell"><span class="tr-val" id="tr-tps">{num(s.tr_tps)}</span><span class="tr-lab">Token Recycling tok/s</span></div>'
+        f'<div class="tr-cell"><span class="tr-val" id="tr-plain">{num(s.plain_tps)}</span><span class="tr-lab">{plain_label}</span></div>'
+        f'<div class="tr-cell"><span class="tr-val" id="tr-mat">{num(s.mean_accepted, "{:.2f}")}</span><span class="tr-lab">mean accepted tokens/step</span></div>'
+        f'</div>{flag}{note}</div>'
+    )
+
+
+def _code_zones(text: str) -> list[tuple[int, int]]:
+    """Character ranges of fenced code blocks (``` or ~~~) and inline code spans, where no HTML may go."""
+    zones: list[tuple[int, int]] = []
+    pos, n = 0, len(text)
+    in_fence, fence_start, fence = False, 0, ""
+    while pos < n:
+        line_end = text.find("\n", pos)
+        line_end = n if line_end < 0 else line_end + 1
+        stripped = text[pos:line_end].lstrip()
+        if in_fence:
+            if stripped.startswith(fence):
+                zones.append((fence_start, line_end))
+                in_fence = False
+        elif stripped.startswith("```") or stripped.startswith("~~~"):
+            in_fence, fence_start, fence = True, pos, stripped[:3]
+        else:
+            i = pos
+            while i < line_end:
+                if text[i] == "`":
+                    run = len(text[i:line_end]) - len(text[i:line_end].lstrip("`"))
+                    close = text.find("`" * run, i + run, line_end)
+                    end = close + run if close >= 0 else line_end
+                    zones.append((i, end))
+                    i = end
+                else:
+                    i += 1
+        pos = line_end
+    if in_fence:
+        zones.append((fence_start, n))  # an open fence while streaming: keep it plain
+    return zones
+
+
+_BLOCK_MARKERS = ("#", "-", "*", "+", ">", "|", "=")
+
+
+def coloured_markdown(text: str, boundaries: list[int]) -> str:
+    """Wrap each step's run of text in alternating soft-coloured spans, leaving markdown structure intact.
+
+    `boundaries[i]` is the end offset of step i's text. Spans never enter code (fenced or inline), never
+    cross a line break, and never cover a line's leading block marker, so lists, headings, tables and code
+    render as they would without colour. Text outside spans keeps its markdown; '<' and '&' are escaped.
+    """
+    zones = _code_zones(text)
+    in_code = [False] * (len(text) + 1)
+    for a, b in zones:
+        for i in range(a, min(b, len(text))):
+            in_code[i] = True
+    out: list[str] = []
+    start = 0
+    for step, end in enumerate(boundaries):
+        end = min(end, len(text))
+        if end <= start:
+            continue
+        cls = RUN_CLASSES[step % 2]
+        i = start
+        while i < end:
+            j = i
+            plain = in_code[i]
+            while j < end and in_code[j] == plain and text[j] != "\n":
+                j += 1
+            if j == i:  # a newline
+                out.append(text[i])
+                i += 1
+                continue
+            piece = text[i:j]
+            if plain:
+                out.append(piece)
+            else:
+                line_start = i == 0 or text[i - 1] == "\n"
+                lead = ""
+                if line_start:
+                    stripped = piece.lstrip()
+                    lead_len = len(piece) - len(stripped)
+                    marker = ""
+                    if stripped[:1] in _BLOCK_MARKERS:
+                        marker = stripped.split(" ", 1)[0] + (" " if " " in stripped else "")
+                    elif stripped[:1].isdigit():
+                        head = stripped.split(" ", 1)[0]
+                        if head.rstrip(".)").isdigit() and head[-1:] in ".)":
+                            marker = head + (" " if " " in stripped else "")
+                    lead = piece[: lead_len + len(marker)]
+                    piece = piece[lead_len + len(marker):]
+                body = html.escape(piece, quote=False)
+                out.append(lead + (f'<span class="{cls}">{body}</span>' if piece.strip() else body))
+            i = j
+        start = end
+    out.append(html.escape(text[start:], quote=False) if start < len(text) else "")
+    return "".join(out)
