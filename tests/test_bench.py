@@ -1,0 +1,269 @@
+"""Tests of the benchmark: question files, method parsing, per-task aggregation, reports, the JSON contract
+on a tiny random model, and the forward-cost profiler."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from tr_core import bench, profile
+from tr_core.questions import (
+    MULTI_TURN,
+    QuestionFileError,
+    load_questions,
+    select_questions,
+    task_of,
+)
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tr_core")
+    sub = p.add_subparsers(dest="command", required=True)
+    bench.register(sub)
+    profile.register(sub)
+    return p
+
+
+def _write(tmp_path: Path, name: str, lines: list[str]) -> Path:
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+GOOD = [
+    '{"question_id": 1, "category": "writing", "turns": ["Write a haiku.", "Now another."]}',
+    "",
+    '{"question_id": 2, "category": "translation", "turns": ["Translate: hallo"]}',
+    '{"question_id": 3, "category": "code", "turns": ["def f():"]}',
+]
+
+
+# ----------------------------------------------------------------------------- question files
+
+
+def test_good_file_parses_with_lines_and_tasks(tmp_path):
+    qs = load_questions(_write(tmp_path, "q.jsonl", GOOD))
+    assert [q.question_id for q in qs] == [1, 2, 3]
+    assert [q.line for q in qs] == [1, 3, 4]  # the blank line is skipped but counted
+    assert qs[0].turns == ("Write a haiku.", "Now another.")
+    assert [q.task for q in qs] == [MULTI_TURN, "translation", "code"]
+    assert qs[1].key == "q/2"
+
+
+def test_missing_file_names_the_file(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(QuestionFileError, match=r"nope\.jsonl: no such file"):
+        load_questions(missing)
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ('{"question_id": 9, "category": "qa", "turns": ["a"]', "not valid JSON"),
+        ('{"question_id": 9, "category": "qa"}', "missing 'turns'"),
+        ('{"question_id": 9, "turns": ["a"]}', "missing 'category'"),
+        ('{"question_id": 9, "category": "qa", "turns": []}', "'turns' must be a non-empty list"),
+        ('{"question_id": 9, "category": "qa", "turns": ["ok", 3]}', r"'turns'\[1\]"),
+        ('[1, 2]', "expected a JSON object"),
+        ('{"question_id": 1, "category": "qa", "turns": ["dup"]}', "duplicate question_id 1"),
+    ],
+)
+def test_malformed_line_names_file_and_line(tmp_path, bad, message):
+    path = _write(tmp_path, "bad.jsonl", [GOOD[0], bad])
+    with pytest.raises(QuestionFileError, match=message) as info:
+        load_questions(path)
+    assert str(info.value).startswith(f"{path}:2: ")
+    assert info.value.line == 2
+
+
+def test_empty_file_is_an_error(tmp_path):
+    with pytest.raises(QuestionFileError, match="no questions"):
+        load_questions(_write(tmp_path, "empty.jsonl", ["", "  "]))
+
+
+def test_task_mapping():
+    for cat in ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"):
+        assert task_of(cat) == MULTI_TURN
+    for cat in ("translation", "summarization", "qa", "math_reasoning", "rag", "code"):
+        assert task_of(cat) == cat
+
+
+def test_select_per_task_is_round_robin_and_deterministic(tmp_path):
+    lines = [json.dumps({"question_id": i, "category": c, "turns": ["x"]})
+             for i, c in enumerate(["qa", "qa", "qa", "writing", "stem", "rag"])]
+    qs = load_questions(_write(tmp_path, "q.jsonl", lines))
+    picked = select_questions(qs, per_task=2)
+    # task order: multi-turn first, then qa, then rag; two each where available
+    assert [q.question_id for q in picked] == [3, 0, 5, 4, 1]
+    assert [q.question_id for q in select_questions(qs, per_task=2, limit=3)] == [3, 0, 5]
+    assert select_questions(qs, per_task=2) == picked
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason="shared data folder not present")
+def test_shared_files_parse_and_cover_all_tasks():
+    qs = load_questions(DATA / "spec_bench_dev.jsonl") + load_questions(DATA / "mbpp_dev.jsonl")
+    picked = select_questions(qs, per_task=4)
+    assert len(picked) == 28
+    assert {q.task for q in picked} == {MULTI_TURN, "translation", "summarization", "qa", "math_reasoning", "rag", "code"}
+
+
+# ----------------------------------------------------------------------------- methods and input validation
+
+
+def test_method_names_single_and_several_templates():
+    specs = bench.parse_methods("recycling,hf,pld", "2.2.2")
+    assert [s.name for s in specs] == ["vanilla", "recycling", "hf", "pld"]  # vanilla added, first
+    assert specs[1].template == "2.2.2"
+    specs = bench.parse_methods("hf,vanilla,recycling", "2.2.2,adaptive")
+    assert [s.name for s in specs] == ["vanilla", "hf", "recycling[2.2.2]", "recycling[adaptive]"]
+    assert [s.template for s in specs if s.kind == "recycling"] == ["2.2.2", "adaptive"]
+    specs = bench.parse_methods("vanilla,recycling[chain-4]", "2.2.2")
+    assert specs[1] == bench.MethodSpec("recycling[chain-4]", "recycling", "chain-4")
+
+
+@pytest.mark.parametrize(
+    "methods, template, message",
+    [
+        ("vanilla,medusa", "2.2.2", "unknown method 'medusa'"),
+        ("vanilla,recycling", "2.9.9", "unknown template '2.9.9'"),
+        ("recycling[nope]", "2.2.2", "unknown template 'nope'"),
+        ("hf,hf", "2.2.2", "listed twice: hf"),
+        (" , ", "2.2.2", "at least one method"),
+    ],
+)
+def test_bad_methods_and_templates(methods, template, message):
+    with pytest.raises(bench.BenchInputError, match=message):
+        bench.parse_methods(methods, template)
+
+
+def test_bad_input_exits_before_loading_a_model(tmp_path, capsys, monkeypatch):
+    import tr_core
+
+    def boom(*a, **k):  # any model load here is a failure of the validation order
+        raise AssertionError("model loaded before input validation")
+
+    monkeypatch.setattr(tr_core, "load_model", boom, raising=False)
+    bad = _write(tmp_path, "bad.jsonl", [GOOD[0], '{"question_id": 5, "category": "qa"}'])
+    args = _parser().parse_args(["bench", "--questions", str(bad)])
+    assert args.func(args) == 2
+    assert f"{bad}:2: missing 'turns'" in capsys.readouterr().err
+    good = _write(tmp_path, "good.jsonl", GOOD)
+    for extra, message in [(["--methods", "vanilla,foo"], "unknown method 'foo'"),
+                           (["--template", "zzz"], "unknown template 'zzz'"),
+                           (["--max-new-tokens", "0"], "--max-new-tokens"),
+                           (["--json", str(tmp_path / "no" / "x.json")], "does not exist")]:
+        args = _parser().parse_args(["bench", "--questions", str(good), *extra])
+        assert args.func(args) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_cut_at_stop():
+    assert bench.cut_at_stop([5, 6, 2, 7], {2}, 10) == ([5, 6, 2], [5, 6])
+    assert bench.cut_at_stop([5, 6, 7, 8], {2}, 3) == ([5, 6, 7], [5, 6, 7])
+    assert bench.cut_at_stop([2], {2, 3}, 3) == ([2], [])
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+
+def _rec(method, q, task, turn, tokens, seconds, steps, answer, accepted=(), nodes=0):
+    return bench.TurnRecord(method=method, question=q, category=task, task=task, turn=turn, prompt_tokens=10,
+                            tokens=tokens, seconds=seconds, steps=steps, answer_ids=list(answer),
+                            accepted_lengths=list(accepted), tree_nodes=nodes)
+
+
+def _records():
+    return [
+        _rec("vanilla", "a/1", "qa", 0, 10, 2.0, 10, [1, 2, 3]),
+        _rec("vanilla", "a/2", "rag", 0, 20, 4.0, 20, [4, 5]),
+        _rec("vanilla", "a/2", "rag", 1, 6, 1.0, 6, [6]),
+        _rec("recycling", "a/1", "qa", 0, 10, 1.0, 4, [1, 2, 3], accepted=[3, 3, 3, 1], nodes=4 * 81),
+        _rec("recycling", "a/2", "rag", 0, 20, 1.0, 5, [4, 5], accepted=[4] * 5, nodes=5 * 81),
+        _rec("recycling", "a/2", "rag", 1, 6, 1.0, 3, [6, 9], accepted=[2, 2, 2], nodes=3 * 81),
+        _rec("hf", "a/1", "qa", 0, 10, 2.5, None, [1, 2, 3]),
+        _rec("hf", "a/2", "rag", 0, 20, 5.0, None, [4, 5]),
+        _rec("hf", "a/2", "rag", 1, 6, 1.5, None, [6]),
+    ]
+
+
+def test_aggregate_totals_speedup_identical():
+    agg = bench.aggregate(_records(), ["vanilla", "recycling", "hf"])
+    v, r, h = agg["vanilla"], agg["recycling"], agg["hf"]
+    assert v["speedup"] == pytest.approx(1.0) and v["mean_accepted"] == pytest.approx(1.0)
+    assert (v["identical"], v["compared"]) == (3, 3)
+    assert r["tokens"] == 36 and r["steps"] == 12
+    assert r["mean_accepted"] == pytest.approx(36 / 12)
+    assert r["speedup"] == pytest.approx(7.0 / 3.0)
+    assert r["tokens_per_s"] == pytest.approx(36 / 3.0)
+    assert (r["identical"], r["compared"]) == (2, 3)  # the second turn of a/2 differs
+    assert r["mean_tree_nodes"] == pytest.approx(81)
+    assert r["accepted_histogram"] == {"1": 1, "2": 3, "3": 3, "4": 5}
+    assert h["mean_accepted"] is None and h["steps"] is None  # unknown forwards -> n/a, not 0
+    assert h["speedup"] == pytest.approx(7.0 / 9.0)
+
+
+def test_aggregate_per_task():
+    agg = bench.aggregate(_records(), ["vanilla", "recycling"])
+    per = agg["recycling"]["per_category"]
+    assert list(per) == ["qa", "rag"]  # Spec-Bench task order
+    assert per["qa"]["speedup"] == pytest.approx(2.0)
+    assert per["qa"]["mean_accepted"] == pytest.approx(10 / 4)
+    assert per["rag"]["speedup"] == pytest.approx(5.0 / 2.0)
+    assert per["rag"]["mean_accepted"] == pytest.approx(26 / 8)
+    assert per["rag"]["tokens_per_s"] == pytest.approx(13.0)
+    assert (per["rag"]["identical"], per["rag"]["compared"]) == (1, 2)
+
+
+def test_tables_and_html_report(tmp_path):
+    specs = bench.parse_methods("recycling,hf", "2.2.2")
+    qs = load_questions(_write(tmp_path, "a.jsonl", [
+        '{"question_id": 1, "category": "qa", "turns": ["x"]}',
+        '{"question_id": 2, "category": "rag", "turns": ["x", "y"]}']))
+    meta = {"model": "m", "device": "cpu", "machine": "test", "dtype": "float32", "torch": "t", "transformers": "t",
+            "date": "d", "max_new_tokens": 8, "temperature": 0.0, "template": "2.2.2", "command": "c"}
+    result = bench.build_result(_records(), specs, qs, meta)
+    text = bench.format_tables(result)
+    assert "| recycling | 3.00 | 12.0 | 2.33x | 2/3 |" in text
+    assert "| hf | n/a |" in text
+    assert "2.00x (2.50)" in text  # recycling on qa: speedup (mean accepted)
+    out = tmp_path / "r.html"
+    bench.write_html(result, out)
+    html = out.read_text()
+    assert html.count("<table>") == 2 and "plotly" in html.lower()
+    assert '<script src="http' not in html and len(html) > 1_000_000  # self-contained: plotly.js is inlined
+
+
+# ----------------------------------------------------------------------------- profile
+
+
+def test_profile_curve_on_tiny_random_model():
+    import torch
+
+    model = profile.build_random_model("llama-tiny", "cpu", torch.float32)
+    times = profile.measure_curve(model, [1, 4, 16], context=32, repeats=2, warmup=1)
+    assert {n: len(v) for n, v in times.items()} == {1: 2, 4: 2, 16: 2}
+    curve = profile.summarize(times)
+    assert curve[1]["ratio"] == pytest.approx(1.0)
+    assert all(c["ms"] > 0 for c in curve.values())
+
+
+def test_profile_projection_and_interpolation():
+    curve = {1: {"ratio": 1.0}, 64: {"ratio": 1.5}, 128: {"ratio": 2.5}}
+    assert profile.interpolate({n: c["ratio"] for n, c in curve.items()}, 96) == pytest.approx(2.0)
+    rows = profile.projections(curve, 3.0, {"recycling": {"mean_accepted": 2.0, "tree_nodes": 128}}, 64)
+    assert rows[0]["projected_speedup"] == pytest.approx(2.0)
+    assert rows[1]["projected_speedup"] == pytest.approx(0.8)
+
+
+def test_profile_bad_input(tmp_path, capsys):
+    for extra, message in [(["--sizes", "1,x"], "--sizes"), (["--mean-accepted", "0.5"], "--mean-accepted"),
+                           (["--bench-json", str(tmp_path / "none.json")], "none.json: no such file")]:
+        args = _parser().parse_args(["profile", "--config", "llama-tiny", *extra])
+        assert args.func(args) == 2
+        assert message in capsys.readouterr().err
+    assert profile.parse_sizes("8,1,8,4") == [1, 4, 8]
+    assert profile.parse_sizes("8") == [1, 8]

@@ -1,0 +1,613 @@
+"""`python -m tr_core bench`: Token Recycling against plain decoding and its peers, Spec-Bench style.
+
+Every method runs on the same model, prompts and settings, interleaved per question (after a warm-up)
+so that machine drift hits all alike. Methods and their names in tables and JSON:
+
+- `vanilla`: the engine's plain decoding (`DecodeConfig(plain=True)`); the baseline of every speedup.
+- `recycling`: Token Recycling with the `--template` tree. Given several templates
+  (`--template 2.2.2,adaptive`), `recycling` expands to one method per template, named
+  `recycling[2.2.2]`, `recycling[adaptive]`; such names may also be listed in `--methods` directly.
+  Each recycling method has its own adjacency matrix, kept across questions unless `--fresh-matrix`.
+- `hf`: transformers' `model.generate` (greedy, or the same sampling settings).
+- `pld`: transformers' prompt lookup decoding (`generate(prompt_lookup_num_tokens=...)`).
+
+Definitions (as Spec-Bench): time is wall time per answer, prefill included; speedup is vanilla's total
+seconds over the method's on the same answers; mean accepted tokens is emitted tokens per decoding
+forward (the engine's steps; for hf/pld every forward of the model, the first of which also reads the
+prompt, so plain decoding scores 1.00 either way). Answers are cut after the first stop token (or at
+`--max-new-tokens`); two answers are identical when their token ids before the stop token are equal.
+Multi-turn questions are answered turn by turn with the method's own earlier answers in the history;
+`identical`/`compared` count answers, i.e. turns.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .questions import Question, QuestionFileError, load_questions, select_questions, task_sort_key
+
+METHOD_KINDS = ("vanilla", "recycling", "hf", "pld")
+BASELINE = "vanilla"
+
+
+class BenchInputError(ValueError):
+    """Bad benchmark input (methods, templates, numbers, paths), found before any model is loaded."""
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One benchmarked method: its display name, its kind and, for recycling, its draft tree template."""
+
+    name: str  # e.g. "vanilla", "recycling", "recycling[adaptive]", "hf", "pld"
+    kind: str  # one of METHOD_KINDS
+    template: str = ""  # recycling only: a named template or "adaptive"
+
+
+@dataclass
+class TurnRecord:
+    """What one method produced for one turn of one question, and what it cost."""
+
+    method: str  # MethodSpec.name
+    question: str  # Question.key
+    category: str  # the question's category
+    task: str  # its Spec-Bench task
+    turn: int  # 0-based turn index
+    prompt_tokens: int  # prompt length in tokens
+    tokens: int  # emitted tokens (stop token included, cut at max_new_tokens)
+    seconds: float  # wall time of the answer, prefill included
+    steps: int | None  # decoding forwards (None when unknown)
+    answer_ids: list[int] = field(default_factory=list)  # token ids before the first stop token
+    accepted_lengths: list[int] = field(default_factory=list)  # tokens emitted by each step (engine methods)
+    tree_nodes: int = 0  # draft tree nodes verified, summed over steps, root included (engine methods; 0 = unknown)
+
+
+# ----------------------------------------------------------------------------- input validation
+
+
+def known_template(name: str) -> bool:
+    """True when the engine accepts `name` as a draft tree template (a named static template or "adaptive")."""
+    from .tree import ADAPTIVE, TEMPLATES
+
+    return name in TEMPLATES or name == ADAPTIVE
+
+
+def template_names() -> list[str]:
+    """All template names the engine accepts."""
+    from .tree import ADAPTIVE, TEMPLATES
+
+    return [*TEMPLATES, ADAPTIVE]
+
+
+def parse_methods(methods: str, templates: str) -> list[MethodSpec]:
+    """Turn `--methods` and `--template` into MethodSpecs (vanilla first, added if missing); raises BenchInputError."""
+    tpl_list = [t.strip() for t in templates.split(",") if t.strip()]
+    if not tpl_list:
+        raise BenchInputError("--template: give at least one template name")
+    for t in tpl_list:
+        if not known_template(t):
+            raise BenchInputError(f"--template: unknown template {t!r}; choose from {', '.join(template_names())}")
+    specs: list[MethodSpec] = []
+    for raw in [m.strip() for m in methods.split(",") if m.strip()]:
+        if raw == "recycling":
+            if len(tpl_list) == 1:
+                specs.append(MethodSpec("recycling", "recycling", tpl_list[0]))
+            else:
+                specs.extend(MethodSpec(f"recycling[{t}]", "recycling", t) for t in tpl_list)
+        elif raw.startswith("recycling[") and raw.endswith("]"):
+            t = raw[len("recycling[") : -1]
+            if not known_template(t):
+                raise BenchInputError(f"--methods: unknown template {t!r} in {raw!r}; choose from {', '.join(template_names())}")
+            specs.append(MethodSpec(raw, "recycling", t))
+        elif raw in METHOD_KINDS:
+            specs.append(MethodSpec(raw, raw))
+        else:
+            raise BenchInputError(
+                f"--methods: unknown method {raw!r}; choose from {', '.join(METHOD_KINDS)} or recycling[TEMPLATE]"
+            )
+    if not specs:
+        raise BenchInputError("--methods: give at least one method")
+    names = [s.name for s in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise BenchInputError(f"--methods: method listed twice: {', '.join(dupes)}")
+    if BASELINE not in names:
+        specs.insert(0, MethodSpec(BASELINE, BASELINE))
+    else:
+        specs.sort(key=lambda s: s.name != BASELINE)  # baseline first, others in the given order
+    return specs
+
+
+def load_all_questions(paths: list[str], per_task: int | None, limit: int | None) -> list[Question]:
+    """Load every question file and select deterministically; raises QuestionFileError / BenchInputError."""
+    questions: list[Question] = []
+    for p in paths:
+        questions.extend(load_questions(p))
+    keys = [q.key for q in questions]
+    if len(set(keys)) != len(keys):
+        raise BenchInputError("the same question file (or two files with the same name) was given twice")
+    if per_task is not None and per_task < 1:
+        raise BenchInputError(f"--per-task must be >= 1, got {per_task}")
+    if limit is not None and limit < 1:
+        raise BenchInputError(f"--limit must be >= 1, got {limit}")
+    return select_questions(questions, per_task=per_task, limit=limit)
+
+
+def validate_args(args: argparse.Namespace) -> tuple[list[Question], list[MethodSpec]]:
+    """Check every input before any model is loaded; return the selected questions and the methods."""
+    if args.max_new_tokens < 1:
+        raise BenchInputError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not args.temperature >= 0:
+        raise BenchInputError(f"--temperature must be >= 0, got {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        raise BenchInputError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.warmup < 0:
+        raise BenchInputError(f"--warmup must be >= 0, got {args.warmup}")
+    if args.pld_tokens < 1 or args.pld_ngram < 1:
+        raise BenchInputError("--pld-tokens and --pld-ngram must be >= 1")
+    if args.topk_candidates < 1:
+        raise BenchInputError(f"--topk-candidates must be >= 1, got {args.topk_candidates}")
+    for opt in ("json", "html"):
+        out = getattr(args, opt)
+        if out:
+            parent = Path(out).expanduser().resolve().parent
+            if not parent.is_dir():
+                raise BenchInputError(f"--{opt}: folder {parent} does not exist")
+    specs = parse_methods(args.methods, args.template)
+    questions = load_all_questions(args.questions, args.per_task, args.limit)
+    return questions, specs
+
+
+# ----------------------------------------------------------------------------- answers
+
+
+def cut_at_stop(ids: list[int], stop_ids: set[int], max_new_tokens: int) -> tuple[list[int], list[int]]:
+    """Return (emitted, answer): ids cut at max_new_tokens and after the first stop token; answer drops the stop."""
+    ids = list(ids[:max_new_tokens])
+    for i, t in enumerate(ids):
+        if t in stop_ids:
+            return ids[: i + 1], ids[:i]
+    return ids, ids
+
+
+def _sync(device: Any) -> None:
+    """Wait for queued GPU work so wall times are exact (no-op on CPU)."""
+    import torch
+
+    if getattr(device, "type", str(device)) == "cuda":
+        torch.cuda.synchronize()
+
+
+class Runner:
+    """Runs each method on one prompt; owns one Engine per engine method (each with its own matrix)."""
+
+    def __init__(self, model, tokenizer, specs: list[MethodSpec], args: argparse.Namespace) -> None:
+        from . import DecodeConfig, Engine
+
+        self.model = model
+        self.tokenizer = tokenizer
+        self.args = args
+        self.device = next(model.parameters()).device
+        self.engines = {s.name: Engine(model, tokenizer, topk_candidates=args.topk_candidates)
+                        for s in specs if s.kind in ("vanilla", "recycling")}
+        any_engine = next(iter(self.engines.values()))
+        self.encoder = any_engine  # one chat template for every method
+        self.stop_ids = set(int(t) for t in any_engine.stop_token_ids)
+        base = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            seed=args.seed)
+        self.configs = {s.name: base.with_(plain=True) if s.kind == "vanilla" else base.with_(template=s.template)
+                        for s in specs if s.kind in ("vanilla", "recycling")}
+        self.specs = {s.name: s for s in specs}
+
+    def reset_matrices(self) -> None:
+        """Forget everything the adjacency matrices learnt (cold start)."""
+        for engine in self.engines.values():
+            engine.matrix.reset()
+
+    def encode(self, messages: list[dict[str, str]]) -> list[int]:
+        """The chat prompt as token ids, the same for every method."""
+        return list(self.encoder.encode_chat(messages))
+
+    def decode(self, ids: list[int]) -> str:
+        """Token ids back to text (for the next turn's history)."""
+        return self.encoder.decode(ids)
+
+    def answer(self, name: str, ids: list[int], max_new_tokens: int | None = None, seed_offset: int = 0) -> dict:
+        """Answer one prompt with method `name`; returns emitted/answer ids, seconds, steps and accepted lengths."""
+        spec = self.specs[name]
+        max_new = max_new_tokens or self.args.max_new_tokens
+        if spec.kind in ("vanilla", "recycling"):
+            return self._engine_answer(name, ids, max_new)
+        return self._hf_answer(spec.kind, ids, max_new, seed_offset)
+
+    def _engine_answer(self, name: str, ids: list[int], max_new: int) -> dict:
+        from . import StepEvent, SummaryEvent
+
+        engine, cfg = self.engines[name], self.configs[name].with_(max_new_tokens=max_new)
+        accepted: list[int] = []
+        nodes = 0
+        summary = None
+        _sync(self.device)
+        t0 = time.perf_counter()
+        for ev in engine.generate(ids, cfg):
+            if isinstance(ev, StepEvent):
+                accepted.append(len(ev.emitted))
+                nodes += len(ev.tokens)
+            elif isinstance(ev, SummaryEvent):
+                summary = ev
+        _sync(self.device)
+        seconds = time.perf_counter() - t0
+        assert summary is not None, "the engine must end with a SummaryEvent"
+        emitted, answer = cut_at_stop(summary.tokens, self.stop_ids, max_new)
+        return {"emitted": emitted, "answer": answer, "seconds": seconds, "steps": summary.steps,
+                "accepted": accepted, "tree_nodes": nodes}
+
+    def _hf_answer(self, kind: str, ids: list[int], max_new: int, seed_offset: int) -> dict:
+        import torch
+        from transformers import GenerationConfig
+
+        sample = self.args.temperature > 0
+        stop = sorted(self.stop_ids)
+        gen = dict(max_new_tokens=max_new, do_sample=sample, eos_token_id=stop, pad_token_id=stop[0])
+        if sample:
+            gen.update(temperature=self.args.temperature, top_p=self.args.top_p, top_k=0)
+        if kind == "pld":
+            gen.update(prompt_lookup_num_tokens=self.args.pld_tokens, max_matching_ngram_size=self.args.pld_ngram)
+        config = GenerationConfig(**gen)
+        inputs = torch.tensor([ids], dtype=torch.long, device=self.device)
+        forwards = [0]
+        # Count forwards with a hook (the public nn.Module API), not by replacing model methods.
+        handle = self.model.register_forward_pre_hook(lambda module, inp: forwards.__setitem__(0, forwards[0] + 1))
+        try:
+            if sample:
+                torch.manual_seed(self.args.seed + seed_offset)
+            with torch.inference_mode():
+                _sync(self.device)
+                t0 = time.perf_counter()
+                out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=config)
+                _sync(self.device)
+                seconds = time.perf_counter() - t0
+        finally:
+            handle.remove()
+        new = out[0, inputs.shape[1]:].tolist()
+        emitted, answer = cut_at_stop(new, self.stop_ids, max_new)
+        return {"emitted": emitted, "answer": answer, "seconds": seconds, "steps": forwards[0] or None,
+                "accepted": [], "tree_nodes": 0}
+
+
+def run_questions(runner: Runner, questions: list[Question], specs: list[MethodSpec], args: argparse.Namespace,
+                  progress=None) -> list[TurnRecord]:
+    """Answer every question with every method, interleaved per question; returns one record per turn and method.
+
+    The method order rotates from question to question so no method always runs first (after another's cache
+    traffic). Each method keeps its own conversation history for multi-turn questions.
+    """
+    records: list[TurnRecord] = []
+    names = [s.name for s in specs]
+    for qi, q in enumerate(questions):
+        if args.fresh_matrix:
+            runner.reset_matrices()
+        r = qi % len(names)
+        for name in names[r:] + names[:r]:
+            history: list[dict[str, str]] = []
+            for ti, turn in enumerate(q.turns):
+                history.append({"role": "user", "content": turn})
+                ids = runner.encode(history)
+                out = runner.answer(name, ids, seed_offset=qi * 16 + ti)
+                records.append(TurnRecord(
+                    method=name, question=q.key, category=q.category, task=q.task, turn=ti, prompt_tokens=len(ids),
+                    tokens=len(out["emitted"]), seconds=out["seconds"], steps=out["steps"],
+                    answer_ids=out["answer"], accepted_lengths=out["accepted"], tree_nodes=out["tree_nodes"],
+                ))
+                history.append({"role": "assistant", "content": runner.decode(out["answer"])})
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix_str(f"{q.task[:14]} {name}", refresh=False)
+    return records
+
+
+def warm_up(runner: Runner, questions: list[Question], specs: list[MethodSpec], turns: int) -> None:
+    """Run every method on the first `turns` questions' first turn (short answers), then reset the matrices."""
+    for q in questions[:turns]:
+        ids = runner.encode([{"role": "user", "content": q.turns[0]}])
+        for s in specs:
+            runner.answer(s.name, ids, max_new_tokens=min(32, runner.args.max_new_tokens))
+    runner.reset_matrices()
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def _stats(recs: list[TurnRecord], base: dict[tuple[str, int], TurnRecord]) -> dict[str, Any]:
+    """Totals of a set of records, with speedup and identical counts against the baseline records `base`."""
+    tokens = sum(r.tokens for r in recs)
+    seconds = sum(r.seconds for r in recs)
+    steps = None if any(r.steps is None for r in recs) else sum(r.steps for r in recs)
+    paired = [(r, base[(r.question, r.turn)]) for r in recs if (r.question, r.turn) in base]
+    base_seconds = sum(b.seconds for _, b in paired)
+    own_seconds = sum(r.seconds for r, _ in paired)
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": _ratio(tokens, seconds),
+        "steps": steps,
+        "mean_accepted": _ratio(tokens, steps) if steps else None,
+        "mean_tree_nodes": (_ratio(sum(r.tree_nodes for r in recs), steps)
+                            if steps and all(r.tree_nodes for r in recs) else None),
+        "speedup": _ratio(base_seconds, own_seconds) if paired else None,
+        "identical": sum(r.answer_ids == b.answer_ids for r, b in paired),
+        "compared": len(paired),
+        "answers": len(recs),
+    }
+
+
+def accepted_histogram(recs: list[TurnRecord]) -> dict[str, int]:
+    """Count of decoding steps by tokens emitted per step (engine methods; empty for hf/pld)."""
+    hist: dict[int, int] = {}
+    for r in recs:
+        for n in r.accepted_lengths:
+            hist[n] = hist.get(n, 0) + 1
+    return {str(k): hist[k] for k in sorted(hist)}
+
+
+def aggregate(records: list[TurnRecord], method_names: list[str], baseline: str = BASELINE) -> dict[str, dict]:
+    """Per-method totals and per-task breakdown (the `methods` part of the JSON contract)."""
+    base = {(r.question, r.turn): r for r in records if r.method == baseline}
+    out: dict[str, dict] = {}
+    for name in method_names:
+        mine = [r for r in records if r.method == name]
+        entry = _stats(mine, base)
+        tasks = sorted({r.task for r in mine}, key=task_sort_key)
+        entry["per_category"] = {t: _stats([r for r in mine if r.task == t], base) for t in tasks}
+        entry["accepted_histogram"] = accepted_histogram(mine)
+        out[name] = entry
+    return out
+
+
+def build_result(records: list[TurnRecord], specs: list[MethodSpec], questions: list[Question],
+                 meta: dict[str, Any]) -> dict[str, Any]:
+    """The full JSON document: run metadata, the `methods` aggregate and one row per answer."""
+    methods = aggregate(records, [s.name for s in specs])
+    for s in specs:
+        methods[s.name]["kind"] = s.kind
+        methods[s.name]["template"] = s.template
+    rows = [{k: v for k, v in asdict(r).items() if k not in ("answer_ids", "accepted_lengths")} for r in records]
+    return {**meta, "questions": len(questions), "answers": sum(len(q.turns) for q in questions),
+            "question_keys": [q.key for q in questions], "methods": methods, "records": rows}
+
+
+# ----------------------------------------------------------------------------- reports
+
+
+def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
+    return "n/a" if x is None else f"{x:{spec}}{suffix}"
+
+
+def format_tables(result: dict[str, Any]) -> str:
+    """Markdown tables: overall per method, then speedup (mean accepted) per task and method."""
+    methods = result["methods"]
+    lines = ["| method | mean accepted | tokens/s | speedup | identical to vanilla |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for name, m in methods.items():
+        lines.append(f"| {name} | {_fmt(m['mean_accepted'], '.2f')} | {_fmt(m['tokens_per_s'], '.1f')} | "
+                     f"{_fmt(m['speedup'], '.2f', 'x')} | {m['identical']}/{m['compared']} |")
+    tasks = sorted({t for m in methods.values() for t in m["per_category"]}, key=task_sort_key)
+    lines += ["", "Speedup over vanilla (mean accepted tokens per step) by task:", "",
+              "| method | " + " | ".join(tasks) + " | overall |",
+              "| --- | " + " | ".join("---:" for _ in tasks) + " | ---: |"]
+    for name, m in methods.items():
+        cells = []
+        for t in [*tasks, None]:
+            c = m if t is None else m["per_category"].get(t)
+            cells.append("" if c is None else f"{_fmt(c['speedup'], '.2f', 'x')} ({_fmt(c['mean_accepted'], '.2f')})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def format_header(result: dict[str, Any]) -> str:
+    """One paragraph saying what was run where."""
+    return (f"model {result['model']} · {result['device']} ({result.get('machine', '')}) · {result['dtype']} · "
+            f"torch {result['torch']} · transformers {result['transformers']} · {result['date']}\n"
+            f"{result['questions']} questions ({result['answers']} answers) · max_new_tokens {result['max_new_tokens']}"
+            f" · temperature {result['temperature']} · template {result['template']}"
+            f" · matrix {'fresh per question' if result.get('fresh_matrix') else 'kept across questions'}\n"
+            f"command: {result.get('command', '')}")
+
+
+def write_html(result: dict[str, Any], path: str | Path) -> None:
+    """A self-contained plotly report: speedup and mean accepted per task and method, accepted-length histogram."""
+    import html
+
+    import plotly.graph_objects as go
+    import plotly.io as pio
+    from plotly.subplots import make_subplots
+
+    methods = result["methods"]
+    tasks = sorted({t for m in methods.values() for t in m["per_category"]}, key=task_sort_key)
+    xs = [*tasks, "overall"]
+    fig = make_subplots(rows=3, cols=1, vertical_spacing=0.09, subplot_titles=(
+        "Speedup over vanilla (total time on the same answers)", "Mean accepted tokens per decoding forward",
+        "Tokens emitted per step (engine methods), share of steps"))
+    for name, m in methods.items():
+        cells = [m["per_category"].get(t) or {} for t in tasks] + [m]
+        fig.add_trace(go.Bar(name=name, x=xs, y=[c.get("speedup") for c in cells], legendgroup=name,
+                             hovertemplate="%{x}: %{y:.2f}x<extra>" + name + "</extra>"), row=1, col=1)
+        fig.add_trace(go.Bar(name=name, x=xs, y=[c.get("mean_accepted") for c in cells], legendgroup=name,
+                             showlegend=False, hovertemplate="%{x}: %{y:.2f}<extra>" + name + "</extra>"), row=2, col=1)
+        hist = m.get("accepted_histogram") or {}
+        total = sum(hist.values())
+        if total:
+            fig.add_trace(go.Bar(name=name, x=[int(k) for k in hist], y=[v / total for v in hist.values()],
+                                 legendgroup=name, showlegend=False,
+                                 hovertemplate="%{x} tokens: %{y:.1%}<extra>" + name + "</extra>"), row=3, col=1)
+    fig.add_hline(y=1.0, line_dash="dot", line_color="grey", row=1, col=1)
+    fig.update_layout(barmode="group", height=1100, title="Token Recycling Studio benchmark",
+                      template="plotly_white")
+    fig.update_xaxes(title_text="tokens emitted in one step", dtick=1, row=3, col=1)
+    plot = pio.to_html(fig, include_plotlyjs=True, full_html=False)
+    table = _markdown_to_html(format_tables(result))
+    doc = (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>Token Recycling benchmark</title>"
+        "<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}"
+        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+        "td:first-child,th:first-child{text-align:left}pre{background:#f6f6f6;padding:1em;white-space:pre-wrap}</style>"
+        f"</head><body><h1>Token Recycling benchmark</h1><pre>{html.escape(format_header(result))}</pre>"
+        f"{table}{plot}</body></html>"
+    )
+    Path(path).write_text(doc, encoding="utf-8")
+
+
+def _markdown_to_html(text: str) -> str:
+    """Render the simple markdown tables of `format_tables` (and the lines between them) as HTML."""
+    import html
+
+    out: list[str] = []
+    rows: list[list[str]] = []
+
+    def flush() -> None:
+        if rows:
+            head, body = rows[0], rows[2:]
+            out.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr>"
+                       + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body)
+                       + "</table>")
+            rows.clear()
+
+    for line in text.splitlines():
+        if line.startswith("|"):
+            rows.append([c.strip() for c in line.strip("|").split("|")])
+        else:
+            flush()
+            if line.strip():
+                out.append(f"<p>{html.escape(line)}</p>")
+    flush()
+    return "".join(out)
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add the `bench` subcommand."""
+    p = subparsers.add_parser(
+        "bench", help="benchmark Token Recycling against plain decoding, transformers generate and PLD",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--questions", action="append", required=True, metavar="FILE.jsonl",
+                   help="question file (JSON lines with question_id, category, turns); repeat for several")
+    p.add_argument("--model", default=None, help="model: embedded default, folder, .gguf file or hub id")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--per-task", type=int, default=None, metavar="N",
+                   help="take the first N questions of each task (file order), round-robin over tasks")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="then keep only the first N questions")
+    p.add_argument("--methods", default="vanilla,recycling,hf,pld",
+                   help="comma list of vanilla, recycling, recycling[TEMPLATE], hf, pld (vanilla is always run)")
+    p.add_argument("--template", default="2.2.2",
+                   help="draft tree template(s) for `recycling`, comma list; several give recycling[T] each")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fresh-matrix", action="store_true", help="reset the adjacency matrix before every question")
+    p.add_argument("--topk-candidates", type=int, default=8, help="candidates per adjacency matrix row (k)")
+    p.add_argument("--pld-tokens", type=int, default=10, help="pld: prompt_lookup_num_tokens")
+    p.add_argument("--pld-ngram", type=int, default=2, help="pld: max_matching_ngram_size")
+    p.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up questions (short answers, discarded)")
+    p.add_argument("--json", default=None, metavar="OUT.json", help="write the results as JSON")
+    p.add_argument("--html", default=None, metavar="OUT.html", help="write a self-contained plotly report")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+    return p
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores"
+
+
+def run_meta(args: argparse.Namespace, model, device) -> dict[str, Any]:
+    """Metadata of the run (the top-level keys of the JSON contract, but `questions` and `methods`)."""
+    import torch
+    import transformers
+
+    dev = str(device)
+    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else _machine()
+    name = args.model or "SmolLM2-135M-Instruct (embedded, Q4_1 GGUF dequantised)"
+    return {
+        "model": name,
+        "device": dev,
+        "machine": machine,
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "seed": args.seed,
+        "template": args.template,
+        "fresh_matrix": bool(args.fresh_matrix),
+        "topk_candidates": args.topk_candidates,
+        "pld_tokens": args.pld_tokens,
+        "pld_ngram": args.pld_ngram,
+        "command": "python -m tr_core " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py")
+        else " ".join(sys.argv),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate, load the model, warm up, run all methods interleaved, print tables, write JSON/HTML."""
+    try:
+        questions, specs = validate_args(args)
+    except (QuestionFileError, BenchInputError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    import torch
+    from tqdm.auto import tqdm
+
+    from . import load_model
+
+    try:
+        model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
+    except (RuntimeError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    torch.set_grad_enabled(False)
+    runner = Runner(model, tokenizer, specs, args)
+    meta = run_meta(args, model, runner.device)
+    n_answers = sum(len(q.turns) for q in questions)
+    print(f"bench: {len(questions)} questions ({n_answers} answers) x {len(specs)} methods "
+          f"({', '.join(s.name for s in specs)}) on {meta['device']} ({meta['machine']})", file=sys.stderr)
+    if args.warmup:
+        warm_up(runner, questions, specs, args.warmup)
+    with tqdm(total=n_answers * len(specs), desc="bench", unit="answer", file=sys.stderr,
+              disable=args.no_progress, mininterval=2.0) as bar:
+        records = run_questions(runner, questions, specs, args, progress=bar)
+    result = build_result(records, specs, questions, meta)
+    print(format_header(result))
+    print()
+    print(format_tables(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.html:
+        write_html(result, args.html)
+        print(f"wrote {args.html}", file=sys.stderr)
+    return 0

@@ -1,0 +1,285 @@
+"""`python -m tr_core profile`: the forward cost curve t(N)/t(1) of verifying N draft tree tokens.
+
+Token Recycling verifies a whole draft tree in one forward, so its speedup at a model size is roughly
+    mean accepted tokens per step / (t(N) / t(1)),
+with N the tree size (the root included) and t(N) the time of one forward of N query tokens over a KV
+cache of realistic length. This module measures t(N) for the loaded model or for a Llama-shaped model
+with random weights built from a named config (`--config llama-1b|llama-8b`, bf16 on CUDA), and, given a
+measured mean accepted length (`--mean-accepted X` or a `bench --json` file from a real model), prints the
+projected speedup. Random weights make drafts meaningless: acceptance is never measured here.
+
+The projection ignores the engine's own per-step work (drafting, verifying, the matrix update) and the
+prefill, so it is an upper bound of what the method can give at that size.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 80, 128)
+
+# Llama-shaped configs (Llama 3.2 1B and Llama 3.1 8B shapes); "llama-tiny" is for tests.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "llama-tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True),
+    "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                     num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, rope_theta=500000.0),
+    "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                     num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False, rope_theta=500000.0),
+}
+
+
+class ProfileInputError(ValueError):
+    """Bad profile input, found before any model is built or loaded."""
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4] (sorted, unique, 1 always included); raises ProfileInputError."""
+    try:
+        sizes = sorted({int(s) for s in text.split(",") if s.strip()})
+    except ValueError:
+        raise ProfileInputError(f"--sizes: expected a comma list of integers, got {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise ProfileInputError(f"--sizes: sizes must be >= 1, got {text!r}")
+    return sorted({1, *sizes})
+
+
+def read_bench_json(path: str | Path) -> dict[str, dict[str, float]]:
+    """Mean accepted tokens and mean tree size of each recycling method in a `bench --json` file.
+
+    Returns {method: {"mean_accepted": x, "tree_nodes": n}}; raises ProfileInputError naming the file.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ProfileInputError(f"{path}: no such file") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ProfileInputError(f"{path}: not a readable JSON file ({exc})") from None
+    methods = data.get("methods") if isinstance(data, dict) else None
+    if not isinstance(methods, dict):
+        raise ProfileInputError(f"{path}: no 'methods' object (is it a `bench --json` file?)")
+    out = {}
+    for name, m in methods.items():
+        if m.get("kind") == "recycling" and m.get("mean_accepted") and m.get("mean_tree_nodes"):
+            out[name] = {"mean_accepted": float(m["mean_accepted"]), "tree_nodes": float(m["mean_tree_nodes"])}
+    if not out:
+        raise ProfileInputError(f"{path}: no recycling method with mean_accepted and mean_tree_nodes")
+    return out
+
+
+def build_random_model(name: str, device, dtype):
+    """A Llama-shaped causal LM with random weights, built directly on `device` in `dtype`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**CONFIGS[name], max_position_embeddings=8192)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def _truncate_cache(cache, length: int) -> None:
+    """Drop everything after the first `length` positions of a DynamicCache (undoes a timed forward)."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None and all(hasattr(l, "keys") for l in layers):
+        for layer in layers:
+            if getattr(layer, "keys", None) is not None:
+                layer.keys = layer.keys[..., :length, :]
+                layer.values = layer.values[..., :length, :]
+        return
+    cache.crop(length)  # older transformers: crop to an absolute length
+
+
+def measure_curve(model, sizes: list[int], context: int, repeats: int, warmup: int, seed: int = 0) -> dict[int, list[float]]:
+    """Seconds of one forward of N query tokens over a `context`-token KV cache, `repeats` times per N.
+
+    The N tokens get a tree-style additive 4D mask (prefix visible, causal among themselves: any tree mask
+    costs the same in a dense kernel) and consecutive position ids, as the engine passes them. Sizes are
+    interleaved within each repeat so machine drift hits all alike.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    from .tree import attention_bias
+
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, vocab, (1, context), generator=gen).to(device)
+    queries = torch.randint(0, vocab, (1, max(sizes)), generator=gen).to(device)
+    masks = {n: attention_bias(torch.ones(n, n, dtype=torch.bool, device=device).tril(), context, dtype) for n in sizes}
+    positions = {n: torch.arange(context, context + n, device=device)[None] for n in sizes}
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        for rep in range(warmup + repeats):
+            for n in sizes:
+                sync()
+                t0 = time.perf_counter()
+                model(input_ids=queries[:, :n], attention_mask=masks[n], position_ids=positions[n],
+                      past_key_values=cache, use_cache=True)
+                sync()
+                dt = time.perf_counter() - t0
+                _truncate_cache(cache, context)
+                if rep >= warmup:
+                    times[n].append(dt)
+    return times
+
+
+def interpolate(curve: dict[int, float], n: float) -> float:
+    """Linear interpolation of ratio(N) between measured sizes (clamped to the measured range)."""
+    xs = sorted(curve)
+    if n <= xs[0]:
+        return curve[xs[0]]
+    if n >= xs[-1]:
+        return curve[xs[-1]]
+    for a, b in zip(xs, xs[1:]):
+        if a <= n <= b:
+            return curve[a] + (curve[b] - curve[a]) * (n - a) / (b - a)
+    raise AssertionError("unreachable")
+
+
+def summarize(times: dict[int, list[float]]) -> dict[int, dict[str, float]]:
+    """Median milliseconds per N and the ratio t(N)/t(1)."""
+    med = {n: statistics.median(v) for n, v in times.items()}
+    return {n: {"ms": med[n] * 1e3, "ratio": med[n] / med[1], "min_ms": min(times[n]) * 1e3} for n in sorted(med)}
+
+
+def projections(curve: dict[int, dict[str, float]], mean_accepted: float | None,
+                bench: dict[str, dict[str, float]] | None, tree_nodes: float) -> list[dict[str, float | str]]:
+    """Projected speedup = mean accepted / (t(N)/t(1)) for the given measurements."""
+    ratios = {n: c["ratio"] for n, c in curve.items()}
+    rows = []
+    if mean_accepted is not None:
+        r = interpolate(ratios, tree_nodes)
+        rows.append({"source": "--mean-accepted", "mean_accepted": mean_accepted, "tree_nodes": tree_nodes,
+                     "cost_ratio": r, "projected_speedup": mean_accepted / r})
+    for name, m in (bench or {}).items():
+        r = interpolate(ratios, m["tree_nodes"])
+        rows.append({"source": name, "mean_accepted": m["mean_accepted"], "tree_nodes": m["tree_nodes"],
+                     "cost_ratio": r, "projected_speedup": m["mean_accepted"] / r})
+    return rows
+
+
+def format_report(meta: dict[str, Any], curve: dict[int, dict[str, float]], rows: list[dict]) -> str:
+    """Markdown: the cost curve, then the projections."""
+    lines = [f"Forward cost of N query tokens over a {meta['context']}-token KV cache: {meta['model']} on "
+             f"{meta['device']} ({meta['machine']}), {meta['dtype']}, median of {meta['repeats']}, {meta['date']}",
+             "", "| N | ms | t(N)/t(1) |", "| ---: | ---: | ---: |"]
+    lines += [f"| {n} | {c['ms']:.2f} | {c['ratio']:.2f} |" for n, c in curve.items()]
+    if rows:
+        lines += ["", "Projected speedup = mean accepted / (t(N)/t(1)) (upper bound: ignores drafting/verify overhead)",
+                  "", "| mean accepted from | mean accepted | tree nodes N | t(N)/t(1) | projected speedup |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {r['source']} | {r['mean_accepted']:.2f} | {r['tree_nodes']:.1f} | {r['cost_ratio']:.2f} | "
+                  f"{r['projected_speedup']:.2f}x |" for r in rows]
+    return "\n".join(lines)
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add the `profile` subcommand."""
+    p = subparsers.add_parser("profile", help="forward cost curve t(N)/t(1) and projected speedup",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="model to load (embedded default, folder, .gguf, hub id)")
+    p.add_argument("--config", default=None, choices=sorted(CONFIGS),
+                   help="instead of --model: a Llama-shaped model with random weights")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU)")
+    p.add_argument("--context", type=int, default=512, help="KV cache length before the timed forward")
+    p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="query token counts N, comma list")
+    p.add_argument("--repeats", type=int, default=10, help="timed forwards per N (the median is reported)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed rounds over all N first")
+    p.add_argument("--mean-accepted", type=float, default=None, metavar="X",
+                   help="mean accepted tokens per step measured with a real model (for the projection)")
+    p.add_argument("--tree-nodes", type=float, default=81,
+                   help="draft tree size N for --mean-accepted (default 81: the 80-node 2.2.2 tree plus its root)")
+    p.add_argument("--bench-json", default=None, metavar="FILE", help="take mean accepted and tree sizes from a bench JSON")
+    p.add_argument("--json", default=None, metavar="OUT.json", help="write the curve and projections as JSON")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate, build or load the model, time the forwards, print the curve and projections."""
+    try:
+        sizes = parse_sizes(args.sizes)
+        if args.context < 1 or args.repeats < 1 or args.warmup < 0:
+            raise ProfileInputError("--context and --repeats must be >= 1, --warmup >= 0")
+        if args.model and args.config:
+            raise ProfileInputError("give --model or --config, not both")
+        if args.mean_accepted is not None and not args.mean_accepted >= 1:
+            raise ProfileInputError(f"--mean-accepted must be >= 1, got {args.mean_accepted}")
+        if args.tree_nodes < 1:
+            raise ProfileInputError(f"--tree-nodes must be >= 1, got {args.tree_nodes}")
+        bench = read_bench_json(args.bench_json) if args.bench_json else None
+        if args.json and not Path(args.json).expanduser().resolve().parent.is_dir():
+            raise ProfileInputError(f"--json: folder {Path(args.json).parent} does not exist")
+    except ProfileInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    import datetime as _dt
+
+    import torch
+    import transformers
+
+    from .bench import _machine
+
+    torch.set_grad_enabled(False)
+    if args.config:
+        from .models import default_device, default_dtype
+
+        device = torch.device(args.device) if args.device else default_device()
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                 "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(args.dtype or "")
+        if args.dtype and dtype is None:
+            print(f"error: unknown dtype {args.dtype!r}", file=sys.stderr)
+            return 2
+        dtype = dtype or default_dtype(device)
+        model = build_random_model(args.config, device, dtype)
+        name = f"{args.config} (random weights)"
+    else:
+        from . import load_model
+
+        try:
+            model, _ = load_model(args.model, device=args.device, dtype=args.dtype)
+        except (RuntimeError, ValueError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        name = args.model or "SmolLM2-135M-Instruct (embedded)"
+        device = next(model.parameters()).device
+    params = sum(p.numel() for p in model.parameters())
+    meta = {
+        "model": f"{name}, {params / 1e6:.0f}M params", "device": str(device),
+        "machine": torch.cuda.get_device_name(device) if device.type == "cuda" else _machine(),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "torch": torch.__version__,
+        "transformers": transformers.__version__, "context": args.context, "repeats": args.repeats,
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+    print(f"profile: {meta['model']} on {meta['device']} ({meta['machine']}), {meta['dtype']}", file=sys.stderr)
+    times = measure_curve(model, sizes, args.context, args.repeats, args.warmup)
+    curve = summarize(times)
+    rows = projections(curve, args.mean_accepted, bench, args.tree_nodes)
+    print(format_report(meta, curve, rows))
+    if args.json:
+        doc = {**meta, "curve": {str(n): c for n, c in curve.items()}, "projections": rows}
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0

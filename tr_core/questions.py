@@ -1,0 +1,139 @@
+"""Question files for the benchmark: one JSON object per line, Spec-Bench style.
+
+Each line holds `question_id`, `category` and `turns` (a list of user messages; more than one means a
+multi-turn conversation, answered turn by turn with the model's own earlier answers in the history).
+Results are grouped by the six Spec-Bench tasks (the eight MT-bench categories form
+"multi-turn conversation") plus "code" for MBPP.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+# The eight MT-bench categories: together they are Spec-Bench's "multi-turn conversation" task.
+MT_BENCH_CATEGORIES = frozenset(
+    {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+)
+MULTI_TURN = "multi-turn conversation"
+# Task order used in tables and reports: Spec-Bench's six tasks, then MBPP's code.
+TASK_ORDER = (MULTI_TURN, "translation", "summarization", "qa", "math_reasoning", "rag", "code")
+
+
+class QuestionFileError(ValueError):
+    """A question file that cannot be used; the message names the file and, where known, the line."""
+
+    def __init__(self, path: str | Path, message: str, line: int | None = None) -> None:
+        self.path = str(path)
+        self.line = line
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(f"{where}: {message}")
+
+
+@dataclass(frozen=True)
+class Question:
+    """One benchmark question: an id, a category and the user turns, with where it came from."""
+
+    question_id: int | str  # as written in the file
+    category: str  # the file's category (e.g. "writing", "translation", "code")
+    turns: tuple[str, ...]  # user messages, answered in order
+    source: str  # the file it came from
+    line: int  # 1-based line number in that file
+
+    @property
+    def task(self) -> str:
+        """The Spec-Bench task this question counts towards."""
+        return task_of(self.category)
+
+    @property
+    def key(self) -> str:
+        """A unique name for the question across files: `file-stem/question_id`."""
+        return f"{Path(self.source).stem}/{self.question_id}"
+
+
+def task_of(category: str) -> str:
+    """Map a question category to its Spec-Bench task (MT-bench categories -> "multi-turn conversation")."""
+    return MULTI_TURN if category in MT_BENCH_CATEGORIES else category
+
+
+def task_sort_key(task: str) -> tuple[int, str]:
+    """Sort key putting the known tasks in `TASK_ORDER` and any others after them, alphabetically."""
+    return (TASK_ORDER.index(task), "") if task in TASK_ORDER else (len(TASK_ORDER), task)
+
+
+def parse_question_line(text: str, path: str | Path, line: int) -> Question:
+    """Parse one JSON line into a Question; raises QuestionFileError naming `path:line`."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise QuestionFileError(path, f"not valid JSON ({exc.msg} at column {exc.colno})", line) from None
+    if not isinstance(data, dict):
+        raise QuestionFileError(path, f"expected a JSON object, got {type(data).__name__}", line)
+    for name in ("question_id", "category", "turns"):
+        if name not in data:
+            raise QuestionFileError(path, f"missing '{name}'", line)
+    qid = data["question_id"]
+    if isinstance(qid, bool) or not isinstance(qid, (int, str)):
+        raise QuestionFileError(path, f"'question_id' must be an int or a string, got {qid!r}", line)
+    category = data["category"]
+    if not isinstance(category, str) or not category.strip():
+        raise QuestionFileError(path, f"'category' must be a non-empty string, got {category!r}", line)
+    turns = data["turns"]
+    if not isinstance(turns, list) or not turns:
+        raise QuestionFileError(path, "'turns' must be a non-empty list of strings", line)
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, str) or not turn.strip():
+            raise QuestionFileError(path, f"'turns'[{i}] must be a non-empty string", line)
+    return Question(qid, category, tuple(turns), str(path), line)
+
+
+def load_questions(path: str | Path) -> list[Question]:
+    """Read a question file (JSON lines; blank lines skipped); raises QuestionFileError on any problem."""
+    path = Path(path)
+    if not path.exists():
+        raise QuestionFileError(path, "no such file")
+    if not path.is_file():
+        raise QuestionFileError(path, "not a file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise QuestionFileError(path, f"cannot read: {exc}") from None
+    questions: list[Question] = []
+    seen: dict[object, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        question = parse_question_line(raw, path, number)
+        if question.question_id in seen:
+            raise QuestionFileError(
+                path, f"duplicate question_id {question.question_id!r} (first on line {seen[question.question_id]})", number
+            )
+        seen[question.question_id] = number
+        questions.append(question)
+    if not questions:
+        raise QuestionFileError(path, "no questions in file")
+    return questions
+
+
+def select_questions(
+    questions: list[Question], per_task: int | None = None, limit: int | None = None
+) -> list[Question]:
+    """Pick questions deterministically: the first `per_task` of each task (file order), then the first `limit`.
+
+    With `per_task`, the result is ordered round-robin over tasks (task 1 q1, task 2 q1, ..., task 1 q2, ...)
+    so that a later `limit` still spans the tasks.
+    """
+    if per_task is not None and per_task < 1:
+        raise ValueError(f"per_task must be >= 1, got {per_task}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    chosen = list(questions)
+    if per_task is not None:
+        by_task: dict[str, list[Question]] = {}
+        for q in chosen:
+            by_task.setdefault(q.task, []).append(q)
+        tasks = sorted(by_task, key=task_sort_key)
+        chosen = [by_task[t][i] for i in range(per_task) for t in tasks if i < len(by_task[t])]
+    if limit is not None:
+        chosen = chosen[:limit]
+    return chosen
