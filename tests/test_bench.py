@@ -141,12 +141,12 @@ def test_bad_methods_and_templates(methods, template, message):
 
 
 def test_bad_input_exits_before_loading_a_model(tmp_path, capsys, monkeypatch):
-    import tr_core
+    import tr_core.models
 
     def boom(*a, **k):  # any model load here is a failure of the validation order
         raise AssertionError("model loaded before input validation")
 
-    monkeypatch.setattr(tr_core, "load_model", boom, raising=False)
+    monkeypatch.setattr(tr_core.models, "load_model", boom)
     bad = _write(tmp_path, "bad.jsonl", [GOOD[0], '{"question_id": 5, "category": "qa"}'])
     args = _parser().parse_args(["bench", "--questions", str(bad)])
     assert args.func(args) == 2
@@ -267,3 +267,73 @@ def test_profile_bad_input(tmp_path, capsys):
         assert message in capsys.readouterr().err
     assert profile.parse_sizes("8,1,8,4") == [1, 4, 8]
     assert profile.parse_sizes("8") == [1, 8]
+
+
+# ----------------------------------------------------------------------------- JSON contract on a tiny model
+
+
+def _tiny_model_folder(folder: Path) -> Path:
+    """A 2-layer random Llama with a character-level ChatML tokenizer, saved as a transformers folder."""
+    import torch
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    chars = sorted(set(" \n\tabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,:;!?'\"()[]{}-_=+*/\\#<>|@%&$"))
+    vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<|im_start|>",
+                                   eos_token="<|im_end|>", pad_token="<unk>")
+    fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    fast.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return folder
+
+
+def test_json_contract_on_tiny_model(tmp_path):
+    folder = _tiny_model_folder(tmp_path / "tiny")
+    qfile = _write(tmp_path, "q.jsonl", [
+        '{"question_id": 1, "category": "writing", "turns": ["Write a poem about the sea.", "Shorter, please."]}',
+        '{"question_id": 2, "category": "qa", "turns": ["What is the capital of France?"]}',
+        '{"question_id": 3, "category": "code", "turns": ["def add(a, b):\\n    return a + b\\nprint(add(1, 2))"]}',
+    ])
+    out_json, out_html = tmp_path / "r.json", tmp_path / "r.html"
+    args = _parser().parse_args([
+        "bench", "--questions", str(qfile), "--model", str(folder), "--device", "cpu", "--max-new-tokens", "24",
+        "--methods", "vanilla,recycling,recycling[chain-4],hf,pld", "--template", "2.2.2", "--no-progress",
+        "--json", str(out_json), "--html", str(out_html)])
+    assert args.func(args) == 0
+    data = json.loads(out_json.read_text())
+    for key in ("model", "device", "dtype", "torch", "transformers", "date", "max_new_tokens", "temperature",
+                "template", "questions", "methods"):
+        assert key in data, key
+    assert data["questions"] == 3 and data["max_new_tokens"] == 24 and data["device"] == "cpu"
+    assert list(data["methods"]) == ["vanilla", "recycling", "recycling[chain-4]", "hf", "pld"]
+    for name, m in data["methods"].items():
+        for key in ("tokens", "seconds", "tokens_per_s", "steps", "mean_accepted", "speedup", "identical",
+                    "compared", "per_category"):
+            assert key in m, (name, key)
+        assert m["compared"] == 4  # answers = turns: 2 + 1 + 1
+        assert set(m["per_category"]) == {MULTI_TURN, "qa", "code"}
+        for cat in m["per_category"].values():
+            assert {"mean_accepted", "tokens_per_s", "speedup"} <= set(cat)
+        assert m["tokens"] > 0 and m["seconds"] > 0 and m["steps"] > 0
+    v = data["methods"]["vanilla"]
+    assert v["speedup"] == pytest.approx(1.0) and v["mean_accepted"] == pytest.approx(1.0)
+    assert data["methods"]["hf"]["mean_accepted"] == pytest.approx(1.0)  # one token per forward
+    for name in ("recycling", "recycling[chain-4]"):  # lossless: every answer equals plain decoding's
+        m = data["methods"][name]
+        assert m["identical"] == m["compared"] == 4, name
+        assert m["tokens"] == v["tokens"]
+        assert m["mean_accepted"] >= 1.0 and m["mean_tree_nodes"] > 1
+    assert data["methods"]["recycling"]["mean_tree_nodes"] == pytest.approx(81)
+    assert len(data["records"]) == 4 * 5
+    assert out_html.stat().st_size > 1_000_000

@@ -148,6 +148,8 @@ def validate_args(args: argparse.Namespace) -> tuple[list[Question], list[Method
         raise BenchInputError(f"--temperature must be >= 0, got {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise BenchInputError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        raise BenchInputError(f"--max-minutes must be > 0, got {args.max_minutes}")
     if args.warmup < 0:
         raise BenchInputError(f"--warmup must be >= 0, got {args.warmup}")
     if args.pld_tokens < 1 or args.pld_ngram < 1:
@@ -189,7 +191,8 @@ class Runner:
     """Runs each method on one prompt; owns one Engine per engine method (each with its own matrix)."""
 
     def __init__(self, model, tokenizer, specs: list[MethodSpec], args: argparse.Namespace) -> None:
-        from . import DecodeConfig, Engine
+        from .config import DecodeConfig
+        from .engine import Engine
 
         self.model = model
         self.tokenizer = tokenizer
@@ -228,7 +231,7 @@ class Runner:
         return self._hf_answer(spec.kind, ids, max_new, seed_offset)
 
     def _engine_answer(self, name: str, ids: list[int], max_new: int) -> dict:
-        from . import StepEvent, SummaryEvent
+        from .events import StepEvent, SummaryEvent
 
         engine, cfg = self.engines[name], self.configs[name].with_(max_new_tokens=max_new)
         accepted: list[int] = []
@@ -291,7 +294,13 @@ def run_questions(runner: Runner, questions: list[Question], specs: list[MethodS
     """
     records: list[TurnRecord] = []
     names = [s.name for s in specs]
+    budget = getattr(args, "max_minutes", None)
+    start = time.perf_counter()
     for qi, q in enumerate(questions):
+        if budget is not None and time.perf_counter() - start > budget * 60:
+            print(f"bench: --max-minutes {budget} reached; stopping after {qi} of {len(questions)} questions",
+                  file=sys.stderr)
+            break
         if args.fresh_matrix:
             runner.reset_matrices()
         r = qi % len(names)
@@ -377,7 +386,14 @@ def aggregate(records: list[TurnRecord], method_names: list[str], baseline: str 
 
 def build_result(records: list[TurnRecord], specs: list[MethodSpec], questions: list[Question],
                  meta: dict[str, Any]) -> dict[str, Any]:
-    """The full JSON document: run metadata, the `methods` aggregate and one row per answer."""
+    """The full JSON document: run metadata, the `methods` aggregate and one row per answer.
+
+    Only questions with records count (a `--max-minutes` run may stop before the last ones).
+    """
+    done = {r.question for r in records}
+    selected = len(questions)
+    questions = [q for q in questions if q.key in done]
+    meta = {**meta, "questions_selected": selected}
     methods = aggregate(records, [s.name for s in specs])
     for s in specs:
         methods[s.name]["kind"] = s.kind
@@ -525,6 +541,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up questions (short answers, discarded)")
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the results as JSON")
     p.add_argument("--html", default=None, metavar="OUT.html", help="write a self-contained plotly report")
+    p.add_argument("--max-minutes", type=float, default=None, metavar="M",
+                   help="start no new question after M minutes; results cover the questions completed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
     return p
@@ -582,7 +600,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from . import load_model
+    from .models import load_model
 
     try:
         model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)

@@ -108,10 +108,15 @@ def measure_curve(model, sizes: list[int], context: int, repeats: int, warmup: i
     costs the same in a dense kernel) and consecutive position ids, as the engine passes them. Sizes are
     interleaved within each repeat so machine drift hits all alike.
     """
+    import inspect
+
     import torch
     from transformers import DynamicCache
 
     from .tree import attention_bias
+
+    # transformers >= 5.2x names the cache argument `cache`; older versions `past_key_values`.
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
@@ -129,13 +134,13 @@ def measure_curve(model, sizes: list[int], context: int, repeats: int, warmup: i
     times: dict[int, list[float]] = {n: [] for n in sizes}
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
-        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        model(input_ids=prompt, use_cache=True, **{cache_arg: cache})
         for rep in range(warmup + repeats):
             for n in sizes:
                 sync()
                 t0 = time.perf_counter()
                 model(input_ids=queries[:, :n], attention_mask=masks[n], position_ids=positions[n],
-                      past_key_values=cache, use_cache=True)
+                      use_cache=True, **{cache_arg: cache})
                 sync()
                 dt = time.perf_counter() - t0
                 _truncate_cache(cache, context)
@@ -256,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
         model = build_random_model(args.config, device, dtype)
         name = f"{args.config} (random weights)"
     else:
-        from . import load_model
+        from .models import load_model
 
         try:
             model, _ = load_model(args.model, device=args.device, dtype=args.dtype)
@@ -267,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
         device = next(model.parameters()).device
     params = sum(p.numel() for p in model.parameters())
     meta = {
-        "model": f"{name}, {params / 1e6:.0f}M params", "device": str(device),
+        "model": f"{name}, {params / 1e6:.1f}M params", "device": str(device),
         "machine": torch.cuda.get_device_name(device) if device.type == "cuda" else _machine(),
         "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "torch": torch.__version__,
         "transformers": transformers.__version__, "context": args.context, "repeats": args.repeats,
