@@ -138,7 +138,7 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = 430) 
             hovertext=[f"<b>bonus</b> {html.escape(repr(token_text(ev.bonus)))}<br>id {ev.bonus}"], hoverinfo="text",
         ))
     depth = max(ev.depths) if ev.depths else 0
-    fig.update_yaxes(range=[-depth - 0.9, 0.6])
+    fig.update_yaxes(range=[-depth - 0.9, 0.75])
     fig.update_xaxes(range=[-0.03, 1.03])
     n_acc = len(ev.accepted) - 1 if ev.accepted else 0
     fig.update_layout(title=dict(
