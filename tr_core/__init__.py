@@ -1,0 +1,18 @@
+"""Token Recycling Studio core: lossless Token Recycling speculative decoding for transformers causal LMs.
+
+Luo et al., "Turning Trash into Treasure: Accelerating Inference of Large Language Models with Token
+Recycling", ACL 2025 (arXiv 2408.08696).
+"""
+from .config import DecodeConfig
+from .engine import Engine, verify_tree
+from .events import Event, StepEvent, SummaryEvent, event_from_dict
+from .matrix import AdjacencyMatrix
+from .models import ModelLoadError, load_model
+from .tree import ADAPTIVE, TEMPLATES, DraftTree, TemplateError, build_tree, resolve_template, validate_template
+
+__all__ = [
+    "ADAPTIVE", "AdjacencyMatrix", "DecodeConfig", "DraftTree", "Engine", "Event", "ModelLoadError", "StepEvent",
+    "SummaryEvent", "TEMPLATES", "TemplateError", "build_tree", "event_from_dict", "load_model", "resolve_template",
+    "validate_template", "verify_tree",
+]
+__version__ = "0.1.0"

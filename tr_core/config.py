@@ -1,0 +1,43 @@
+"""Decoding settings: one frozen dataclass, one comment per field."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Settings of one `Engine.generate` call."""
+
+    max_new_tokens: int = 256  # stop after this many emitted tokens (checked inside an accepted path)
+    temperature: float = 0.0  # 0 = greedy; > 0 samples with seeded, position-keyed Gumbel noise
+    top_p: float = 1.0  # nucleus sampling threshold (1.0 = off); applied after temperature and top-k
+    top_k: int = 0  # keep only the k most likely tokens before sampling (0 = off)
+    seed: int = 0  # the sampling seed: same seed -> same tokens for plain decoding and Token Recycling
+    template: str = "2.2.2"  # draft tree: a named template (see tree.TEMPLATES) or "adaptive"
+    plain: bool = False  # True = plain decoding (one token per step) through the same harness
+    node_budget: int = 80  # adaptive trees: most draft nodes per step (the paper's static tree has 80)
+    max_depth: int = 8  # adaptive trees: deepest draft level
+    sync_timings: bool = False  # CUDA only: synchronise around each phase so per-phase timings are exact
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not (self.temperature >= 0.0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.node_budget < 0:
+            raise ValueError(f"node_budget must be >= 0, got {self.node_budget}")
+        if self.max_depth < 1:
+            raise ValueError(f"max_depth must be >= 1, got {self.max_depth}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding takes the argmax (temperature 0)."""
+        return self.temperature == 0.0
+
+    def with_(self, **changes) -> "DecodeConfig":
+        """Return a copy with some fields changed."""
+        return replace(self, **changes)

@@ -1,0 +1,78 @@
+"""Plain-data events yielded by the engine: one source of truth for the UI, the benchmark and the tests.
+
+Every field is an int, float, str, bool, None, or a list/dict of those: no tensors, so an event can be
+JSON-serialised (`to_dict`) and read back (`event_from_dict`) to replay a run without any model.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class StepEvent:
+    """One decoding step: draft tree -> one forward -> verify -> commit KV -> update the adjacency matrix."""
+
+    step: int  # 0-based index of this step in the answer
+    position: int  # absolute position of the root token (= committed context length before the step)
+    tokens: list[int]  # token id at every tree node; node 0 is the root (the last committed token)
+    parents: list[int]  # parent node index of every node (-1 for the root)
+    depths: list[int]  # depth of every node (0 for the root)
+    ranks: list[int]  # candidate rank of every node in its parent's matrix row (-1 for the root)
+    accepted: list[int]  # node indices of the accepted path, root first
+    emitted: list[int]  # token ids emitted by this step: accepted draft tokens, then the bonus token
+    bonus: int | None  # the bonus token (the model's own choice after the accepted path); None if cut by a stop
+    timings: dict[str, float]  # milliseconds: draft, forward, verify, commit, update, total
+    matrix_rows: list[int] = field(default_factory=list)  # rows of the adjacency matrix rewritten by this step
+    matrix_values: list[list[int]] = field(default_factory=list)  # their new candidate tokens, [len(rows), k]
+    matrix_probs: list[list[float]] = field(default_factory=list)  # their candidates' probabilities, [len(rows), k]
+    node_probs: list[float] | None = None  # estimated probability of reaching each node (adaptive trees), else None
+    template: str = ""  # the draft tree template used for this step
+    kind: str = "step"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the event as a JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass
+class SummaryEvent:
+    """The end of one answer: what was produced, how fast, and why it stopped."""
+
+    tokens: list[int]  # every emitted token id, in order
+    prompt_tokens: int  # length of the prompt in tokens
+    new_tokens: int  # len(tokens)
+    steps: int  # decoding steps (= model forwards after the prefill)
+    mean_accepted: float  # new_tokens / steps: tokens per forward, bonus included (1.0 for plain decoding)
+    tokens_per_s: float  # new_tokens / decode_s
+    prefill_s: float  # seconds spent on the prompt's forward
+    decode_s: float  # seconds spent in decoding steps
+    wall_s: float  # prefill_s + decode_s
+    stop_reason: str  # "eos", "length" or "stopped" (the consumer closed the generator early)
+    method: str  # "recycling" or "plain"
+    template: str  # the draft tree template ("" for plain decoding)
+    matrix_rows_filled: int  # rows of the adjacency matrix that hold candidates
+    matrix_mb: float  # memory of the adjacency matrix in MB
+    overhead_ms: float = 0.0  # mean engine time per step outside the model forward (draft+verify+commit+update)
+    forward_ms: float = 0.0  # mean model forward time per step
+    kind: str = "summary"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the event as a JSON-ready dict."""
+        return asdict(self)
+
+
+Event = StepEvent | SummaryEvent
+
+
+def event_from_dict(data: dict[str, Any]) -> Event:
+    """Rebuild an event from `to_dict()` output; raises ValueError on an unknown kind or missing fields."""
+    kind = data.get("kind")
+    cls = {"step": StepEvent, "summary": SummaryEvent}.get(kind)
+    if cls is None:
+        raise ValueError(f"unknown event kind {kind!r}")
+    names = {f.name for f in fields(cls)}
+    try:
+        return cls(**{k: v for k, v in data.items() if k in names})
+    except TypeError as exc:
+        raise ValueError(f"malformed {kind} event: {exc}") from exc

@@ -1,0 +1,99 @@
+"""A preallocated KV cache that an unmodified transformers model writes into, compacted in place after verification.
+
+transformers' DynamicCache concatenates the whole cache on every forward. Here each layer owns a buffer
+that grows by doubling; a forward writes its new keys/values after the committed ones and attends over a view.
+After verification only the accepted tree nodes are kept: their entries move into place (O(accepted tokens))
+and the length is cut back, so the rejected nodes are simply overwritten by the next forward.
+"""
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+
+class _BufferLayer(DynamicLayer):
+    """One layer's keys and values in a growing buffer [B, H, capacity, D]; `keys`/`values` are views of the used part."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.length = 0
+        self._k = key_states.new_empty(*key_states.shape[:2], 0, key_states.shape[3])
+        self._v = value_states.new_empty(*value_states.shape[:2], 0, value_states.shape[3])
+        self.keys, self.values = self._k, self._v
+        self.is_initialized = True
+
+    def _reserve(self, needed: int) -> None:
+        capacity = self._k.shape[2]
+        if needed <= capacity:
+            return
+        new_cap = max(needed, 2 * capacity, 256)
+        for name in ("_k", "_v"):
+            old = getattr(self, name)
+            new = old.new_empty(*old.shape[:2], new_cap, old.shape[3])
+            new[:, :, : self.length].copy_(old[:, :, : self.length])
+            setattr(self, name, new)
+
+    def _refresh_views(self) -> None:
+        self.keys = self._k[:, :, : self.length]
+        self.values = self._v[:, :, : self.length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[2]
+        self._reserve(self.length + n)
+        self._k[:, :, self.length : self.length + n].copy_(key_states)
+        self._v[:, :, self.length : self.length + n].copy_(value_states)
+        self.length += n
+        self._refresh_views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length if self.is_initialized else 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if not self.is_initialized or tokens_to_remove == 0:
+            return
+        self.length = max(self.length - abs(tokens_to_remove), 0)
+        self._refresh_views()
+
+    def reset(self) -> None:
+        if self.is_initialized:
+            self.length = 0
+            self._refresh_views()
+
+    def keep(self, start: int, src: torch.Tensor | None, count: int) -> None:
+        """Keep `count` entries after `start`: move entries start + src[i] to start + i (src None: already in place)."""
+        if src is not None:
+            idx = src + start
+            self._k[:, :, start : start + count].copy_(self._k.index_select(2, idx))
+            self._v[:, :, start : start + count].copy_(self._v.index_select(2, idx))
+        self.length = start + count
+        self._refresh_views()
+
+
+class TreeKVCache(Cache):
+    """The engine's cache: one `_BufferLayer` per model layer, created lazily on the first forward."""
+
+    def __init__(self) -> None:
+        super().__init__(layer_class_to_replicate=_BufferLayer)
+
+    def keep(self, start: int, accepted: list[int]) -> None:
+        """After a tree forward that began at `start`, keep only the accepted nodes' entries, in path order."""
+        count = len(accepted)
+        in_place = accepted == list(range(count))
+        src = None
+        if not in_place:
+            device = self.layers[0].device
+            src = torch.tensor(accepted, dtype=torch.long, device=device)
+        for layer in self.layers:
+            if layer.is_initialized:
+                assert layer.length >= start + max(accepted) + 1, "cache shorter than the verified tree"
+                layer.keep(start, src, count)
+
+    def truncate(self, length: int) -> None:
+        """Cut every layer back to `length` entries."""
+        for layer in self.layers:
+            if layer.is_initialized:
+                layer.length = min(layer.length, length)
+                layer._refresh_views()

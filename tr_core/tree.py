@@ -1,0 +1,187 @@
+"""Draft trees (paper Sec. 3.2): static templates turned once into tensors, BFS drafting, the tree attention mask.
+
+A template is a list of paths; path (a, b) is candidate b of candidate a of the root. Node 0 of every
+tree is the root (the last committed token); the other nodes follow in BFS order (by depth, then path).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+Path = tuple[int, ...]
+
+# The paper's default "2.2.2" tree (Luo et al. 2025, App.; reference code tree_template_.py): 80 nodes, 6 levels.
+_PAPER_222: list[Path] = [
+    (0,), (1,), (2,), (3,), (4,), (5,), (6,), (7,),
+    (0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (0, 6), (0, 7), (1, 0), (1, 1), (1, 2), (1, 3),
+    (2, 0), (2, 1), (2, 2), (3, 0), (3, 1), (4, 0), (5, 0), (6, 0), (7, 0),
+    (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 0, 3), (0, 0, 4), (0, 0, 5), (0, 0, 6), (0, 0, 7), (0, 1, 0), (0, 1, 1),
+    (0, 1, 2), (0, 2, 0), (0, 2, 1), (0, 3, 0), (0, 4, 0), (0, 5, 0), (0, 6, 0), (0, 7, 0), (1, 0, 0), (1, 0, 1),
+    (1, 1, 0), (2, 0, 0), (3, 0, 0), (4, 0, 0), (5, 0, 0),
+    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 3), (0, 0, 0, 4), (0, 0, 1, 0), (0, 0, 1, 1), (0, 0, 2, 0),
+    (0, 0, 3, 0), (0, 0, 4, 0), (0, 1, 0, 0), (0, 2, 0, 0), (1, 0, 0, 0), (2, 0, 0, 0), (3, 0, 0, 0),
+    (0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 0, 2), (0, 0, 0, 1, 0), (0, 0, 0, 2, 0), (0, 0, 1, 0, 0),
+    (0, 1, 0, 0, 0), (1, 0, 0, 0, 0),
+    (0, 0, 0, 0, 0, 0), (0, 0, 0, 0, 0, 1), (0, 0, 0, 1, 0, 0),
+]
+
+TEMPLATES: dict[str, list[Path]] = {
+    "2.2.2": _PAPER_222,
+    # A 16-node cut of the same shape: most of the paper tree's accepted mass at a fifth of its size.
+    "small-16": [(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
+                 (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 0, 0, 0, 0), (0, 0, 0, 0, 0, 0)],
+    "chain-4": [(0,) * d for d in range(1, 5)],  # greedy chain: the top candidate of the top candidate...
+    "chain-8": [(0,) * d for d in range(1, 9)],
+    "wide-8": [(r,) for r in range(8)],  # one level, all 8 candidates of the root
+}
+ADAPTIVE = "adaptive"  # dynamic, hardware-aware tree (see adaptive.py); not a static template
+
+
+class TemplateError(ValueError):
+    """A draft tree template is malformed."""
+
+
+def validate_template(paths: list[Path] | list[list[int]], k: int) -> list[Path]:
+    """Check a template (every node's parent present, ranks in [0, k), no duplicates); return it BFS-sorted."""
+    if not isinstance(paths, (list, tuple)):
+        raise TemplateError(f"a template is a list of paths, got {type(paths).__name__}")
+    out: list[Path] = []
+    for p in paths:
+        if not isinstance(p, (list, tuple)) or len(p) == 0 or not all(isinstance(r, int) and not isinstance(r, bool) for r in p):
+            raise TemplateError(f"every path must be a non-empty list of ints, got {p!r}")
+        out.append(tuple(p))
+    seen = set(out)
+    if len(seen) != len(out):
+        raise TemplateError("template has duplicate paths")
+    for p in out:
+        if any(r < 0 or r >= k for r in p):
+            raise TemplateError(f"path {list(p)} has a rank outside [0, {k}) (k = candidates per matrix row)")
+        if len(p) > 1 and p[:-1] not in seen:
+            raise TemplateError(f"path {list(p)} has no parent {list(p[:-1])} in the template")
+    return sorted(out, key=lambda p: (len(p), p))
+
+
+def resolve_template(template: str | list, k: int) -> tuple[str, list[Path]]:
+    """Return (name, validated paths) for a template name or a user list of paths."""
+    if isinstance(template, str):
+        if template not in TEMPLATES:
+            names = ", ".join([*TEMPLATES, ADAPTIVE])
+            raise TemplateError(f"unknown template {template!r}; choose one of {names}, or give a list of paths")
+        return template, validate_template(TEMPLATES[template], k)
+    paths = validate_template(template, k)
+    return f"custom-{len(paths)}", paths
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A draft tree as tensors on the model's device (Medusa-style buffers, built once per template)."""
+
+    name: str
+    parents: torch.Tensor  # [N] long, parent node of each node (root: 0, masked by depth)
+    depths: torch.Tensor  # [N] long, 0 for the root
+    ranks: torch.Tensor  # [N] long, candidate rank in the parent's row (root: 0)
+    level_slices: tuple[tuple[int, int], ...]  # (start, end) node range of each depth 1..D (BFS order)
+    tree_mask: torch.Tensor  # [N, N] bool, [i, j] = node j is node i or one of its ancestors
+    paths: torch.Tensor  # [L, D+1] long, root-to-leaf node indices, padded with -1
+    parents_list: tuple[int, ...]  # host copies for events (root: -1)
+    depths_list: tuple[int, ...]
+    ranks_list: tuple[int, ...]  # root: -1
+
+    @property
+    def size(self) -> int:
+        """Number of nodes, root included."""
+        return self.parents.shape[0]
+
+    @property
+    def max_depth(self) -> int:
+        """Depth of the deepest node."""
+        return len(self.level_slices)
+
+
+def build_tree(name: str, paths: list[Path], device: torch.device | str = "cpu") -> DraftTree:
+    """Turn BFS-sorted, validated paths into a DraftTree (done once; the decode loop never walks Python trees)."""
+    index = {(): 0}
+    for i, p in enumerate(paths, start=1):
+        index[p] = i
+    parents = [-1] + [index[p[:-1]] for p in paths]
+    depths = [0] + [len(p) for p in paths]
+    ranks = [-1] + [p[-1] for p in paths]
+    return tree_from_parents(name, parents, ranks, device)
+
+
+def tree_from_parents(name: str, parents: list[int], ranks: list[int], device: torch.device | str = "cpu") -> DraftTree:
+    """Build a DraftTree from BFS-ordered parent indices (parents[0] = -1, parents[i] < i, depth non-decreasing)."""
+    n = len(parents)
+    assert parents[0] == -1 and all(0 <= parents[i] < i for i in range(1, n)), "parents must be BFS-ordered"
+    depths = [0] * n
+    for i in range(1, n):
+        depths[i] = depths[parents[i]] + 1
+    assert all(depths[i] <= depths[i + 1] for i in range(n - 1)), "nodes must be sorted by depth"
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = parents[j]
+    is_parent = set(parents[1:])
+    leaves = [i for i in range(n) if i not in is_parent]
+    max_d = max(depths)
+    path_rows = []
+    for leaf in leaves:
+        chain = []
+        j = leaf
+        while j >= 0:
+            chain.append(j)
+            j = parents[j]
+        chain.reverse()
+        path_rows.append(chain + [-1] * (max_d + 1 - len(chain)))
+    slices = []
+    for d in range(1, max_d + 1):
+        members = [i for i in range(n) if depths[i] == d]
+        slices.append((members[0], members[-1] + 1))
+    return DraftTree(
+        name=name,
+        parents=torch.tensor([max(p, 0) for p in parents], dtype=torch.long, device=device),
+        depths=torch.tensor(depths, dtype=torch.long, device=device),
+        ranks=torch.tensor([max(r, 0) for r in ranks], dtype=torch.long, device=device),
+        level_slices=tuple(slices),
+        tree_mask=mask.to(device),
+        paths=torch.tensor(path_rows, dtype=torch.long, device=device),
+        parents_list=tuple(parents),
+        depths_list=tuple(depths),
+        ranks_list=tuple(ranks),
+    )
+
+
+def bfs_draft(table: torch.Tensor, root_token: torch.Tensor, tree: DraftTree) -> torch.Tensor:
+    """Fill the tree's nodes with candidate tokens from the adjacency matrix, one gather per depth.
+
+    table: [V, k] adjacency matrix; root_token: [] or [1] long. Returns tokens [N] long.
+    """
+    tokens = torch.empty(tree.size, dtype=torch.long, device=table.device)
+    tokens[0] = root_token.reshape(())
+    for start, end in tree.level_slices:
+        tokens[start:end] = table[tokens[tree.parents[start:end]], tree.ranks[start:end]]
+    return tokens
+
+
+def attention_bias(
+    tree_mask: torch.Tensor, past: int, dtype: torch.dtype, window: int | None = None, depths: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Additive 4D mask [1, 1, N, past + N]: the prefix is visible, tree nodes see their ancestors and themselves.
+
+    With `window`, keys more than `window - 1` positions behind a query are hidden too (sliding-window layers);
+    node i sits at position past + depths[i] and prefix key j at position j.
+    """
+    n = tree_mask.shape[0]
+    device = tree_mask.device
+    allowed = torch.ones(n, past + n, dtype=torch.bool, device=device)
+    allowed[:, past:] = tree_mask
+    if window is not None and past + n > window:
+        q_pos = past + depths  # [N]
+        k_pos = torch.cat([torch.arange(past, device=device), past + depths])  # [past + N]
+        allowed &= (q_pos[:, None] - k_pos[None, :]) < window
+    bias = torch.zeros(n, past + n, dtype=dtype, device=device)
+    bias.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return bias[None, None]
