@@ -1,0 +1,99 @@
+"""Shared fixtures: tiny random-weight models of several architectures, and the embedded real model."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+class TinyTokenizer:
+    """Just enough tokenizer for the engine on tiny models: ids are printed as numbers, id 1 ends a turn."""
+
+    eos_token_id = 1
+    chat_template = None
+    all_special_tokens: list[str] = []
+    added_tokens_encoder: dict[str, int] = {}
+
+    def __init__(self, vocab: int):
+        self.vocab = vocab
+
+    def get_vocab(self) -> dict[str, int]:
+        return {f"t{i}": i for i in range(self.vocab)}
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": [2 + (ord(c) % (self.vocab - 2)) for c in text]}
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return " ".join(f"t{i}" for i in ids)
+
+    def convert_ids_to_tokens(self, i):
+        return f"t{i}"
+
+
+TINY_VOCAB = 96
+
+
+def tiny_config(arch: str):
+    """A 2-layer random model config of the given architecture (small vocab so greedy text repeats and drafts hit)."""
+    from transformers import AutoConfig
+
+    common = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=1,
+                  bos_token_id=0, pad_token_id=0, tie_word_embeddings=False)
+    if arch == "llama":
+        return AutoConfig.for_model("llama", **common)
+    if arch == "qwen2":
+        return AutoConfig.for_model("qwen2", **common)
+    if arch == "mistral":  # every layer slides over a short window: exercises the sliding mask
+        return AutoConfig.for_model("mistral", sliding_window=24, **common)
+    if arch == "gemma3":  # mixed full/sliding layers with a short window
+        return AutoConfig.for_model("gemma3_text", sliding_window=24, head_dim=16,
+                                    layer_types=["sliding_attention", "full_attention"], **common)
+    if arch == "gpt2":
+        return AutoConfig.for_model("gpt2", vocab_size=TINY_VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=512,
+                                    eos_token_id=1, bos_token_id=0)
+    raise ValueError(arch)
+
+
+ARCHS = ["llama", "qwen2", "mistral", "gemma3", "gpt2"]
+
+
+def tiny_model(arch: str, attn: str = "sdpa", seed: int = 0):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_config(arch)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+    with torch.no_grad():  # larger weights give peaked, repetitive greedy text, so drafts get accepted
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, fp32 on CPU (converted once, then cached)."""
+    from tr_core import load_model
+
+    return load_model(device="cpu", dtype=torch.float32)
+
+
+def load_questions(name: str, n: int) -> list[dict]:
+    """The first n questions of a development set, spread over its categories (round-robin)."""
+    rows = [json.loads(line) for line in (DATA / name).read_text().splitlines() if line.strip()]
+    by_cat: dict[str, list[dict]] = {}
+    for r in rows:
+        by_cat.setdefault(r["category"], []).append(r)
+    out: list[dict] = []
+    i = 0
+    while len(out) < n and any(i < len(v) for v in by_cat.values()):
+        for v in by_cat.values():
+            if i < len(v) and len(out) < n:
+                out.append(v[i])
+        i += 1
+    return out
