@@ -150,6 +150,8 @@ def validate_args(args: argparse.Namespace) -> tuple[list[Question], list[Method
         raise BenchInputError(f"--top-p must be in (0, 1], got {args.top_p}")
     if args.max_minutes is not None and not args.max_minutes > 0:
         raise BenchInputError(f"--max-minutes must be > 0, got {args.max_minutes}")
+    if args.threads is not None and args.threads < 1:
+        raise BenchInputError(f"--threads must be >= 1, got {args.threads}")
     if args.warmup < 0:
         raise BenchInputError(f"--warmup must be >= 0, got {args.warmup}")
     if args.pld_tokens < 1 or args.pld_ngram < 1:
@@ -437,7 +439,8 @@ def format_header(result: dict[str, Any]) -> str:
             f"torch {result['torch']} · transformers {result['transformers']} · {result['date']}\n"
             f"{result['questions']} questions ({result['answers']} answers) · max_new_tokens {result['max_new_tokens']}"
             f" · temperature {result['temperature']} · template {result['template']}"
-            f" · matrix {'fresh per question' if result.get('fresh_matrix') else 'kept across questions'}\n"
+            f" · matrix {'fresh per question' if result.get('fresh_matrix') else 'kept across questions'}"
+            f" · torch threads {result.get('threads', '?')}\n"
             f"command: {result.get('command', '')}")
 
 
@@ -539,6 +542,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--pld-tokens", type=int, default=10, help="pld: prompt_lookup_num_tokens")
     p.add_argument("--pld-ngram", type=int, default=2, help="pld: max_matching_ngram_size")
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up questions (short answers, discarded)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="CPU threads for torch (default: torch's choice); 1 is far steadier on a busy small machine")
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the results as JSON")
     p.add_argument("--html", default=None, metavar="OUT.html", help="write a self-contained plotly report")
     p.add_argument("--max-minutes", type=float, default=None, metavar="M",
@@ -567,7 +572,7 @@ def run_meta(args: argparse.Namespace, model, device) -> dict[str, Any]:
 
     dev = str(device)
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else _machine()
-    name = args.model or "SmolLM2-135M-Instruct (embedded, Q4_1 GGUF dequantised)"
+    name = Path(args.model).name if args.model else "SmolLM2-135M-Instruct (embedded, Q4_1 GGUF dequantised)"
     return {
         "model": name,
         "device": dev,
@@ -585,6 +590,7 @@ def run_meta(args: argparse.Namespace, model, device) -> dict[str, Any]:
         "topk_candidates": args.topk_candidates,
         "pld_tokens": args.pld_tokens,
         "pld_ngram": args.pld_ngram,
+        "threads": torch.get_num_threads(),
         "command": "python -m tr_core " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py")
         else " ".join(sys.argv),
     }
@@ -602,6 +608,8 @@ def run(args: argparse.Namespace) -> int:
 
     from .models import load_model
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
     except (RuntimeError, ValueError, OSError) as exc:

@@ -187,7 +187,8 @@ def projections(curve: dict[int, dict[str, float]], mean_accepted: float | None,
 def format_report(meta: dict[str, Any], curve: dict[int, dict[str, float]], rows: list[dict]) -> str:
     """Markdown: the cost curve, then the projections."""
     lines = [f"Forward cost of N query tokens over a {meta['context']}-token KV cache: {meta['model']} on "
-             f"{meta['device']} ({meta['machine']}), {meta['dtype']}, median of {meta['repeats']}, {meta['date']}",
+             f"{meta['device']} ({meta['machine']}, {meta['threads']} torch threads), {meta['dtype']}, "
+             f"median of {meta['repeats']}, {meta['date']}",
              "", "| N | ms | t(N)/t(1) |", "| ---: | ---: | ---: |"]
     lines += [f"| {n} | {c['ms']:.2f} | {c['ratio']:.2f} |" for n, c in curve.items()]
     if rows:
@@ -217,6 +218,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--tree-nodes", type=float, default=81,
                    help="draft tree size N for --mean-accepted (default 81: the 80-node 2.2.2 tree plus its root)")
     p.add_argument("--bench-json", default=None, metavar="FILE", help="take mean accepted and tree sizes from a bench JSON")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="CPU threads for torch (default: torch's choice); 1 is far steadier on a busy small machine")
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the curve and projections as JSON")
     p.set_defaults(func=run)
     return p
@@ -232,6 +235,8 @@ def run(args: argparse.Namespace) -> int:
             raise ProfileInputError("give --model or --config, not both")
         if args.mean_accepted is not None and not args.mean_accepted >= 1:
             raise ProfileInputError(f"--mean-accepted must be >= 1, got {args.mean_accepted}")
+        if args.threads is not None and args.threads < 1:
+            raise ProfileInputError(f"--threads must be >= 1, got {args.threads}")
         if args.tree_nodes < 1:
             raise ProfileInputError(f"--tree-nodes must be >= 1, got {args.tree_nodes}")
         bench = read_bench_json(args.bench_json) if args.bench_json else None
@@ -248,6 +253,8 @@ def run(args: argparse.Namespace) -> int:
     from .bench import _machine
 
     torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.config:
         from .models import default_device, default_dtype
 
@@ -276,6 +283,7 @@ def run(args: argparse.Namespace) -> int:
         "machine": torch.cuda.get_device_name(device) if device.type == "cuda" else _machine(),
         "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "torch": torch.__version__,
         "transformers": transformers.__version__, "context": args.context, "repeats": args.repeats,
+        "threads": torch.get_num_threads(),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
     print(f"profile: {meta['model']} on {meta['device']} ({meta['machine']}), {meta['dtype']}", file=sys.stderr)
