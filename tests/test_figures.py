@@ -30,25 +30,26 @@ def make_event(step: int = 0) -> StepEvent:
 
 
 def node_traces(fig):
-    return {t.name: t for t in fig.data if t.mode == "markers+text"}
+    return {t["name"]: t for t in fig.traces if t["mode"] == "markers+text"}
 
 
 def test_tree_figure_has_every_node_and_marks_the_accepted_path():
     ev = make_event()
     fig = tree_figure(ev, text_of)
     nodes = node_traces(fig)
-    assert sum(len(t.x) for n, t in nodes.items() if not n.startswith("bonus")) == len(ev.tokens)
+    assert sum(len(t["x"]) for n, t in nodes.items() if not n.startswith("bonus")) == len(ev.tokens)
     accepted = nodes["accepted draft tokens"]
-    assert list(accepted.customdata) == [1, 3]
-    assert accepted.marker.color == ACCEPTED_COLOUR
-    assert nodes["rejected draft tokens"].marker.color == REJECTED_COLOUR
-    assert sorted(nodes["rejected draft tokens"].customdata) == [2, 4, 5, 6]
+    assert accepted["customdata"] == [1, 3]
+    assert accepted["marker"]["color"] == ACCEPTED_COLOUR
+    assert nodes["rejected draft tokens"]["marker"]["color"] == REJECTED_COLOUR
+    assert sorted(nodes["rejected draft tokens"]["customdata"]) == [2, 4, 5, 6]
     bonus = nodes["bonus token (from the verify forward)"]
-    assert bonus.marker.color == BONUS_COLOUR and bonus.text == ("␣mat",)
+    assert bonus["marker"]["color"] == BONUS_COLOUR and bonus["text"] == ["␣mat"]
     # the accepted edges (root->1, 1->3) are drawn in the accepted colour, thicker
-    path_edges = [t for t in fig.data if t.mode == "lines" and t.line.color == ACCEPTED_COLOUR]
-    assert len(path_edges) == 1 and len([v for v in path_edges[0].x if v is None]) == 2
-    assert "2 accepted + 1 bonus" in fig.layout.title.text
+    path_edges = [t for t in fig.traces if t["mode"] == "lines" and t["line"]["color"] == ACCEPTED_COLOUR]
+    assert len(path_edges) == 1 and len([v for v in path_edges[0]["x"] if v is None]) == 2
+    assert "2 accepted + 1 bonus" in fig.layout["title"]["text"]
+    fig.to_plotly()  # valid plotly: every attribute name and value passes plotly's validation
 
 
 def test_tree_figure_root_on_top_and_hover_has_id_depth_rank():
@@ -56,7 +57,7 @@ def test_tree_figure_root_on_top_and_hover_has_id_depth_rank():
     fig = tree_figure(ev, text_of)
     layout = tree_layout(tuple(ev.parents))
     assert layout.y[0] == 0 and all(layout.y[i] == -ev.depths[i] for i in range(len(ev.tokens)))
-    hover = " ".join(node_traces(fig)["rejected draft tokens"].hovertext)
+    hover = " ".join(node_traces(fig)["rejected draft tokens"]["hovertext"])
     assert "id 4 · depth 1 · rank 1" in hover
 
 
@@ -76,7 +77,7 @@ def test_tree_figure_handles_any_tree_shape_and_missing_event():
     ev.bonus, ev.node_probs = None, [1.0, 0.4]
     fig = tree_figure(ev, text_of)
     assert "accepted draft tokens" in node_traces(fig) and "bonus token (from the verify forward)" not in node_traces(fig)
-    assert len(tree_figure(None, text_of).data) == 0
+    assert len(tree_figure(None, text_of).traces) == 0
 
 
 def test_heatmap_labels_are_unique_and_rows_touched_this_step_come_first():
@@ -84,11 +85,12 @@ def test_heatmap_labels_are_unique_and_rows_touched_this_step_come_first():
     ev = make_event()
     tracker.update(ev)
     fig = heatmap_figure(tracker, ev, text_of)
-    heat = fig.data[0]
-    labels = list(heat.y)[::-1]
+    heat = fig.traces[0]
+    labels = heat["y"][::-1]
+    fig.to_plotly()
     assert len(labels) == len(set(labels)) == 4
     assert labels[0] == "● <root>" and labels[1] == "● ␣the"  # accepted path rows first: root, " the", " cat"
-    assert list(list(heat.z)[::-1][0]) == [0.7, 0.2]
+    assert heat["z"][::-1][0] == [0.7, 0.2]
     assert unique_labels([1, 5, 1], lambda t: "x") == ["x #1", "x #5", "x #1"]
     assert tracker.hits[0] == 1 and tracker.hits[1] == 1  # root row's rank-0 candidate and " the" row's accepted
 
@@ -108,7 +110,9 @@ def test_heatmap_keeps_most_hit_rows_from_earlier_steps():
 def test_accepted_chart_and_meter():
     events = [make_event(i) for i in range(3)]
     fig = accepted_chart(events, current=1)
-    assert list(fig.data[0].y) == [3, 3, 3] and fig.data[0].marker.color[1] == BONUS_COLOUR
+    assert fig.traces[0]["y"] == [3, 3, 3] and fig.traces[0]["marker"]["color"][1] == BONUS_COLOUR
+    fig.to_plotly()
+    assert json.loads(fig.to_json())["data"][0]["type"] == "bar"
     html = meter_html(Speed(tr_tps=30.0, plain_tps=15.0, plain_is_estimate=False, mean_accepted=2.5, identical=True))
     assert "2.00×" in html and "token-identical" in html and "measured" in html
     est = meter_html(Speed(tr_tps=30.0, plain_tps=12.0, plain_is_estimate=True))

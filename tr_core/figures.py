@@ -6,13 +6,13 @@ replay of a saved trace and the tests draw the same pictures from the same data.
 from __future__ import annotations
 
 import html
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable
+from typing import Any, Callable
 
 import networkx as nx
-import plotly.graph_objects as go
 
 from .events import StepEvent
 
@@ -25,6 +25,8 @@ BONUS_COLOUR = "#f59e0b"
 REJECTED_COLOUR = "#cbd5e1"
 REJECTED_TEXT = "#64748b"
 EDGE_COLOUR = "#cbd5e1"
+# Candidate probability, light to dark blue (explicit: plotly.js and plotly.py disagree on "Blues").
+PROB_SCALE = [[0.0, "#f7fbff"], [0.2, "#deebf7"], [0.4, "#9ecae1"], [0.6, "#4292c6"], [0.8, "#2171b5"], [1.0, "#08306b"]]
 # Soft background colours that alternate between the accepted runs of consecutive steps in the chat.
 RUN_CLASSES = ("tr-run-a", "tr-run-b")
 
@@ -72,17 +74,14 @@ def tree_layout(parents: tuple[int, ...]) -> TreeLayout:
     return TreeLayout(tuple(x), tuple(y))
 
 
-def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = 430) -> go.Figure:
+def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = 430) -> Figure:
     """The draft tree of one step: accepted path green, bonus token amber star, rejected nodes muted.
 
     Hover shows token id, depth and candidate rank; the layout depends only on the tree's shape.
     """
-    fig = go.Figure()
-    _style(fig, height)
+    fig = Figure.empty(height)
     if ev is None or not ev.tokens:
-        fig.add_annotation(text="The draft tree of each step appears here", showarrow=False, x=0.5, y=0.5,
-                           xref="paper", yref="paper", font=dict(size=16, color=REJECTED_TEXT))
-        return fig
+        return fig.note("The draft tree of each step appears here")
     layout = tree_layout(tuple(ev.parents))
     accepted = set(ev.accepted)
     n = len(ev.tokens)
@@ -96,15 +95,15 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = 430) 
             if (i in accepted and p in accepted) == on_path:
                 ex += [layout.x[p], layout.x[i], None]
                 ey += [layout.y[p], layout.y[i], None]
-        fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", hoverinfo="skip", showlegend=False,
-                                 line=dict(color=ACCEPTED_COLOUR if on_path else EDGE_COLOUR, width=4 if on_path else 1)))
+        fig.add(type="scatter", x=ex, y=ey, mode="lines", hoverinfo="skip", showlegend=False,
+                line=dict(color=ACCEPTED_COLOUR if on_path else EDGE_COLOUR, width=4 if on_path else 1))
 
     groups = {"root": [0], "accepted": [i for i in ev.accepted if i != 0],
               "rejected": [i for i in range(1, n) if i not in accepted]}
     styles = {
-        "root": dict(color=ROOT_COLOUR, size=24, symbol="circle", text=ROOT_COLOUR, name="root (last committed token)"),
-        "accepted": dict(color=ACCEPTED_COLOUR, size=22, symbol="circle", text="#14532d", name="accepted draft tokens"),
-        "rejected": dict(color=REJECTED_COLOUR, size=11, symbol="circle", text=REJECTED_TEXT, name="rejected draft tokens"),
+        "root": dict(color=ROOT_COLOUR, size=24, text=ROOT_COLOUR, name="root (last committed token)"),
+        "accepted": dict(color=ACCEPTED_COLOUR, size=22, text="#14532d", name="accepted draft tokens"),
+        "rejected": dict(color=REJECTED_COLOUR, size=11, text=REJECTED_TEXT, name="rejected draft tokens"),
     }
     for group in ("rejected", "root", "accepted"):
         nodes = groups[group]
@@ -115,35 +114,29 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = 430) 
             rank = "root" if ev.ranks[i] < 0 else f"rank {ev.ranks[i]}"
             hover.append(f"<b>{html.escape(repr(token_text(ev.tokens[i])))}</b><br>id {ev.tokens[i]} · depth {ev.depths[i]}"
                          f" · {rank}<br>node {i}, parent {ev.parents[i]}{prob}")
-        fig.add_trace(go.Scatter(
-            x=[layout.x[i] for i in nodes], y=[layout.y[i] for i in nodes], mode="markers+text",
-            name=style["name"], text=[display_token(token_text(ev.tokens[i]), 8 if group != "rejected" else 6) for i in nodes],
-            textposition="top center" if group != "rejected" else "bottom center",
-            textfont=dict(size=15 if group != "rejected" else 10, color=style["text"]),
-            marker=dict(color=style["color"], size=style["size"], symbol=style["symbol"],
-                        line=dict(color="white", width=1.5)),
-            hovertext=hover, hoverinfo="text", customdata=nodes,
-        ))
+        muted = group == "rejected"
+        fig.add(type="scatter", x=[layout.x[i] for i in nodes], y=[layout.y[i] for i in nodes], mode="markers+text",
+                name=style["name"], text=[display_token(token_text(ev.tokens[i]), 6 if muted else 8) for i in nodes],
+                textposition="bottom center" if muted else "middle left",
+                textfont=dict(size=10 if muted else 15, color=style["text"]),
+                marker=dict(color=style["color"], size=style["size"], symbol="circle", line=dict(color="white", width=1.5)),
+                hovertext=hover, hoverinfo="text", customdata=nodes)
 
     if ev.bonus is not None:
         last = ev.accepted[-1] if ev.accepted else 0
         bx, by = layout.x[last], layout.y[last] - 0.55
-        fig.add_trace(go.Scatter(x=[layout.x[last], bx], y=[layout.y[last], by], mode="lines", hoverinfo="skip",
-                                 showlegend=False, line=dict(color=BONUS_COLOUR, width=3, dash="dot")))
-        fig.add_trace(go.Scatter(
-            x=[bx], y=[by], mode="markers+text", name="bonus token (from the verify forward)",
-            text=[display_token(token_text(ev.bonus), 10)], textposition="middle right",
-            textfont=dict(size=15, color="#92400e"),
-            marker=dict(color=BONUS_COLOUR, size=24, symbol="star", line=dict(color="white", width=1)),
-            hovertext=[f"<b>bonus</b> {html.escape(repr(token_text(ev.bonus)))}<br>id {ev.bonus}"], hoverinfo="text",
-        ))
+        fig.add(type="scatter", x=[layout.x[last], bx], y=[layout.y[last], by], mode="lines", hoverinfo="skip",
+                showlegend=False, line=dict(color=BONUS_COLOUR, width=3, dash="dot"))
+        fig.add(type="scatter", x=[bx], y=[by], mode="markers+text", name="bonus token (from the verify forward)",
+                text=[display_token(token_text(ev.bonus), 10)], textposition="middle right",
+                textfont=dict(size=15, color="#92400e"),
+                marker=dict(color=BONUS_COLOUR, size=24, symbol="star", line=dict(color="white", width=1)),
+                hovertext=[f"<b>bonus</b> {html.escape(repr(token_text(ev.bonus)))}<br>id {ev.bonus}"], hoverinfo="text")
     depth = max(ev.depths) if ev.depths else 0
-    fig.update_yaxes(range=[-depth - 0.9, 0.75])
-    fig.update_xaxes(range=[-0.03, 1.03])
+    fig.layout["yaxis"]["range"] = [-depth - 0.9, 0.6]
+    fig.layout["xaxis"]["range"] = [-0.08, 1.03]
     n_acc = len(ev.accepted) - 1 if ev.accepted else 0
-    fig.update_layout(title=dict(
-        text=f"Step {ev.step + 1}: {n - 1} draft tokens → {n_acc} accepted + {1 if ev.bonus is not None else 0} bonus",
-        x=0.01, font=dict(size=17)))
+    fig.title(f"Step {ev.step + 1}: {n - 1} draft tokens → {n_acc} accepted + {1 if ev.bonus is not None else 0} bonus")
     return fig
 
 
@@ -199,21 +192,18 @@ def unique_labels(rows: list[int], token_text: TokenText, max_len: int = 12) -> 
 
 
 def heatmap_figure(tracker: MatrixTracker, ev: StepEvent | None, token_text: TokenText,
-                   max_rows: int = 12, height: int = 430) -> go.Figure:
+                   max_rows: int = 12, height: int = 430) -> Figure:
     """A window of the adjacency matrix: rows = tokens, columns = candidate rank, colour = candidate probability."""
-    fig = go.Figure()
-    _style(fig, height)
+    fig = Figure.empty(height)
     rows = tracker.window(ev, max_rows=max_rows)
     if not rows:
-        fig.add_annotation(text="Rows of the adjacency matrix appear here", showarrow=False, x=0.5, y=0.5,
-                           xref="paper", yref="paper", font=dict(size=16, color=REJECTED_TEXT))
-        return fig
+        return fig.note("Rows of the adjacency matrix appear here")
     touched = set(ev.matrix_rows) if ev is not None else set()
     k = max(len(tracker.values[r]) for r in rows)
     labels = unique_labels(rows, token_text)
     labels = [("● " if r in touched else "") + lab for lab, r in zip(labels, rows)]
     z, text, hover = [], [], []
-    for r, lab in zip(rows, labels):
+    for r in rows:
         vals = tracker.values[r] + [None] * (k - len(tracker.values[r]))
         probs = tracker.probs.get(r, [])
         z.append([probs[j] if j < len(probs) else None for j in range(k)])
@@ -223,57 +213,97 @@ def heatmap_figure(tracker: MatrixTracker, ev: StepEvent | None, token_text: Tok
              + (f"<br>p = {probs[j]:.3f}" if j < len(probs) else "")
              + f"<br>hits {tracker.hits[r]}, rewrites {tracker.writes[r]}")
             if v is not None else "" for j, v in enumerate(vals)])
-    # Reverse so the first row is drawn at the top.
-    fig.add_trace(go.Heatmap(
-        z=z[::-1], x=[f"#{j}" for j in range(k)], y=labels[::-1], text=text[::-1], texttemplate="%{text}",
-        textfont=dict(size=13), hovertext=hover[::-1], hoverinfo="text", colorscale="Blues", zmin=0.0, zmax=1.0,
-        xgap=2, ygap=2, colorbar=dict(title=dict(text="p", side="right"), thickness=12, len=0.8),
-    ))
-    fig.update_layout(
-        title=dict(text="Adjacency matrix window (● = rewritten this step)", x=0.01, font=dict(size=17)),
-        margin=dict(l=10, r=10, t=44, b=30),
-    )
-    fig.update_xaxes(visible=True, showgrid=False, side="bottom", title=dict(text="candidate rank", font=dict(size=12)),
-                     tickfont=dict(size=12))
-    fig.update_yaxes(visible=True, showgrid=False, tickfont=dict(size=14, family="monospace"), automargin=True)
+    # Reversed so that the first row is drawn at the top.
+    fig.add(type="heatmap", z=z[::-1], x=[f"#{j}" for j in range(k)], y=labels[::-1], text=text[::-1],
+            texttemplate="%{text}", textfont=dict(size=13), hovertext=hover[::-1], hoverinfo="text",
+            colorscale=PROB_SCALE, zmin=0.0, zmax=1.0, xgap=2, ygap=2,
+            colorbar=dict(title=dict(text="p", side="right"), thickness=12, len=0.8))
+    fig.title("Adjacency matrix window (● = rewritten this step)")
+    fig.layout["margin"] = dict(l=10, r=10, t=44, b=40)
+    fig.layout["xaxis"] = dict(visible=True, showgrid=False, side="bottom", tickfont=dict(size=12), type="category",
+                               title=dict(text="candidate rank", font=dict(size=12)))
+    fig.layout["yaxis"] = dict(visible=True, showgrid=False, tickfont=dict(size=14, family="monospace"), automargin=True)
     return fig
 
 
 # ------------------------------------------------------------------------------------------- charts
 
 
-def accepted_chart(events: list[StepEvent], current: int | None = None, height: int = 220) -> go.Figure:
+def accepted_chart(events: list[StepEvent], current: int | None = None, height: int = 220) -> Figure:
     """Tokens emitted per step (accepted draft tokens + bonus) as bars, the selected step highlighted."""
-    fig = go.Figure()
-    _style(fig, height)
+    fig = Figure.empty(height)
     lengths = [len(e.emitted) for e in events]
     if not lengths:
-        fig.add_annotation(text="Tokens per step", showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
-                           font=dict(size=14, color=REJECTED_TEXT))
-        return fig
+        return fig.note("Tokens per step")
     colours = [BONUS_COLOUR if current is not None and i == current else ACCEPTED_COLOUR for i in range(len(lengths))]
-    fig.add_trace(go.Bar(x=list(range(1, len(lengths) + 1)), y=lengths, marker_color=colours, showlegend=False,
-                         hovertemplate="step %{x}: %{y} tokens<extra></extra>"))
+    fig.add(type="bar", x=list(range(1, len(lengths) + 1)), y=lengths, marker=dict(color=colours), showlegend=False,
+            hovertemplate="step %{x}: %{y} tokens<extra></extra>")
     mean = sum(lengths) / len(lengths)
-    fig.add_hline(y=mean, line=dict(color=ROOT_COLOUR, dash="dash", width=2),
-                  annotation_text=f"mean {mean:.2f} tokens/step", annotation_position="top left",
-                  annotation_font=dict(size=13, color=ROOT_COLOUR))
-    fig.update_xaxes(visible=True, showgrid=False, title=dict(text="step", font=dict(size=12)))
-    fig.update_yaxes(visible=True, showgrid=True, gridcolor="#eef2f7", rangemode="tozero", dtick=1,
-                     title=dict(text="tokens", font=dict(size=12)))
-    fig.update_layout(margin=dict(l=50, r=10, t=16, b=40), bargap=0.15)
+    fig.layout["shapes"] = [dict(type="line", xref="paper", x0=0, x1=1, y0=mean, y1=mean,
+                                 line=dict(color=ROOT_COLOUR, dash="dash", width=2))]
+    fig.layout["annotations"] = [dict(text=f"mean {mean:.2f} tokens/step", xref="paper", x=0.01, y=mean,
+                                      yanchor="bottom", xanchor="left", showarrow=False,
+                                      font=dict(size=13, color=ROOT_COLOUR))]
+    fig.layout["xaxis"] = dict(visible=True, showgrid=False, title=dict(text="step", font=dict(size=12)))
+    fig.layout["yaxis"] = dict(visible=True, showgrid=True, gridcolor="#eef2f7", rangemode="tozero", dtick=1,
+                               title=dict(text="tokens", font=dict(size=12)))
+    fig.layout["margin"] = dict(l=50, r=10, t=16, b=40)
+    fig.layout["bargap"] = 0.15
     return fig
 
 
-def _style(fig: go.Figure, height: int) -> None:
-    fig.update_layout(
-        height=height, template="plotly_white", margin=dict(l=10, r=10, t=44, b=10),
-        paper_bgcolor="white", plot_bgcolor="white", font=dict(size=14),
-        legend=dict(orientation="h", yanchor="bottom", y=-0.12, x=0.0, font=dict(size=12)),
-        uirevision="keep",
-    )
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
+class Figure(dict):
+    """A plotly figure as plain JSON data: {"data": [trace dicts], "layout": {...}}.
+
+    Building plotly.graph_objects figures validates every property in Python (tens of ms per figure, holding
+    the GIL the engine thread needs); these dicts cost well under a millisecond. gr.Plot accepts any object
+    with `to_json()`; `to_plotly()` gives a real plotly Figure when wanted.
+    """
+
+    @classmethod
+    def empty(cls, height: int) -> "Figure":
+        """A blank white figure of a given height, axes hidden."""
+        return cls(data=[], layout=dict(
+            height=height, margin=dict(l=10, r=10, t=44, b=10), paper_bgcolor="white", plot_bgcolor="white",
+            font=dict(size=14, color="#1f2937"), hoverlabel=dict(font=dict(size=14)), uirevision="keep",
+            legend=dict(orientation="h", yanchor="top", y=0.0, x=0.0, font=dict(size=12)),
+            xaxis=dict(visible=False), yaxis=dict(visible=False)))
+
+    @property
+    def traces(self) -> list[dict]:
+        """The traces (plotly `data`)."""
+        return self["data"]
+
+    @property
+    def layout(self) -> dict:
+        """The plotly `layout`."""
+        return self["layout"]
+
+    def add(self, **trace: Any) -> "Figure":
+        """Append a trace given as plotly attributes (type=..., x=..., ...)."""
+        self["data"].append(trace)
+        return self
+
+    def title(self, text: str) -> "Figure":
+        """Set the title."""
+        self["layout"]["title"] = dict(text=text, x=0.01, font=dict(size=17))
+        return self
+
+    def note(self, text: str) -> "Figure":
+        """Show a grey placeholder message in the middle."""
+        self["layout"]["annotations"] = [dict(text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                                              font=dict(size=16, color=REJECTED_TEXT))]
+        return self
+
+    def to_json(self) -> str:
+        """Compact JSON, as gr.Plot sends it to plotly.js."""
+        return json.dumps(self, separators=(",", ":"))
+
+    def to_plotly(self):
+        """The same figure as a plotly.graph_objects.Figure (validated; slow, for notebooks and tests)."""
+        import plotly.graph_objects as go
+
+        return go.Figure(self)
 
 
 # ------------------------------------------------------------------------------------ speed and text
