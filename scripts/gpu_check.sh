@@ -46,7 +46,8 @@ wheels() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 4
   fi
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-  python3 -c "import gguf, torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'gguf', gguf.__version__, torch.cuda.get_device_name())"
+  python3 -c "import gguf, torch, transformers, importlib.metadata as md; print('torch', torch.__version__, \
+'transformers', transformers.__version__, 'gguf', md.version('gguf'), torch.cuda.get_device_name() if torch.cuda.is_available() else 'no cuda')" || exit 4
 }
 
 bench() {
@@ -74,7 +75,8 @@ profile() {
 
 case "${1:-}" in
   part1) part1 ;;
+  check) model; wheels ;;   # join + verify the model and install the wheels only
   bench) bench ;;
   profile) profile ;;
-  *) echo "usage: $0 part1|bench|profile" >&2; exit 2 ;;
+  *) echo "usage: $0 part1|check|bench|profile" >&2; exit 2 ;;
 esac

@@ -26,6 +26,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -152,6 +153,8 @@ def validate_args(args: argparse.Namespace) -> tuple[list[Question], list[Method
         raise BenchInputError(f"--max-minutes must be > 0, got {args.max_minutes}")
     if args.threads is not None and args.threads < 1:
         raise BenchInputError(f"--threads must be >= 1, got {args.threads}")
+    if args.top_k < 0:
+        raise BenchInputError(f"--top-k must be >= 0, got {args.top_k}")
     if args.warmup < 0:
         raise BenchInputError(f"--warmup must be >= 0, got {args.warmup}")
     if args.pld_tokens < 1 or args.pld_ngram < 1:
@@ -206,7 +209,7 @@ class Runner:
         self.encoder = any_engine  # one chat template for every method
         self.stop_ids = set(int(t) for t in any_engine.stop_token_ids)
         base = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            seed=args.seed)
+                            top_k=args.top_k, seed=args.seed)
         self.configs = {s.name: base.with_(plain=True) if s.kind == "vanilla" else base.with_(template=s.template)
                         for s in specs if s.kind in ("vanilla", "recycling")}
         self.specs = {s.name: s for s in specs}
@@ -262,7 +265,7 @@ class Runner:
         stop = sorted(self.stop_ids)
         gen = dict(max_new_tokens=max_new, do_sample=sample, eos_token_id=stop, pad_token_id=stop[0])
         if sample:
-            gen.update(temperature=self.args.temperature, top_p=self.args.top_p, top_k=0)
+            gen.update(temperature=self.args.temperature, top_p=self.args.top_p, top_k=self.args.top_k)
         if kind == "pld":
             gen.update(prompt_lookup_num_tokens=self.args.pld_tokens, max_matching_ngram_size=self.args.pld_ngram)
         config = GenerationConfig(**gen)
@@ -536,6 +539,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="draft tree template(s) for `recycling`, comma list; several give recycling[T] each")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0 = off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fresh-matrix", action="store_true", help="reset the adjacency matrix before every question")
     p.add_argument("--topk-candidates", type=int, default=8, help="candidates per adjacency matrix row (k)")
@@ -584,6 +588,7 @@ def run_meta(args: argparse.Namespace, model, device) -> dict[str, Any]:
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
         "top_p": args.top_p,
+        "top_k": args.top_k,
         "seed": args.seed,
         "template": args.template,
         "fresh_matrix": bool(args.fresh_matrix),
@@ -591,8 +596,8 @@ def run_meta(args: argparse.Namespace, model, device) -> dict[str, Any]:
         "pld_tokens": args.pld_tokens,
         "pld_ngram": args.pld_ngram,
         "threads": torch.get_num_threads(),
-        "command": "python -m tr_core " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py")
-        else " ".join(sys.argv),
+        "command": ("python -m tr_core " + shlex.join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py")
+                    else shlex.join(sys.argv)),
     }
 
 
