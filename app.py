@@ -627,9 +627,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
     parser.add_argument("--model", default=None, help=f"default model (else ${MODEL_ENV}, else the embedded SmolLM2-135M)")
     parser.add_argument("--share", action="store_true", help="create a public gradio.live link")
+    parser.add_argument("--threads", type=int, default=int(os.environ.get("TR_THREADS", 0)) or None, metavar="N",
+                        help="CPU threads for torch (default: torch's choice, or $TR_THREADS); 1 is steadier on a busy "
+                             "small machine")
     args = parser.parse_args(argv)
     if args.model:
         STORE.default = args.model
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be >= 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
     demo = build_demo()
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS,
                 theme=gr.themes.Soft(primary_hue="green", secondary_hue="blue"))
