@@ -1,0 +1,159 @@
+"""Losslessness: Token Recycling returns exactly plain decoding's tokens, on tiny models of five architectures."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ARCHS, TINY_VOCAB, TinyTokenizer, tiny_model
+
+from tr_core import DecodeConfig, Engine, StepEvent, SummaryEvent
+
+
+def prompts(n: int, seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, TINY_VOCAB, (4 + 6 * i,), generator=g).tolist() for i in range(n)]
+
+
+def run(engine: Engine, prompt: list[int], **kw) -> SummaryEvent:
+    events = list(engine.generate(prompt, DecodeConfig(**kw)))
+    assert isinstance(events[-1], SummaryEvent)
+    assert all(isinstance(e, StepEvent) for e in events[:-1])
+    return events[-1]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_recycling_equals_plain_and_hf_generate(arch, attn):
+    model = tiny_model(arch, attn)
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB))
+    accepted = []
+    for prompt in prompts(3):
+        plain = run(engine, prompt, max_new_tokens=50, plain=True)
+        hf = model.generate(torch.tensor([prompt]), max_new_tokens=50, do_sample=False, eos_token_id=1, pad_token_id=0)
+        assert plain.tokens == hf[0, len(prompt):].tolist(), "the harness itself must equal transformers' generate"
+        for template in ("2.2.2", "small-16", "adaptive"):
+            tr = run(engine, prompt, max_new_tokens=50, template=template)
+            assert tr.tokens == plain.tokens, f"{arch}/{attn}/{template} diverged from plain decoding"
+            accepted.append(tr.mean_accepted)
+    # drafts must really be accepted, or the comparison above proves little
+    assert max(accepted) > 2.0
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2"])
+def test_seeded_sampling_recycling_equals_plain(arch):
+    model = tiny_model(arch)
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB))
+    outputs = set()
+    for seed in range(3):
+        for prompt in prompts(2, seed=seed + 5):
+            kw = dict(max_new_tokens=40, temperature=0.8, top_p=0.9, top_k=30, seed=seed)
+            plain = run(engine, prompt, plain=True, **kw)
+            for template in ("2.2.2", "adaptive"):
+                assert run(engine, prompt, template=template, **kw).tokens == plain.tokens
+            outputs.add(tuple(plain.tokens))
+    assert len(outputs) == 6, "different seeds and prompts must give different samples"
+
+
+def test_sampled_first_token_follows_model_distribution():
+    """Chi-square over seeds: the engine's first sampled token is distributed as softmax(logits / T)."""
+    model = tiny_model("llama", seed=3)
+    with torch.no_grad():  # flatten the model's distribution so several tokens are likely
+        model.lm_head.weight.mul_(0.05)
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB))
+    prompt = [5, 6, 7]
+    with torch.no_grad():
+        probs = torch.softmax(model(torch.tensor([prompt])).logits[0, -1] / 0.7, -1)
+    n = 1500
+    counts = torch.zeros(TINY_VOCAB)
+    for seed in range(n):
+        tok = run(engine, prompt, max_new_tokens=1, temperature=0.7, seed=seed, template="2.2.2").tokens[0]
+        counts[tok] += 1
+    expected = probs * n
+    big = expected >= 5  # pool the rare tokens into one cell
+    obs = torch.cat([counts[big], counts[~big].sum().view(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
+    chi2 = float(((obs - exp) ** 2 / exp.clamp(min=1e-9)).sum())
+    dof = int(big.sum())
+    critical = dof + 4.0 * (2 * dof) ** 0.5 + 10  # well beyond p = 0.001 for these dof
+    assert dof >= 5 and chi2 < critical, f"chi2 {chi2:.1f} with {dof} dof"
+
+
+def _warm_engine(arch="llama"):
+    model = tiny_model(arch)
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB))
+    prompt = prompts(1, seed=9)[0]
+    plain = run(engine, prompt, max_new_tokens=60, plain=True)
+    run(engine, prompt, max_new_tokens=60, template="2.2.2")  # teach the matrix this continuation
+    return engine, prompt, plain.tokens
+
+
+def test_max_new_tokens_inside_an_accepted_path():
+    engine, prompt, reference = _warm_engine()
+    cut_inside = 0
+    for limit in range(1, 13):
+        events = list(engine.generate(prompt, DecodeConfig(max_new_tokens=limit, template="2.2.2")))
+        summary = events[-1]
+        assert summary.tokens == reference[:limit] and summary.stop_reason == "length"
+        last = events[-2]
+        cut_inside += last.bonus is None  # the limit fell inside the accepted path: no bonus emitted
+        assert len(last.emitted) <= len(last.accepted)
+    assert cut_inside > 0, "the matrix predicts this text, so some limit must fall inside an accepted path"
+
+
+def test_eos_inside_an_accepted_path_stops_there():
+    engine, prompt, reference = _warm_engine()
+    cuts_inside = 0
+    for cut in range(3, 40):
+        stop_token = reference[cut - 1]
+        if reference.index(stop_token) != cut - 1:
+            continue
+        engine.stop_token_ids = [stop_token]
+        events = list(engine.generate(prompt, DecodeConfig(max_new_tokens=60, template="2.2.2")))
+        summary = events[-1]
+        assert summary.tokens == reference[:cut] and summary.stop_reason == "eos"
+        last = events[-2]
+        assert last.emitted[-1] == stop_token
+        cuts_inside += last.bonus is None  # the stop token was a draft token: what followed it was dropped
+    assert cuts_inside > 0, "drafts must be accepted past a stop token for this test to mean anything"
+    plain = list(engine.generate(prompt, DecodeConfig(max_new_tokens=60, plain=True)))[-1]
+    assert plain.tokens == summary.tokens
+
+
+def test_events_are_plain_data_and_consistent():
+    import json
+
+    engine, prompt, reference = _warm_engine()
+    events = list(engine.generate(prompt, DecodeConfig(max_new_tokens=30, template="2.2.2")))
+    json.dumps([e.to_dict() for e in events])  # no tensors anywhere
+    emitted = [t for e in events[:-1] for t in e.emitted]
+    assert emitted == events[-1].tokens == reference[:30]
+    for e in events[:-1]:
+        assert len(e.tokens) == len(e.parents) == len(e.depths) == len(e.ranks) == 81
+        assert e.accepted[0] == 0
+        assert all(e.parents[b] == a for a, b in zip(e.accepted, e.accepted[1:]))  # a root-down path
+        assert [e.tokens[j] for j in e.accepted[1:]] == e.emitted[: len(e.accepted) - 1]
+        assert set(e.timings) == {"draft", "forward", "verify", "update", "commit", "total"}
+        assert len(e.matrix_rows) == len(set(e.tokens)) == len(e.matrix_values)
+    summary = events[-1]
+    assert summary.mean_accepted == pytest.approx(summary.new_tokens / summary.steps)
+
+
+def test_bad_prompts_are_refused():
+    engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
+    with pytest.raises(ValueError, match="empty"):
+        list(engine.generate([], DecodeConfig()))
+    with pytest.raises(ValueError, match="vocabulary"):
+        list(engine.generate([TINY_VOCAB + 5], DecodeConfig()))
+    with pytest.raises(ValueError, match="context"):
+        list(engine.generate([3] * 600, DecodeConfig()))
+    with pytest.raises(ValueError, match="top_p"):
+        DecodeConfig(top_p=0.0)
+
+
+def test_matrix_persists_across_answers_and_resets():
+    engine, prompt, _ = _warm_engine()
+    filled = engine.matrix.rows_filled
+    assert filled > 0
+    again = list(engine.generate(prompt, DecodeConfig(max_new_tokens=60, template="2.2.2")))[-1]
+    assert again.mean_accepted > 3.0  # the second answer to the same prompt reuses what the first taught
+    engine.matrix.reset()
+    assert engine.matrix.rows_filled == 0

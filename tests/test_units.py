@@ -1,0 +1,261 @@
+"""The pure parts on hand-built trees and matrices: templates, buffers, BFS draft, mask, verification, update, cache."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tr_core import AdjacencyMatrix, DecodeConfig, TemplateError, build_tree, validate_template
+from tr_core.adaptive import AdaptiveDrafter, ForwardCost
+from tr_core.engine import path_to, verify_tree
+from tr_core.kv_cache import TreeKVCache
+from tr_core.sampling import choose_tokens, gumbel_noise, process_logits
+from tr_core.tree import TEMPLATES, attention_bias, bfs_draft, resolve_template, tree_from_parents
+
+# A hand-built tree:      0
+#                       /   \
+#                      1     2        paths (0,), (1,), (0,0), (0,1), (0,0,0)
+#                     / \
+#                    3   4
+#                    |
+#                    5
+PATHS = [(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]
+
+
+def small_tree():
+    return build_tree("t", validate_template(PATHS, k=2))
+
+
+def test_paper_template_shape():
+    name, paths = resolve_template("2.2.2", k=8)
+    tree = build_tree(name, paths)
+    assert tree.size == 81  # 80 draft nodes + the root
+    assert tree.max_depth == 6
+    counts = [end - start for start, end in tree.level_slices]
+    assert counts == [8, 21, 25, 15, 8, 3]
+    i = paths.index((0, 1)) + 1  # node [0,1] is candidate 1 of candidate 0 of the root
+    assert tree.ranks_list[i] == 1 and tree.parents_list[i] == paths.index((0,)) + 1
+
+
+def test_buffers_of_hand_built_tree():
+    tree = small_tree()
+    assert tree.parents_list == (-1, 0, 0, 1, 1, 3)
+    assert tree.depths_list == (0, 1, 1, 2, 2, 3)
+    assert tree.ranks_list == (-1, 0, 1, 0, 1, 0)
+    assert tree.level_slices == ((1, 3), (3, 5), (5, 6))
+    expected_mask = torch.tensor([
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 0, 1, 0, 0, 0],
+        [1, 1, 0, 1, 0, 0],
+        [1, 1, 0, 0, 1, 0],
+        [1, 1, 0, 1, 0, 1],
+    ], dtype=torch.bool)
+    assert torch.equal(tree.tree_mask, expected_mask)
+    assert sorted(map(tuple, tree.paths.tolist())) == sorted([(0, 1, 3, 5), (0, 1, 4, -1), (0, 2, -1, -1)])
+
+
+@pytest.mark.parametrize("bad, message", [
+    ([(0, 0)], "no parent"),
+    ([(0,), (0,)], "duplicate"),
+    ([(0,), (2,)], "outside"),
+    ([(0,), ()], "non-empty"),
+    ("2.2.2x", "unknown template"),
+])
+def test_template_validation(bad, message):
+    with pytest.raises(TemplateError, match=message):
+        if isinstance(bad, str):
+            resolve_template(bad, k=2)
+        else:
+            validate_template(bad, k=2)
+
+
+def test_every_named_template_is_valid():
+    for name in TEMPLATES:
+        _, paths = resolve_template(name, k=8)
+        assert build_tree(name, paths).size == len(paths) + 1
+
+
+def test_bfs_draft_gathers_candidates_level_by_level():
+    tree = small_tree()
+    table = torch.zeros(10, 2, dtype=torch.int32)
+    table[7] = torch.tensor([3, 4])  # after 7: 3 then 4
+    table[3] = torch.tensor([5, 6])
+    table[5] = torch.tensor([9, 8])
+    tokens = bfs_draft(table, torch.tensor([7]), tree)
+    # node: 0=root 7, 1=[0]->3, 2=[1]->4, 3=[0,0]->5, 4=[0,1]->6, 5=[0,0,0]->9
+    assert tokens.tolist() == [7, 3, 4, 5, 6, 9]
+
+
+def test_attention_bias_prefix_visible_tree_by_ancestry():
+    tree = small_tree()
+    bias = attention_bias(tree.tree_mask, past=3, dtype=torch.float32)
+    assert bias.shape == (1, 1, 6, 9)
+    visible = bias[0, 0] == 0
+    assert visible[:, :3].all()  # every node sees the whole prefix
+    assert torch.equal(visible[:, 3:], tree.tree_mask)
+    assert (bias[0, 0][~visible] == torch.finfo(torch.float32).min).all()
+
+
+def test_attention_bias_sliding_window_hides_far_keys():
+    tree = small_tree()
+    bias = attention_bias(tree.tree_mask, past=10, dtype=torch.float32, window=4, depths=tree.depths)
+    visible = bias[0, 0] == 0
+    # node 5 sits at position 13: it may see keys at positions 10..13 only (distance < 4)
+    assert visible[5].nonzero().flatten().tolist() == [10, 11, 13, 15]  # prefix 10, root(10)->col 10, node1 col 11...
+    assert not visible[5, :10].any()
+
+
+def test_verify_walk_picks_longest_agreeing_path_and_bonus():
+    tree = small_tree()
+    tokens = torch.tensor([7, 3, 4, 5, 6, 9])
+    # model: after 7 -> 3, after 3 -> 6, after 6 -> 2 ; node 4 (token 6) is accepted, node 3 (token 5) is not
+    targets = torch.tensor([3, 6, 0, 9, 2, 0])
+    best = verify_tree(tokens, targets, tree.parents, tree.depths, tree.tree_mask)
+    assert int(best) == 4
+    assert path_to(tree.parents_list, 4) == [0, 1, 4]
+    assert int(targets[best]) == 2  # the bonus token
+
+
+def test_verify_rejects_a_match_below_a_mismatch():
+    tree = small_tree()
+    tokens = torch.tensor([7, 3, 4, 5, 6, 9])
+    targets = torch.tensor([8, 5, 0, 9, 0, 0])  # root's choice 8 matches nothing; deeper "matches" don't count
+    assert int(verify_tree(tokens, targets, tree.parents, tree.depths, tree.tree_mask)) == 0
+
+
+def test_matrix_update_topk_and_duplicate_rule():
+    m = AdjacencyMatrix(vocab_size=6, k=2)
+    tokens = torch.tensor([4, 2, 4])  # token 4 at nodes 0 and 2: node 0 (first in BFS order) wins
+    logits = torch.tensor([
+        [0.0, 5.0, 1.0, 0.0, 0.0, 4.0],
+        [3.0, 0.0, 0.0, 2.0, 0.0, 0.0],
+        [0.0, 0.0, 0.0, 9.0, 8.0, 0.0],
+    ])
+    first, _, _ = m.update(tokens, logits)
+    assert first.tolist() == [True, True, False]
+    assert m.table[4].tolist() == [1, 5]
+    assert m.table[2].tolist() == [0, 3]
+    assert m.rows_filled == 2
+    p = torch.softmax(logits[0], -1)
+    assert m.get_probs()[4].tolist() == pytest.approx([p[1].item(), p[5].item()], abs=1 / 255)
+
+
+def test_matrix_size_and_rows_from_logits():
+    m = AdjacencyMatrix(vocab_size=49152, k=8)
+    assert m.size_mb < 2.1  # int32 ids + uint8 probabilities + flags
+    with pytest.raises(AssertionError):
+        m.update(torch.tensor([0]), torch.zeros(1, 100))
+
+
+def test_matrix_save_load_roundtrip_and_bad_files(tmp_path):
+    m = AdjacencyMatrix(vocab_size=6, k=2)
+    m.update(torch.tensor([1]), torch.tensor([[0.0, 0.0, 3.0, 5.0, 0.0, 0.0]]))
+    path = tmp_path / "m.pt"
+    m.save(path)
+    other = AdjacencyMatrix(vocab_size=6, k=2)
+    other.load(path)
+    assert torch.equal(other.table, m.table) and torch.equal(other.probs, m.probs) and other.rows_filled == 1
+    # bad or mismatched files raise and leave the current matrix untouched
+    (tmp_path / "junk.pt").write_bytes(b"not a matrix")
+    wrong = AdjacencyMatrix(vocab_size=7, k=2)
+    wrong.save(tmp_path / "wrong.pt")
+    for bad in (tmp_path / "junk.pt", tmp_path / "wrong.pt", tmp_path / "missing.pt"):
+        with pytest.raises(ValueError):
+            other.load(bad)
+        assert torch.equal(other.table, m.table) and other.rows_filled == 1
+
+
+def test_cache_keeps_only_accepted_entries_in_place():
+    cache = TreeKVCache()
+    k = torch.arange(2 * 3 * 4, dtype=torch.float32).view(1, 2, 3, 4)  # 3 committed tokens
+    cache.update(k, k + 100, 0)
+    tree_k = torch.arange(5, dtype=torch.float32).view(1, 1, 5, 1).expand(1, 2, 5, 4) + 1000  # 5 tree nodes
+    keys, _ = cache.update(tree_k, tree_k + 100, 0)
+    assert keys.shape[2] == 8
+    buffer_before = cache.layers[0]._k
+    cache.keep(3, [0, 2, 4])  # root, node 2, node 4 accepted
+    layer = cache.layers[0]
+    assert layer.get_seq_length() == 6 and layer._k is buffer_before  # compacted in place, no reallocation
+    assert layer.keys[0, 0, :3].equal(k[0, 0])
+    assert layer.keys[0, 0, 3:, 0].tolist() == [1000, 1002, 1004]
+    assert layer.values[0, 1, 3:, 0].tolist() == [1100, 1102, 1104]
+
+
+def test_cache_grows_by_doubling_and_crops():
+    cache = TreeKVCache()
+    for _ in range(300):
+        cache.update(torch.ones(1, 1, 1, 2), torch.ones(1, 1, 1, 2), 0)
+    assert cache.get_seq_length() == 300 and cache.layers[0]._k.shape[2] >= 300
+    cache.crop(-10)
+    assert cache.get_seq_length() == 290
+
+
+def test_process_logits_matches_transformers_warpers():
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50) * 3
+    cfg = DecodeConfig(temperature=0.7, top_k=20, top_p=0.8)
+    ours = process_logits(logits, cfg)
+    theirs = TopPLogitsWarper(0.8)(None, TopKLogitsWarper(20)(None, TemperatureLogitsWarper(0.7)(None, logits.clone())))
+    assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
+    assert torch.allclose(ours[~torch.isinf(ours)], theirs[~torch.isinf(theirs)])
+
+
+def test_gumbel_noise_is_a_function_of_seed_and_position():
+    a = gumbel_noise(3, torch.tensor([10, 11]), 100)
+    b = gumbel_noise(3, torch.tensor([11]), 100)
+    assert torch.equal(a[1], b[0])
+    assert not torch.equal(a[0], a[1])
+    assert not torch.equal(gumbel_noise(4, torch.tensor([10]), 100)[0], a[0])
+    assert abs(a.mean().item() - 0.5772) < 0.2  # Gumbel mean = Euler-Mascheroni constant
+
+
+def test_sampled_token_follows_the_distribution():
+    """Chi-square test: argmax(processed logits + seeded Gumbel noise) over many seeds ~ softmax."""
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0, 1.5]])
+    cfg = DecodeConfig(temperature=0.9)
+    probs = torch.softmax(logits[0] / 0.9, -1)
+    n = 4000
+    counts = torch.zeros(8)
+    for seed in range(n):
+        tok = choose_tokens(logits, cfg.with_(seed=seed), first_position=5, depths=torch.tensor([0]), levels=1)
+        counts[tok] += 1
+    expected = probs * n
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 24.3, f"chi-square {chi2:.1f} (7 d.o.f., p = 0.001 critical value 24.3); counts {counts.tolist()}"
+
+
+def test_adaptive_tree_is_best_first_and_prefix_closed():
+    drafter = AdaptiveDrafter(torch.device("cpu"))
+    table = torch.zeros(10, 2, dtype=torch.int32)
+    probs = torch.zeros(10, 2, dtype=torch.uint8)
+    table[7] = torch.tensor([3, 4]); probs[7] = torch.tensor([250, 3])
+    table[3] = torch.tensor([5, 6]); probs[3] = torch.tensor([240, 10])
+    table[5] = torch.tensor([9, 8]); probs[5] = torch.tensor([200, 50])
+    grown = drafter.grow(table, probs, torch.tensor([7]), budget=4, max_depth=3)
+    tree, keep = drafter.take(grown, 3, max_depth=3)
+    tokens = grown.tokens[keep].tolist()
+    assert tokens == [7, 3, 5, 9]  # the confident chain, not the unlikely siblings
+    assert tree.parents.tolist() == [0, 0, 1, 2]
+    assert tree.tree_mask.tolist() == [[True, False, False, False], [True, True, False, False],
+                                       [True, True, True, False], [True, True, True, True]]
+    expected = grown.expected.tolist()
+    assert expected[0] == 0 and all(b >= a for a, b in zip(expected, expected[1:]))
+
+
+def test_adaptive_size_choice_follows_the_cost_curve():
+    drafter = AdaptiveDrafter(torch.device("cpu"))
+    flat = ForwardCost()
+    flat.ms = {n: 10.0 for n in flat.ms}  # a GPU-like flat curve: take everything useful
+    drafter.cost = flat
+    assert drafter.choose_size([0.0, 0.9, 1.7, 2.0, 2.1], budget=4) == 4
+    steep = ForwardCost()
+    steep.ms = {n: 10.0 * n for n in steep.ms}  # cost linear in tokens: drafting never pays
+    drafter.cost = steep
+    assert drafter.choose_size([0.0, 0.9, 1.7, 2.0, 2.1], budget=4) == 0
+
+
+def test_tree_from_parents_requires_bfs_order():
+    with pytest.raises(AssertionError):
+        tree_from_parents("bad", [-1, 2, 0], [-1, 0, 0])
