@@ -328,9 +328,8 @@ def respond(message, s, max_new, temperature, top_p, top_k, seed, template, k, c
     if trace.steps:
         s.history = messages + [{"role": "assistant", "content": answer}]
         s.display = display[:-1] + [{"role": "assistant", "content": coloured_answer(trace, colour=colour)}]
-    else:
-        s.display = display[:-2] + [{"role": "user", "content": message}]
-        s.history = messages
+    else:  # nothing generated: show what was sent, but keep it out of the conversation the model sees
+        s.display = display[:-1]
     s.trace = trace
     final = dict(_trace_outputs(s, trace, colour, live=False))
     final.update({chatbot: s.display, status: "  \n".join(notes) or "✓ Done.", state: s, matrix_md: matrix_info(s)})

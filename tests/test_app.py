@@ -111,6 +111,25 @@ def test_trace_round_trip_through_the_page(client, tmp_path):
     assert plot_json(out[3])["data"]
 
 
+def test_stop_keeps_the_answer_so_far_and_adaptive_trees_draw(client):
+    import time
+
+    job = chat(client, "Write a long story about a robot who learns to paint.", max_new=400, compare=True)
+    deadline = time.monotonic() + 240
+    while len(job.outputs()) < 3 and not job.done() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert client.predict(api_name="/stop").startswith("■ Stopping")
+    final = job.result(timeout=120)
+    assert "Stopped" in final[2]
+    trace = Trace.load(final[-1])
+    assert trace.summary.stop_reason == "stopped" and 0 < trace.summary.new_tokens < 400
+    assert text_of(final[0][-1]).strip()
+    # the adaptive tree changes shape per step; every step still draws with its accepted path
+    final = chat(client, "List three fruits.", template="adaptive", max_new=16, compare=False).result(timeout=300)
+    fig = plot_json(final[4])
+    assert any(t.get("name") == "root (last committed token)" for t in fig["data"])
+
+
 # ----------------------------------------------------------------------------------- pure helpers
 
 
@@ -134,3 +153,89 @@ def test_clamp_settings():
     assert app.clamp("max_new_tokens", 10**9, notes, int) == app.LIMITS["max_new_tokens"][1]
     assert app.clamp("top_k", "abc", notes, int) == 0
     assert len(notes) == 3
+
+
+# ------------------------------------------------------------- respond() in process, on a fake engine
+
+
+class FakeMatrix:
+    rows_filled, size_mb = 3, 0.1
+
+    class table:
+        shape = (100, 2)
+
+
+class FakeEngine:
+    """Stands in for tr_core.Engine: 10 prompt tokens per message, two steps of fixed events."""
+
+    context_limit = 50
+
+    def __init__(self, fail: bool = False):
+        self.fail = fail
+        self.matrix = FakeMatrix()
+        self.prompts: list[list[int]] = []
+
+    def encode_chat(self, messages):
+        return [7] * (10 * len(messages))
+
+    def decode(self, ids):
+        return "".join(f"w{i} " for i in ids)
+
+    def token_text(self, t):
+        return f"w{t}"
+
+    def generate(self, ids, cfg, stop=None):
+        from tr_core.events import StepEvent, SummaryEvent
+
+        self.prompts.append(list(ids))
+        if self.fail:
+            raise RuntimeError("boom")
+        out = []
+        for step in range(2):
+            ev = StepEvent(step=step, position=len(ids) + step, tokens=[7, 8, 9], parents=[-1, 0, 1], depths=[0, 1, 2],
+                           ranks=[-1, 0, 0], accepted=[0, 1], emitted=[8, 9], bonus=9,
+                           timings={"total": 10.0, "forward": 8.0}, matrix_rows=[7, 8], matrix_values=[[8, 1], [9, 2]],
+                           matrix_probs=[[0.9, 0.1], [0.8, 0.2]], template=cfg.template)
+            out += ev.emitted
+            yield ev
+        yield SummaryEvent(tokens=out, prompt_tokens=len(ids), new_tokens=len(out), steps=2, mean_accepted=2.0,
+                           tokens_per_s=100.0 if not cfg.plain else 50.0, prefill_s=0.0, decode_s=0.04, wall_s=0.04,
+                           stop_reason="length", method="plain" if cfg.plain else "recycling", template=cfg.template,
+                           matrix_rows_filled=3, matrix_mb=0.1)
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return app.build_demo()
+
+
+def run_respond(session, message, **over):
+    s = dict(SETTINGS, **over)
+    return list(app.respond(message, session, s["max_new"], s["temperature"], s["top_p"], s["top_k"], s["seed"],
+                            s["template"], s["k"], s["compare"], s["delay"], s["colour"]))
+
+
+def test_long_conversation_is_trimmed_with_a_warning_and_errors_keep_the_session(demo):
+    session = app.Session(engine=FakeEngine(), k=8)
+    for i in range(3):
+        outs = run_respond(session, f"question {i}", max_new=10)
+    final = outs[-1]
+    # 3 user turns + 2 answers = 50 prompt tokens > 50 - 10: the oldest question/answer pair is dropped
+    assert "oldest 2 message(s) were left out" in final[app.status]
+    assert session.engine.prompts[-2] == [7] * 30
+    assert len(session.history) == 6 and session.history[-1]["content"] == "w8 w9 w8 w9 "
+    assert "speedup (measured)" in final[app.meter] and "2.00×" in final[app.meter]
+    session.engine.fail = True
+    outs = run_respond(session, "this one fails")
+    assert "Generation failed: RuntimeError: boom" in outs[-1][app.status]
+    assert len(session.history) == 6  # the failed turn left the conversation as it was
+    session.engine.fail = False
+    outs = run_respond(session, "and this works again")
+    assert outs[-1][app.status].startswith("⚠") or "Done" in outs[-1][app.status]
+    assert session.history[-1]["role"] == "assistant"
+
+
+def test_empty_message_is_ignored_with_a_hint(demo):
+    session = app.Session(engine=FakeEngine(), k=8)
+    outs = run_respond(session, "  \n ")
+    assert len(outs) == 1 and "Type a message" in outs[0][app.status] and session.engine.prompts == []
