@@ -368,7 +368,7 @@ def _trace_outputs(s: Session, trace: Trace, colour: bool, live: bool) -> dict:
                                       label=f"Replay step (1–{n}; showing the longest accepted run)")})
     path = s.files / "trace.json"
     trace.save(path)
-    out[trace_file] = str(path)
+    out[trace_file] = gr.DownloadButton(value=str(path), interactive=True)
     return out
 
 
@@ -455,7 +455,7 @@ def save_matrix(s):
         return {status: "No matrix yet: send a message first.", state: s}
     path = s.files / "adjacency_matrix.pt"
     s.engine.matrix.save(path)
-    return {matrix_file: str(path), status: f"Matrix saved ({s.engine.matrix.rows_filled:,} rows filled).", state: s}
+    return {matrix_file: gr.DownloadButton(value=str(path), interactive=True), status: f"Matrix saved ({s.engine.matrix.rows_filled:,} rows filled).", state: s}
 
 
 def load_matrix(file, s, k):
@@ -566,8 +566,10 @@ def build_demo() -> gr.Blocks:
                     delay = gr.Slider(0.0, 3.0, value=0.0, step=0.1, label="Slow motion: pause per step (s)", scale=3)
                     colour = gr.Checkbox(True, label="Colour accepted runs in the chat", scale=2)
                 with gr.Row():
-                    trace_file = gr.File(label="Trace of the last answer (JSON)", interactive=False, height=80, scale=3)
-                    trace_upload = gr.UploadButton("Load a trace", file_types=[".json"], size="sm", scale=1)
+                    trace_file = gr.DownloadButton("Download this answer's trace (JSON)", value=None, size="sm",
+                                                   interactive=False, elem_id="tr-trace-download")
+                    trace_upload = gr.UploadButton("Load a trace to replay (no model needed)", file_types=[".json"],
+                                                   size="sm")
         with gr.Accordion("Decoding settings", open=False):
             with gr.Row():
                 max_new = gr.Slider(*LIMITS["max_new_tokens"], value=128, step=1, label="Max new tokens")
@@ -588,7 +590,7 @@ def build_demo() -> gr.Blocks:
                 reset_btn = gr.Button("Reset matrix")
                 save_btn = gr.Button("Save matrix")
                 matrix_upload = gr.UploadButton("Load matrix", file_types=[".pt", ".pth", ".bin"])
-                matrix_file = gr.File(label="Saved matrix", interactive=False, height=80)
+                matrix_file = gr.DownloadButton("Download the saved matrix", value=None, interactive=False)
         with gr.Accordion("How it works", open=False):
             gr.HTML(_diagram())
             gr.Markdown(HOW_IT_WORKS)

@@ -35,6 +35,11 @@ def plot_json(value) -> dict:
     return json.loads(value["plot"])
 
 
+def file_of(value) -> str:
+    """A file output's local path (a DownloadButton update carries it in "value")."""
+    return value["value"] if isinstance(value, dict) else value
+
+
 def text_of(message: dict) -> str:
     content = message["content"]
     if isinstance(content, list):
@@ -73,7 +78,7 @@ def test_message_streams_answer_with_measured_speedup_identical_flag_and_marked_
     assert len(labels) == len(set(labels)) > 0
     assert "rows filled" in matrix_md
     # the trace file replays without a model and agrees with the meter
-    trace = Trace.load(trace_path)
+    trace = Trace.load(file_of(trace_path))
     assert trace.identical is True
     assert replay["maximum"] == max(len(trace.steps), 2)
     assert trace.answer.strip() and trace.summary.new_tokens <= 24
@@ -105,7 +110,7 @@ def test_trace_round_trip_through_the_page(client, tmp_path):
     out = client.predict(gradio_client.handle_file(str(bad)), api_name="/load_trace")
     assert "not a Token Recycling trace" in out[1]
     final = chat(client, "Count from 1 to 5.", compare=False).result(timeout=300)
-    path = final[-1]
+    path = file_of(final[-1])
     out = client.predict(gradio_client.handle_file(path), api_name="/load_trace")
     assert "Loaded a trace" in out[1]
     assert plot_json(out[3])["data"]
@@ -121,7 +126,7 @@ def test_stop_keeps_the_answer_so_far_and_adaptive_trees_draw(client):
     assert client.predict(api_name="/stop").startswith("■ Stopping")
     final = job.result(timeout=120)
     assert "Stopped" in final[2]
-    trace = Trace.load(final[-1])
+    trace = Trace.load(file_of(final[-1]))
     assert trace.summary.stop_reason == "stopped" and 0 < trace.summary.new_tokens < 400
     assert text_of(final[0][-1]).strip()
     # the adaptive tree changes shape per step; every step still draws with its accepted path
