@@ -135,6 +135,24 @@ def test_stop_keeps_the_answer_so_far_and_adaptive_trees_draw(client):
     assert any(t.get("name") == "root (last committed token)" for t in fig["data"])
 
 
+def test_matrix_save_reset_load_and_model_reload(client, tmp_path):
+    chat(client, "Hello!", compare=False).result(timeout=300)
+    saved, status = client.predict(api_name="/save_matrix")
+    assert "Matrix saved" in status
+    filled = int(re.search(r"([\d,]+) rows filled", status).group(1).replace(",", ""))
+    assert filled > 0
+    status, md = client.predict(api_name="/reset_matrix")
+    assert "cleared" in status and " 0 / " in md
+    status, md = client.predict(gradio_client.handle_file(file_of(saved)), 8, api_name="/load_matrix")
+    assert "Matrix loaded" in status and f"{filled:,} / " in md
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a matrix")
+    status, md = client.predict(gradio_client.handle_file(str(bad)), 8, api_name="/load_matrix")
+    assert "Could not load the matrix" in status and f"{filled:,} / " in md  # left untouched
+    status, _chat, md = client.predict("embedded", api_name="/load_model")
+    assert status.startswith("✓ Loaded") and " 0 / " in md
+
+
 # ----------------------------------------------------------------------------------- pure helpers
 
 
