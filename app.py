@@ -422,11 +422,12 @@ def load_trace(file, s):
     return out
 
 
-def load_model_clicked(name, s):
+def load_model_clicked(name, s, progress=gr.Progress()):
     """Switch this session to another model; on failure keep the previous one and say why."""
     s = _session(s)
     name = (name or "").strip()
     target = None if name in ("", "embedded", EMBEDDED_LABEL) else name
+    progress(0.1, desc=f"Loading {target or EMBEDDED_LABEL} (a first GGUF conversion takes about a minute)…")
     try:
         model, tokenizer = STORE.get(target)
         from tr_core.engine import Engine
