@@ -158,3 +158,13 @@ def test_matrix_persists_across_answers_and_resets():
     assert again.mean_accepted > 3.0  # the second answer to the same prompt reuses what the first taught
     engine.matrix.reset()
     assert engine.matrix.rows_filled == 0
+
+
+def test_context_end_falls_back_to_plain_steps():
+    """Near max_position_embeddings, tree nodes would sit past the last position: plain steps finish the answer."""
+    engine = Engine(tiny_model("gpt2"), TinyTokenizer(TINY_VOCAB))  # learned absolute positions: 512 of them
+    prompt = (prompts(1, seed=4)[0] * 200)[:500]
+    plain = run(engine, prompt, max_new_tokens=60, plain=True)
+    assert plain.new_tokens == 12 and plain.stop_reason == "length"  # the context holds 512 positions
+    for template in ("2.2.2", "adaptive"):
+        assert run(engine, prompt, max_new_tokens=60, template=template).tokens == plain.tokens

@@ -17,6 +17,8 @@ class DecodeConfig:
     plain: bool = False  # True = plain decoding (one token per step) through the same harness
     node_budget: int = 80  # adaptive trees: most draft nodes per step (the paper's static tree has 80)
     max_depth: int = 8  # adaptive trees: deepest draft level
+    hardware_aware: bool = True  # adaptive trees: size each step by measured forward cost (False: always node_budget)
+    prompt_seeding: bool = False  # before decoding, put each prompt token's successor in the prompt at rank 0 of its row
     sync_timings: bool = False  # CUDA only: synchronise around each phase so per-phase timings are exact
 
     def __post_init__(self) -> None:

@@ -213,6 +213,8 @@ class Engine:
 
         cache = TreeKVCache()
         t_start = now()
+        if cfg.prompt_seeding and not cfg.plain:
+            self.matrix.seed_from_text(prompt)
         past = len(prompt) - 1
         if past > 0:  # prefill everything but the last token, which becomes the first root
             ids = torch.tensor([prompt[:-1]], dtype=torch.long, device=self.device)
@@ -227,24 +229,29 @@ class Engine:
         drafter = self.adaptive
         if use_adaptive:
             drafter.reset()
-            if not drafter.cost.measured:
+            if cfg.hardware_aware and not drafter.cost.measured:
                 self._probe_cost(prompt, cfg)
         next_size = drafter.last_size if use_adaptive else 0
         decode_start = time.perf_counter()
         while True:
             t0 = now()
             step_past = past
-            if cfg.plain:
+            deepest = cfg.max_depth if use_adaptive else (static.max_depth if static is not None else 0)
+            use_tree = not cfg.plain and past + deepest < self.context_limit  # near the context's end: plain steps
+            adaptive_step = use_adaptive and use_tree
+            if not use_tree:
                 tree, tokens = self._plain_tree(), root
-            elif use_adaptive:
+                drafter.next = None
+            elif adaptive_step:
                 grown = drafter.next if drafter.next is not None else drafter.grow(
                     self.matrix.table, self.matrix.probs, root, cfg.node_budget, cfg.max_depth)
-                tree, keep = drafter.take(grown, next_size, cfg.max_depth)
+                size = next_size if cfg.hardware_aware else cfg.node_budget
+                tree, keep = drafter.take(grown, min(size, grown.tokens.shape[0] - 1), cfg.max_depth)
                 tokens = grown.tokens[keep]
             else:
                 tree, tokens = static, bfs_draft(self.matrix.table, root, static)
             n = tokens.shape[0]
-            levels = cfg.max_depth + 1 if use_adaptive else tree.max_depth + 1
+            levels = cfg.max_depth + 1 if adaptive_step else tree.max_depth + 1
             mask = self._mask(tree, past)
             t1 = now()
             logits = self._forward(tokens[None], (past + tree.depths)[None], mask, cache)
@@ -253,10 +260,10 @@ class Engine:
             best = verify_tree(tokens, targets, tree.parents, tree.depths, tree.tree_mask)
             t3 = now()
             pieces = [best.view(1), targets, tokens]
-            if not cfg.plain:
+            if use_tree:
                 first, top_ids, top_probs = self.matrix.update(tokens, logits)
                 pieces += [first, top_ids.flatten(), (top_probs.flatten() * 1000).round()]
-            if use_adaptive:  # tree shape for the events, and the next step's tree, grown from the bonus token
+            if adaptive_step:  # tree shape for the events, and the next step's tree, grown from the bonus token
                 pieces += [tree.parents, tree.depths, tree.ranks, (grown.scores[keep] * 1000).round(), grown.bins[keep]]
                 drafter.next = drafter.grow(self.matrix.table, self.matrix.probs, targets[best].view(1),
                                             cfg.node_budget, cfg.max_depth)
@@ -268,7 +275,7 @@ class Engine:
             tokens_l = [int(x) for x in flat[1 + n : 1 + 2 * n]]
             cursor = 1 + 2 * n
             rows, values, probs = [], [], []
-            if not cfg.plain:
+            if use_tree:
                 first_l = flat[cursor : cursor + n]
                 ids_l = [int(x) for x in flat[cursor + n : cursor + n + n * k]]
                 pr_l = flat[cursor + n + n * k : cursor + n + 2 * n * k]
@@ -279,7 +286,7 @@ class Engine:
                         values.append(ids_l[j * k : (j + 1) * k])
                         probs.append([p / 1000 for p in pr_l[j * k : (j + 1) * k]])
             node_probs = None
-            if use_adaptive:
+            if adaptive_step:
                 parents_l = [int(x) for x in flat[cursor : cursor + n]]
                 parents_l[0] = -1
                 depths_l = [int(x) for x in flat[cursor + n : cursor + 2 * n]]
@@ -314,7 +321,7 @@ class Engine:
             total_ms = (t5 - t0) * 1e3
             forward_total += forward_ms
             overhead_total += total_ms - forward_ms
-            if use_adaptive:
+            if adaptive_step:
                 drafter.observe(parents_l, bins_l, accepted, n, forward_ms)
                 next_size = drafter.choose_size(expected_next, cfg.node_budget)
                 drafter.last_size = next_size
@@ -324,7 +331,7 @@ class Engine:
                 timings={"draft": (t1 - t0) * 1e3, "forward": forward_ms, "verify": (t3 - t2) * 1e3,
                          "update": (t4 - t3) * 1e3, "commit": (t5 - t4) * 1e3, "total": total_ms},
                 matrix_rows=rows, matrix_values=values, matrix_probs=probs, node_probs=node_probs,
-                template="plain" if cfg.plain else tree.name,
+                template=tree.name,
             )
             steps += 1
             if finished:

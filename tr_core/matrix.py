@@ -51,6 +51,33 @@ class AdjacencyMatrix:
         self.filled[tokens] = True
         return first == torch.arange(tokens.shape[0], device=tokens.device), top_ids, top_probs
 
+    def seed_from_text(self, ids: list[int], prob: float = 0.5) -> int:
+        """Put each token's successor in `ids` first in its row (the last occurrence wins); returns rows changed.
+
+        Text that copies its prompt (summaries, retrieval answers, code) then drafts from the prompt itself.
+        The other candidates shift right; the seeded one gets probability `prob`.
+        """
+        succ: dict[int, int] = {}
+        for a, b in zip(ids, ids[1:]):
+            if 0 <= a < self.vocab_size and 0 <= b < self.vocab_size:
+                succ[a] = b
+        if not succ:
+            return 0
+        rows = torch.tensor(list(succ), dtype=torch.long, device=self.device)
+        new = torch.tensor(list(succ.values()), dtype=torch.int32, device=self.device)
+        old_ids, old_probs = self.table[rows], self.probs[rows]  # [R, k]
+        keep = old_ids != new[:, None]
+        keep &= self.filled[rows][:, None]
+        # stable order: kept old candidates after the seeded one, dropped ones last
+        order = torch.argsort((~keep).int(), dim=1, stable=True)
+        shifted_ids = torch.gather(old_ids, 1, order)
+        shifted_probs = torch.gather(old_probs * keep, 1, order)
+        self.table[rows] = torch.cat([new[:, None], shifted_ids[:, : self.k - 1]], dim=1)
+        self.probs[rows] = torch.cat([torch.full_like(new[:, None], round(prob * 255)).to(torch.uint8),
+                                      shifted_probs[:, : self.k - 1].to(torch.uint8)], dim=1)
+        self.filled[rows] = True
+        return len(succ)
+
     # -- inspection -------------------------------------------------------------------------------------------
     @property
     def rows_filled(self) -> int:
