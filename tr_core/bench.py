@@ -569,6 +569,21 @@ def _machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores"
 
 
+def _git_commit() -> str:
+    """Short commit of the code that ran (with '+changes' when the tree differs), or '' outside git."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "tr_core"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return head + ("+changes" if head and dirty else "")
+
+
 def run_meta(args: argparse.Namespace, model, device) -> dict[str, Any]:
     """Metadata of the run (the top-level keys of the JSON contract, but `questions` and `methods`)."""
     import torch
@@ -596,6 +611,7 @@ def run_meta(args: argparse.Namespace, model, device) -> dict[str, Any]:
         "pld_tokens": args.pld_tokens,
         "pld_ngram": args.pld_ngram,
         "threads": torch.get_num_threads(),
+        "commit": _git_commit(),
         "command": ("python -m tr_core " + shlex.join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py")
                     else shlex.join(sys.argv)),
     }

@@ -118,10 +118,12 @@ def load_questions(path: str | Path) -> list[Question]:
 def select_questions(
     questions: list[Question], per_task: int | None = None, limit: int | None = None
 ) -> list[Question]:
-    """Pick questions deterministically: the first `per_task` of each task (file order), then the first `limit`.
+    """Pick questions deterministically: the first `per_task` of each task, then the first `limit`.
 
-    With `per_task`, the result is ordered round-robin over tasks (task 1 q1, task 2 q1, ..., task 1 q2, ...)
-    so that a later `limit` still spans the tasks.
+    Within a task the questions are taken round-robin over its categories in file order (so the multi-turn
+    task draws writing, roleplay, reasoning, math, ... rather than four writing questions). With `per_task`,
+    the result is ordered round-robin over tasks (task 1 q1, task 2 q1, ..., task 1 q2, ...) so that a later
+    `limit` still spans the tasks.
     """
     if per_task is not None and per_task < 1:
         raise ValueError(f"per_task must be >= 1, got {per_task}")
@@ -132,8 +134,18 @@ def select_questions(
         by_task: dict[str, list[Question]] = {}
         for q in chosen:
             by_task.setdefault(q.task, []).append(q)
+        by_task = {t: _interleave_categories(qs) for t, qs in by_task.items()}
         tasks = sorted(by_task, key=task_sort_key)
         chosen = [by_task[t][i] for i in range(per_task) for t in tasks if i < len(by_task[t])]
     if limit is not None:
         chosen = chosen[:limit]
     return chosen
+
+
+def _interleave_categories(questions: list[Question]) -> list[Question]:
+    """Reorder round-robin over categories (categories and questions keep their file order)."""
+    by_cat: dict[str, list[Question]] = {}
+    for q in questions:
+        by_cat.setdefault(q.category, []).append(q)
+    lists = list(by_cat.values())
+    return [lst[i] for i in range(max(map(len, lists))) for lst in lists if i < len(lst)]
