@@ -172,3 +172,31 @@ def test_text_assembler_waits_for_complete_characters():
     asm.push([2])
     asm.push([3])
     assert asm.text == "€! ok" and asm.step_texts() == ["", "€!", " ok"]
+
+
+def test_redrawing_an_80_node_step_is_cheap():
+    """The live view redraws while the engine decodes: tree + matrix window + chart must cost milliseconds."""
+    import time
+
+    from tr_core.tree import TEMPLATES, build_tree
+
+    tree = build_tree("2.2.2", TEMPLATES["2.2.2"])
+    n = tree.size
+    ev = make_event()
+    ev.tokens = [(7 * i) % 500 for i in range(n)]
+    ev.parents, ev.depths, ev.ranks = list(tree.parents_list), list(tree.depths_list), list(tree.ranks_list)
+    ev.accepted = [0, 1, 9]
+    ev.matrix_rows = ev.tokens
+    ev.matrix_values = [[(t + j) % 500 for j in range(8)] for t in ev.tokens]
+    ev.matrix_probs = [[0.5 / (j + 1) for j in range(8)] for _ in ev.tokens]
+    tracker = MatrixTracker()
+    events = [ev] * 100
+    for e in events:
+        tracker.update(e)
+    start = time.perf_counter()
+    for _ in range(10):
+        for fig in (tree_figure(ev, text_of), heatmap_figure(tracker, ev, text_of), accepted_chart(events)):
+            fig.to_json()
+    per_redraw_ms = (time.perf_counter() - start) * 100
+    assert per_redraw_ms < 40, f"a redraw took {per_redraw_ms:.1f} ms"
+    assert len(node_traces(tree_figure(ev, text_of))["rejected draft tokens"]["x"]) == n - 3
