@@ -259,3 +259,15 @@ def test_adaptive_size_choice_follows_the_cost_curve():
 def test_tree_from_parents_requires_bfs_order():
     with pytest.raises(AssertionError):
         tree_from_parents("bad", [-1, 2, 0], [-1, 0, 0])
+
+
+def test_prompt_seeding_puts_the_prompt_successor_first():
+    m = AdjacencyMatrix(vocab_size=10, k=3)
+    m.update(torch.tensor([4]), torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 3.0, 2.0, 1.0, 0.0, 0.0]]))  # row 4: 5, 6, 7
+    changed = m.seed_from_text([4, 6, 2, 4, 8])  # successors: 4 -> 6 then 4 -> 8 (the last occurrence wins), 6 -> 2, 2 -> 4
+    assert changed == 3
+    assert m.table[4].tolist() == [8, 5, 6]  # seeded first, the old candidates shift right
+    assert m.table[6].tolist()[0] == 2 and m.table[2].tolist()[0] == 4
+    assert m.get_probs()[4, 0].item() == pytest.approx(0.5, abs=0.01)
+    m.seed_from_text([4, 5])  # a candidate already in the row moves to the front instead of repeating
+    assert m.table[4].tolist() == [5, 8, 6]

@@ -18,7 +18,9 @@ class DecodeConfig:
     node_budget: int = 80  # adaptive trees: most draft nodes per step (the paper's static tree has 80)
     max_depth: int = 8  # adaptive trees: deepest draft level
     hardware_aware: bool = True  # adaptive trees: size each step by measured forward cost (False: always node_budget)
-    prompt_seeding: bool = False  # before decoding, put each prompt token's successor in the prompt at rank 0 of its row
+    # before decoding, put each prompt token's successor in the prompt first in its matrix row;
+    # None = on for adaptive trees, off for the static templates (which then run as the paper published them)
+    prompt_seeding: bool | None = None
     sync_timings: bool = False  # CUDA only: synchronise around each phase so per-phase timings are exact
 
     def __post_init__(self) -> None:

@@ -213,7 +213,8 @@ class Engine:
 
         cache = TreeKVCache()
         t_start = now()
-        if cfg.prompt_seeding and not cfg.plain:
+        seeding = cfg.prompt_seeding if cfg.prompt_seeding is not None else use_adaptive
+        if seeding and not cfg.plain:
             self.matrix.seed_from_text(prompt)
         past = len(prompt) - 1
         if past > 0:  # prefill everything but the last token, which becomes the first root
