@@ -9,21 +9,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import queue
 import tempfile
 import threading
-import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import gradio as gr
 
 from tr_core.config import DecodeConfig
 from tr_core.events import StepEvent, SummaryEvent
 from tr_core.figures import MatrixTracker, Speed, accepted_chart, coloured_markdown, heatmap_figure, meter_html, tree_figure
-from tr_core.trace import TextAssembler, Trace, TraceError, boundaries_from_texts
+from tr_core.trace import Trace, TraceError, boundaries_from_texts, record_live
 
 try:  # Hugging Face ZeroGPU: borrow a GPU for the duration of a generation; a no-op elsewhere.
     import spaces  # type: ignore
@@ -164,25 +162,6 @@ def summary_from_steps(steps: list[StepEvent], prompt_tokens: int, method: str, 
                         template=template, matrix_rows_filled=0, matrix_mb=0.0)
 
 
-def run_in_thread(engine, ids: list[int], cfg: DecodeConfig, stop: threading.Event, delay: float) -> queue.Queue:
-    """Run engine.generate in a worker thread; events (then None, or an Exception) arrive on the queue."""
-    q: queue.Queue = queue.Queue()
-
-    def work() -> None:
-        try:
-            for ev in engine.generate(ids, cfg, stop=stop.is_set):
-                q.put(ev)
-                if delay > 0 and isinstance(ev, StepEvent):
-                    stop.wait(delay)  # slow motion: pause between steps (outside the engine's timed steps)
-        except Exception as exc:  # noqa: BLE001 - shown in the page
-            q.put(exc)
-        finally:
-            q.put(None)
-
-    threading.Thread(target=work, daemon=True, name="tr-engine").start()
-    return q
-
-
 def matrix_info(s: Session) -> str:
     """One line about the whole matrix: rows filled, size."""
     if s.engine is None:
@@ -277,41 +256,26 @@ def respond(message, s, max_new, temperature, top_p, top_k, seed, template, k, c
 
     trace = Trace(model=s.model_name or STORE.default or EMBEDDED_LABEL,
                   settings=dict(cfg.__dict__, k=k), messages=messages)
-    asm = TextAssembler(engine.decode)
+    text_of = trace.cached_text(engine.token_text)
     tracker = MatrixTracker()
     note_md = "  \n".join(notes)
-    q = run_in_thread(engine, ids, cfg, s.stop, delay)
-    last_draw, error, last_ev, drawn = 0.0, None, None, None
-    while True:
-        try:
-            item = q.get(timeout=RENDER_EVERY_S)
-        except queue.Empty:
-            item = "tick"
-        if item is None:
-            break
-        if isinstance(item, Exception):
-            error = item
-            continue
-        if isinstance(item, StepEvent):
-            trace.add_step(item, engine.token_text)
-            asm.push(item.emitted)
-            tracker.update(item)
-            last_ev = item
-        elif isinstance(item, SummaryEvent):
-            trace.summary = item
-        now = time.monotonic()
-        if last_ev is not None and last_ev is not drawn and (delay > 0 or now - last_draw >= RENDER_EVERY_S):
-            drawn = last_ev
-            last_draw = now
-            trace.step_texts = asm.step_texts()
+    error = None
+    try:
+        for new_steps in record_live(engine, ids, cfg, trace, s.stop, RENDER_EVERY_S, delay):
+            for ev in new_steps:
+                tracker.update(ev)
+            last_ev = trace.steps[-1]
             shown = coloured_answer(trace, colour=colour)
             yield {chatbot: display[:-1] + [{"role": "assistant", "content": shown + " ▌"}],
-                   tree_plot: tree_figure(last_ev, engine.token_text),
-                   heat_plot: heatmap_figure(tracker, last_ev, engine.token_text),
+                   tree_plot: tree_figure(last_ev, text_of),
+                   heat_plot: heatmap_figure(tracker, last_ev, text_of),
                    chart_plot: accepted_chart(trace.steps), meter: meter_html(speed_of(trace, s, live=True)),
-                   status: note_md or f"Step {last_ev.step + 1} · {len(asm.ids)} tokens", state: s}
+                   status: note_md or f"Step {last_ev.step + 1} · {sum(len(e.emitted) for e in trace.steps)} tokens",
+                   state: s}
+    except Exception as exc:  # noqa: BLE001 - shown in the page; the session goes on
+        error = exc
 
-    trace.step_texts = asm.step_texts()
+    trace.record_texts(engine.token_text)  # decoding is over: now every token's string, for the saved trace
     if trace.summary is None and trace.steps:
         trace.summary = summary_from_steps(trace.steps, len(ids), "recycling", template_name)
     elif delay > 0 and trace.summary is not None:  # the pauses fell inside the engine's wall clock: use step timings

@@ -200,3 +200,40 @@ def test_redrawing_an_80_node_step_is_cheap():
     per_redraw_ms = (time.perf_counter() - start) * 100
     assert per_redraw_ms < 40, f"a redraw took {per_redraw_ms:.1f} ms"
     assert len(node_traces(tree_figure(ev, text_of))["rejected draft tokens"]["x"]) == n - 3
+
+
+class ScriptedEngine:
+    """Yields fixed step events (then a summary), or raises after the first step."""
+
+    def __init__(self, steps: int, fail_after: int | None = None):
+        self.steps, self.fail_after = steps, fail_after
+
+    def decode(self, ids):
+        return "".join(text_of(i) for i in ids)
+
+    def generate(self, ids, cfg, stop=None):
+        for i in range(self.steps):
+            if self.fail_after is not None and i == self.fail_after:
+                raise RuntimeError("engine broke")
+            yield make_event(i)
+            if stop is not None and stop():
+                break
+        yield SummaryEvent(tokens=[1, 2, 8] * self.steps, prompt_tokens=3, new_tokens=3 * self.steps, steps=self.steps,
+                           mean_accepted=3.0, tokens_per_s=10.0, prefill_s=0.0, decode_s=1.0, wall_s=1.0,
+                           stop_reason="length", method="recycling", template="tiny", matrix_rows_filled=4, matrix_mb=0.0)
+
+
+def test_record_live_folds_events_into_the_trace_and_throttles():
+    from tr_core.trace import record_live
+
+    trace = Trace()
+    batches = list(record_live(ScriptedEngine(5), [0], None, trace, every_s=10.0))
+    assert sum(len(b) for b in batches) == 5 and len(batches) <= 2  # throttled: not one yield per step
+    assert len(trace.steps) == 5 and trace.summary.new_tokens == 15 and trace.answer == " the cat mat" * 5
+    slow = Trace()
+    assert [len(b) for b in record_live(ScriptedEngine(3), [0], None, slow, delay_s=0.01)] == [1, 1, 1]
+    broken = Trace()
+    with pytest.raises(RuntimeError, match="engine broke"):
+        for _ in record_live(ScriptedEngine(5, fail_after=2), [0], None, broken, every_s=0.0):
+            pass
+    assert len(broken.steps) == 2 and broken.summary is None

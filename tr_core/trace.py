@@ -6,9 +6,12 @@ replay slider, the tree and the matrix window work from the file alone.
 from __future__ import annotations
 
 import json
+import queue
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .events import StepEvent, SummaryEvent, event_from_dict
 
@@ -49,15 +52,33 @@ class Trace:
         """Display string of a token, from the recorded table (placeholder for ids not recorded)."""
         return self.token_texts.get(int(token_id), f"<{token_id}>")
 
-    def add_step(self, ev: StepEvent, token_text: Callable[[int], str]) -> None:
-        """Append a step and record the strings of every token it mentions."""
+    def add_step(self, ev: StepEvent, token_text: Callable[[int], str] | None = None) -> None:
+        """Append a step; with `token_text`, also record the strings of every token it mentions."""
         self.steps.append(ev)
-        for ids in (ev.tokens, ev.emitted, ev.matrix_rows, *ev.matrix_values):
-            for t in ids:
-                if t not in self.token_texts:
-                    self.token_texts[t] = token_text(t)
-        if ev.bonus is not None and ev.bonus not in self.token_texts:
-            self.token_texts[ev.bonus] = token_text(ev.bonus)
+        if token_text is not None:
+            self.record_texts(token_text, [ev])
+
+    def record_texts(self, token_text: Callable[[int], str], steps: list[StepEvent] | None = None) -> None:
+        """Record the display string of every token the steps mention (all steps by default)."""
+        texts = self.token_texts
+        for ev in self.steps if steps is None else steps:
+            for ids in (ev.tokens, ev.emitted, ev.matrix_rows, *ev.matrix_values):
+                for t in ids:
+                    if t not in texts:
+                        texts[t] = token_text(t)
+            if ev.bonus is not None and ev.bonus not in texts:
+                texts[ev.bonus] = token_text(ev.bonus)
+
+    def cached_text(self, token_text: Callable[[int], str]) -> Callable[[int], str]:
+        """A token_text that fills this trace's table as it goes (for drawing while recording)."""
+        texts = self.token_texts
+
+        def lookup(token_id: int) -> str:
+            if token_id not in texts:
+                texts[token_id] = token_text(token_id)
+            return texts[token_id]
+
+        return lookup
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (token ids become string keys, as JSON requires)."""
@@ -152,3 +173,60 @@ def boundaries_from_texts(step_texts: list[str]) -> list[int]:
         pos += len(s)
         out.append(pos)
     return out
+
+
+def record_live(engine: Any, prompt_ids: list[int], cfg: Any, trace: Trace, stop: threading.Event | None = None,
+                every_s: float = 0.25, delay_s: float = 0.0) -> Iterator[list[StepEvent]]:
+    """Decode in a worker thread and fold its events into `trace`; yield the new steps at most every `every_s`.
+
+    The engine runs unhindered (it times itself; this thread only reads its events), which is what keeps a UI
+    from slowing decoding. `trace.steps`, `.step_texts` and `.summary` are current at each yield; token strings
+    are left to the caller (`trace.cached_text` while drawing, `trace.record_texts` afterwards). With `delay_s`,
+    the worker pauses after each step (slow motion) and every step is yielded. `stop` ends the answer after the
+    current step. An engine error is raised here after the steps before it were yielded.
+    """
+    stop = stop or threading.Event()
+    events: queue.Queue = queue.Queue()
+
+    def work() -> None:
+        try:
+            for ev in engine.generate(prompt_ids, cfg, stop=stop.is_set):
+                events.put(ev)
+                if delay_s > 0 and isinstance(ev, StepEvent):
+                    stop.wait(delay_s)  # between steps, outside the engine's timed phases
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer
+            events.put(exc)
+        finally:
+            events.put(None)
+
+    threading.Thread(target=work, daemon=True, name="tr-engine").start()
+    text = TextAssembler(engine.decode)
+    new: list[StepEvent] = []
+    error: Exception | None = None
+    last_yield = 0.0
+    while True:
+        try:
+            item = events.get(timeout=every_s)
+        except queue.Empty:
+            item = "tick"
+        if item is None:
+            break
+        if isinstance(item, Exception):
+            error = item
+        elif isinstance(item, StepEvent):
+            trace.steps.append(item)
+            text.push(item.emitted)
+            new.append(item)
+        elif isinstance(item, SummaryEvent):
+            trace.summary = item
+        now = time.monotonic()
+        if new and (delay_s > 0 or now - last_yield >= every_s):
+            trace.step_texts = text.step_texts()
+            last_yield = now
+            yield new
+            new = []
+    trace.step_texts = text.step_texts()
+    if new:
+        yield new
+    if error is not None:
+        raise error
