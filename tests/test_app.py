@@ -151,6 +151,9 @@ def test_matrix_save_reset_load_and_model_reload(client, tmp_path):
     assert "Could not load the matrix" in status and f"{filled:,} / " in md  # left untouched
     status, _chat, md = client.predict("embedded", api_name="/load_model")
     assert status.startswith("✓ Loaded") and " 0 / " in md
+    # another browser session has its own conversation and matrix
+    other = gradio_client.Client(client.src, verbose=False)
+    assert "No matrix yet" in other.predict(api_name="/save_matrix")[1]
 
 
 # ----------------------------------------------------------------------------------- pure helpers
