@@ -27,7 +27,10 @@ try:  # Hugging Face ZeroGPU: borrow a GPU for the duration of a generation; a n
     import spaces  # type: ignore
 
     gpu = spaces.GPU(duration=120)
+    ZEROGPU = True
 except Exception:  # noqa: BLE001 - any failure means "not on ZeroGPU"
+    ZEROGPU = False
+
     def gpu(fn):  # type: ignore[no-redef]
         return fn
 
@@ -587,12 +590,20 @@ def build_demo() -> gr.Blocks:
     return demo
 
 
+def _preload() -> None:
+    try:
+        STORE.get(STORE.default)
+    except Exception as exc:  # noqa: BLE001 - the first message will show the error in the page
+        print(f"could not preload the model: {exc}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Token Recycling Studio (Gradio app)")
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
     parser.add_argument("--model", default=None, help=f"default model (else ${MODEL_ENV}, else the embedded SmolLM2-135M)")
     parser.add_argument("--share", action="store_true", help="create a public gradio.live link")
+    parser.add_argument("--no-preload", action="store_true", help="load the model on the first message, not at start")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("TR_THREADS", 0)) or None, metavar="N",
                         help="CPU threads for torch (default: torch's choice, or $TR_THREADS); 1 is steadier on a busy "
                              "small machine")
@@ -605,6 +616,8 @@ def main(argv: list[str] | None = None) -> None:
         import torch
 
         torch.set_num_threads(args.threads)
+    if not args.no_preload and not ZEROGPU:  # load the default model while the page opens, not on the first click
+        threading.Thread(target=_preload, daemon=True, name="tr-preload").start()
     demo = build_demo()
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS,
                 theme=gr.themes.Soft(primary_hue="green", secondary_hue="blue"))
