@@ -87,12 +87,17 @@ class AdaptiveDrafter:
         centers = (torch.arange(N_BINS, dtype=torch.float64) + 0.5) / N_BINS
         self.hits = centers * prior
         self.trials = torch.full((N_BINS,), prior, dtype=torch.float64)
-        self.rate = self._rates().to(device)
+        self._refresh()
         self.next: GrownTree | None = None  # the tree grown for the next step, from the bonus token
         self.last_size = 0  # draft nodes chosen for the latest step (the first step of an answer starts there)
 
     def _rates(self) -> torch.Tensor:
         return (self.hits / self.trials).clamp(1e-3, 0.98).float()
+
+    def _refresh(self) -> None:
+        """Recompute the per-bin rates and the lookup table from stored probability (0..255) to rate."""
+        self.rate = self._rates()
+        self.rate_lut = self.rate[torch.arange(256) * N_BINS // 256].to(self.device)
 
     def reset(self) -> None:
         """Forget the pending tree (call at the start of every answer)."""
@@ -100,46 +105,50 @@ class AdaptiveDrafter:
 
     # -- growing ----------------------------------------------------------------------------------------------
     def grow(self, table: torch.Tensor, probs: torch.Tensor, root: torch.Tensor, budget: int, max_depth: int) -> GrownTree:
-        """Best-first tree of up to `budget` draft nodes under `root` ([1] long), one gather per depth, no sync."""
+        """Best-first tree of up to `budget` draft nodes under `root` ([1] long), one gather per depth, no sync.
+
+        table, probs: [V, k] candidate ids and their stored probabilities (uint8). Each level keeps its best
+        `budget` candidates by path score; then the best `budget` nodes over all levels form the tree.
+        """
         device = table.device
         k = table.shape[1]
-        level_tok = root.view(1)
-        level_score = torch.ones(1, device=device)
-        level_gid = torch.zeros(1, dtype=torch.long, device=device)  # global candidate id of each frontier node
-        toks, scores, parents, depths, ranks, bins = [root.view(1)], [level_score], [level_gid], [level_gid], [level_gid], [level_gid]
-        offset = 1
-        for depth in range(1, max_depth + 1):
-            cand = table[level_tok].long()  # [F, k]
-            cbin = (probs[level_tok].long() * N_BINS) // 256  # [F, k]
-            cscore = level_score[:, None] * self.rate[cbin]  # [F, k]
-            keep = min(budget, cand.numel())
-            top_score, top = torch.topk(cscore.flatten(), keep)
-            level_tok = cand.flatten()[top]
-            level_score = top_score
+        lut = self.rate_lut  # [256] calibrated acceptance rate of a stored probability
+        level_tok, level_score = root.view(1), torch.ones(1, device=device)
+        toks, scores, tops, stored, sizes = [level_tok], [level_score], [], [], [1]
+        for _ in range(max_depth):
+            cand = table[level_tok].view(-1)  # [F*k]
+            cprob = probs[level_tok].view(-1)  # [F*k] uint8
+            cscore = (level_score[:, None] * lut[cprob.long()].view(-1, k)).view(-1)
+            level_score, top = torch.topk(cscore, min(budget, cscore.shape[0]))
+            level_tok = cand[top].long()
             toks.append(level_tok)
-            scores.append(top_score)
-            parents.append(level_gid[top // k])
-            depths.append(torch.full((keep,), depth, dtype=torch.long, device=device))
-            ranks.append(top % k)
-            bins.append(cbin.flatten()[top])
-            level_gid = torch.arange(offset, offset + keep, device=device)
-            offset += keep
-        tok, score, par, dep, rnk, bn = (torch.cat(x) for x in (toks, scores, parents, depths, ranks, bins))
+            scores.append(level_score)
+            tops.append(top)
+            stored.append(cprob[top])
+            sizes.append(top.shape[0])
+        # parents and ranks of all levels at once: candidate j of a level is child j // k of the previous level
+        starts = [0]
+        for size in sizes[:-1]:
+            starts.append(starts[-1] + size)
+        top_all = torch.cat(tops)
+        level_start = torch.repeat_interleave(torch.tensor(starts[:-1], device=device), torch.tensor(sizes[1:], device=device))
+        par = torch.cat([torch.zeros(1, dtype=torch.long, device=device), level_start + top_all // k])
+        rnk = torch.cat([torch.zeros(1, dtype=torch.long, device=device), top_all % k])
+        dep = torch.repeat_interleave(torch.arange(len(sizes), device=device), torch.tensor(sizes, device=device))
+        tok, score = torch.cat(toks), torch.cat(scores)
+        raw = torch.cat([torch.zeros(1, dtype=torch.uint8, device=device), *stored])
         n = min(budget, tok.shape[0] - 1)
-        # Root first, then the best n candidates by score; a child scores below its parent, so this keeps parents.
+        # Root first, then the best n candidates by score; a child scores below its parent, so parents are kept.
+        # Sorting the kept global ids keeps parents before children (levels are stored in order).
         order = torch.cat([torch.zeros(1, dtype=torch.long, device=device),
-                           1 + torch.topk(score[1:], n).indices])
-        # Stable parent-before-child order: sort the kept nodes by (depth, score rank).
-        rank_in_order = torch.arange(n + 1, device=device)
-        order = order[torch.argsort(dep[order] * (n + 1) + rank_in_order, stable=True)]
-        new_index = torch.full((tok.shape[0],), -1, dtype=torch.long, device=device)
+                           torch.sort(torch.topk(score[1:], n).indices + 1).values])
+        new_index = torch.zeros(tok.shape[0], dtype=torch.long, device=device)
         new_index[order] = torch.arange(n + 1, device=device)
         s = score[order]
-        # expected accepted draft tokens with the best m nodes: the sum of their scores (best-first by score).
         best_first = torch.sort(s[1:], descending=True).values
-        expected = torch.cat([torch.zeros(1, device=device), best_first.cumsum(0)])
-        return GrownTree(tokens=tok[order], parents=new_index[par[order]].clamp(min=0), depths=dep[order],
-                         ranks=rnk[order], scores=s, bins=bn[order], expected=expected)
+        expected = torch.cat([torch.zeros(1, device=device), best_first.cumsum(0)])  # expected accepted, best m nodes
+        return GrownTree(tokens=tok[order], parents=new_index[par[order]], depths=dep[order], ranks=rnk[order],
+                         scores=s, bins=(raw[order].long() * N_BINS) // 256, expected=expected)
 
     def choose_size(self, expected: list[float], budget: int) -> int:
         """Draft nodes to verify next: argmax over m of (expected[m] + 1) / t(m + 1); 0 means a plain step."""
@@ -179,5 +188,5 @@ class AdaptiveDrafter:
                 b = bins[node]
                 self.trials[b] += 1
                 self.hits[b] += node in on_path
-        self.rate = self._rates().to(self.device)
+        self._refresh()
         self.cost.observe(forward_tokens, forward_ms)
