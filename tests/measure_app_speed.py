@@ -58,8 +58,12 @@ def main() -> None:
     direct(), via_app()  # warm-up
     ratios = []
     for rep in range(pairs):
-        d = direct()
-        a, updates, cpu, wall = via_app()
+        if rep % 2 == 0:  # alternate the order (ABBA) so that a drifting machine load favours neither side
+            d = direct()
+            a, updates, cpu, wall = via_app()
+        else:
+            a, updates, cpu, wall = via_app()
+            d = direct()
         ratios.append(a / d)
         print(f"pair {rep}: engine alone {d:.2f} tok/s, through the app {a:.2f} tok/s (ratio {a / d:.3f}); "
               f"{updates} UI updates, handler thread CPU {cpu:.2f} s of {wall:.1f} s", flush=True)

@@ -116,7 +116,8 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = 430) 
                          f" · {rank}<br>node {i}, parent {ev.parents[i]}{prob}")
         muted = group == "rejected"
         fig.add(type="scatter", x=[layout.x[i] for i in nodes], y=[layout.y[i] for i in nodes], mode="markers+text",
-                name=style["name"], text=[display_token(token_text(ev.tokens[i]), 6 if muted else 8) for i in nodes],
+                name=style["name"],  # (labels of big markers padded so that the marker does not cover them)
+                text=[display_token(token_text(ev.tokens[i]), 6 if muted else 8) + ("" if muted else "   ") for i in nodes],
                 textposition="bottom center" if muted else "middle left",
                 textfont=dict(size=10 if muted else 15, color=style["text"]),
                 marker=dict(color=style["color"], size=style["size"], symbol="circle", line=dict(color="white", width=1.5)),
