@@ -19,7 +19,7 @@
 #        Writes $OUT/profile_llama-1b.json/.txt, profile_llama-8b.json/.txt.                  (~2 min)
 #   Then give_back.  Here: python3 scripts/bench_report.py <files_at>/gpu_bench.json --html bench/gpu_report.html
 #
-# Dry run here (CPU): OUT=/tmp/gx DEVICE=cpu PER_TASK=1 MAX_NEW=16 MINUTES=1 bash scripts/gpu_check.sh part1 (then bench).
+# Dry run here (CPU): OUT=/tmp/gx DEVICE=cpu THREADS=1 PER_TASK=1 MAX_NEW=16 MINUTES=1 bash scripts/gpu_check.sh part1 (then bench).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TR_CACHE=/root/m/cache
@@ -50,16 +50,23 @@ wheels() {
 'transformers', transformers.__version__, 'gguf', md.version('gguf'), torch.cuda.get_device_name() if torch.cuda.is_available() else 'no cuda')" || exit 4
 }
 
+convert() {  # GGUF -> safetensors folder under $TR_CACHE, once (~1 min), outside the benchmark's time limit
+  timeout 240 python3 -c "from tr_core.models import resolve_source; print('model folder:', resolve_source('$GGUF')[0])" \
+    > "$OUT/convert.log" 2>&1 || { tail -c 3000 "$OUT/convert.log"; echo "FATAL: conversion failed" >&2; exit 6; }
+  tail -n 1 "$OUT/convert.log"
+}
+
 bench() {
-  model; wheels
+  model; wheels; convert
   ls "$DATA"/*.jsonl || { echo "FATAL: no question files under $DATA" >&2; exit 5; }
-  timeout 330 python3 -m tr_core bench --questions "$DATA/spec_bench_dev.jsonl" --questions "$DATA/mbpp_dev.jsonl" \
+  timeout 300 python3 -m tr_core bench --questions "$DATA/spec_bench_dev.jsonl" --questions "$DATA/mbpp_dev.jsonl" \
     --model "$GGUF" --device "$DEVICE" --per-task "$PER_TASK" --max-new-tokens "$MAX_NEW" \
-    --methods vanilla,recycling,hf,pld --template 2.2.2,adaptive --max-minutes "$MINUTES" --no-progress \
+    --methods vanilla,recycling,hf,pld --template 2.2.2,adaptive --max-minutes "$MINUTES" --no-progress ${THREADS:+--threads $THREADS} \
     --json "$OUT/gpu_bench.json" 2>&1 | tee "$OUT/gpu_bench.txt"
-  cp "$OUT/gpu_bench.json" /root/m/ 2>/dev/null
-  timeout 60 python3 -m tr_core profile --model "$GGUF" --device "$DEVICE" --repeats 20 \
-    --bench-json "$OUT/gpu_bench.json" --json "$OUT/profile_smollm2.json" 2>&1 | tee "$OUT/profile_smollm2.txt"
+  local extra=()
+  [ -f "$OUT/gpu_bench.json" ] && cp "$OUT/gpu_bench.json" /root/m/ && extra=(--bench-json "$OUT/gpu_bench.json")
+  timeout 60 python3 -m tr_core profile --model "$GGUF" --device "$DEVICE" --repeats 20 ${THREADS:+--threads $THREADS} \
+    "${extra[@]}" --json "$OUT/profile_smollm2.json" 2>&1 | tee "$OUT/profile_smollm2.txt"
 }
 
 profile() {
@@ -75,7 +82,7 @@ profile() {
 
 case "${1:-}" in
   part1) part1 ;;
-  check) model; wheels ;;   # join + verify the model and install the wheels only
+  check) model; wheels; convert ;;   # join + verify the model, install the wheels, convert; no benchmark
   bench) bench ;;
   profile) profile ;;
   *) echo "usage: $0 part1|check|bench|profile" >&2; exit 2 ;;
