@@ -101,9 +101,9 @@ def test_select_per_task_is_round_robin_and_deterministic(tmp_path):
     assert [q.question_id for q in picked] == [3, 0, 5, 4, 1]
     lines = [json.dumps({"question_id": i, "category": c, "turns": ["x"]})
              for i, c in enumerate(["writing", "writing", "writing", "roleplay", "roleplay", "math"])]
-    qs = load_questions(_write(tmp_path, "mt.jsonl", lines))
+    mt = load_questions(_write(tmp_path, "mt.jsonl", lines))
     # within a task: round-robin over its categories, in file order
-    assert [q.question_id for q in select_questions(qs, per_task=4)] == [0, 3, 5, 1]
+    assert [q.question_id for q in select_questions(mt, per_task=4)] == [0, 3, 5, 1]
     assert [q.question_id for q in select_questions(qs, per_task=2, limit=3)] == [3, 0, 5]
     assert select_questions(qs, per_task=2) == picked
 
