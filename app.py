@@ -86,6 +86,8 @@ class ModelStore:
 
 
 STORE = ModelStore(os.environ.get(MODEL_ENV))
+WARM = threading.Event()  # cleared while the start-up warm-up runs, so that no answer is timed alongside it
+WARM.set()
 
 
 @dataclass
@@ -234,6 +236,7 @@ def respond(message, s, max_new, temperature, top_p, top_k, seed, template, k, c
     display = s.display + [{"role": "user", "content": message}, {"role": "assistant", "content": "…"}]
     yield {chatbot: display, msg: "", status: "Loading the model…" if s.engine is None else "Drafting…", state: s}
     try:
+        WARM.wait(timeout=300)
         notes += s.ensure_engine(k)
         engine = s.engine
         template_name = template or "2.2.2"
@@ -485,6 +488,17 @@ Greedy (or seeded) output is token-identical to plain decoding; only the number 
 """
 
 
+def default_template() -> str:
+    """$TR_TEMPLATE, else the paper's tree on a GPU and the hardware-aware adaptive tree on a CPU.
+
+    On a CPU a forward of 80 tree tokens costs several plain forwards, so the static tree is slower than plain
+    decoding there; the adaptive tree sizes itself by the measured forward cost.
+    """
+    import torch
+
+    return os.environ.get("TR_TEMPLATE") or ("2.2.2" if torch.cuda.is_available() else "adaptive")
+
+
 def _diagram() -> str:
     path = ASSETS / "how_it_works.svg"
     return (f'<div style="max-width:980px;margin:auto">{path.read_text(encoding="utf-8")}</div>'
@@ -546,7 +560,8 @@ def build_demo() -> gr.Blocks:
                 top_k = gr.Number(0, label="Top-k (0 = off)", precision=0, minimum=0)
                 seed = gr.Number(0, label="Seed", precision=0, minimum=0)
             with gr.Row():
-                template = gr.Dropdown([*TEMPLATES, "adaptive"], value="2.2.2", label="Draft tree template")
+                template = gr.Dropdown([*TEMPLATES, "adaptive"], value=default_template(), label="Draft tree template",
+                                       info="2.2.2 = the paper's 80-node tree (GPU); adaptive = sized to this device")
                 k = gr.Slider(*LIMITS["k"], value=8, step=1, label="Candidates per matrix row (k)")
                 compare = gr.Checkbox(True, label="Compare with plain decoding after each answer (measures speedup)")
         with gr.Accordion("Model and matrix", open=False):
@@ -591,10 +606,20 @@ def build_demo() -> gr.Blocks:
 
 
 def _preload() -> None:
+    """Load the default model and run each decoding kind once, so first-click timings carry no one-time costs."""
     try:
-        STORE.get(STORE.default)
+        model, tokenizer = STORE.get(STORE.default)
+        from tr_core.engine import Engine
+
+        engine = Engine(model, tokenizer, topk_candidates=8)  # a throwaway matrix: sessions start empty
+        ids = engine.encode_chat([{"role": "user", "content": "Say hello."}])
+        for cfg in (DecodeConfig(max_new_tokens=8, template=default_template()), DecodeConfig(max_new_tokens=8, plain=True)):
+            for _ in engine.generate(ids, cfg):
+                pass
     except Exception as exc:  # noqa: BLE001 - the first message will show the error in the page
         print(f"could not preload the model: {exc}")
+    finally:
+        WARM.set()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -603,6 +628,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
     parser.add_argument("--model", default=None, help=f"default model (else ${MODEL_ENV}, else the embedded SmolLM2-135M)")
     parser.add_argument("--share", action="store_true", help="create a public gradio.live link")
+    parser.add_argument("--template", default=None,
+                        help="default draft tree template on the page (else $TR_TEMPLATE; else 2.2.2 on GPU, adaptive on CPU)")
     parser.add_argument("--no-preload", action="store_true", help="load the model on the first message, not at start")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("TR_THREADS", 0)) or None, metavar="N",
                         help="CPU threads for torch (default: torch's choice, or $TR_THREADS); 1 is steadier on a busy "
@@ -610,6 +637,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.model:
         STORE.default = args.model
+    if args.template:
+        os.environ["TR_TEMPLATE"] = args.template
     if args.threads is not None:
         if args.threads < 1:
             parser.error(f"--threads must be >= 1, got {args.threads}")
@@ -617,6 +646,7 @@ def main(argv: list[str] | None = None) -> None:
 
         torch.set_num_threads(args.threads)
     if not args.no_preload and not ZEROGPU:  # load the default model while the page opens, not on the first click
+        WARM.clear()
         threading.Thread(target=_preload, daemon=True, name="tr-preload").start()
     demo = build_demo()
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS,

@@ -43,9 +43,10 @@ def test_example_click_streams_answer_and_draws_tree_heatmap_and_meter(tmp_path)
             assert re.fullmatch(r"\d+\.\d\d×", ratio), ratio
             assert float(tps) > 0
             assert "token-identical" in page.locator("#tr-meter").inner_text()
-            # plotly drew SVG: tree markers (one per node, 80 for the default 2.2.2 template) and heatmap cells
-            page.wait_for_function("() => document.querySelectorAll('#tr-tree .scatterlayer .point').length >= 10",
+            # plotly drew SVG: tree markers (one per node; the default tree's size depends on the device) and heatmap
+            page.wait_for_function("() => document.querySelectorAll('#tr-tree .scatterlayer .point').length >= 2",
                                    timeout=30_000)
+            assert "accepted" in page.locator("#tr-tree .gtitle").text_content()
             assert page.locator("#tr-tree svg.main-svg").count() >= 1
             assert page.locator("#tr-heat svg.main-svg").count() >= 1
             assert page.locator("#tr-heat .hm, #tr-heat image, #tr-heat .heatmaplayer").count() >= 1
