@@ -121,7 +121,12 @@ class Engine:
         return 1 << 30
 
     def _mask(self, tree: DraftTree, past: int) -> Any:
-        """The additive tree mask for this model: one tensor, or one per layer type for mixed sliding models."""
+        """The additive tree mask for this model: one tensor, or one per layer type for mixed sliding models.
+
+        A one-token step sees everything (within any window): no mask, so the model takes its usual fast path.
+        """
+        if tree.size == 1 and (self.window is None or past + 1 < self.window):
+            return None
         full = attention_bias(tree.tree_mask, past, self.dtype)
         if self.window is None:
             return full
