@@ -105,7 +105,6 @@ def build_tree(name: str, paths: list[Path], device: torch.device | str = "cpu")
     for i, p in enumerate(paths, start=1):
         index[p] = i
     parents = [-1] + [index[p[:-1]] for p in paths]
-    depths = [0] + [len(p) for p in paths]
     ranks = [-1] + [p[-1] for p in paths]
     return tree_from_parents(name, parents, ranks, device)
 
