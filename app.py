@@ -240,12 +240,11 @@ def respond(message, s, max_new, temperature, top_p, top_k, seed, template, k, c
         notes += s.ensure_engine(k)
         engine = s.engine
         template_name = template or "2.2.2"
-        if template_name != "adaptive":
-            from tr_core.tree import TEMPLATES
+        from tr_core.tree import TEMPLATE_NAMES
 
-            if template_name not in TEMPLATES:
-                notes.append(f"Unknown template {template_name!r}; using 2.2.2.")
-                template_name = "2.2.2"
+        if template_name not in TEMPLATE_NAMES:
+            notes.append(f"Unknown template {template_name!r}; using 2.2.2.")
+            template_name = "2.2.2"
         messages = s.history + [{"role": "user", "content": message}]
         ids, dropped, max_new2 = trim_to_context(engine.encode_chat, messages, engine.context_limit, max_new)
         if dropped:
@@ -508,7 +507,7 @@ def _diagram() -> str:
 def build_demo() -> gr.Blocks:
     """The page; handlers read and write the per-session `Session` in a gr.State."""
     global state, chatbot, msg, status, meter, tree_plot, heat_plot, chart_plot, matrix_md, replay, trace_file, matrix_file
-    from tr_core.tree import TEMPLATES
+    from tr_core.tree import TEMPLATE_NAMES
 
     with gr.Blocks(title="Token Recycling Studio") as demo:
         state = gr.State(None)
@@ -560,8 +559,9 @@ def build_demo() -> gr.Blocks:
                 top_k = gr.Number(0, label="Top-k (0 = off)", precision=0, minimum=0)
                 seed = gr.Number(0, label="Seed", precision=0, minimum=0)
             with gr.Row():
-                template = gr.Dropdown([*TEMPLATES, "adaptive"], value=default_template(), label="Draft tree template",
-                                       info="2.2.2 = the paper's 80-node tree (GPU); adaptive = sized to this device")
+                template = gr.Dropdown(list(TEMPLATE_NAMES), value=default_template(), label="Draft tree template",
+                                       info="2.2.2 = the paper's 80-node tree (GPU); adaptive = grown by probability, sized to this device; "
+                                            "adaptive-fixed = the same tree at the full 80-node budget")
                 k = gr.Slider(*LIMITS["k"], value=8, step=1, label="Candidates per matrix row (k)")
                 compare = gr.Checkbox(True, label="Compare with plain decoding after each answer (measures speedup)")
         with gr.Accordion("Model and matrix", open=False):

@@ -32,10 +32,11 @@ def test_greedy_recycling_equals_plain_on_30_dev_prompts(engine):
     for i, text in enumerate(prompts(30)):
         ids = engine.encode_chat([{"role": "user", "content": text}])[-400:]
         plain = list(engine.generate(ids, DecodeConfig(max_new_tokens=40, plain=True)))[-1]
-        template = "2.2.2" if i % 2 == 0 else "adaptive"
+        template = ("2.2.2", "adaptive", "adaptive-fixed")[i % 3]
         tr = list(engine.generate(ids, DecodeConfig(max_new_tokens=40, template=template)))[-1]
         assert tr.tokens == plain.tokens, f"prompt {i} ({template}) diverged: {text[:80]!r}"
-        stats.append(tr.mean_accepted)
+        if template != "adaptive":  # the hardware-aware tree may rightly choose plain steps on a slow machine
+            stats.append(tr.mean_accepted)
     assert sum(stats) / len(stats) > 1.3, "the matrix must learn: mean accepted tokens per step stayed near 1"
 
 

@@ -30,7 +30,7 @@ def test_greedy_recycling_equals_plain_and_hf_generate(arch, attn):
         plain = run(engine, prompt, max_new_tokens=50, plain=True)
         hf = model.generate(torch.tensor([prompt]), max_new_tokens=50, do_sample=False, eos_token_id=1, pad_token_id=0)
         assert plain.tokens == hf[0, len(prompt):].tolist(), "the harness itself must equal transformers' generate"
-        for template in ("2.2.2", "small-16", "adaptive"):
+        for template in ("2.2.2", "small-16", "adaptive", "adaptive-fixed"):
             tr = run(engine, prompt, max_new_tokens=50, template=template)
             assert tr.tokens == plain.tokens, f"{arch}/{attn}/{template} diverged from plain decoding"
             accepted.append(tr.mean_accepted)

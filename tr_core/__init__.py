@@ -8,11 +8,12 @@ from .engine import Engine, verify_tree
 from .events import Event, StepEvent, SummaryEvent, event_from_dict
 from .matrix import AdjacencyMatrix
 from .models import ModelLoadError, load_model
-from .tree import ADAPTIVE, TEMPLATES, DraftTree, TemplateError, build_tree, resolve_template, validate_template
+from .tree import (ADAPTIVE, ADAPTIVE_FIXED, TEMPLATE_NAMES, TEMPLATES, DraftTree, TemplateError, build_tree,
+                   resolve_template, validate_template)
 
 __all__ = [
-    "ADAPTIVE", "AdjacencyMatrix", "DecodeConfig", "DraftTree", "Engine", "Event", "ModelLoadError", "StepEvent",
-    "SummaryEvent", "TEMPLATES", "TemplateError", "build_tree", "event_from_dict", "load_model", "resolve_template",
-    "validate_template", "verify_tree",
+    "ADAPTIVE", "ADAPTIVE_FIXED", "AdjacencyMatrix", "DecodeConfig", "DraftTree", "Engine", "Event", "ModelLoadError",
+    "StepEvent", "SummaryEvent", "TEMPLATE_NAMES", "TEMPLATES", "TemplateError", "build_tree", "event_from_dict",
+    "load_model", "resolve_template", "validate_template", "verify_tree",
 ]
 __version__ = "0.1.0"

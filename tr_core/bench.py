@@ -49,7 +49,7 @@ class MethodSpec:
 
     name: str  # e.g. "vanilla", "recycling", "recycling[adaptive]", "hf", "pld"
     kind: str  # one of METHOD_KINDS
-    template: str = ""  # recycling only: a named template or "adaptive"
+    template: str = ""  # recycling only: a name from tree.TEMPLATE_NAMES
 
 
 @dataclass
@@ -74,17 +74,17 @@ class TurnRecord:
 
 
 def known_template(name: str) -> bool:
-    """True when the engine accepts `name` as a draft tree template (a named static template or "adaptive")."""
-    from .tree import ADAPTIVE, TEMPLATES
+    """True when the engine accepts `name` as a draft tree template (a named static template or a dynamic one)."""
+    from .tree import TEMPLATE_NAMES
 
-    return name in TEMPLATES or name == ADAPTIVE
+    return name in TEMPLATE_NAMES
 
 
 def template_names() -> list[str]:
     """All template names the engine accepts."""
-    from .tree import ADAPTIVE, TEMPLATES
+    from .tree import TEMPLATE_NAMES
 
-    return [*TEMPLATES, ADAPTIVE]
+    return list(TEMPLATE_NAMES)
 
 
 def parse_methods(methods: str, templates: str) -> list[MethodSpec]:

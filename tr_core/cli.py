@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from .tree import ADAPTIVE, TEMPLATES
+from .tree import TEMPLATE_NAMES
 
 
 def _positive_int(text: str) -> int:
@@ -16,8 +16,8 @@ def _positive_int(text: str) -> int:
 
 
 def _template(text: str) -> str:
-    if text not in TEMPLATES and text != ADAPTIVE:
-        raise argparse.ArgumentTypeError(f"unknown template {text!r}; choose from {', '.join([*TEMPLATES, ADAPTIVE])}")
+    if text not in TEMPLATE_NAMES:
+        raise argparse.ArgumentTypeError(f"unknown template {text!r}; choose from {', '.join(TEMPLATE_NAMES)}")
     return text
 
 
@@ -31,7 +31,7 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--template", type=_template, default="2.2.2", help=f"draft tree: {', '.join([*TEMPLATES, ADAPTIVE])}")
+    p.add_argument("--template", type=_template, default="2.2.2", help=f"draft tree: {', '.join(TEMPLATE_NAMES)}")
     p.add_argument("--topk-candidates", type=_positive_int, default=8, help="k, candidates per adjacency-matrix row")
 
 

@@ -13,11 +13,11 @@ class DecodeConfig:
     top_p: float = 1.0  # nucleus sampling threshold (1.0 = off); applied after temperature and top-k
     top_k: int = 0  # keep only the k most likely tokens before sampling (0 = off)
     seed: int = 0  # the sampling seed: same seed -> same tokens for plain decoding and Token Recycling
-    template: str = "2.2.2"  # draft tree: a named template (see tree.TEMPLATES) or "adaptive"
+    template: str = "2.2.2"  # draft tree: see tree.TEMPLATE_NAMES ("adaptive": dynamic, sized by cost)
     plain: bool = False  # True = plain decoding (one token per step) through the same harness
     node_budget: int = 80  # adaptive trees: most draft nodes per step (the paper's static tree has 80)
     max_depth: int = 8  # adaptive trees: deepest draft level
-    hardware_aware: bool = True  # adaptive trees: size each step by measured forward cost (False: always node_budget)
+    hardware_aware: bool = True  # "adaptive": size each step by measured forward cost (False: node_budget)
     # before decoding, put each prompt token's successor in the prompt first in its matrix row;
     # None = on for adaptive trees, off for the static templates (which then run as the paper published them)
     prompt_seeding: bool | None = None

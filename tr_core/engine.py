@@ -20,7 +20,7 @@ from .events import StepEvent, SummaryEvent
 from .kv_cache import TreeKVCache
 from .matrix import AdjacencyMatrix
 from .sampling import choose_tokens
-from .tree import ADAPTIVE, DraftTree, attention_bias, bfs_draft, build_tree, resolve_template, tree_from_parents
+from .tree import ADAPTIVE, DYNAMIC, DraftTree, attention_bias, bfs_draft, build_tree, resolve_template, tree_from_parents
 
 # Token strings that end a chat turn in common chat templates (used when they are single tokens of the vocabulary).
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "<|end_of_text|>", "</s>",
@@ -206,7 +206,8 @@ class Engine:
             raise ValueError(f"prompt has token ids outside the vocabulary [0, {self.vocab_size})")
         if len(prompt) >= self.context_limit:
             raise ValueError(f"the prompt has {len(prompt)} tokens; this model's context holds {self.context_limit}")
-        use_adaptive = not cfg.plain and cfg.template == ADAPTIVE
+        use_adaptive = not cfg.plain and cfg.template in DYNAMIC
+        hardware_aware = cfg.hardware_aware and cfg.template == ADAPTIVE  # adaptive-fixed: always the full budget
         static = None if (cfg.plain or use_adaptive) else self.static_tree(cfg.template)
         budget = min(cfg.max_new_tokens, self.context_limit - len(prompt))
         sync = cfg.sync_timings and self.device.type == "cuda"
@@ -235,7 +236,7 @@ class Engine:
         drafter = self.adaptive
         if use_adaptive:
             drafter.reset()
-            if cfg.hardware_aware and not drafter.cost.measured:
+            if hardware_aware and not drafter.cost.measured:
                 self._probe_cost(prompt, cfg)
         next_size = drafter.last_size if use_adaptive else 0
         decode_start = time.perf_counter()
@@ -251,7 +252,7 @@ class Engine:
             elif adaptive_step:
                 grown = drafter.next if drafter.next is not None else drafter.grow(
                     self.matrix.table, self.matrix.probs, root, cfg.node_budget, cfg.max_depth)
-                size = next_size if cfg.hardware_aware else cfg.node_budget
+                size = next_size if hardware_aware else cfg.node_budget
                 tree, keep = drafter.take(grown, min(size, grown.tokens.shape[0] - 1), cfg.max_depth)
                 tokens = grown.tokens[keep]
             else:
@@ -351,7 +352,7 @@ class Engine:
             mean_accepted=len(out) / max(steps, 1), tokens_per_s=len(out) / max(decode_s, 1e-9),
             prefill_s=prefill_s, decode_s=decode_s, wall_s=prefill_s + decode_s, stop_reason=stop_reason,
             method="plain" if cfg.plain else "recycling",
-            template="" if cfg.plain else (ADAPTIVE if use_adaptive else static.name),
+            template="" if cfg.plain else (cfg.template if use_adaptive else static.name),
             matrix_rows_filled=self.matrix.rows_filled, matrix_mb=self.matrix.size_mb,
             overhead_ms=overhead_total / max(steps, 1), forward_ms=forward_total / max(steps, 1),
         )

@@ -36,6 +36,9 @@ TEMPLATES: dict[str, list[Path]] = {
     "wide-8": [(r,) for r in range(8)],  # one level, all 8 candidates of the root
 }
 ADAPTIVE = "adaptive"  # dynamic, hardware-aware tree (see adaptive.py); not a static template
+ADAPTIVE_FIXED = "adaptive-fixed"  # the same dynamic tree, always grown to the full node budget (no cost model)
+DYNAMIC = (ADAPTIVE, ADAPTIVE_FIXED)
+TEMPLATE_NAMES = (*TEMPLATES, *DYNAMIC)  # every name the engine accepts
 
 
 class TemplateError(ValueError):
@@ -66,7 +69,7 @@ def resolve_template(template: str | list, k: int) -> tuple[str, list[Path]]:
     """Return (name, validated paths) for a template name or a user list of paths."""
     if isinstance(template, str):
         if template not in TEMPLATES:
-            names = ", ".join([*TEMPLATES, ADAPTIVE])
+            names = ", ".join(TEMPLATE_NAMES)
             raise TemplateError(f"unknown template {template!r}; choose one of {names}, or give a list of paths")
         return template, validate_template(TEMPLATES[template], k)
     paths = validate_template(template, k)
