@@ -8,6 +8,7 @@ from tr_core import AdjacencyMatrix, DecodeConfig, TemplateError, build_tree, va
 from tr_core.adaptive import AdaptiveDrafter, ForwardCost
 from tr_core.engine import path_to, verify_tree
 from tr_core.kv_cache import TreeKVCache
+from tr_core.reduce import log_normalizer, top_rows
 from tr_core.sampling import choose_tokens, gumbel_noise, process_logits
 from tr_core.tree import TEMPLATES, attention_bias, bfs_draft, resolve_template, tree_from_parents
 
@@ -138,6 +139,25 @@ def test_matrix_update_topk_and_duplicate_rule():
     assert m.rows_filled == 2
     p = torch.softmax(logits[0], -1)
     assert m.get_probs()[4].tolist() == pytest.approx([p[1].item(), p[5].item()], abs=1 / 255)
+
+
+@pytest.mark.parametrize("vocab,k", [(49152, 8), (1000, 8), (257, 3), (17, 8), (12, 1)])
+def test_chunked_argmax_and_topk_equal_torch(vocab, k):
+    """reduce.top_rows: argmax exactly torch.argmax (first maximum on ties), top-k values exactly torch.topk's."""
+    gen = torch.Generator().manual_seed(vocab + k)
+    rows = [torch.randn(40, vocab, generator=gen) * 4,
+            torch.randint(0, 4, (40, vocab), generator=gen).float(),  # many ties, also across chunks
+            torch.zeros(3, vocab)]  # every entry tied
+    for logits in rows:
+        argmax, values, ids = top_rows(logits, k)
+        assert torch.equal(argmax, logits.argmax(dim=-1))
+        assert torch.equal(values, torch.topk(logits, k, dim=-1).values)
+        assert torch.equal(logits.gather(1, ids), values)  # the ids carry those values
+        assert all(len(set(r)) == k for r in ids.tolist())  # distinct tokens
+    wide = torch.randn(5, vocab + 3, generator=gen)[:, :vocab]  # a non-contiguous slice, as the matrix takes
+    assert torch.equal(top_rows(wide, k)[0], wide.argmax(dim=-1))
+    lse = log_normalizer(rows[0].clone(), rows[0].amax(-1, keepdim=True), overwrite=True)
+    assert torch.allclose(lse, torch.logsumexp(rows[0], -1, keepdim=True), atol=1e-4)
 
 
 def test_matrix_size_and_rows_from_logits():

@@ -12,6 +12,7 @@ along in the step's single sync, so the host can pick the size for the next step
 """
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass
 
@@ -48,11 +49,12 @@ class ForwardCost:
         grid = COST_GRID
         if n <= grid[0]:
             return self.ms[grid[0]]
-        for lo, hi in zip(grid, grid[1:]):
-            if n <= hi:
-                w = (n - lo) / (hi - lo)
-                return self.ms[lo] * (1 - w) + self.ms[hi] * w
-        return self.ms[grid[-1]] * n / grid[-1]
+        if n > grid[-1]:
+            return self.ms[grid[-1]] * n / grid[-1]
+        i = bisect.bisect_left(grid, n)  # grid[i - 1] < n <= grid[i]
+        lo, hi = grid[i - 1], grid[i]
+        w = (n - lo) / (hi - lo)
+        return self.ms[lo] * (1 - w) + self.ms[hi] * w
 
     def observe(self, n: int, ms: float, alpha: float = 0.1) -> None:
         """Blend one measured forward into the nearest grid point."""
@@ -90,6 +92,7 @@ class AdaptiveDrafter:
         self._refresh()
         self.next: GrownTree | None = None  # the tree grown for the next step, from the bonus token
         self.last_size = 0  # draft nodes chosen for the latest step (the first step of an answer starts there)
+        self._index_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _rates(self) -> torch.Tensor:
         return (self.hits / self.trials).clamp(1e-3, 0.98).float()
@@ -120,22 +123,18 @@ class AdaptiveDrafter:
             cprob = probs[level_tok].view(-1)  # [F*k] uint8
             cscore = (level_score[:, None] * lut[cprob.long()].view(-1, k)).view(-1)
             level_score, top = torch.topk(cscore, min(budget, cscore.shape[0]))
-            level_tok = cand[top].long()
+            level_tok = cand[top]  # int32 ids index as well as long ones
             toks.append(level_tok)
             scores.append(level_score)
             tops.append(top)
             stored.append(cprob[top])
             sizes.append(top.shape[0])
         # parents and ranks of all levels at once: candidate j of a level is child j // k of the previous level
-        starts = [0]
-        for size in sizes[:-1]:
-            starts.append(starts[-1] + size)
+        level_start, dep = self._level_index(tuple(sizes), device)
         top_all = torch.cat(tops)
-        level_start = torch.repeat_interleave(torch.tensor(starts[:-1], device=device), torch.tensor(sizes[1:], device=device))
         par = torch.cat([torch.zeros(1, dtype=torch.long, device=device), level_start + top_all // k])
         rnk = torch.cat([torch.zeros(1, dtype=torch.long, device=device), top_all % k])
-        dep = torch.repeat_interleave(torch.arange(len(sizes), device=device), torch.tensor(sizes, device=device))
-        tok, score = torch.cat(toks), torch.cat(scores)
+        tok, score = torch.cat(toks), torch.cat(scores)  # promoted to long by the root
         raw = torch.cat([torch.zeros(1, dtype=torch.uint8, device=device), *stored])
         n = min(budget, tok.shape[0] - 1)
         # Root first, then the best n candidates by score; a child scores below its parent, so parents are kept.
@@ -149,6 +148,19 @@ class AdaptiveDrafter:
         expected = torch.cat([torch.zeros(1, device=device), best_first.cumsum(0)])  # expected accepted, best m nodes
         return GrownTree(tokens=tok[order], parents=new_index[par[order]], depths=dep[order], ranks=rnk[order],
                          scores=s, bins=(raw[order].long() * N_BINS) // 256, expected=expected)
+
+    def _level_index(self, sizes: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """For level sizes (root level first): the first node index of each candidate's previous level [sum - 1],
+        and every node's depth [sum]. They depend on the sizes only, which repeat: built once, then cached."""
+        key = (sizes, str(device))
+        if key not in self._index_cache:
+            starts = [0]
+            for size in sizes[:-1]:
+                starts.append(starts[-1] + size)
+            level_start = torch.repeat_interleave(torch.tensor(starts[:-1]), torch.tensor(sizes[1:])).to(device)
+            dep = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(device)
+            self._index_cache[key] = (level_start, dep)
+        return self._index_cache[key]
 
     def choose_size(self, expected: list[float], budget: int) -> int:
         """Draft nodes to verify next: argmax over m of (expected[m] + 1) / t(m + 1); 0 means a plain step."""

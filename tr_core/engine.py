@@ -19,6 +19,7 @@ from .config import DecodeConfig
 from .events import StepEvent, SummaryEvent
 from .kv_cache import TreeKVCache
 from .matrix import AdjacencyMatrix
+from .reduce import top_rows
 from .sampling import choose_tokens
 from .tree import ADAPTIVE, DYNAMIC, DraftTree, attention_bias, bfs_draft, build_tree, resolve_template, tree_from_parents
 
@@ -263,12 +264,16 @@ class Engine:
             t1 = now()
             logits = self._forward(tokens[None], (past + tree.depths)[None], mask, cache)
             t2 = now()
-            targets = choose_tokens(logits, cfg, past + 1, tree.depths, levels)
+            if use_tree:  # one chunked pass gives the argmax and the matrix update's top-k (reduce.py)
+                argmax, top_values, top_ids = top_rows(logits, k)  # V = the matrix rows (_probe_vocab)
+                targets = argmax if cfg.greedy else choose_tokens(logits, cfg, past + 1, tree.depths, levels)
+            else:
+                targets = choose_tokens(logits, cfg, past + 1, tree.depths, levels)
             best = verify_tree(tokens, targets, tree.parents, tree.depths, tree.tree_mask)
             t3 = now()
             pieces = [best.view(1), targets, tokens]
             if use_tree:
-                first, top_ids, top_probs = self.matrix.update(tokens, logits)
+                first, top_ids, top_probs = self.matrix.update(tokens, logits, top=(top_values, top_ids), consume=True)
                 pieces += [first, top_ids.flatten(), (top_probs.flatten() * 1000).round()]
             if adaptive_step:  # tree shape for the events, and the next step's tree, grown from the bonus token
                 pieces += [tree.parents, tree.depths, tree.ranks, (grown.scores[keep] * 1000).round(), grown.bins[keep]]

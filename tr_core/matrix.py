@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from .reduce import log_normalizer, top_rows
+
 _FORMAT = "token-recycling-adjacency-matrix/1"
 
 
@@ -27,21 +29,25 @@ class AdjacencyMatrix:
         self.filled = torch.zeros(vocab_size, dtype=torch.bool, device=self.device)  # [V] row written at least once
 
     # -- the paper's update rule ------------------------------------------------------------------------------
-    def update(self, tokens: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def update(self, tokens: torch.Tensor, logits: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None = None,
+               consume: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Overwrite the row of every tree token with the top-k of its node's logits (Sec. 3.3).
 
-        tokens: [N] long, logits: [N, V]. A token that appears at several nodes takes the row of its FIRST
-        node in BFS order (the shallowest, whose context is closest to the committed text); every write of
-        that token then carries the same values, so the result does not depend on scatter order.
+        tokens: [N] long, logits: [N, V]; `top`: (values, ids) [N, k] of logits[:, :vocab_size] when the caller
+        already has them (see reduce.top_rows); consume=True lets the update use fp32 `logits` as scratch space
+        (they hold garbage afterwards). A token that appears at several nodes takes the row of its
+        FIRST node in BFS order (the shallowest, whose context is closest to the committed text); every write
+        of that token then carries the same values, so the result does not depend on scatter order.
         Returns (first_nodes [N] bool, new rows [N, k] long, their probs [N, k] float32).
         """
         assert logits.shape[-1] >= self.vocab_size, (
             f"logits have {logits.shape[-1]} entries but the matrix has {self.vocab_size} rows"
         )
         logits = logits[..., : self.vocab_size]
-        top_logits, top_ids = torch.topk(logits, self.k, dim=-1)  # [N, k]
-        lse = torch.logsumexp(logits.float(), dim=-1, keepdim=True)
-        top_probs = (top_logits.float() - lse).exp()
+        top_logits, top_ids = top if top is not None else top_rows(logits, self.k)[1:]  # [N, k]
+        top_logits = top_logits.float()
+        scratch = consume and logits.dtype == torch.float32
+        top_probs = (top_logits - log_normalizer(logits.float(), top_logits[:, :1], overwrite=scratch)).exp()
         same = tokens[:, None] == tokens[None, :]  # [N, N]
         first = same.int().argmax(dim=1)  # index of the first node with the same token
         top_ids = top_ids[first]
