@@ -328,15 +328,15 @@ class Engine:
                 cache.keep(past, accepted)
                 past += len(accepted)
                 root = torch.tensor([bonus], dtype=torch.long, device=self.device)
-            t5 = now()
             forward_ms = (t2 - t1) * 1e3
-            total_ms = (t5 - t0) * 1e3
-            forward_total += forward_ms
-            overhead_total += total_ms - forward_ms
-            if adaptive_step:
+            if adaptive_step:  # learn from this step, then size the next tree
                 drafter.observe(parents_l, bins_l, accepted, n, forward_ms)
                 next_size = drafter.choose_size(expected_next, cfg.node_budget)
                 drafter.last_size = next_size
+            t5 = now()
+            total_ms = (t5 - t0) * 1e3
+            forward_total += forward_ms
+            overhead_total += total_ms - forward_ms
             yield StepEvent(
                 step=steps, position=step_past, tokens=tokens_l, parents=parents_l, depths=depths_l, ranks=ranks_l,
                 accepted=accepted, emitted=emitted, bonus=bonus,
