@@ -488,14 +488,12 @@ Greedy (or seeded) output is token-identical to plain decoding; only the number 
 
 
 def default_template() -> str:
-    """$TR_TEMPLATE, else the paper's tree on a GPU and the hardware-aware adaptive tree on a CPU.
-
-    On a CPU a forward of 80 tree tokens costs several plain forwards, so the static tree is slower than plain
-    decoding there; the adaptive tree sizes itself by the measured forward cost.
-    """
+    """$TR_TEMPLATE, else the paper's tree on a GPU and the hardware-aware adaptive tree on a CPU (tree.default_template)."""
     import torch
 
-    return os.environ.get("TR_TEMPLATE") or ("2.2.2" if torch.cuda.is_available() else "adaptive")
+    from tr_core.tree import default_template as for_device
+
+    return os.environ.get("TR_TEMPLATE") or for_device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _diagram() -> str:

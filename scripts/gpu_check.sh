@@ -61,7 +61,7 @@ bench() {
   ls "$DATA"/*.jsonl || { echo "FATAL: no question files under $DATA" >&2; exit 5; }
   timeout 300 python3 -m tr_core bench --questions "$DATA/spec_bench_dev.jsonl" --questions "$DATA/mbpp_dev.jsonl" \
     --model "$GGUF" --device "$DEVICE" --per-task "$PER_TASK" --max-new-tokens "$MAX_NEW" \
-    --methods vanilla,recycling,hf,pld --template 2.2.2,adaptive --max-minutes "$MINUTES" --no-progress ${THREADS:+--threads $THREADS} \
+    --methods vanilla,recycling,hf,pld --template 2.2.2,adaptive,adaptive-fixed --max-minutes "$MINUTES" --no-progress ${THREADS:+--threads $THREADS} \
     --json "$OUT/gpu_bench.json" 2>&1 | tee "$OUT/gpu_bench.txt"
   local extra=()
   [ -f "$OUT/gpu_bench.json" ] && cp "$OUT/gpu_bench.json" /root/m/ && extra=(--bench-json "$OUT/gpu_bench.json")

@@ -70,6 +70,7 @@ def test_cli_answers_a_chat_prompt_as_json():
     assert a["tokens"] == b["tokens"] and len(a["tokens"]) > 0
     assert "5" in b["text"]
     assert a["steps"] == len(a["tokens"]) and b["steps"] <= a["steps"] and b["mean_accepted"] >= 1.0
+    assert b["template"] == "adaptive"  # the CPU default (tree.default_template)
     assert b["tokens_per_s"] > 0
 
 

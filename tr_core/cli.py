@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from .tree import TEMPLATE_NAMES
+from .tree import TEMPLATE_NAMES, default_template
 
 
 def _positive_int(text: str) -> int:
@@ -31,7 +31,8 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--template", type=_template, default="2.2.2", help=f"draft tree: {', '.join(TEMPLATE_NAMES)}")
+    p.add_argument("--template", type=_template, default=None,
+                   help=f"draft tree: {', '.join(TEMPLATE_NAMES)} (default: 2.2.2 on a GPU, adaptive on a CPU)")
     p.add_argument("--topk-candidates", type=_positive_int, default=8, help="k, candidates per adjacency-matrix row")
 
 
@@ -48,7 +49,7 @@ def _generate(args: argparse.Namespace) -> int:
         return 2
     try:
         cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                           top_k=args.top_k, seed=args.seed, template=args.template, plain=args.plain)
+                           top_k=args.top_k, seed=args.seed, template=args.template or "2.2.2", plain=args.plain)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -58,6 +59,8 @@ def _generate(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     engine = Engine(model, tokenizer, topk_candidates=args.topk_candidates)
+    if args.template is None:
+        cfg = cfg.with_(template=default_template(engine.device))
     if args.load_matrix:
         try:
             engine.matrix.load(args.load_matrix)
