@@ -21,6 +21,7 @@ import torch
 from .tree import DraftTree
 
 N_BINS = 16  # calibration bins over the stored candidate probability (uint8 0..255)
+_BIN_OF_STORED = torch.arange(256) * N_BINS // 256  # calibration bin of each stored probability (uint8)
 COST_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 81, 96, 128)  # forward sizes (tokens) whose cost is tracked
 
 
@@ -100,7 +101,7 @@ class AdaptiveDrafter:
     def _refresh(self) -> None:
         """Recompute the per-bin rates and the lookup table from stored probability (0..255) to rate."""
         self.rate = self._rates()
-        self.rate_lut = self.rate[torch.arange(256) * N_BINS // 256].to(self.device)
+        self.rate_lut = self.rate[_BIN_OF_STORED].to(self.device)
 
     def reset(self) -> None:
         """Forget the pending tree (call at the start of every answer)."""
@@ -117,7 +118,7 @@ class AdaptiveDrafter:
         k = table.shape[1]
         lut = self.rate_lut  # [256] calibrated acceptance rate of a stored probability
         level_tok, level_score = root.view(1), torch.ones(1, device=device)
-        toks, scores, tops, stored, sizes = [level_tok], [level_score], [], [], [1]
+        toks, scores, tops, sizes = [level_tok], [level_score], [], [1]
         for _ in range(max_depth):
             cand = table[level_tok].view(-1)  # [F*k]
             cprob = probs[level_tok].view(-1)  # [F*k] uint8
@@ -127,7 +128,6 @@ class AdaptiveDrafter:
             toks.append(level_tok)
             scores.append(level_score)
             tops.append(top)
-            stored.append(cprob[top])
             sizes.append(top.shape[0])
         # parents and ranks of all levels at once: candidate j of a level is child j // k of the previous level
         level_start, dep = self._level_index(tuple(sizes), device)
@@ -135,7 +135,7 @@ class AdaptiveDrafter:
         par = torch.cat([torch.zeros(1, dtype=torch.long, device=device), level_start + top_all // k])
         rnk = torch.cat([torch.zeros(1, dtype=torch.long, device=device), top_all % k])
         tok, score = torch.cat(toks), torch.cat(scores)  # promoted to long by the root
-        raw = torch.cat([torch.zeros(1, dtype=torch.uint8, device=device), *stored])
+        raw = probs[tok[par], rnk]  # each node's stored probability: its parent's row, its rank (root: unused)
         n = min(budget, tok.shape[0] - 1)
         # Root first, then the best n candidates by score; a child scores below its parent, so parents are kept.
         # Sorting the kept global ids keeps parents before children (levels are stored in order).

@@ -12,14 +12,38 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 
 class _BufferLayer(DynamicLayer):
-    """One layer's keys and values in a growing buffer [B, H, capacity, D]; `keys`/`values` are views of the used part."""
+    """One layer's keys and values in a growing buffer [B, H, capacity, D].
+
+    `length` is the truth; `keys`/`values` are views of the used part, cut when read (so compaction only sets
+    `length`). Assigning them (as transformers' base classes do) replaces the buffer.
+    """
+
+    _k: torch.Tensor | None = None
+    _v: torch.Tensor | None = None
+    length = 0
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return None if self._k is None else self._k[:, :, : self.length]
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        self._k = value
+        self.length = 0 if value is None else value.shape[2]
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self._v is None else self._v[:, :, : self.length]
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        self._v = value
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
         self.length = 0
         self._k = key_states.new_empty(*key_states.shape[:2], 0, key_states.shape[3])
         self._v = value_states.new_empty(*value_states.shape[:2], 0, value_states.shape[3])
-        self.keys, self.values = self._k, self._v
         self.is_initialized = True
 
     def _reserve(self, needed: int) -> None:
@@ -33,10 +57,6 @@ class _BufferLayer(DynamicLayer):
             new[:, :, : self.length].copy_(old[:, :, : self.length])
             setattr(self, name, new)
 
-    def _refresh_views(self) -> None:
-        self.keys = self._k[:, :, : self.length]
-        self.values = self._v[:, :, : self.length]
-
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -45,7 +65,6 @@ class _BufferLayer(DynamicLayer):
         self._k[:, :, self.length : self.length + n].copy_(key_states)
         self._v[:, :, self.length : self.length + n].copy_(value_states)
         self.length += n
-        self._refresh_views()
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -55,12 +74,10 @@ class _BufferLayer(DynamicLayer):
         if not self.is_initialized or tokens_to_remove == 0:
             return
         self.length = max(self.length - abs(tokens_to_remove), 0)
-        self._refresh_views()
 
     def reset(self) -> None:
         if self.is_initialized:
             self.length = 0
-            self._refresh_views()
 
     def keep(self, start: int, src: torch.Tensor | None, count: int) -> None:
         """Keep `count` entries after `start`: move entries start + src[i] to start + i (src None: already in place)."""
@@ -69,7 +86,6 @@ class _BufferLayer(DynamicLayer):
             self._k[:, :, start : start + count].copy_(self._k.index_select(2, idx))
             self._v[:, :, start : start + count].copy_(self._v.index_select(2, idx))
         self.length = start + count
-        self._refresh_views()
 
 
 class TreeKVCache(Cache):
@@ -96,4 +112,3 @@ class TreeKVCache(Cache):
         for layer in self.layers:
             if layer.is_initialized:
                 layer.length = min(layer.length, length)
-                layer._refresh_views()
