@@ -21,7 +21,14 @@ import torch
 from .tree import DraftTree
 
 N_BINS = 16  # calibration bins over the stored candidate probability (uint8 0..255)
-_BIN_OF_STORED = torch.arange(256) * N_BINS // 256  # calibration bin of each stored probability (uint8)
+
+
+def stored_bin(stored: torch.Tensor) -> torch.Tensor:
+    """The calibration bin (long) of stored candidate probabilities (uint8 0..255)."""
+    return stored.long() * N_BINS // 256
+
+
+_BIN_OF_STORED = stored_bin(torch.arange(256))  # the bin of every possible stored value
 COST_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 81, 96, 128)  # forward sizes (tokens) whose cost is tracked
 
 
@@ -147,7 +154,7 @@ class AdaptiveDrafter:
         best_first = torch.sort(s[1:], descending=True).values
         expected = torch.cat([torch.zeros(1, device=device), best_first.cumsum(0)])  # expected accepted, best m nodes
         return GrownTree(tokens=tok[order], parents=new_index[par[order]], depths=dep[order], ranks=rnk[order],
-                         scores=s, bins=(raw[order].long() * N_BINS) // 256, expected=expected)
+                         scores=s, bins=stored_bin(raw[order]), expected=expected)
 
     def _level_index(self, sizes: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """For level sizes (root level first): the first node index of each candidate's previous level [sum - 1],

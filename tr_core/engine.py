@@ -266,9 +266,8 @@ class Engine:
             t2 = now()
             if use_tree:  # one chunked pass gives the argmax and the matrix update's top-k (reduce.py)
                 argmax, top_values, top_ids = top_rows(logits, k)  # V = the matrix rows (_probe_vocab)
-                targets = argmax if cfg.greedy else choose_tokens(logits, cfg, past + 1, tree.depths, levels)
-            else:
-                targets = choose_tokens(logits, cfg, past + 1, tree.depths, levels)
+            greedy_tree = use_tree and cfg.greedy
+            targets = argmax if greedy_tree else choose_tokens(logits, cfg, past + 1, tree.depths, levels)
             best = verify_tree(tokens, targets, tree.parents, tree.depths, tree.tree_mask)
             t3 = now()
             pieces = [best.view(1), targets, tokens]

@@ -11,6 +11,20 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 
+def _used_part(buffer: str) -> property:
+    """A view of the used part of the layer's `buffer`, cut when read; assigning a tensor replaces the buffer."""
+
+    def get(layer: "_BufferLayer") -> torch.Tensor | None:
+        data = getattr(layer, buffer)
+        return None if data is None else data[:, :, : layer.length]
+
+    def put(layer: "_BufferLayer", value: torch.Tensor | None) -> None:
+        setattr(layer, buffer, value)
+        layer.length = 0 if value is None else value.shape[2]
+
+    return property(get, put)
+
+
 class _BufferLayer(DynamicLayer):
     """One layer's keys and values in a growing buffer [B, H, capacity, D].
 
@@ -21,23 +35,8 @@ class _BufferLayer(DynamicLayer):
     _k: torch.Tensor | None = None
     _v: torch.Tensor | None = None
     length = 0
-
-    @property
-    def keys(self) -> torch.Tensor | None:
-        return None if self._k is None else self._k[:, :, : self.length]
-
-    @keys.setter
-    def keys(self, value: torch.Tensor | None) -> None:
-        self._k = value
-        self.length = 0 if value is None else value.shape[2]
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        return None if self._v is None else self._v[:, :, : self.length]
-
-    @values.setter
-    def values(self, value: torch.Tensor | None) -> None:
-        self._v = value
+    keys = _used_part("_k")
+    values = _used_part("_v")
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device

@@ -34,8 +34,8 @@ class AdjacencyMatrix:
         """Overwrite the row of every tree token with the top-k of its node's logits (Sec. 3.3).
 
         tokens: [N] long, logits: [N, V]; `top`: (values, ids) [N, k] of logits[:, :vocab_size] when the caller
-        already has them (see reduce.top_rows); consume=True lets the update use fp32 `logits` as scratch space
-        (they hold garbage afterwards). A token that appears at several nodes takes the row of its
+        already has them (see reduce.top_rows); consume=True lets the update use `logits` as scratch space
+        (fp32 logits hold garbage afterwards). A token that appears at several nodes takes the row of its
         FIRST node in BFS order (the shallowest, whose context is closest to the committed text); every write
         of that token then carries the same values, so the result does not depend on scatter order.
         Returns (first_nodes [N] bool, new rows [N, k] long, their probs [N, k] float32).
@@ -46,7 +46,7 @@ class AdjacencyMatrix:
         logits = logits[..., : self.vocab_size]
         top_logits, top_ids = top if top is not None else top_rows(logits, self.k)[1:]  # [N, k]
         top_logits = top_logits.float()
-        scratch = consume and logits.dtype == torch.float32
+        scratch = consume or logits.dtype != torch.float32  # .float() of other dtypes is a fresh copy anyway
         top_probs = (top_logits - log_normalizer(logits.float(), top_logits[:, :1], overwrite=scratch)).exp()
         same = tokens[:, None] == tokens[None, :]  # [N, N]
         first = same.int().argmax(dim=1)  # index of the first node with the same token
