@@ -110,6 +110,13 @@ class AdjacencyMatrix:
         }
 
     # -- lifecycle --------------------------------------------------------------------------------------------
+    def clone(self) -> "AdjacencyMatrix":
+        """An independent copy (same rows, own memory)."""
+        twin = AdjacencyMatrix.__new__(AdjacencyMatrix)
+        twin.vocab_size, twin.k, twin.device = self.vocab_size, self.k, self.device
+        twin.table, twin.probs, twin.filled = self.table.clone(), self.probs.clone(), self.filled.clone()
+        return twin
+
     def reset(self) -> None:
         """Forget everything learned."""
         self.table.zero_()

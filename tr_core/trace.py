@@ -6,10 +6,13 @@ replay slider, the tree and the matrix window work from the file alone.
 from __future__ import annotations
 
 import json
+import math
+import os
 import queue
+import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -17,6 +20,30 @@ from .events import StepEvent, SummaryEvent, event_from_dict
 
 TRACE_FORMAT = "token-recycling-trace"
 TRACE_VERSION = 1
+
+# Limits of a trace (visitors of the public app upload them). Each is far above what the app records.
+MAX_TRACE_BYTES = 10 * 1024 * 1024  # largest file Trace.load reads (a 1024-token answer, 2.2.2, k = 16: about 5 MB)
+MAX_JSON_DEPTH = 64  # deepest nesting of lists and objects (a trace nests 5 levels deep)
+MAX_STEPS = 20_000  # steps in one trace (the app stops an answer at 1024 tokens, so at 1024 steps)
+MAX_NODES_PER_STEP = 1024  # draft tree nodes of one step, root included (2.2.2 has 81)
+MAX_TOTAL_NODES = 2_000_000  # draft tree nodes over all steps
+MAX_K = 64  # candidates per adjacency matrix row, and so candidate ranks (the app allows k <= 16)
+MAX_TOTAL_MATRIX_VALUES = 10_000_000  # matrix candidates recorded over all steps
+MAX_ANSWER_TOKENS = 1_000_000  # tokens listed in one summary
+TOKEN_ID_LIMIT = 2**31  # token ids are below this (a trace holds no vocabulary size)
+INT_LIMIT = 2**31  # step indices, positions and summary counts are below this
+FLOAT_INT_LIMIT = 2**53  # an integer given where a number is expected must be below this in size (exact as a float)
+MAX_STRING_CHARS = 200_000  # longest single string: a message, a step's text, a token's text, the model name
+MAX_TOTAL_CHARS = 20_000_000  # all strings of a trace together
+MAX_TOKEN_TEXT_CHARS = 10_000_000  # all strings of the token table together
+MAX_TOKEN_TEXTS = 1_000_000  # entries of the token table (vocabularies hold up to about 262k tokens)
+MAX_MESSAGES = 10_000  # turns of the prompt conversation
+MAX_SETTINGS = 200  # entries of the settings
+MAX_TIMINGS = 64  # timing entries of one step
+MESSAGE_ROLES = ("user", "assistant", "system")
+_SCALARS = {int, float, bool, type(None)}  # JSON values that hold no strings and no nesting
+_SURROGATE = re.compile("[\\ud800-\\udfff]")  # a lone surrogate: not encodable as UTF-8
+_TOKEN_KEY = re.compile("0|[1-9][0-9]{0,9}")  # a token id written as a JSON object key
 
 
 class TraceError(ValueError):
@@ -98,27 +125,17 @@ class Trace:
     @classmethod
     def from_dict(cls, data: Any) -> "Trace":
         """Rebuild a trace; raises TraceError with a clear message on anything malformed."""
-        if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
-            raise TraceError("not a Token Recycling trace (missing \"format\": \"token-recycling-trace\")")
-        if data.get("version") != TRACE_VERSION:
-            raise TraceError(f"unsupported trace version {data.get('version')!r} (this app reads {TRACE_VERSION})")
+        validate_trace_dict(data)
         try:
             steps = [event_from_dict(d) for d in data.get("steps", [])]
-            if not all(isinstance(e, StepEvent) for e in steps):
-                raise TraceError("\"steps\" must hold step events only")
-            summary = event_from_dict(data["summary"]) if data.get("summary") else None
-            plain = event_from_dict(data["plain"]) if data.get("plain") else None
-            texts = {int(k): str(v) for k, v in dict(data.get("token_texts", {})).items()}
-            trace = cls(model=str(data.get("model", "")), settings=dict(data.get("settings", {})),
-                        messages=list(data.get("messages", [])), steps=steps, summary=summary, plain=plain,
-                        token_texts=texts, step_texts=[str(s) for s in data.get("step_texts", [])])
-        except TraceError:
-            raise
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            summary = event_from_dict(data["summary"]) if data.get("summary") is not None else None
+            plain = event_from_dict(data["plain"]) if data.get("plain") is not None else None
+            return cls(model=data.get("model", ""), settings=dict(data.get("settings", {})),
+                       messages=[dict(m) for m in data.get("messages", [])], steps=steps, summary=summary, plain=plain,
+                       token_texts={int(k): v for k, v in data.get("token_texts", {}).items()},
+                       step_texts=list(data.get("step_texts", [])))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # a safety net: validation comes first
             raise TraceError(f"malformed trace: {exc}") from exc
-        if len(trace.step_texts) not in (0, len(trace.steps)):
-            raise TraceError(f"trace has {len(trace.steps)} steps but {len(trace.step_texts)} step texts")
-        return trace
 
     def save(self, path: str | Path) -> Path:
         """Write the trace as JSON; return the path."""
@@ -127,13 +144,392 @@ class Trace:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "Trace":
-        """Read a trace written by `save`; raises TraceError on a bad file."""
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise TraceError(f"cannot read trace {Path(path).name}: {exc}") from exc
-        return cls.from_dict(data)
+    def load(cls, path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> "Trace":
+        """Read a trace written by `save`; raises TraceError on a bad or too large file."""
+        return cls.from_dict(read_trace_json(path, max_bytes))
+
+
+# ------------------------------------------------------------------------------------------- validation
+# A trace file comes from anyone: everything the studio draws is checked before a Trace is built, so that a
+# bad file gives one short TraceError (never a path) instead of an IndexError while drawing.
+
+TRACE_KEYS = frozenset({"format", "version"} | {f.name for f in fields(Trace)})  # fields of a trace file
+STEP_KEYS = frozenset(f.name for f in fields(StepEvent))  # fields of a step event
+SUMMARY_KEYS = frozenset(f.name for f in fields(SummaryEvent))  # fields of a summary event
+
+
+def read_trace_json(path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> Any:
+    """Parse a trace file's JSON; refuse files over `max_bytes`, non-UTF-8 text, bad JSON and deep nesting."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > max_bytes:
+                raise TraceError(f"the trace file is too large ({_mb(size)}; the limit is {_mb(max_bytes)})")
+            raw = f.read(max_bytes + 1)
+    except OSError:
+        raise TraceError("cannot read the trace file") from None
+    if len(raw) > max_bytes:
+        raise TraceError(f"the trace file is too large (over {_mb(max_bytes)})")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise TraceError("cannot read the trace file: it is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"cannot read the trace file: not valid JSON ({exc.msg} at line {exc.lineno} "
+                         f"column {exc.colno})") from None
+    except RecursionError:
+        raise TraceError(f"the trace is nested more than {MAX_JSON_DEPTH} levels deep") from None
+    except ValueError:  # e.g. an integer of thousands of digits
+        raise TraceError("cannot read the trace file: not valid JSON") from None
+
+
+def validate_trace_dict(data: Any) -> None:
+    """Raise TraceError unless `data` is a well-formed trace of this version (everything the studio draws)."""
+    if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
+        raise TraceError("not a Token Recycling trace (missing \"format\": \"token-recycling-trace\")")
+    version = data.get("version")
+    if type(version) is not int or version != TRACE_VERSION:
+        raise TraceError(f"unsupported trace version {_show(version)} (this app reads {TRACE_VERSION})")
+    _check_known(data, TRACE_KEYS, "the trace")
+    check_json_shape(data)
+    _check_str(data.get("model", ""), "\"model\"")
+    check_settings(data.get("settings", {}))
+    check_messages(data.get("messages", []))
+    steps = data.get("steps", [])
+    check_steps(steps)
+    for key in ("summary", "plain"):
+        if data.get(key) is not None:
+            check_summary(data[key], f"\"{key}\"")
+    check_token_texts(data.get("token_texts", {}))
+    check_step_texts(data.get("step_texts", []), len(steps))
+
+
+def check_json_shape(data: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Check the nesting depth and every string (length, lone surrogates) of parsed JSON, without recursion."""
+    total = 0
+    stack: list[tuple[Any, int, tuple]] = [(data, 1, ())] if isinstance(data, (dict, list)) else []
+    while stack:
+        obj, depth, path = stack.pop()
+        if depth > max_depth:
+            raise TraceError(f"the trace is nested more than {max_depth} levels deep")
+        if type(obj) is list and set(map(type, obj)) <= _SCALARS:  # a list of numbers: nothing to look into
+            continue
+        for key, value in obj.items() if isinstance(obj, dict) else enumerate(obj):
+            if type(key) is str:
+                total += _check_string(key, path)
+            if type(value) is str:
+                total += _check_string(value, (path, key))
+            elif isinstance(value, (dict, list)):
+                stack.append((value, depth + 1, (path, key)))
+        if total > MAX_TOTAL_CHARS:
+            raise TraceError(f"the trace holds more than {MAX_TOTAL_CHARS:,} characters of text")
+
+
+def _check_string(text: str, path: tuple) -> int:
+    """Refuse an over-long string or one with a lone surrogate; return its length."""
+    if len(text) > MAX_STRING_CHARS:
+        raise TraceError(f"{_path(path)}: a string of {len(text):,} characters (the limit is {MAX_STRING_CHARS:,})")
+    if _SURROGATE.search(text):
+        raise TraceError(f"{_path(path)}: a string holds a lone surrogate (invalid Unicode)")
+    return len(text)
+
+
+def _path(path: tuple) -> str:
+    """'steps[3].tokens' from the linked (parent, key) tuples of check_json_shape."""
+    keys: list[Any] = []
+    while path:
+        path, key = path
+        keys.append(key)
+    out = "".join(f".{k}" if isinstance(k, str) and k.isidentifier() else f"[{json.dumps(k)}]"
+                  for k in reversed(keys)).lstrip(".")
+    return _clip(out or "the trace", 80)
+
+
+def check_settings(settings: Any) -> None:
+    """Settings: an object of at most MAX_SETTINGS names, each a string, number, boolean or null."""
+    if type(settings) is not dict:
+        raise TraceError(f"\"settings\" must be an object, got {_kind(settings)}")
+    if len(settings) > MAX_SETTINGS:
+        raise TraceError(f"\"settings\" has {len(settings)} entries (the limit is {MAX_SETTINGS})")
+    for name, value in settings.items():
+        if type(name) is not str:
+            raise TraceError("\"settings\": names must be strings")
+        ok = value is None or type(value) in (bool, str, int) or (type(value) is float and math.isfinite(value))
+        if not ok:
+            raise TraceError(f"\"settings\": {_show(name)} must be a string, finite number, boolean or null, "
+                             f"got {_show(value)}")
+
+
+def check_messages(messages: Any) -> None:
+    """Messages: a list of {"role": user/assistant/system, "content": string}."""
+    if type(messages) is not list:
+        raise TraceError(f"\"messages\" must be a list, got {_kind(messages)}")
+    if len(messages) > MAX_MESSAGES:
+        raise TraceError(f"\"messages\" has {len(messages)} entries (the limit is {MAX_MESSAGES})")
+    for i, m in enumerate(messages):
+        where = f"message {i}"
+        if type(m) is not dict or set(m) != {"role", "content"}:
+            raise TraceError(f"{where}: must be an object with exactly \"role\" and \"content\"")
+        if m["role"] not in MESSAGE_ROLES:
+            raise TraceError(f"{where}: role {_show(m['role'])} must be one of {', '.join(MESSAGE_ROLES)}")
+        _check_str(m["content"], f"{where}: \"content\"")
+
+
+def check_steps(steps: Any) -> None:
+    """Steps: a bounded list of valid step events."""
+    if type(steps) is not list:
+        raise TraceError(f"\"steps\" must be a list, got {_kind(steps)}")
+    if len(steps) > MAX_STEPS:
+        raise TraceError(f"the trace has {len(steps):,} steps (the limit is {MAX_STEPS:,})")
+    nodes = values = 0
+    for i, ev in enumerate(steps):
+        n, v = check_step(ev, i)
+        nodes, values = nodes + n, values + v
+        if nodes > MAX_TOTAL_NODES:
+            raise TraceError(f"the trace has more than {MAX_TOTAL_NODES:,} draft tree nodes")
+        if values > MAX_TOTAL_MATRIX_VALUES:
+            raise TraceError(f"the trace has more than {MAX_TOTAL_MATRIX_VALUES:,} matrix candidates")
+
+
+STEP_REQUIRED = ("step", "position", "tokens", "parents", "depths", "ranks", "accepted", "emitted", "bonus", "timings")
+
+
+def check_step(ev: Any, i: int) -> tuple[int, int]:
+    """Validate step event `i` (types, tree, accepted path, matrix rows); return its node and candidate counts."""
+    where = f"step {i}"
+    if type(ev) is not dict:
+        raise TraceError(f"{where}: must be an object, got {_kind(ev)}")
+    if ev.get("kind") != "step":
+        raise TraceError(f"{where}: \"kind\" must be \"step\", got {_show(ev.get('kind'))}")
+    _check_known(ev, STEP_KEYS, where)
+    missing = [k for k in STEP_REQUIRED if k not in ev]
+    if missing:
+        raise TraceError(f"{where}: missing {', '.join(json.dumps(k) for k in missing)}")
+    for name in ("step", "position"):
+        _check_int(ev[name], f"{where}: \"{name}\"", 0, INT_LIMIT)
+    n = _check_tree(ev, where)
+    _check_path(ev, n, where)
+    _check_timings(ev["timings"], where)
+    node_probs = ev.get("node_probs")
+    if node_probs is not None:
+        _check_numbers(node_probs, f"{where}: \"node_probs\"", n, n)
+    _check_str(ev.get("template", ""), f"{where}: \"template\"")
+    return n, _check_matrix(ev, n, where)
+
+
+def _check_tree(ev: dict, where: str) -> int:
+    """tokens/parents/depths/ranks: one entry per node; a tree with parents before children; return N."""
+    tokens = _check_ints(ev["tokens"], f"{where}: \"tokens\"", 0, TOKEN_ID_LIMIT, MAX_NODES_PER_STEP, 1)
+    n = len(tokens)
+    for name in ("parents", "depths", "ranks"):
+        if type(ev[name]) is list and len(ev[name]) != n:
+            raise TraceError(f"{where}: \"{name}\" has {len(ev[name])} items but \"tokens\" has {n}")
+    parents = _check_ints(ev["parents"], f"{where}: \"parents\"", -1, INT_LIMIT, n, n)
+    depths = _check_ints(ev["depths"], f"{where}: \"depths\"", 0, INT_LIMIT, n, n)
+    ranks = _check_ints(ev["ranks"], f"{where}: \"ranks\"", -1, MAX_K, n, n)
+    if parents[0] != -1 or depths[0] != 0 or ranks[0] != -1:
+        raise TraceError(f"{where}: the root (node 0) must have parent -1, depth 0 and rank -1")
+    for j in range(1, n):
+        p = parents[j]
+        if not 0 <= p < j:
+            raise TraceError(f"{where}: parent of node {j} is {p}, must be between 0 and {j - 1}")
+        if depths[j] != depths[p] + 1:
+            raise TraceError(f"{where}: depth of node {j} is {depths[j]}, must be {depths[p] + 1} (its parent's + 1)")
+        if ranks[j] < 0:
+            raise TraceError(f"{where}: rank of node {j} is {ranks[j]}, must be >= 0")
+    return n
+
+
+def _check_path(ev: dict, n: int, where: str) -> None:
+    """accepted: a path down from the root; emitted: its draft tokens, then the bonus token (cut by a stop)."""
+    accepted = _check_ints(ev["accepted"], f"{where}: \"accepted\"", 0, INT_LIMIT, n)
+    if not accepted or accepted[0] != 0:
+        raise TraceError(f"{where}: the accepted path must start at the root (node 0)")
+    parents, tokens = ev["parents"], ev["tokens"]
+    for prev, node in zip(accepted, accepted[1:]):
+        if node >= n:
+            raise TraceError(f"{where}: accepted node {node} is out of range (the tree has {n} nodes)")
+        if parents[node] != prev:
+            raise TraceError(f"{where}: the accepted path is broken: node {node} follows {prev}, "
+                             f"but its parent is {parents[node]}")
+    emitted = _check_ints(ev["emitted"], f"{where}: \"emitted\"", 0, TOKEN_ID_LIMIT, len(accepted))
+    for j, (token, node) in enumerate(zip(emitted, accepted[1:])):
+        if token != tokens[node]:
+            raise TraceError(f"{where}: emitted token {j} is {token}, but accepted node {node} holds {tokens[node]}")
+    bonus = ev["bonus"]
+    if bonus is None:
+        if len(emitted) == len(accepted):
+            raise TraceError(f"{where}: the last emitted token is a bonus token, but \"bonus\" is null")
+        return
+    _check_int(bonus, f"{where}: \"bonus\"", 0, TOKEN_ID_LIMIT)
+    if len(emitted) != len(accepted) or emitted[-1] != bonus:
+        raise TraceError(f"{where}: the bonus token {bonus} must be emitted last, after the accepted draft tokens")
+
+
+def _check_timings(timings: Any, where: str) -> None:
+    """timings: an object of at most MAX_TIMINGS names to finite numbers (milliseconds)."""
+    if type(timings) is not dict or len(timings) > MAX_TIMINGS:
+        raise TraceError(f"{where}: \"timings\" must be an object of at most {MAX_TIMINGS} numbers")
+    for name, value in timings.items():
+        if type(name) is not str or not _is_number(value):
+            raise TraceError(f"{where}: timing {_show(name)} must be a finite number, got {_show(value)}")
+
+
+def _check_matrix(ev: dict, n: int, where: str) -> int:
+    """matrix_rows/values/probs: one row of at most MAX_K candidates per rewritten row; return the candidates."""
+    rows = _check_ints(ev.get("matrix_rows", []), f"{where}: \"matrix_rows\"", 0, TOKEN_ID_LIMIT, n)
+    values, probs = ev.get("matrix_values", []), ev.get("matrix_probs", [])
+    for name, table in (("matrix_values", values), ("matrix_probs", probs)):
+        if type(table) is not list:
+            raise TraceError(f"{where}: \"{name}\" must be a list of rows, got {_kind(table)}")
+    if len(values) != len(rows) or len(probs) not in (0, len(rows)):
+        raise TraceError(f"{where}: {len(rows)} matrix rows, but {len(values)} rows of candidates "
+                         f"and {len(probs)} rows of probabilities")
+    total = 0
+    for j, row in enumerate(values):
+        vals = _check_ints(row, f"{where}: \"matrix_values\"[{j}]", 0, TOKEN_ID_LIMIT, MAX_K, 1)
+        if probs:
+            _check_numbers(probs[j], f"{where}: \"matrix_probs\"[{j}]", len(vals), len(vals), 0.0, 1.0)
+        total += len(vals)
+    return total
+
+
+def check_summary(summary: Any, where: str) -> None:
+    """A summary event: counts, finite numbers, strings and the answer's token ids."""
+    if type(summary) is not dict or summary.get("kind") != "summary":
+        raise TraceError(f"{where} must be a summary event (an object with \"kind\": \"summary\")")
+    _check_known(summary, SUMMARY_KEYS, where)
+    for name in ("prompt_tokens", "new_tokens", "steps", "matrix_rows_filled"):
+        _check_int(summary.get(name), f"{where}: \"{name}\"", 0, INT_LIMIT)
+    for name in ("mean_accepted", "tokens_per_s", "prefill_s", "decode_s", "wall_s", "matrix_mb",
+                 "overhead_ms", "forward_ms"):
+        value = summary.get(name, 0.0) if name in ("overhead_ms", "forward_ms") else summary.get(name)  # newer two
+        if not _is_number(value):
+            raise TraceError(f"{where}: \"{name}\" must be a finite number, got {_show(value)}")
+    for name in ("stop_reason", "method", "template"):
+        _check_str(summary.get(name), f"{where}: \"{name}\"")
+    _check_ints(summary.get("tokens"), f"{where}: \"tokens\"", 0, TOKEN_ID_LIMIT, MAX_ANSWER_TOKENS)
+
+
+def check_token_texts(texts: Any) -> None:
+    """The token table: decimal token ids (as strings) to strings, bounded in entries and characters."""
+    if type(texts) is not dict:
+        raise TraceError(f"\"token_texts\" must be an object, got {_kind(texts)}")
+    if len(texts) > MAX_TOKEN_TEXTS:
+        raise TraceError(f"\"token_texts\" has {len(texts):,} entries (the limit is {MAX_TOKEN_TEXTS:,})")
+    total = 0
+    for key, value in texts.items():
+        if type(key) is not str or not _TOKEN_KEY.fullmatch(key) or int(key) >= TOKEN_ID_LIMIT:
+            raise TraceError(f"\"token_texts\": key {_show(key)} is not a token id")
+        _check_str(value, f"\"token_texts\"[{key}]")
+        total += len(value)
+    if total > MAX_TOKEN_TEXT_CHARS:
+        raise TraceError(f"\"token_texts\" holds more than {MAX_TOKEN_TEXT_CHARS:,} characters")
+
+
+def check_step_texts(texts: Any, steps: int) -> None:
+    """step_texts: empty, or one string per step."""
+    if type(texts) is not list:
+        raise TraceError(f"\"step_texts\" must be a list, got {_kind(texts)}")
+    if len(texts) not in (0, steps):
+        raise TraceError(f"trace has {steps} steps but {len(texts)} step texts")
+    for i, text in enumerate(texts):
+        _check_str(text, f"step text {i}")
+
+
+def _check_known(obj: dict, known: frozenset, where: str) -> None:
+    """Refuse fields a trace does not have (they would be dropped, or hide a misspelt name)."""
+    unknown = [k for k in obj if k not in known]
+    if unknown:
+        raise TraceError(f"{where}: unknown field {_show(unknown[0])}")
+
+
+def _check_int(value: Any, where: str, lo: int, hi: int) -> int:
+    """An integer (not a boolean) in [lo, hi)."""
+    if type(value) is not int or not lo <= value < hi:
+        raise TraceError(f"{where} must be an integer from {lo} to {hi - 1}, got {_show(value)}")
+    return value
+
+
+def _check_ints(value: Any, where: str, lo: int, hi: int, max_len: int, min_len: int = 0) -> list[int]:
+    """A list of min_len..max_len integers (not booleans) in [lo, hi)."""
+    if type(value) is not list:
+        raise TraceError(f"{where} must be a list of integers, got {_kind(value)}")
+    if not min_len <= len(value) <= max_len:
+        count = f"{min_len} to {max_len}" if min_len < max_len else f"{max_len}"
+        raise TraceError(f"{where} has {len(value)} items, must have {count}")
+    if value and not (set(map(type, value)) == {int} and lo <= min(value) and max(value) < hi):
+        j, bad = next((j, x) for j, x in enumerate(value) if type(x) is not int or not lo <= x < hi)
+        raise TraceError(f"{where}[{j}] must be an integer from {lo} to {hi - 1}, got {_show(bad)}")
+    return value
+
+
+def _check_numbers(value: Any, where: str, min_len: int, max_len: int, lo: float = -math.inf,
+                   hi: float = math.inf) -> None:
+    """A list of min_len..max_len finite numbers in [lo, hi]."""
+    if type(value) is not list or not min_len <= len(value) <= max_len:
+        count = f"{min_len} to {max_len}" if min_len < max_len else f"{max_len}"
+        raise TraceError(f"{where} must be a list of {count} numbers, got {_kind(value)}"
+                         + (f" of {len(value)}" if type(value) is list else ""))
+    if _all_numbers(value, lo, hi):
+        return
+    for j, x in enumerate(value):
+        if not _is_number(x) or not lo <= x <= hi:
+            span = f" from {lo:g} to {hi:g}" if math.isfinite(lo) and math.isfinite(hi) else ""
+            raise TraceError(f"{where}[{j}] must be a finite number{span}, got {_show(x)}")
+
+
+def _all_numbers(values: list, lo: float, hi: float) -> bool:
+    """Fast check that all values are finite numbers in [lo, hi] (False: look item by item)."""
+    if not values or not set(map(type, values)) <= {float, int}:
+        return not values
+    try:
+        low, high = min(values), max(values)
+        return all(map(math.isfinite, values)) and lo <= low and high <= hi and -FLOAT_INT_LIMIT < low \
+            and high < FLOAT_INT_LIMIT
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+def _check_str(value: Any, where: str) -> None:
+    """A string (its length and characters are checked by check_json_shape)."""
+    if type(value) is not str:
+        raise TraceError(f"{where} must be a string, got {_kind(value)}")
+
+
+def _is_number(value: Any) -> bool:
+    """A finite float, or an integer (not a boolean) small enough to be exact as a float."""
+    if type(value) is float:
+        return math.isfinite(value)
+    return type(value) is int and -FLOAT_INT_LIMIT < value < FLOAT_INT_LIMIT
+
+
+def _kind(value: Any) -> str:
+    """The JSON type of a value, in words."""
+    names = {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+             list: "a list", dict: "an object"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _show(value: Any) -> str:
+    """A short display of a scalar (other values by their kind), for messages."""
+    if type(value) is float:
+        return repr(value)
+    if type(value) is int:
+        return str(value) if abs(value) < 10**30 else "a very large integer"
+    if value is None or type(value) in (bool, str):
+        return _clip(json.dumps(value, ensure_ascii=True), 40)
+    return _kind(value)
+
+
+def _clip(text: str, limit: int) -> str:
+    """Cut a string to `limit` characters with an ellipsis."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _mb(size: int) -> str:
+    """A byte count in MB."""
+    return f"{size / 1024 / 1024:.1f} MB"
 
 
 class TextAssembler:

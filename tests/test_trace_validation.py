@@ -1,0 +1,429 @@
+"""Validation of uploaded trace files: every malformed trace gives a TraceError, never another exception."""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+
+import pytest
+
+from tr_core import trace as trace_mod
+from tr_core.events import StepEvent, SummaryEvent
+from tr_core.figures import MatrixTracker, accepted_chart, heatmap_figure, tree_figure
+from tr_core.trace import Trace, TraceError
+
+VOCAB = {0: "<root>", 1: " the", 2: " cat", 3: " sat", 4: " dog", 5: "the", 6: "\n", 7: " on", 8: " mat", 9: "!"}
+TIMINGS = {"draft": 0.1, "forward": 10.0, "verify": 0.2, "commit": 0.1, "update": 0.3, "total": 10.7}
+
+
+def text_of(t: int) -> str:
+    return VOCAB.get(t, f"<{t}>")
+
+
+def make_step(step: int, stopped: bool = False, adaptive: bool = False) -> StepEvent:
+    """A 7-node tree: root -> {1, 4}; 1 -> {2, 5}; 2 -> {3}; 4 -> {7}. Accepted root-1-2, bonus 8 (or cut by a stop)."""
+    return StepEvent(
+        step=step, position=10 + 3 * step, tokens=[0, 1, 4, 2, 5, 7, 3], parents=[-1, 0, 0, 1, 1, 2, 3],
+        depths=[0, 1, 1, 2, 2, 2, 3], ranks=[-1, 0, 1, 0, 1, 0, 0], accepted=[0, 1, 3],
+        emitted=[1] if stopped else [1, 2, 8], bonus=None if stopped else 8, timings=dict(TIMINGS),
+        matrix_rows=[0, 1, 2, 4], matrix_values=[[1, 4], [2, 5], [8, 3], [7, 9]],
+        matrix_probs=[[0.7, 0.2], [0.6, 0.3], [0.9, 0.05], [0.5, 0.4]],
+        node_probs=[1.0, 0.7, 0.2, 0.4, 0.2, 0.1, 0.3] if adaptive else None, template="adaptive" if adaptive else "tiny",
+    )
+
+
+def summary(tokens: list[int], method: str = "recycling") -> SummaryEvent:
+    return SummaryEvent(tokens=tokens, prompt_tokens=5, new_tokens=len(tokens), steps=3, mean_accepted=7 / 3,
+                        tokens_per_s=100.0, prefill_s=0.1, decode_s=0.06, wall_s=0.16, stop_reason="eos",
+                        method=method, template="tiny", matrix_rows_filled=5, matrix_mb=0.1)
+
+
+def valid_trace() -> Trace:
+    trace = Trace(model="tiny", settings={"template": "tiny", "temperature": 0.0, "k": 2, "prompt_seeding": None,
+                                          "plain": False},
+                  messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi ✓"}])
+    for ev in (make_step(0), make_step(1, adaptive=True), make_step(2, stopped=True)):
+        trace.add_step(ev, text_of)
+    trace.step_texts = [" the cat mat", " the cat mat", " the"]
+    trace.summary = summary([1, 2, 8, 1, 2, 8, 1])
+    trace.plain = summary([1, 2, 8, 1, 2, 8, 1], method="plain")
+    return trace
+
+
+def valid_dict() -> dict:
+    return valid_trace().to_dict()
+
+
+def draw_all(trace: Trace) -> None:
+    """Everything the studio draws from a trace, for every step (raises on any inconsistency)."""
+    tracker = MatrixTracker()
+    for i, ev in enumerate(trace.steps):
+        tracker.update(ev)
+        for fig in (tree_figure(ev, trace.token_text), heatmap_figure(tracker, ev, trace.token_text),
+                    accepted_chart(trace.steps, current=i)):
+            fig.to_json()
+
+
+# ----------------------------------------------------------------------------------------- valid traces
+
+
+def test_valid_trace_round_trips_unchanged(tmp_path):
+    trace = valid_trace()
+    path = trace.save(tmp_path / "upload_trace.json")
+    back = Trace.load(path)
+    assert back.to_dict() == trace.to_dict()
+    assert back.steps == trace.steps and back.summary == trace.summary and back.plain == trace.plain
+    assert back.save(tmp_path / "again.json").read_bytes() == path.read_bytes()
+    draw_all(back)
+
+
+@pytest.mark.parametrize("template", ["2.2.2", "adaptive"])
+def test_engine_traces_of_a_tiny_model_load(tmp_path, template):
+    """Traces the real engine writes (static and adaptive trees, an answer cut by the length limit) still load."""
+    from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
+
+    from tr_core.config import DecodeConfig
+    from tr_core.engine import Engine
+
+    engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB), topk_candidates=8)
+    cfg = DecodeConfig(max_new_tokens=40, template=template, hardware_aware=False, node_budget=24)
+    trace = Trace(model="tiny", settings=dict(cfg.__dict__, k=8), messages=[{"role": "user", "content": "hi"}])
+    for ev in engine.generate([5, 6, 7, 8, 5, 6, 7], cfg):
+        if isinstance(ev, StepEvent):
+            trace.add_step(ev, lambda t: f"t{t}")
+        else:
+            trace.summary = ev
+    trace.step_texts = ["x"] * len(trace.steps)
+    assert max(len(ev.tokens) for ev in trace.steps) > 1  # real draft trees
+    back = Trace.load(trace.save(tmp_path / "engine.json"))
+    assert back.to_dict() == trace.to_dict()
+    draw_all(back)
+
+
+# ------------------------------------------------------------------------------------ mutations of a dict
+
+
+def step0(d: dict) -> dict:
+    return d["steps"][0]
+
+
+def walk(d: dict, path: str) -> tuple:
+    """The container and key that a '/'-separated path names (numbers index lists; dict keys stay strings)."""
+    keys = path.split("/")
+    target = d
+    for k in keys[:-1]:
+        target = target[int(k)] if isinstance(target, list) else target[k]
+    last = keys[-1]
+    return target, int(last) if isinstance(target, list) else last
+
+
+def setter(path: str, value):
+    """A mutation setting the value at a path."""
+    def mutate(d: dict) -> None:
+        target, key = walk(d, path)
+        target[key] = copy.deepcopy(value)
+
+    return mutate
+
+
+def deleter(path: str):
+    """A mutation deleting the key at a path."""
+    def mutate(d: dict) -> None:
+        target, key = walk(d, path)
+        del target[key]
+
+    return mutate
+
+
+def nested(depth: int):
+    """A list nested `depth` deep, built without recursion."""
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+MUTATIONS = {
+    # tree shape
+    "parent out of range": setter("steps/0/parents/5", 7),
+    "parent >= own index": setter("steps/0/parents/1", 1),
+    "parent far out of range": setter("steps/0/parents/3", 10**6),
+    "negative parent": setter("steps/0/parents/2", -1),
+    "root has a parent": setter("steps/0/parents/0", 0),
+    "wrong depth": setter("steps/0/depths/3", 5),
+    "root depth": setter("steps/0/depths/0", 1),
+    "root rank": setter("steps/0/ranks/0", 0),
+    "negative rank": setter("steps/0/ranks/2", -1),
+    "rank too large": setter("steps/0/ranks/2", 64),
+    "ragged tokens": lambda d: step0(d)["tokens"].pop(),
+    "ragged parents": lambda d: step0(d)["parents"].append(0),
+    "ragged depths": lambda d: step0(d)["depths"].pop(),
+    "ragged ranks": lambda d: step0(d)["ranks"].append(0),
+    "empty tree": lambda d: step0(d).update(tokens=[], parents=[], depths=[], ranks=[], accepted=[], emitted=[],
+                                            bonus=None),
+    "tree too large": lambda d: step0(d).update(tokens=[0] * 1025, parents=[-1] + list(range(1024)),
+                                                depths=list(range(1025)), ranks=[-1] + [0] * 1024),
+    # accepted path and emitted tokens
+    "accepted empty": setter("steps/0/accepted", []),
+    "accepted not from the root": setter("steps/0/accepted", [1, 3]),
+    "accepted broken": setter("steps/0/accepted", [0, 2, 3]),
+    "accepted out of range": setter("steps/0/accepted", [0, 1, 99]),
+    "accepted negative": setter("steps/0/accepted", [0, -1]),
+    "accepted repeats the root": setter("steps/0/accepted", [0, 0]),
+    "emitted longer than the path": setter("steps/0/emitted", [1, 2, 8, 9]),
+    "emitted not the accepted tokens": setter("steps/0/emitted", [1, 5, 8]),
+    "bonus not emitted last": setter("steps/0/bonus", 9),
+    "bonus missing": setter("steps/0/bonus", None),
+    "bonus after a cut": setter("steps/2/bonus", 8),
+    # types
+    "str token": setter("steps/0/tokens/1", "1"),
+    "bool token": setter("steps/0/tokens/1", True),
+    "float token": setter("steps/0/tokens/1", 1.0),
+    "negative token": setter("steps/0/tokens/1", -3),
+    "token id too large": setter("steps/0/tokens/1", 2**31),
+    "None tokens": setter("steps/0/tokens", None),
+    "None parents": setter("steps/0/parents", None),
+    "dict accepted": setter("steps/0/accepted", {"0": 0}),
+    "bool step": setter("steps/0/step", True),
+    "negative step": setter("steps/0/step", -1),
+    "str position": setter("steps/0/position", "10"),
+    "float bonus": setter("steps/0/bonus", 8.0),
+    "bool bonus": setter("steps/0/bonus", True),
+    "timings a list": setter("steps/0/timings", []),
+    "str timing": setter("steps/0/timings/total", "10"),
+    "NaN timing": setter("steps/0/timings/total", math.nan),
+    "infinite timing": setter("steps/0/timings/forward", math.inf),
+    "bool timing": setter("steps/0/timings/forward", False),
+    "template not a string": setter("steps/0/template", 3),
+    "step of another kind": setter("steps/0/kind", "summary"),
+    "step without kind": deleter("steps/0/kind"),
+    "step without emitted": deleter("steps/0/emitted"),
+    "step not an object": setter("steps/0", [1, 2]),
+    "steps not a list": setter("steps", {"0": {}}),
+    "steps null": setter("steps", None),
+    # matrix rows
+    "matrix rows without values": lambda d: step0(d)["matrix_values"].pop(),
+    "empty matrix row": setter("steps/0/matrix_values/0", []),
+    "matrix row too wide": setter("steps/0/matrix_values/0", list(range(65))),
+    "matrix value a string": setter("steps/0/matrix_values/1/0", "x"),
+    "matrix values not a list": setter("steps/0/matrix_values", None),
+    "probability above 1": setter("steps/0/matrix_probs/0/0", 1.5),
+    "negative probability": setter("steps/0/matrix_probs/0/1", -0.1),
+    "NaN probability": setter("steps/0/matrix_probs/0/0", math.nan),
+    "short probability row": lambda d: step0(d)["matrix_probs"][0].pop(),
+    "probability rows missing": lambda d: step0(d)["matrix_probs"].pop(),
+    "more matrix rows than nodes": lambda d: step0(d).update(matrix_rows=[0] * 8, matrix_values=[[1]] * 8,
+                                                             matrix_probs=[]),
+    "node_probs too short": lambda d: d["steps"][1]["node_probs"].pop(),
+    "node_probs a string": setter("steps/1/node_probs/2", "0.5"),
+    "node_probs infinite": setter("steps/1/node_probs/2", math.inf),
+    "node_probs an object": setter("steps/1/node_probs", {}),
+    # header, messages, settings
+    "no format": deleter("format"),
+    "unknown version": setter("version", 2),
+    "string version": setter("version", "1"),
+    "bool version": setter("version", True),
+    "float version": setter("version", 1.0),
+    "not an object": lambda d: d.clear(),
+    "model not a string": setter("model", 5),
+    "model too long": setter("model", "m" * 200_001),
+    "bad role": setter("messages/0/role", "admin"),
+    "content not a string": setter("messages/1/content", ["hi"]),
+    "message with extra key": setter("messages/1/metadata", {"title": "x"}),
+    "message a string": setter("messages/0", "hi"),
+    "messages an object": setter("messages", {}),
+    "setting a list": setter("settings/template", ["tiny"]),
+    "setting NaN": setter("settings/temperature", math.nan),
+    "settings a list": setter("settings", []),
+    "settings nested too deep": setter("settings/template", nested(100)),
+    # token table, step texts, summaries
+    "token key not a number": setter("token_texts/abc", "x"),
+    "token key negative": setter("token_texts/-1", "x"),
+    "token key with a space": setter("token_texts/ 5", "x"),
+    "token key too large": setter("token_texts/2147483648", "x"),
+    "token text not a string": setter("token_texts/1", 1),
+    "step texts ragged": lambda d: d["step_texts"].pop(),
+    "step text not a string": setter("step_texts/0", None),
+    "summary missing a field": deleter("summary/tokens_per_s"),
+    "summary token a string": setter("summary/tokens/0", "a"),
+    "summary infinite speed": setter("summary/tokens_per_s", math.inf),
+    "summary negative count": setter("plain/steps", -1),
+    "summary of another kind": setter("summary/kind", "step"),
+    "summary a list": setter("summary", []),
+    "plain empty": setter("plain", {}),
+    "summary reason not a string": setter("summary/stop_reason", None),
+    # fields a trace does not have
+    "unknown top-level field": setter("extra", [[]] * 1000),
+    "unknown step field": setter("steps/1/tokenz", [1]),
+    "unknown summary field": setter("plain/speedup", 2.0),
+}
+
+
+@pytest.mark.parametrize("name", list(MUTATIONS))
+def test_malformed_trace_is_a_trace_error(name):
+    data = valid_dict()
+    MUTATIONS[name](data)
+    with pytest.raises(TraceError) as info:
+        Trace.from_dict(data)
+    message = str(info.value)
+    assert message and len(message) < 300 and "\n" not in message
+
+
+def test_messages_name_the_problem_and_place():
+    data = valid_dict()
+    data["steps"][0]["parents"][5] = 7
+    with pytest.raises(TraceError, match=r"^step 0: parent of node 5 is 7, must be between 0 and 4$"):
+        Trace.from_dict(data)
+    data = valid_dict()
+    data["messages"][1]["content"] = "bad \ud800"
+    with pytest.raises(TraceError, match=r"messages\[1\]\.content.*lone surrogate"):
+        Trace.from_dict(data)
+
+
+def test_deeply_nested_object_in_memory_is_a_trace_error():
+    data = valid_dict()
+    data["settings"] = {"x": nested(100_000)}
+    with pytest.raises(TraceError, match="nested"):
+        Trace.from_dict(data)
+
+
+def test_bounds_are_module_constants(monkeypatch):
+    for name, value in [("MAX_STEPS", 2), ("MAX_TOTAL_NODES", 13), ("MAX_TOTAL_MATRIX_VALUES", 15),
+                        ("MAX_TOKEN_TEXT_CHARS", 20), ("MAX_TOTAL_CHARS", 50), ("MAX_TOKEN_TEXTS", 3),
+                        ("MAX_MESSAGES", 1), ("MAX_SETTINGS", 1), ("MAX_STRING_CHARS", 10), ("MAX_TIMINGS", 2),
+                        ("MAX_ANSWER_TOKENS", 6)]:
+        Trace.from_dict(valid_dict())
+        with monkeypatch.context() as m:
+            m.setattr(trace_mod, name, value)
+            with pytest.raises(TraceError):
+                Trace.from_dict(valid_dict())
+
+
+# ----------------------------------------------------------------------------------------------- files
+
+
+def load_error(path, **kw) -> str:
+    with pytest.raises(TraceError) as info:
+        Trace.load(path, **kw)
+    message = str(info.value)
+    assert str(path.parent) not in message and path.stem not in message  # never a file system path
+    return message
+
+
+def test_bad_files_are_trace_errors_without_paths(tmp_path):
+    path = tmp_path / "secret_upload_name.json"
+    for text in ["{", "", "not json at all", '{"format": "token-recycling-trace", "version": 1, "steps": [1,]}']:
+        path.write_text(text, encoding="utf-8")
+        assert "JSON" in load_error(path)
+    path.write_bytes(b'{"model": "\xff\xfe"}')
+    assert "UTF-8" in load_error(path)
+    path.write_text('{"format": "token-recycling-trace", "version": 1, "model": ' + "1" * 5000 + "}")
+    assert "JSON" in load_error(path)
+    path.write_text(json.dumps({"format": "other"}))
+    assert "not a Token Recycling trace" in load_error(path)
+    assert "cannot read" in load_error(tmp_path / "secret_missing_file.json")
+    assert "cannot read" in load_error(tmp_path)  # a folder
+
+
+def test_deeply_nested_file_is_a_trace_error(tmp_path):
+    path = tmp_path / "upload_nested.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    assert "nested" in load_error(path)
+    data = valid_dict()
+    data["settings"]["x"] = nested(200)  # parsed by json, refused by the depth check
+    path.write_text(json.dumps(data))
+    assert "nested" in load_error(path)
+
+
+def test_file_over_max_bytes_is_refused(tmp_path):
+    path = valid_trace().save(tmp_path / "upload_trace.json")
+    size = path.stat().st_size
+    assert Trace.load(path, max_bytes=size).steps
+    assert "too large" in load_error(path, max_bytes=size - 1)
+    assert Trace.load.__defaults__ == (10 * 1024 * 1024,)
+
+
+def test_lone_surrogates_are_refused(tmp_path):
+    path = tmp_path / "upload_trace.json"
+    text = json.dumps(valid_dict())  # ASCII, so "\ud800" below stays an escape the JSON parser turns into a surrogate
+    for old, new in [('"content": "hi \\u2713"', '"content": "hi \\ud800"'),
+                     ('"template": "tiny"', '"templ\\udfffate": "tiny"'),
+                     ('"1": " the"', '"1": "\\udbff the"')]:
+        assert old in text
+        path.write_text(text.replace(old, new), encoding="utf-8")
+        assert "surrogate" in load_error(path)
+
+
+def test_nan_and_infinity_in_a_file_are_refused(tmp_path):
+    path = tmp_path / "upload_trace.json"
+    data = valid_dict()
+    for value in ("NaN", "Infinity", "-Infinity", "1e999"):
+        path.write_text(json.dumps(data).replace('"total": 10.7', f'"total": {value}', 1))
+        assert "finite" in load_error(path)
+
+
+def test_step_count_over_the_bound(monkeypatch, tmp_path):
+    path = valid_trace().save(tmp_path / "upload_trace.json")
+    monkeypatch.setattr(trace_mod, "MAX_STEPS", 2)
+    assert "steps" in load_error(path)
+
+
+# -------------------------------------------------------------------------------------------------- fuzz
+
+
+def leaves(obj, path=()):
+    """(path, value) of every value of a JSON-like object, containers included."""
+    out, stack = [], [(obj, path)]
+    while stack:
+        value, where = stack.pop()
+        out.append((where, value))
+        if isinstance(value, dict):
+            stack.extend((v, where + (k,)) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, where + (i,)) for i, v in enumerate(value))
+    return out
+
+
+ODD_VALUES = [None, True, False, 0, 1, -1, 2, 3, 6, 7, 2**31, -(2**40), 0.5, 1.5, -2.0, math.nan, math.inf, "", "x",
+              "7", "\ud800", [], [0], [1, 2], [[1]], {}, {"a": 1}, {"kind": "step"}]
+
+
+def mutate(data: dict, rng: random.Random) -> None:
+    """One random change: a value replaced (odd value or nearby integer), a key deleted, a list cut or grown."""
+    path, value = rng.choice(leaves(data)[1:])
+    parent = data
+    for key in path[:-1]:
+        parent = parent[key]
+    action = rng.random()
+    if action < 0.45:
+        parent[path[-1]] = copy.deepcopy(rng.choice(ODD_VALUES))
+    elif action < 0.65 and type(value) is int:
+        parent[path[-1]] = value + rng.choice([-2, -1, 1, 2])
+    elif action < 0.8 and isinstance(parent, dict):
+        del parent[path[-1]]
+    elif isinstance(value, list) and value:
+        del value[rng.randrange(len(value)):]
+    elif isinstance(value, list):
+        value.append(rng.choice([0, 1, "x", None]))
+    else:
+        parent[path[-1]] = copy.deepcopy(rng.choice(ODD_VALUES))
+
+
+def test_random_mutations_give_a_trace_error_or_a_drawable_trace(tmp_path):
+    rng = random.Random(20240611)
+    accepted = refused = 0
+    for _ in range(300):
+        data = valid_dict()
+        for _ in range(rng.choice([1, 1, 1, 2])):
+            mutate(data, rng)
+        try:
+            trace = Trace.from_dict(data)
+        except TraceError:
+            refused += 1
+            continue
+        accepted += 1
+        draw_all(trace)
+        back = Trace.load(trace.save(tmp_path / "fuzz.json"))
+        assert back.to_dict() == trace.to_dict()
+    assert refused > 100 and accepted > 20, (accepted, refused)

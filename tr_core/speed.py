@@ -1,0 +1,171 @@
+"""An honest speedup figure: Token Recycling and plain decoding timed in alternating chunks over the same tokens.
+
+Timing the two methods one after the other lets any change in machine load between the runs fake a result
+(a busy neighbour during the plain run makes Token Recycling look 3x faster). Here both runs advance
+together: Token Recycling decodes a short chunk (about `chunk_ms` of engine time), then plain decoding
+decodes the very same tokens, and so on. Each pair of chunks covers the same text at nearly the same
+moment, so a load change hits both sides of a pair; the spread of the pairs' ratios gives the uncertainty.
+
+A figure is shown only when it can be trusted: enough pairs, a small spread, and a ratio no larger than
+the run's mean accepted tokens per step allow (a tree forward never costs less than a one-token forward,
+so a step that emits `a` tokens can at most be `a` times faster than one plain step).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .events import StepEvent
+
+MIN_PAIRS = 3  # fewer chunk pairs than this cannot give a spread
+MAX_REL_ERROR = 0.10  # a standard error above 10% of the ratio is "too noisy to measure"
+PLAUSIBLE_SLACK = 1.10  # ratio <= slack x mean accepted tokens per step (slack covers per-step overheads)
+
+
+@dataclass(frozen=True)
+class ChunkPair:
+    """One Token Recycling chunk and the plain chunk that decoded the same tokens right after it."""
+
+    tokens: int  # tokens covered by both chunks
+    tr_ms: float  # Token Recycling engine time for them (sum of step timings)
+    tr_steps: int  # Token Recycling steps in the chunk
+    plain_ms: float  # plain decoding engine time for the same tokens
+
+
+@dataclass(frozen=True)
+class SpeedEstimate:
+    """The meter's figure: a ratio with its uncertainty, or the reason it cannot be trusted."""
+
+    ratio: float | None  # plain time / Token Recycling time over the measured tokens (None: nothing measured)
+    error: float | None  # one standard error of the ratio (jackknife over chunk pairs)
+    tr_tps: float | None  # Token Recycling tokens/s over the measured chunks
+    plain_tps: float | None  # plain tokens/s over the same tokens
+    mean_accepted: float | None  # tokens per Token Recycling step in the measured chunks
+    tokens: int  # tokens measured by both methods
+    pairs: int  # chunk pairs
+    trusted: bool  # True: show the ratio; False: show "too noisy to measure" and `reason`
+    reason: str = ""  # why the figure is not trusted ("" when trusted)
+    identical: bool | None = None  # both runs emitted the same tokens (None: not known)
+
+
+def jackknife_ratio(pairs: list[ChunkPair]) -> tuple[float, float]:
+    """Ratio of sums (plain ms / TR ms) and its jackknife standard error from timing noise alone.
+
+    ratio = mean accepted tokens per step x (plain ms per step / TR ms per step). The first factor is
+    exact (the same tokens are decoded whatever the load); only the cost ratio is noisy, so the jackknife
+    resamples that, holding the accepted tokens fixed: how much a chunk's text happened to be drafted
+    well is not measurement noise.
+    """
+    tokens, steps = sum(p.tokens for p in pairs), sum(p.tr_steps for p in pairs)
+    tr, plain = sum(p.tr_ms for p in pairs), sum(p.plain_ms for p in pairs)
+    ratio = plain / tr
+    n = len(pairs)
+    if n < 2:
+        return ratio, math.inf
+    mean_acc = tokens / max(steps, 1)
+
+    def cost_ratio(t: int, s: int, tr_ms: float, plain_ms: float) -> float:
+        return (plain_ms / max(t, 1)) / (tr_ms / max(s, 1))
+
+    loo = [mean_acc * cost_ratio(tokens - p.tokens, steps - p.tr_steps, tr - p.tr_ms, plain - p.plain_ms)
+           for p in pairs]
+    mean = sum(loo) / n
+    return ratio, math.sqrt((n - 1) / n * sum((x - mean) ** 2 for x in loo))
+
+
+def plausible_limit(mean_accepted: float) -> float:
+    """The largest ratio a run with this many tokens per step can honestly reach."""
+    return mean_accepted * PLAUSIBLE_SLACK
+
+
+def estimate(pairs: list[ChunkPair], identical: bool | None = None) -> SpeedEstimate:
+    """Turn measured chunk pairs into the meter's figure, deciding whether it can be trusted."""
+    pairs = [p for p in pairs if p.tokens > 0 and p.tr_ms > 0 and p.plain_ms > 0]
+    tokens = sum(p.tokens for p in pairs)
+    if not pairs:
+        return SpeedEstimate(None, None, None, None, None, 0, 0, False, "nothing was measured", identical)
+    ratio, error = jackknife_ratio(pairs)
+    tr_s, plain_s = sum(p.tr_ms for p in pairs) / 1e3, sum(p.plain_ms for p in pairs) / 1e3
+    mean_acc = tokens / max(sum(p.tr_steps for p in pairs), 1)
+    reason = ""
+    if len(pairs) < MIN_PAIRS:
+        reason = f"the answer was too short to measure ({tokens} tokens); ask for a longer one"
+    elif ratio > plausible_limit(mean_acc):
+        reason = (f"{ratio:.2f}× is more than {mean_acc:.2f} accepted tokens per step allow: "
+                  "the machine was busy while measuring")
+    elif error > MAX_REL_ERROR * ratio:
+        reason = f"the timings varied by ±{error / ratio:.0%} between chunks: the machine was busy while measuring"
+    return SpeedEstimate(ratio=ratio, error=error, tr_tps=tokens / tr_s, plain_tps=tokens / plain_s,
+                         mean_accepted=mean_acc, tokens=tokens, pairs=len(pairs), trusted=not reason,
+                         reason=reason, identical=identical)
+
+
+def _advance(events: Iterator[Any], until: Callable[[int, float], bool], state: dict) -> bool:
+    """Pull step events into `state` ("tokens", "ms", "steps", "emitted") until `until(tokens, chunk_ms)`.
+
+    Returns False when the generator is exhausted.
+    """
+    chunk_ms = 0.0
+    for ev in events:
+        if isinstance(ev, StepEvent):
+            state["tokens"] += len(ev.emitted)
+            state["emitted"].extend(ev.emitted)
+            state["ms"] += ev.timings.get("total", 0.0)
+            state["steps"] += 1
+            chunk_ms += ev.timings.get("total", 0.0)
+            if until(state["tokens"], chunk_ms):
+                return True
+    return False
+
+
+def _fresh() -> dict:
+    return {"tokens": 0, "ms": 0.0, "steps": 0, "emitted": []}
+
+
+def measure_interleaved(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: float = 250.0,
+                        max_s: float = 30.0, should_stop: Callable[[], bool] | None = None) -> SpeedEstimate:
+    """Alternate chunks of a Token Recycling run and a plain run of the same prompt; return the estimate.
+
+    tr_events / plain_events: `Engine.generate` generators (closed here when done). Each round the
+    Token Recycling run decodes about `chunk_ms` of engine time, then the plain run decodes up to the
+    same token count. Stops after `max_s` seconds of wall time (the figure then covers the tokens so far)
+    or when `should_stop()` says so.
+    """
+    tr, plain = _fresh(), _fresh()
+    pairs: list[ChunkPair] = []
+    deadline = time.monotonic() + max_s
+    try:
+        more = True
+        while more:
+            start = dict(tr, emitted=None), dict(plain, emitted=None)
+            more = _advance(tr_events, lambda _t, ms: ms >= chunk_ms, tr)
+            target = tr["tokens"]
+            plain_more = _advance(plain_events, lambda t, _ms: t >= target, plain) if plain["tokens"] < target else True
+            pairs.append(ChunkPair(tokens=min(tr["tokens"], plain["tokens"]) - max(start[0]["tokens"], start[1]["tokens"]),
+                                   tr_ms=tr["ms"] - start[0]["ms"], tr_steps=tr["steps"] - start[0]["steps"],
+                                   plain_ms=plain["ms"] - start[1]["ms"]))
+            if not plain_more or time.monotonic() > deadline or (should_stop is not None and should_stop()):
+                break
+    finally:
+        for gen in (tr_events, plain_events):
+            close = getattr(gen, "close", None)
+            if close is not None:
+                close()
+    n = min(len(tr["emitted"]), len(plain["emitted"]))
+    return estimate(pairs, identical=tr["emitted"][:n] == plain["emitted"][:n])
+
+
+def forked(engine: Any) -> Any:
+    """A copy of an engine sharing its model but with its own adjacency matrix and drafter state.
+
+    Taken before an answer, it lets the speed measurement re-run Token Recycling from exactly the state
+    the answer started from (the answer itself taught the live matrix its own text, which would flatter it).
+    """
+    twin = copy.copy(engine)
+    twin.matrix = engine.matrix.clone()
+    twin.adaptive = copy.deepcopy(engine.adaptive)
+    return twin
