@@ -36,7 +36,8 @@ def display_token(text: str, max_len: int = 10) -> str:
     shown = text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "")
     if shown == "":
         shown = "∅"
-    return shown if len(shown) <= max_len else shown[: max_len - 1] + "…"
+    shown = shown if len(shown) <= max_len else shown[: max_len - 1] + "…"
+    return html.escape(shown, quote=False)  # plotly renders a subset of HTML in labels: show tokens as text
 
 
 # --------------------------------------------------------------------------------------------- draft tree
@@ -311,42 +312,69 @@ class Figure(dict):
 
 
 @dataclass
-class Speed:
+class MeterView:
     """What the speedup meter shows; every number comes from engine-side timings (UI time excluded)."""
 
-    tr_tps: float | None = None  # Token Recycling tokens/s (SummaryEvent.tokens_per_s, or live from step timings)
-    plain_tps: float | None = None  # plain decoding tokens/s
-    plain_is_estimate: bool = True  # True until plain decoding was measured on this very prompt
+    state: str = "idle"  # idle | live (answering) | measuring | measured | noisy | off (not compared)
+    tr_tps: float | None = None  # Token Recycling tokens/s
+    plain_tps: float | None = None  # plain decoding tokens/s over the same tokens (measured, never estimated)
     mean_accepted: float | None = None  # tokens per step, bonus included
+    ratio: float | None = None  # plain time / Token Recycling time (states measured and noisy)
+    error: float | None = None  # one standard error of the ratio
     identical: bool | None = None  # both outputs token-identical (None = not compared)
-    live: bool = False  # numbers still accumulating during a run
-    note: str = ""  # extra line, e.g. where an estimate comes from
+    note: str = ""  # one line under the figures: where the numbers come from, or why there is no ratio
 
 
-def meter_html(s: Speed) -> str:
-    """The speedup meter as HTML: big ratio, both speeds, mean accepted tokens, identical-output flag."""
-    def num(v: float | None, fmt: str = "{:.1f}") -> str:
-        return fmt.format(v) if v is not None else "—"
+PARITY = 0.05  # ratios within 5% of 1 (or whose error bar crosses 1) are shown as parity, not as a speedup
 
-    ratio = s.tr_tps / s.plain_tps if s.tr_tps and s.plain_tps else None
-    ratio_label = "speedup (estimate)" if s.plain_is_estimate else "speedup (measured)"
-    if s.identical is None:
+
+def ratio_class(ratio: float, error: float = 0.0) -> str:
+    """The meter's colour by meaning: 'up' (speedup), 'par' (no clear difference) or 'down' (slowdown)."""
+    if ratio - error > 1.0 and ratio >= 1.0 + PARITY:
+        return "up"
+    if ratio + error < 1.0 and ratio <= 1.0 - PARITY:
+        return "down"
+    return "par"
+
+
+def _ratio_parts(v: MeterView) -> tuple[str, str, str]:
+    """(ratio text, its colour class, its label) for the meter's big line."""
+    if v.state == "measured" and v.ratio is not None:
+        err = f" ± {v.error:.2f}" if v.error is not None else ""
+        verb = {"up": "faster than plain decoding", "down": "slower than plain decoding",
+                "par": "about as fast as plain decoding"}[ratio_class(v.ratio, v.error or 0.0)]
+        return f"{v.ratio:.2f}×{err}", ratio_class(v.ratio, v.error or 0.0), f"measured: {verb}"
+    if v.state == "noisy":
+        return "too noisy to measure", "none", "speedup not shown"
+    if v.state in ("live", "measuring"):
+        return "…", "none", "speedup: measured right after the answer" if v.state == "live" else "measuring speedup…"
+    if v.state == "off":
+        return "—", "none", "speedup not measured (turn on “compare with plain decoding”)"
+    return "—", "none", "speedup"
+
+
+def meter_html(v: MeterView) -> str:
+    """The speedup meter as HTML: the ratio with its uncertainty (or why none), both speeds, mean accepted."""
+    def num(x: float | None, fmt: str = "{:.1f}") -> str:
+        return fmt.format(x) if x is not None else "—"
+
+    ratio_text, cls, label = _ratio_parts(v)
+    if v.identical is None:
         flag = '<span class="tr-flag tr-flag-none">outputs not compared</span>'
-    elif s.identical:
+    elif v.identical:
         flag = '<span class="tr-flag tr-flag-ok">✓ token-identical to plain decoding</span>'
     else:
         flag = '<span class="tr-flag tr-flag-bad">✗ outputs differ from plain decoding</span>'
-    plain_label = "plain tok/s" + (" (estimate)" if s.plain_is_estimate and s.plain_tps else "")
-    live = ' <span class="tr-live">live</span>' if s.live else ""
-    note = f'<div class="tr-note">{html.escape(s.note)}</div>' if s.note else ""
+    live = ' <span class="tr-live">live</span>' if v.state == "live" else ""
+    note = f'<div class="tr-note">{html.escape(v.note)}</div>' if v.note else ""
     return (
-        '<div class="tr-meter" id="tr-meter">'
-        f'<div class="tr-big"><span class="tr-ratio" id="tr-ratio">{num(ratio, "{:.2f}")}×</span>'
-        f'<span class="tr-biglabel">{ratio_label}{live}</span></div>'
+        f'<div class="tr-meter tr-meter-{cls}" id="tr-meter">'
+        f'<div class="tr-big"><span class="tr-ratio tr-ratio-{cls}" id="tr-ratio">{html.escape(ratio_text)}</span>'
+        f'<span class="tr-biglabel">{html.escape(label)}{live}</span></div>'
         '<div class="tr-cells">'
-        f'<div class="tr-cell"><span class="tr-val" id="tr-tps">{num(s.tr_tps)}</span><span class="tr-lab">Token Recycling tok/s</span></div>'
-        f'<div class="tr-cell"><span class="tr-val" id="tr-plain">{num(s.plain_tps)}</span><span class="tr-lab">{plain_label}</span></div>'
-        f'<div class="tr-cell"><span class="tr-val" id="tr-mat">{num(s.mean_accepted, "{:.2f}")}</span><span class="tr-lab">mean accepted tokens/step</span></div>'
+        f'<div class="tr-cell"><span class="tr-val" id="tr-tps">{num(v.tr_tps)}</span><span class="tr-lab">Token Recycling tok/s</span></div>'
+        f'<div class="tr-cell"><span class="tr-val" id="tr-plain">{num(v.plain_tps)}</span><span class="tr-lab">plain tok/s (same tokens)</span></div>'
+        f'<div class="tr-cell"><span class="tr-val" id="tr-mat">{num(v.mean_accepted, "{:.2f}")}</span><span class="tr-lab">mean accepted tokens/step</span></div>'
         f'</div>{flag}{note}</div>'
     )
 
@@ -386,12 +414,24 @@ def _code_zones(text: str) -> list[tuple[int, int]]:
 _BLOCK_MARKERS = ("#", "-", "*", "+", ">", "|", "=")
 
 
-def coloured_markdown(text: str, boundaries: list[int]) -> str:
+def safe_markdown(text: str) -> str:
+    """Untrusted text (a message, a model's answer, a trace) as markdown that can hold no live HTML or images."""
+    return coloured_markdown(text, [len(text)], colour=False)
+
+
+def _inert(text: str) -> str:
+    """Escape HTML and disarm markdown images/links (`![..](..)`, `[..](..)`) in text outside code."""
+    return html.escape(text, quote=False).replace("[", "&#91;")
+
+
+def coloured_markdown(text: str, boundaries: list[int], colour: bool = True) -> str:
     """Wrap each step's run of text in alternating soft-coloured spans, leaving markdown structure intact.
 
     `boundaries[i]` is the end offset of step i's text. Spans never enter code (fenced or inline), never
     cross a line break, and never cover a line's leading block marker, so lists, headings, tables and code
-    render as they would without colour. Text outside spans keeps its markdown; '<' and '&' are escaped.
+    render as they would without colour. Text outside spans keeps its markdown; '<', '&' and '[' are escaped,
+    so the text can carry no live HTML and no images (it may come from a visitor, a model or a shared trace).
+    colour=False: the same escaping, no spans.
     """
     zones = _code_zones(text)
     in_code = [False] * (len(text) + 1)
@@ -426,16 +466,18 @@ def coloured_markdown(text: str, boundaries: list[int]) -> str:
                     lead_len = len(piece) - len(stripped)
                     marker = ""
                     if stripped[:1] in _BLOCK_MARKERS:
-                        marker = stripped.split(" ", 1)[0] + (" " if " " in stripped else "")
+                        head = stripped.split(" ", 1)[0]
+                        if head == stripped[0] * len(head):  # a run of one marker character: '-', '##', '>', '==='
+                            marker = head + (" " if " " in stripped else "")
                     elif stripped[:1].isdigit():
                         head = stripped.split(" ", 1)[0]
                         if head.rstrip(".)").isdigit() and head[-1:] in ".)":
                             marker = head + (" " if " " in stripped else "")
                     lead = piece[: lead_len + len(marker)]
                     piece = piece[lead_len + len(marker):]
-                body = html.escape(piece, quote=False)
-                out.append(lead + (f'<span class="{cls}">{body}</span>' if piece.strip() else body))
+                body = _inert(piece)
+                out.append(lead + (f'<span class="{cls}">{body}</span>' if piece.strip() and colour else body))
             i = j
         start = end
-    out.append(html.escape(text[start:], quote=False) if start < len(text) else "")
+    out.append(_inert(text[start:]) if start < len(text) else "")
     return "".join(out)

@@ -123,17 +123,19 @@ def _advance(events: Iterator[Any], until: Callable[[int, float], bool], state: 
 
 
 def _fresh() -> dict:
+    """Counters of one run inside `interleave`."""
     return {"tokens": 0, "ms": 0.0, "steps": 0, "emitted": []}
 
 
-def measure_interleaved(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: float = 250.0,
-                        max_s: float = 30.0, should_stop: Callable[[], bool] | None = None) -> SpeedEstimate:
-    """Alternate chunks of a Token Recycling run and a plain run of the same prompt; return the estimate.
+def interleave(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: float = 250.0,
+               max_s: float = 30.0, should_stop: Callable[[], bool] | None = None) -> Iterator[SpeedEstimate]:
+    """Alternate chunks of a Token Recycling run and a plain run of the same prompt; yield the estimate so far.
 
-    tr_events / plain_events: `Engine.generate` generators (closed here when done). Each round the
-    Token Recycling run decodes about `chunk_ms` of engine time, then the plain run decodes up to the
-    same token count. Stops after `max_s` seconds of wall time (the figure then covers the tokens so far)
-    or when `should_stop()` says so.
+    tr_events / plain_events: `Engine.generate` generators (closed here when done or when this generator
+    is closed). Each round the Token Recycling run decodes about `chunk_ms` of engine time, then the plain
+    run decodes up to the same token count; an estimate is yielded after every round (the last one is the
+    result). Stops after `max_s` seconds of wall time (the figure then covers the tokens so far) or when
+    `should_stop()` says so.
     """
     tr, plain = _fresh(), _fresh()
     pairs: list[ChunkPair] = []
@@ -141,22 +143,31 @@ def measure_interleaved(tr_events: Iterator[Any], plain_events: Iterator[Any], c
     try:
         more = True
         while more:
-            start = dict(tr, emitted=None), dict(plain, emitted=None)
+            before_tr, before_plain = dict(tr), dict(plain)
             more = _advance(tr_events, lambda _t, ms: ms >= chunk_ms, tr)
             target = tr["tokens"]
-            plain_more = _advance(plain_events, lambda t, _ms: t >= target, plain) if plain["tokens"] < target else True
-            pairs.append(ChunkPair(tokens=min(tr["tokens"], plain["tokens"]) - max(start[0]["tokens"], start[1]["tokens"]),
-                                   tr_ms=tr["ms"] - start[0]["ms"], tr_steps=tr["steps"] - start[0]["steps"],
-                                   plain_ms=plain["ms"] - start[1]["ms"]))
-            if not plain_more or time.monotonic() > deadline or (should_stop is not None and should_stop()):
+            if plain["tokens"] < target:
+                more = _advance(plain_events, lambda t, _ms: t >= target, plain) and more
+            pairs.append(ChunkPair(tokens=min(tr["tokens"], plain["tokens"]) - before_tr["tokens"],
+                                   tr_ms=tr["ms"] - before_tr["ms"], tr_steps=tr["steps"] - before_tr["steps"],
+                                   plain_ms=plain["ms"] - before_plain["ms"]))
+            n = min(len(tr["emitted"]), len(plain["emitted"]))
+            yield estimate(pairs, identical=tr["emitted"][:n] == plain["emitted"][:n])
+            if time.monotonic() > deadline or (should_stop is not None and should_stop()):
                 break
     finally:
         for gen in (tr_events, plain_events):
             close = getattr(gen, "close", None)
             if close is not None:
                 close()
-    n = min(len(tr["emitted"]), len(plain["emitted"]))
-    return estimate(pairs, identical=tr["emitted"][:n] == plain["emitted"][:n])
+
+
+def measure_interleaved(tr_events: Iterator[Any], plain_events: Iterator[Any], **options: Any) -> SpeedEstimate:
+    """Run `interleave` to the end and return its final estimate."""
+    result = estimate([])
+    for result in interleave(tr_events, plain_events, **options):
+        pass
+    return result
 
 
 def forked(engine: Any) -> Any:

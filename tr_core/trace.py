@@ -62,6 +62,7 @@ class Trace:
     plain: SummaryEvent | None = None  # plain-decoding summary on the same prompt, if compared
     token_texts: dict[int, str] = field(default_factory=dict)  # display string of every token id in the events
     step_texts: list[str] = field(default_factory=list)  # text added by each step (joined = the answer)
+    speed: dict[str, Any] | None = None  # the interleaved speed measurement (speed.SpeedEstimate as a dict)
 
     @property
     def answer(self) -> str:
@@ -120,6 +121,7 @@ class Trace:
             "plain": self.plain.to_dict() if self.plain else None,
             "token_texts": {str(k): v for k, v in self.token_texts.items()},
             "step_texts": self.step_texts,
+            "speed": self.speed,
         }
 
     @classmethod
@@ -133,7 +135,7 @@ class Trace:
             return cls(model=data.get("model", ""), settings=dict(data.get("settings", {})),
                        messages=[dict(m) for m in data.get("messages", [])], steps=steps, summary=summary, plain=plain,
                        token_texts={int(k): v for k, v in data.get("token_texts", {}).items()},
-                       step_texts=list(data.get("step_texts", [])))
+                       step_texts=list(data.get("step_texts", [])), speed=data.get("speed"))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:  # a safety net: validation comes first
             raise TraceError(f"malformed trace: {exc}") from exc
 
@@ -202,6 +204,31 @@ def validate_trace_dict(data: Any) -> None:
             check_summary(data[key], f"\"{key}\"")
     check_token_texts(data.get("token_texts", {}))
     check_step_texts(data.get("step_texts", []), len(steps))
+    if data.get("speed") is not None:
+        check_speed(data["speed"])
+
+
+SPEED_NUMBERS = ("ratio", "error", "tr_tps", "plain_tps", "mean_accepted")  # numbers (or null) of a speed record
+
+
+def check_speed(speed: Any) -> None:
+    """The recorded speed measurement: numbers or nulls, counts, a trusted flag and a reason."""
+    from .speed import SpeedEstimate
+
+    if type(speed) is not dict:
+        raise TraceError(f"\"speed\" must be an object, got {_kind(speed)}")
+    _check_known(speed, frozenset(f.name for f in fields(SpeedEstimate)), "\"speed\"")
+    for name in SPEED_NUMBERS:
+        value = speed.get(name)
+        if value is not None and (not _is_number(value) or value < 0):
+            raise TraceError(f"\"speed\": \"{name}\" must be a non-negative number or null, got {_show(value)}")
+    for name in ("tokens", "pairs"):
+        _check_int(speed.get(name), f"\"speed\": \"{name}\"", 0, INT_LIMIT)
+    if type(speed.get("trusted")) is not bool:
+        raise TraceError("\"speed\": \"trusted\" must be true or false")
+    if speed.get("identical") is not None and type(speed.get("identical")) is not bool:
+        raise TraceError("\"speed\": \"identical\" must be true, false or null")
+    _check_str(speed.get("reason", ""), "\"speed\": \"reason\"")
 
 
 def check_json_shape(data: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
@@ -572,31 +599,77 @@ def boundaries_from_texts(step_texts: list[str]) -> list[int]:
 
 
 def record_live(engine: Any, prompt_ids: list[int], cfg: Any, trace: Trace, stop: threading.Event | None = None,
-                every_s: float = 0.25, delay_s: float = 0.0) -> Iterator[list[StepEvent]]:
+                every_s: float = 0.25, delay_s: float = 0.0, slot: Any = None, time_limit_s: float | None = None,
+                abandon_s: float = 15.0) -> Iterator[list[StepEvent]]:
     """Decode in a worker thread and fold its events into `trace`; yield the new steps at most every `every_s`.
 
     The engine runs unhindered (it times itself; this thread only reads its events), which is what keeps a UI
     from slowing decoding. `trace.steps`, `.step_texts` and `.summary` are current at each yield; token strings
     are left to the caller (`trace.cached_text` while drawing, `trace.record_texts` afterwards). With `delay_s`,
     the worker pauses after each step (slow motion) and every step is yielded. `stop` ends the answer after the
-    current step. An engine error is raised here after the steps before it were yielded.
+    current step; so does `time_limit_s` (seconds of wall time) and a consumer that stopped asking for steps
+    for `abandon_s` seconds. `slot` (a lock) is held by the worker while it decodes: one decode at a time.
+    The decode belongs to the consumer: closing this generator (or an error in it) stops the worker within
+    one step and joins it. An engine error is raised here after the steps before it were yielded.
     """
     stop = stop or threading.Event()
     events: queue.Queue = queue.Queue()
+    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+    seen = [time.monotonic(), False]  # when the consumer last resumed, whether it is suspended at a yield
 
-    def work() -> None:
-        try:
-            for ev in engine.generate(prompt_ids, cfg, stop=stop.is_set):
-                events.put(ev)
-                if delay_s > 0 and isinstance(ev, StepEvent):
-                    stop.wait(delay_s)  # between steps, outside the engine's timed phases
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer
-            events.put(exc)
-        finally:
-            events.put(None)
+    def abandoned() -> bool:
+        return seen[1] and time.monotonic() - seen[0] > abandon_s
 
-    threading.Thread(target=work, daemon=True, name="tr-engine").start()
-    text = TextAssembler(engine.decode)
+    closing = threading.Event()  # set when the consumer leaves early: the worker stops after its step
+
+    def should_stop() -> bool:
+        return (stop.is_set() or closing.is_set() or (deadline is not None and time.monotonic() > deadline)
+                or abandoned())
+
+    worker = threading.Thread(target=_decode_worker, daemon=True, name="tr-engine",
+                              args=(engine, prompt_ids, cfg, events, should_stop, delay_s, slot))
+    worker.start()
+    try:
+        yield from _fold_events(events, trace, engine.decode, every_s, delay_s, seen)
+    finally:
+        closing.set()
+        worker.join()
+    if deadline is not None and time.monotonic() > deadline and trace.summary is not None:
+        trace.summary.stop_reason = "time limit" if trace.summary.stop_reason == "stopped" else trace.summary.stop_reason
+
+
+def _decode_worker(engine: Any, prompt_ids: list[int], cfg: Any, events: queue.Queue, should_stop: Callable[[], bool],
+                   delay_s: float, slot: Any) -> None:
+    """The engine thread of `record_live`: decode (holding `slot`), putting every event, an error, then None."""
+    held = False
+    try:
+        while slot is not None and not held:
+            held = slot.acquire(timeout=0.1)
+            if not held and should_stop():
+                return
+        for ev in engine.generate(prompt_ids, cfg, stop=should_stop):
+            events.put(ev)
+            if delay_s > 0 and isinstance(ev, StepEvent):
+                _pause(delay_s, should_stop)  # between steps, outside the engine's timed phases
+    except Exception as exc:  # noqa: BLE001 - handed to the consumer
+        events.put(exc)
+    finally:
+        if held:
+            slot.release()
+        events.put(None)
+
+
+def _pause(seconds: float, should_stop: Callable[[], bool]) -> None:
+    """Sleep up to `seconds`, waking early when `should_stop()` turns true."""
+    end = time.monotonic() + seconds
+    while not should_stop() and time.monotonic() < end:
+        time.sleep(min(0.05, max(end - time.monotonic(), 0.0)))
+
+
+def _fold_events(events: queue.Queue, trace: Trace, decode: Callable[[list[int]], str], every_s: float,
+                 delay_s: float, seen: list) -> Iterator[list[StepEvent]]:
+    """The consumer side of `record_live`: fold events into the trace and yield batches of new steps."""
+    text = TextAssembler(decode)
     new: list[StepEvent] = []
     error: Exception | None = None
     last_yield = 0.0
@@ -619,7 +692,9 @@ def record_live(engine: Any, prompt_ids: list[int], cfg: Any, trace: Trace, stop
         if new and (delay_s > 0 or now - last_yield >= every_s):
             trace.step_texts = text.step_texts()
             last_yield = now
+            seen[1] = True
             yield new
+            seen[0], seen[1] = time.monotonic(), False
             new = []
     trace.step_texts = text.step_texts()
     if new:

@@ -1,0 +1,470 @@
+"""The studio's handlers: plain functions of (studio, session, inputs) that return views (dicts keyed by views.KEYS).
+
+No Gradio here: the page (page.py) turns views into component updates, and tests call these directly.
+Everything a visitor sends is validated before the session changes; every decode holds DECODE_SLOT and
+belongs to the request that started it (closing the generator stops it within one step).
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from tr_core.config import DecodeConfig
+from tr_core.events import StepEvent, SummaryEvent
+from tr_core.figures import MatrixTracker, accepted_chart, heatmap_figure, tree_figure
+from tr_core.speed import SpeedEstimate, forked, interleave
+from tr_core.trace import Trace, TraceError, record_live
+
+from .config import StudioConfig
+from .models import REFUSED, ModelCatalog, ModelRefused, label
+from .session import DECODE_SLOT, InputError, Session, clean_text
+from .views import (best_step, coloured_answer, live_meter, matrix_info, measured_meter, message, replay_slider,
+                    step_views, trace_meter)
+
+RENDER_EVERY_S = 0.25  # redraw figures at most this often while streaming
+LIMITS = dict(max_new_tokens=(1, 1024), temperature=(0.0, 2.0), top_p=(0.05, 1.0), top_k=(0, 1000), seed=(0, 2**31 - 1),
+              k=(1, 16), delay=(0.0, 3.0))
+BUSY = "An answer is running in this tab: press Stop (or wait for it to finish) first."
+
+
+@dataclass
+class Studio:
+    """What handlers need besides the session: the operator's settings, the shared models, the default tree."""
+
+    config: StudioConfig
+    catalog: ModelCatalog
+    default_template: str = "adaptive"  # the template a new page shows
+    warm: threading.Event = dataclasses.field(default_factory=lambda: _set_event())  # cleared during warm-up
+
+
+def _set_event() -> threading.Event:
+    event = threading.Event()
+    event.set()
+    return event
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """A chat request's decoding settings, as validated (see `parse_settings`)."""
+
+    max_new_tokens: int = 128  # longest answer
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus threshold
+    top_k: int = 0  # 0 = off
+    seed: int = 0  # sampling seed
+    template: str = ""  # draft tree template ("" = the studio's default)
+    k: int = 8  # candidates per matrix row
+    compare: bool = True  # measure the speedup against plain decoding after the answer
+    delay: float = 0.0  # slow motion: pause per step (s)
+    colour: bool = True  # colour each step's accepted run in the chat
+
+
+def clamp(name: str, value: Any, notes: list[str], cast=float) -> Any:
+    """Clamp a setting into its range (noting it), treating empty or unreadable input as the range's low end."""
+    lo, hi = LIMITS[name]
+    try:
+        v = float(value)
+        if v != v:  # NaN
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        notes.append(f"{name} {str(value)[:20]!r} is not a number; using {lo}.")
+        return cast(lo)
+    if v < lo or v > hi:
+        notes.append(f"{name} = {str(value)[:20]} is outside [{lo}, {hi}]; clamped.")
+    return cast(min(max(v, lo), hi))
+
+
+def parse_settings(studio: Studio, raw: dict[str, Any], notes: list[str]) -> ChatSettings:
+    """Validate the page's (or an API caller's) settings: clamp numbers, check the template, apply the caps."""
+    from tr_core.tree import TEMPLATE_NAMES
+
+    cfg = studio.config
+    template = raw.get("template") or studio.default_template
+    if template not in TEMPLATE_NAMES:
+        notes.append(f"Unknown template {str(template)[:40]!r}; using {studio.default_template}.")
+        template = studio.default_template
+    max_new = clamp("max_new_tokens", raw.get("max_new_tokens", 128), notes, int)
+    if max_new > cfg.max_new_tokens:
+        notes.append(f"Max new tokens capped at {cfg.max_new_tokens} on this instance.")
+        max_new = cfg.max_new_tokens
+    delay = clamp("delay", raw.get("delay", 0.0), notes)
+    if delay > cfg.max_delay_s:
+        notes.append(f"Slow motion capped at {cfg.max_delay_s:g} s per step on this instance.")
+        delay = cfg.max_delay_s
+    top_p = raw.get("top_p", 1.0)
+    return ChatSettings(max_new_tokens=max_new, temperature=clamp("temperature", raw.get("temperature", 0.0), notes),
+                        top_p=clamp("top_p", top_p, notes) if top_p not in (None, "", 0) else 1.0,
+                        top_k=clamp("top_k", raw.get("top_k", 0), notes, int),
+                        seed=clamp("seed", raw.get("seed", 0), notes, int), template=template,
+                        k=clamp("k", raw.get("k", 8), notes, int), compare=bool(raw.get("compare", True)),
+                        delay=delay, colour=bool(raw.get("colour", True)))
+
+
+def trim_to_context(encode, messages: list[dict[str, str]], limit: int, max_new: int) -> tuple[list[int], int, int]:
+    """Drop the oldest turns until prompt + answer fit the context; return (ids, turns dropped, max_new)."""
+    dropped = 0
+    msgs = list(messages)
+    ids = encode(msgs)
+    while len(ids) + max_new > limit and len(msgs) > 1:
+        cut = 2 if len(msgs) > 2 and msgs[0]["role"] == "user" else 1
+        msgs = msgs[cut:]
+        dropped += cut
+        ids = encode(msgs)
+    if len(ids) + max_new > limit:
+        max_new = limit - len(ids)
+        if max_new < 1:
+            raise InputError(f"the message alone is {len(ids)} tokens, longer than the model's context ({limit}); "
+                             "shorten it")
+    return ids, dropped, max_new
+
+
+def summary_from_steps(steps: list[StepEvent], prompt_tokens: int, template: str, reason: str) -> SummaryEvent:
+    """A summary from step timings alone (an answer stopped before the engine's summary, or slowed by pauses)."""
+    tokens = [t for e in steps for t in e.emitted]
+    decode_s = sum(e.timings.get("total", 0.0) for e in steps) / 1000.0
+    return SummaryEvent(tokens=tokens, prompt_tokens=prompt_tokens, new_tokens=len(tokens), steps=len(steps),
+                        mean_accepted=len(tokens) / max(len(steps), 1),
+                        tokens_per_s=len(tokens) / decode_s if decode_s else 0.0, prefill_s=0.0, decode_s=decode_s,
+                        wall_s=decode_s, stop_reason=reason, method="recycling", template=template,
+                        matrix_rows_filled=0, matrix_mb=0.0)
+
+
+# ------------------------------------------------------------------------------------------------ chat
+
+
+def ensure_engine(studio: Studio, s: Session, k: int, notes: list[str]) -> Any:
+    """The session's engine, created on first use or when k changed (a new k needs a new, empty matrix)."""
+    from tr_core.engine import Engine
+
+    if s.engine is None or k != s.k:
+        if s.engine is not None:
+            notes.append(f"Candidates per row changed to k = {k}: the adjacency matrix starts empty.")
+        model, tokenizer = studio.catalog.get(s.model)
+        s.engine, s.k = Engine(model, tokenizer, topk_candidates=k), k
+    return s.engine
+
+
+def respond(studio: Studio, s: Session, text: Any, settings: ChatSettings, notes: list[str]) -> Iterator[dict]:
+    """Answer one chat message with Token Recycling, streaming views; then measure the speedup if asked."""
+    try:
+        text = clean_text(text, "message", studio.config.max_message_chars).strip()
+    except InputError as exc:
+        yield {"status": f"✗ {exc}"}
+        return
+    if not text:
+        yield {"status": "Type a message first (or click an example)."}
+        return
+    with s.lock:
+        if s.answering:
+            yield {"status": f"✗ {BUSY}"}
+            return
+        stop = s.answer_stop = threading.Event()
+        conversation = s.conversation
+    try:
+        yield from _answer(studio, s, text, settings, notes, stop, conversation)
+    finally:
+        with s.lock:
+            if s.answer_stop is stop:
+                s.answer_stop = None
+
+
+def _prepare(studio: Studio, s: Session, text: str, settings: ChatSettings, notes: list[str]):
+    """(engine, prompt ids, messages, DecodeConfig) for a message: loads the model, trims the conversation."""
+    engine = ensure_engine(studio, s, settings.k, notes)
+    history = s.history
+    if len(history) > studio.config.max_turns:
+        history = history[-studio.config.max_turns:]
+        notes.append(f"⚠ Long conversation: only the last {studio.config.max_turns} turns are kept.")
+    messages = history + [{"role": "user", "content": text}]
+    ids, dropped, max_new = trim_to_context(engine.encode_chat, messages, engine.context_limit, settings.max_new_tokens)
+    if dropped:
+        notes.append(f"⚠ The conversation is longer than the model's context ({engine.context_limit} tokens): "
+                     f"the oldest {dropped} message(s) were left out of the prompt.")
+    if max_new < settings.max_new_tokens:
+        notes.append(f"Max new tokens reduced to {max_new} to fit the context.")
+    cfg = DecodeConfig(max_new_tokens=max_new, temperature=settings.temperature, top_p=settings.top_p,
+                       top_k=settings.top_k, seed=settings.seed, template=settings.template)
+    return engine, ids, messages, cfg
+
+
+def _error_text(studio: Studio, exc: BaseException) -> str:
+    """A failure as the visitor sees it: public instances never echo server details."""
+    if isinstance(exc, (InputError, ModelRefused)):
+        return f"✗ {exc}"
+    if studio.config.public:
+        return "✗ The model could not be used right now; please try again later."
+    return f"✗ {type(exc).__name__}: {exc}"
+
+
+def _answer(studio: Studio, s: Session, text: str, settings: ChatSettings, notes: list[str],
+            stop: threading.Event, conversation: int) -> Iterator[dict]:
+    """The body of `respond`, once the session is marked as answering."""
+    pending = s.display + [message("user", text), {"role": "assistant", "content": "…"}]
+    yield {"chat": pending, "msg": "", "status": "Loading the model…" if s.engine is None else "Drafting…"}
+    try:
+        studio.warm.wait(timeout=300)
+        engine, ids, messages, cfg = _prepare(studio, s, text, settings, notes)
+    except Exception as exc:  # noqa: BLE001 - model load / settings errors are shown, the session goes on
+        yield {"chat": s.display, "msg": text, "status": _error_text(studio, exc), "matrix": matrix_info(s.engine, s.k)}
+        return
+    twin = forked(engine) if settings.compare else None  # the state this answer starts from, for the measurement
+    trace = Trace(model=label(s.model), settings=dict(dataclasses.asdict(cfg), k=settings.k), messages=messages)
+    error = yield from _stream(studio, s, engine, ids, cfg, trace, settings, stop, conversation, pending, notes)
+    _finish_trace(trace, engine, ids, cfg, settings, error, notes)
+    stopped = trace.summary is not None and trace.summary.stop_reason in ("stopped", "time limit")
+    with s.lock:
+        current = s.conversation == conversation
+        if current and trace.steps:
+            s.history = messages + [{"role": "assistant", "content": trace.answer}]
+            s.display = pending[:-1] + [{"role": "assistant", "content": coloured_answer(trace, colour=settings.colour)}]
+            s.trace = trace
+        elif current:  # nothing generated: keep the message out of the conversation the model sees
+            s.display = pending[:-2]
+    if not current:
+        yield {"chat": s.display, "status": "New conversation (the answer that was running was stopped and dropped)."}
+        return
+    measure = settings.compare and trace.steps and error is None and not stopped
+    final = _final_view(s, trace, settings, notes, compared=bool(measure))
+    if measure:
+        final["status"] = "  \n".join(notes + ["Measuring the speedup: both methods in turns on the same tokens…"])
+        yield final
+        yield from _measure(studio, s, twin, ids, cfg, trace, stop, settings, notes)
+    else:
+        yield final
+
+
+def _stream(studio: Studio, s: Session, engine: Any, ids: list[int], cfg: DecodeConfig, trace: Trace,
+            settings: ChatSettings, stop: threading.Event, conversation: int, pending: list[dict],
+            notes: list[str]) -> Iterator[dict]:
+    """Decode the answer in the engine thread, yielding live views; returns the engine's error, if any."""
+    text_of = trace.cached_text(engine.token_text)
+    tracker = MatrixTracker()
+    note_md = "  \n".join(notes)
+    live = record_live(engine, ids, cfg, trace, stop, RENDER_EVERY_S, settings.delay, slot=DECODE_SLOT,
+                       time_limit_s=studio.config.time_limit_s)
+    try:
+        for new_steps in live:
+            if s.conversation != conversation:  # New chat: stop this answer (closing record_live stops the engine)
+                break
+            for ev in new_steps:
+                tracker.update(ev)
+            last = trace.steps[-1]
+            shown = coloured_answer(trace, colour=settings.colour)
+            yield {"chat": pending[:-1] + [{"role": "assistant", "content": shown + " ▌"}],
+                   "tree": tree_figure(last, text_of), "heat": heatmap_figure(tracker, last, text_of),
+                   "chart": accepted_chart(trace.steps), "meter": live_meter(trace),
+                   "status": note_md or f"Step {last.step + 1} · {sum(len(e.emitted) for e in trace.steps)} tokens"}
+    except Exception as exc:  # noqa: BLE001 - shown in the page; the session goes on
+        traceback.print_exception(exc)
+        return exc
+    finally:
+        live.close()  # the decode belongs to this request: stop the engine thread and join it
+    return None
+
+
+def _finish_trace(trace: Trace, engine: Any, ids: list[int], cfg: DecodeConfig, settings: ChatSettings,
+                  error: BaseException | None, notes: list[str]) -> None:
+    """Token strings, a summary for stopped or slowed answers, and the notes that explain them."""
+    trace.record_texts(engine.token_text)
+    reason = trace.summary.stop_reason if trace.summary is not None else "stopped"
+    if trace.steps and (trace.summary is None or settings.delay > 0):
+        timed = summary_from_steps(trace.steps, len(ids), cfg.template, reason)
+        trace.summary = timed if trace.summary is None else dataclasses.replace(
+            trace.summary, tokens_per_s=timed.tokens_per_s, decode_s=timed.decode_s)
+        if settings.delay > 0:
+            notes.append("Slow motion: tokens/s computed from the engine's step timings (pauses excluded).")
+    if error is not None:
+        notes.append(f"✗ Generation failed: {type(error).__name__}: {error}")
+    if reason == "time limit":
+        notes.append("⏱ Stopped at this instance's time limit per answer; the answer so far is kept.")
+    elif reason == "stopped":
+        notes.append("■ Stopped: the answer so far is kept.")
+
+
+def _final_view(s: Session, trace: Trace, settings: ChatSettings, notes: list[str], compared: bool) -> dict:
+    """The view after an answer: its best step, the meter, the replay slider and the trace download."""
+    view = {"chat": s.display, "status": "  \n".join(notes) or "✓ Done.", "matrix": matrix_info(s.engine, s.k)}
+    if not trace.steps:
+        return view
+    best = best_step(trace)
+    view.update(step_views(trace, best))
+    view["replay"] = replay_slider(trace, best + 1)
+    view["meter"] = trace_meter(trace) if not compared else live_meter(trace)
+    view["trace_file"] = str(trace.save(s.files() / "trace.json"))
+    return view
+
+
+def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeConfig, trace: Trace,
+             stop: threading.Event, settings: ChatSettings, notes: list[str]) -> Iterator[dict]:
+    """Time Token Recycling and plain decoding in alternating chunks from the answer's starting state."""
+    est = SpeedEstimate(None, None, None, None, None, 0, 0, False, "nothing was measured")
+    last = 0.0
+    with DECODE_SLOT:
+        rounds = interleave(twin.generate(ids, cfg, stop=stop.is_set),
+                            twin.generate(ids, cfg.with_(plain=True), stop=stop.is_set),
+                            max_s=studio.config.measure_max_s, should_stop=stop.is_set)
+        try:
+            for est in rounds:
+                if time.monotonic() - last >= RENDER_EVERY_S:
+                    last = time.monotonic()
+                    yield {"meter": measured_meter(est, done=False),
+                           "status": f"Measuring the speedup… {est.tokens} / {trace.summary.new_tokens} tokens"}
+        finally:
+            rounds.close()
+    if stop.is_set():
+        est = dataclasses.replace(est, trusted=False, reason="the measurement was stopped")
+    if est.identical is False:
+        notes.append("⚠ Token Recycling and plain decoding produced different tokens.")
+    trace.speed = dataclasses.asdict(est)
+    note = "" if est.tokens >= (trace.summary.new_tokens if trace.summary else 0) else \
+        f"measured over the first {est.tokens} of {trace.summary.new_tokens} tokens (time cap)"
+    view = {"meter": measured_meter(est, note=note), "status": "  \n".join(notes) or "✓ Done.",
+            "trace_file": str(trace.save(s.files() / "trace.json"))}
+    yield view
+
+
+# ------------------------------------------------------------------------------------- small handlers
+
+
+def stop_answer(s: Session) -> dict:
+    """Ask the running answer (or measurement) to stop after its current step; the answer so far is kept."""
+    stop = s.answer_stop
+    if stop is None:
+        return {"status": "Nothing is running."}
+    stop.set()
+    return {"status": "■ Stopping after the current step…"}
+
+
+def new_chat(s: Session) -> dict:
+    """Start a clean conversation (the matrix keeps what it learned); a running answer is stopped and dropped."""
+    with s.lock:
+        s.conversation += 1
+        running = s.answer_stop
+        if running is not None:
+            running.set()
+        s.history, s.display = [], []
+    note = " The answer that was running was stopped." if running is not None else ""
+    return {"chat": [], "status": f"New conversation (the matrix keeps what it learned).{note}"}
+
+
+def replay(s: Session, step: Any, colour: bool) -> dict:
+    """Show any recorded step of the last answer: tree, matrix window, chart and the text up to that step."""
+    trace = s.trace
+    if trace is None or not trace.steps:
+        return {"status": "Nothing to replay yet: send a message or load a trace."}
+    try:
+        i = int(float(step or 1)) - 1
+    except (TypeError, ValueError, OverflowError):
+        i = 0
+    i = max(0, min(i, len(trace.steps) - 1))
+    view = step_views(trace, i)
+    chat = list(s.display)
+    if chat and chat[-1]["role"] == "assistant":
+        chat[-1] = {"role": "assistant", "content": coloured_answer(trace, upto=i, colour=colour)}
+    view.update({"chat": chat, "status": f"Replaying step {i + 1} of {len(trace.steps)}"})
+    return view
+
+
+def step_by(s: Session, step: Any, delta: int) -> int:
+    """The replay slider's value after a previous/next click."""
+    n = len(s.trace.steps) if s.trace else 1
+    try:
+        current = int(float(step or 1))
+    except (TypeError, ValueError, OverflowError):
+        current = 1
+    return max(1, min(current + delta, n))
+
+
+def load_trace(studio: Studio, s: Session, path: str | None) -> dict:
+    """Load a recorded trace (JSON) and show it; needs no model. A bad file leaves the session as it was."""
+    if not path:
+        return {"status": "No file."}
+    if s.answering:
+        return {"status": f"✗ {BUSY}"}
+    try:
+        trace = Trace.load(path, max_bytes=int(studio.config.max_upload_mb * 1024 * 1024))
+    except TraceError as exc:
+        return {"status": f"✗ This trace cannot be loaded: {exc}"}
+    if not trace.steps:
+        return {"status": "✗ This trace cannot be loaded: it has no steps."}
+    display = [message(m["role"], m["content"]) for m in trace.messages]
+    display.append({"role": "assistant", "content": coloured_answer(trace)})
+    with s.lock:
+        if s.answering:
+            return {"status": f"✗ {BUSY}"}
+        s.trace, s.display, s.history = trace, display, []
+        s.conversation += 1
+    best = best_step(trace)
+    view = step_views(trace, best)
+    view.update({"chat": display, "meter": trace_meter(trace, note="recorded with the trace, on its machine"),
+                 "replay": replay_slider(trace, best + 1),
+                 "status": f"Loaded a trace of {len(trace.steps)} steps recorded with "
+                           f"{trace.model[:80] or 'an unknown model'} (shown as a new conversation; the matrix is "
+                           "unchanged). Use the replay slider."})
+    return view
+
+
+def load_model(studio: Studio, s: Session, name: Any) -> dict:
+    """Switch this session to another model; refused names all get the same answer in public mode."""
+    try:
+        key = studio.catalog.allowed(clean_text(name, "model name", 500))
+    except (ModelRefused, InputError) as exc:
+        return {"status": f"✗ {REFUSED if studio.config.public else exc}"}
+    if s.answering:
+        return {"status": f"✗ {BUSY}"}
+    try:
+        model, tokenizer = studio.catalog.get(key)  # no session lock held: other tabs go on meanwhile
+        from tr_core.engine import Engine
+
+        engine = Engine(model, tokenizer, topk_candidates=s.k)
+    except Exception as exc:  # noqa: BLE001
+        shown = "That model could not be loaded right now." if studio.config.public else f"Could not load {key!r}: {exc}"
+        return {"status": f"✗ {shown}  \nStill using {label(s.model)}."}
+    with s.lock:
+        if s.answering:
+            return {"status": f"✗ {BUSY}"}
+        s.engine, s.model, s.history, s.display, s.trace = engine, key, [], [], None
+        s.conversation += 1
+    return {"status": f"✓ Loaded {label(key)}; new conversation, empty matrix.", "chat": [],
+            "matrix": matrix_info(s.engine, s.k)}
+
+
+def reset_matrix(s: Session) -> dict:
+    """Forget what the session's matrix learned (refused while an answer runs)."""
+    if s.answering:
+        return {"status": f"✗ {BUSY}"}
+    if s.engine is not None:
+        s.engine.matrix.reset()
+    return {"status": "Adjacency matrix cleared.", "matrix": matrix_info(s.engine, s.k)}
+
+
+def save_matrix(s: Session) -> dict:
+    """Write the session's matrix to its folder and offer it for download."""
+    if s.engine is None:
+        return {"status": "No matrix yet: send a message first."}
+    path = s.files() / "adjacency_matrix.pt"
+    s.engine.matrix.save(path)
+    return {"matrix_file": str(path), "status": f"Matrix saved ({s.engine.matrix.rows_filled:,} rows filled)."}
+
+
+def load_matrix(studio: Studio, s: Session, path: str | None, k: Any) -> dict:
+    """Load an uploaded matrix into the session's engine; a bad file changes nothing."""
+    if not path:
+        return {"status": "No file."}
+    if s.answering:
+        return {"status": f"✗ {BUSY}"}
+    notes: list[str] = []
+    try:
+        ensure_engine(studio, s, clamp("k", k, notes, int), notes)
+        s.engine.matrix.load(path)
+    except ValueError as exc:  # the matrix is left untouched on a bad file
+        text = str(exc).replace(str(path), "the file")
+        return {"status": f"✗ Could not load the matrix: {text}", "matrix": matrix_info(s.engine, s.k)}
+    except Exception as exc:  # noqa: BLE001
+        return {"status": _error_text(studio, exc), "matrix": matrix_info(s.engine, s.k)}
+    return {"status": "Matrix loaded.", "matrix": matrix_info(s.engine, s.k)}

@@ -1,0 +1,275 @@
+"""The page: layout built from small panel functions, and the wiring of events to handlers.
+
+Handlers (handlers.py) take a session and inputs and return a view (a dict keyed by views.KEYS); the
+wrappers here find the visitor's session, call the handler and turn the view into component updates.
+Endpoint names are the documented API: /chat, /stop, /new_chat, /replay, /load_trace, /load_model,
+/reset_matrix, /save_matrix, /load_matrix.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from tr_core.figures import MatrixTracker, MeterView, accepted_chart, heatmap_figure, meter_html, safe_markdown, tree_figure
+
+from . import handlers as h
+from .models import label
+from .session import Session, new_session
+from .views import KEYS, matrix_info
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+CSS = (ASSETS / "studio.css").read_text(encoding="utf-8")
+
+EXAMPLES = [
+    ("Conversation", "I have a job interview tomorrow. Give me three short tips to stay calm."),
+    ("Code", "Write a Python function that checks whether a string is a palindrome, with a short docstring."),
+    ("Translation", "Translate to French: The weather is nice today, so we are going to the beach."),
+    ("Summarization", "Summarize in two sentences: Token Recycling stores the top-k next-token candidates of every "
+                      "token it has seen in an adjacency matrix. Each step it builds a draft tree from that matrix, "
+                      "verifies the whole tree with one forward pass, accepts the longest correct path and then "
+                      "overwrites the matrix rows with fresh candidates from the same forward pass. It needs no "
+                      "extra model and no training."),
+    ("Math", "A shop sells pencils at 3 for $1. How much do 12 pencils cost? Explain step by step."),
+    ("RAG QA", "Context: The Eiffel Tower was completed in 1889 for the World's Fair in Paris. It is 330 metres tall "
+               "and was the tallest man-made structure until 1930.\n\nQuestion: When was the Eiffel Tower completed "
+               "and how tall is it?"),
+]
+
+HOW_IT_WORKS = """
+**Token Recycling** (Luo et al., 2025) speeds up decoding without a draft model:
+
+1. **Adjacency matrix** `M [V, k]`: for every token, the top-k next tokens the model predicted the last time it saw it.
+2. **Draft tree**: starting from the last token, candidates are read from `M` level by level following a fixed
+   template (the paper's *2.2.2* tree has 80 nodes over 6 levels).
+3. **One forward pass** verifies the whole tree with a tree attention mask.
+4. **Accept** the longest path that agrees with the model, plus one **bonus** token the model predicts after it.
+5. **Recycle**: the top-k of every tree node's logits overwrite that token's row of `M`, so the matrix keeps learning.
+
+Greedy (or seeded) output is token-identical to plain decoding; only the number of forward passes drops.
+
+**The speedup meter** re-runs the answer from the state it started in, Token Recycling and plain decoding in
+alternating chunks over the same tokens, so a busy machine slows both alike. It shows the ratio with its standard
+error, or says *too noisy to measure* when the chunks disagree or the ratio is larger than the accepted tokens per
+step allow.
+"""
+
+
+class Registry:
+    """The live sessions by Gradio session hash, so that a closed tab's session can be cleaned up at once."""
+
+    def __init__(self, studio: h.Studio) -> None:
+        self.studio = studio
+        self.sessions: dict[str, Session] = {}
+
+    def get(self, state: Any, request: gr.Request | None) -> Session:
+        """The visitor's session: the State's, else the one registered for this tab, else a new one."""
+        key = getattr(request, "session_hash", None) or ""
+        if isinstance(state, Session):
+            self.sessions.setdefault(key, state)
+            return state
+        if key in self.sessions:
+            return self.sessions[key]
+        s = new_session(self.studio.config)
+        if key:
+            self.sessions[key] = s
+        return s
+
+    def close(self, request: gr.Request) -> None:
+        """The tab closed (Gradio's unload): stop its answer, remove its files."""
+        s = self.sessions.pop(getattr(request, "session_hash", None) or "", None)
+        if s is not None:
+            s.close()
+
+
+def _update(ui: dict[str, Any], view: dict[str, Any]) -> dict:
+    """A handler's view as Gradio component updates."""
+    out: dict = {}
+    for key, value in view.items():
+        comp = ui[key]
+        if key == "status":
+            value = safe_markdown(value)
+        elif key == "replay":
+            value = gr.Slider(interactive=True, **value)
+        elif key in ("trace_file", "matrix_file"):
+            value = gr.DownloadButton(value=value, interactive=True)
+        out[comp] = value
+    return out
+
+
+# -------------------------------------------------------------------------------------------- panels
+
+
+def _chat_panel(ui: dict) -> None:
+    ui["chat"] = gr.Chatbot(label="Chat (each step's accepted run has its own colour)", height=430, elem_id="tr-chat",
+                            buttons=["copy"], feedback_options=None, placeholder="Ask something, or click an example.")
+    with gr.Row():
+        ui["msg"] = gr.Textbox(show_label=False, placeholder="Type a message and press Enter", scale=5, lines=1,
+                               max_lines=6, elem_id="tr-msg")
+        ui["send"] = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="tr-send")
+        ui["stop"] = gr.Button("Stop", variant="stop", scale=1, min_width=70, elem_id="tr-stop")
+        ui["clear"] = gr.Button("New chat", scale=1, min_width=90, elem_id="tr-new-chat")
+    ui["status"] = gr.Markdown("", elem_id="tr-status")
+    ui["examples"] = gr.Dataset(components=[gr.Textbox(visible=False)], samples=[[t] for _, t in EXAMPLES],
+                                sample_labels=[lab for lab, _ in EXAMPLES], type="index", label="Examples",
+                                elem_id="tr-examples", samples_per_page=6)
+
+
+def _step_panel(ui: dict) -> None:
+    with gr.Column(scale=6):
+        ui["heat"] = gr.Plot(heatmap_figure(MatrixTracker(), None, str), show_label=False, elem_id="tr-heat")
+        ui["matrix"] = gr.Markdown(matrix_info(None, 8), elem_id="tr-matrix-info")
+    with gr.Column(scale=5):
+        ui["chart"] = gr.Plot(accepted_chart([]), show_label=False, elem_id="tr-chart")
+        with gr.Group():
+            ui["replay"] = gr.Slider(1, 2, value=1, step=1, label="Replay step", interactive=True, elem_id="tr-replay")
+            with gr.Row():
+                ui["prev"] = gr.Button("◀ Previous step", size="sm")
+                ui["next"] = gr.Button("Next step ▶", size="sm")
+        with gr.Row():
+            ui["delay"] = gr.Slider(0.0, 3.0, value=0.0, step=0.1, label="Slow motion: pause per step (s)", scale=3)
+            ui["colour"] = gr.Checkbox(True, label="Colour accepted runs in the chat", scale=2)
+        with gr.Row():
+            ui["trace_file"] = gr.DownloadButton("Download this answer's trace (JSON)", value=None, size="sm",
+                                                 interactive=False, elem_id="tr-trace-download")
+            ui["trace_upload"] = gr.UploadButton("Load a trace to replay (no model needed)", file_types=[".json"],
+                                                 size="sm", elem_id="tr-trace-upload")
+
+
+def _settings_panel(ui: dict, studio: h.Studio) -> None:
+    from tr_core.tree import TEMPLATE_NAMES
+
+    with gr.Accordion("Decoding settings", open=False):
+        with gr.Row():
+            ui["max_new"] = gr.Slider(1, studio.config.max_new_tokens, value=128, step=1, label="Max new tokens")
+            ui["temperature"] = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+            ui["top_p"] = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
+            ui["top_k"] = gr.Number(0, label="Top-k (0 = off)", precision=0, minimum=0)
+            ui["seed"] = gr.Number(0, label="Seed", precision=0, minimum=0)
+        with gr.Row():
+            ui["template"] = gr.Dropdown(list(TEMPLATE_NAMES), value=studio.default_template,
+                                         label="Draft tree template",
+                                         info="2.2.2 = the paper's 80-node tree (GPU); adaptive = grown by probability, "
+                                              "sized to this device; adaptive-fixed = the same tree at the full 80-node budget")
+            ui["k"] = gr.Slider(1, 16, value=8, step=1, label="Candidates per matrix row (k)")
+            ui["compare"] = gr.Checkbox(True, label="Measure the speedup against plain decoding after each answer")
+
+
+def _model_panel(ui: dict, studio: h.Studio) -> None:
+    cfg = studio.config
+    with gr.Accordion("Model and matrix", open=False):
+        with gr.Row():
+            info = ("models offered on this instance" if cfg.public
+                    else "embedded, a Hugging Face hub id, a local folder or a .gguf path")
+            ui["model"] = gr.Dropdown([label(m) for m in cfg.models], value=label(cfg.default_model), scale=4,
+                                      allow_custom_value=True, label="Model", info=info, elem_id="tr-model")
+            ui["load"] = gr.Button("Load model", scale=1)
+        with gr.Row():
+            ui["reset"] = gr.Button("Reset matrix")
+            ui["save"] = gr.Button("Save matrix")
+            ui["matrix_upload"] = gr.UploadButton("Load matrix", file_types=[".pt", ".pth", ".bin"])
+            ui["matrix_file"] = gr.DownloadButton("Download the saved matrix", value=None, interactive=False)
+
+
+def _layout(studio: h.Studio) -> dict[str, Any]:
+    """Every component of the page, by name."""
+    ui: dict[str, Any] = {}
+    gr.Markdown("# ♻ Token Recycling Studio\nChat with a small LLM decoded by **Token Recycling** speculative "
+                "decoding and watch each step: the draft tree, what was accepted, and the adjacency matrix it "
+                "recycles.", elem_id="tr-title")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=5, min_width=420):
+            _chat_panel(ui)
+        with gr.Column(scale=6, min_width=520):
+            ui["meter"] = gr.HTML(meter_html(MeterView(note="Send a message to measure.")), elem_id="tr-meter-box")
+            ui["tree"] = gr.Plot(tree_figure(None, str), show_label=False, elem_id="tr-tree")
+    with gr.Row(equal_height=False):
+        _step_panel(ui)
+    _settings_panel(ui, studio)
+    _model_panel(ui, studio)
+    with gr.Accordion("How it works", open=False):
+        diagram = ASSETS / "how_it_works.svg"
+        if diagram.is_file():
+            gr.HTML(f'<div style="max-width:980px;margin:auto">{diagram.read_text(encoding="utf-8")}</div>')
+        gr.Markdown(HOW_IT_WORKS)
+    return ui
+
+
+# -------------------------------------------------------------------------------------------- wiring
+
+
+def _chat_fn(studio: h.Studio, registry: Registry, ui: dict):
+    """The /chat endpoint (keyword arguments are its parameter names)."""
+    def chat(message, max_new_tokens, temperature, top_p, top_k, seed, template, compare, k, delay, colour,
+             state, request: gr.Request):
+        s = registry.get(state, request)
+        notes: list[str] = []
+        settings = h.parse_settings(studio, dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                                 top_k=top_k, seed=seed, template=template, compare=compare, k=k,
+                                                 delay=delay, colour=colour), notes)
+        yield {ui["state"]: s}
+        shown: dict[str, Any] = {}
+        for view in h.respond(studio, s, message, settings, notes):
+            shown.update(view)
+            yield _update(ui, view)
+        if shown:  # the last update carries every output, so an API caller's result is complete
+            yield _update(ui, shown)
+    return chat
+
+
+def _simple(registry: Registry, ui: dict, handler, *extra):
+    """Wrap `handler(session, *extra, *inputs)` as an event function taking the state, then the inputs."""
+    def fn(state, request: gr.Request, *inputs):  # gradio passes the request at its position in the signature
+        s = registry.get(state, request)
+        out = _update(ui, handler(s, *extra, *inputs))
+        out[ui["state"]] = s
+        return out
+    return fn
+
+
+def _file_path(file: Any) -> str | None:
+    return file if isinstance(file, str) or file is None else getattr(file, "name", None)
+
+
+def _wire(demo: gr.Blocks, studio: h.Studio, registry: Registry, ui: dict) -> None:
+    outs = [ui[k] for k in KEYS] + [ui["state"]]
+    chat_inputs = [ui[k] for k in ("msg", "max_new", "temperature", "top_p", "top_k", "seed", "template", "compare",
+                                   "k", "delay", "colour", "state")]
+    run = dict(fn=_chat_fn(studio, registry, ui), inputs=chat_inputs, outputs=outs, concurrency_limit=1,
+               concurrency_id="engine")
+    ui["send"].click(**run, api_name="chat")
+    ui["msg"].submit(**run, api_visibility="undocumented")
+    ui["examples"].click(lambda i: EXAMPLES[i][1], inputs=ui["examples"], outputs=ui["msg"], queue=False,
+                         api_visibility="private").then(**run, api_visibility="undocumented")
+    state = ui["state"]
+    ui["stop"].click(_simple(registry, ui, h.stop_answer), inputs=state, outputs=outs, queue=False, api_name="stop")
+    ui["clear"].click(_simple(registry, ui, h.new_chat), inputs=state, outputs=outs, queue=False, api_name="new_chat")
+    replay = _simple(registry, ui, h.replay)
+    replay_inputs = [state, ui["replay"], ui["colour"]]
+    ui["replay"].release(replay, inputs=replay_inputs, outputs=outs, api_name="replay")
+    for btn, delta in ((ui["prev"], -1), (ui["next"], 1)):
+        move = _simple(registry, ui, lambda s, step, d=delta: {"replay": {"value": h.step_by(s, step, d)}})
+        btn.click(move, inputs=[state, ui["replay"]], outputs=outs, api_visibility="private").then(
+            replay, inputs=replay_inputs, outputs=outs, api_visibility="private")
+    ui["trace_upload"].upload(_simple(registry, ui, lambda s, f: h.load_trace(studio, s, _file_path(f))),
+                              inputs=[state, ui["trace_upload"]], outputs=outs, api_name="load_trace")
+    ui["load"].click(_simple(registry, ui, lambda s, name: h.load_model(studio, s, name)), inputs=[state, ui["model"]],
+                     outputs=outs, concurrency_limit=1, concurrency_id="load", api_name="load_model")
+    ui["reset"].click(_simple(registry, ui, h.reset_matrix), inputs=state, outputs=outs, api_name="reset_matrix")
+    ui["save"].click(_simple(registry, ui, h.save_matrix), inputs=state, outputs=outs, api_name="save_matrix")
+    ui["matrix_upload"].upload(_simple(registry, ui, lambda s, f, k: h.load_matrix(studio, s, _file_path(f), k)),
+                               inputs=[state, ui["matrix_upload"], ui["k"]], outputs=outs, api_name="load_matrix")
+    demo.unload(registry.close)
+
+
+def build_demo(studio: h.Studio) -> gr.Blocks:
+    """The page for one studio instance; every visitor gets their own session."""
+    registry = Registry(studio)
+    with gr.Blocks(title="Token Recycling Studio", delete_cache=(600, 3600)) as demo:
+        ui = _layout(studio)
+        ui["state"] = gr.State(None, delete_callback=lambda s: s.close() if isinstance(s, Session) else None)
+        _wire(demo, studio, registry, ui)
+    demo.queue(default_concurrency_limit=4, max_size=64 if studio.config.public else None)
+    demo.registry = registry  # for tests and operators: the live sessions
+    return demo

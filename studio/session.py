@@ -1,0 +1,85 @@
+"""Per-visitor state: one `Session` behind a lock, created per browser tab and cleaned up when it ends.
+
+The session owns its engine (so its adjacency matrix: sessions never share what they learned), its
+conversation, its last trace and, only once something is saved, a temporary folder. An answer in progress
+is marked by `answer_stop`; New chat bumps `conversation`, so an answer of an older conversation never writes
+back into the new one.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tr_core.trace import Trace
+
+from .config import EMBEDDED, StudioConfig
+
+DECODE_SLOT = threading.Lock()  # every decode of this process (answers and speed measurements) runs inside it
+TEMP_PREFIX = "tr-studio-"
+
+
+class InputError(ValueError):
+    """Something a visitor sent cannot be used; the message says what to change."""
+
+
+@dataclass
+class Session:
+    """One browser tab: its engine and matrix, conversation, last trace, and the answer in progress if any."""
+
+    model: str = EMBEDDED  # catalogue key of the session's model
+    engine: Any = None  # tr_core.Engine, created on first use (holds the session's adjacency matrix)
+    k: int = 8  # candidates per matrix row of `engine`
+    history: list[dict[str, str]] = field(default_factory=list)  # plain text turns sent to the model
+    display: list[dict[str, str]] = field(default_factory=list)  # the same turns as shown (escaped, coloured)
+    trace: Trace | None = None  # the last answer (or a loaded trace), for replay and download
+    conversation: int = 0  # bumped by New chat
+    answer_stop: threading.Event | None = None  # set while an answer runs; .set() asks it to stop
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # guards the fields above
+    _files: Path | None = None  # temporary folder, made on first save
+
+    @property
+    def answering(self) -> bool:
+        """True while an answer (or its speed measurement) is running."""
+        return self.answer_stop is not None
+
+    def files(self) -> Path:
+        """The session's temporary folder (made on first use)."""
+        if self._files is None or not self._files.is_dir():
+            self._files = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
+        return self._files
+
+    def close(self) -> None:
+        """The tab is gone: stop its answer and remove its files."""
+        stop = self.answer_stop
+        if stop is not None:
+            stop.set()
+        if self._files is not None:
+            shutil.rmtree(self._files, ignore_errors=True)
+            self._files = None
+
+
+def new_session(config: StudioConfig) -> Session:
+    """A fresh session on the instance's default model."""
+    return Session(model=config.default_model)
+
+
+def clean_text(text: Any, what: str, max_chars: int) -> str:
+    """Validate text a visitor typed: a str, valid Unicode, no control characters, not too long."""
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        raise InputError(f"The {what} must be text.")
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if any("\ud800" <= c <= "\udfff" for c in text):
+        raise InputError(f"The {what} contains a broken character (a lone UTF-16 surrogate); please retype it.")
+    bad = next((c for c in text if c not in "\n\t" and unicodedata.category(c) == "Cc"), None)
+    if bad is not None:
+        raise InputError(f"The {what} contains a control character (U+{ord(bad):04X}); please remove it.")
+    if len(text) > max_chars:
+        raise InputError(f"The {what} is {len(text):,} characters long; the limit here is {max_chars:,}.")
+    return text
