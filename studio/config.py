@@ -23,6 +23,7 @@ class StudioConfig:
     max_message_chars: int = 8000  # longest accepted chat message
     max_turns: int = 40  # conversation turns kept (older ones are dropped with a note)
     measure_max_s: float = 30.0  # the speed measurement after an answer stops after this long
+    measure_chunk_ms: float = 250.0  # engine time of each Token Recycling chunk in the interleaved measurement
     max_upload_mb: float = 10.0  # largest uploaded file (trace or matrix)
 
     @property

@@ -307,7 +307,8 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
     with DECODE_SLOT:
         rounds = interleave(twin.generate(ids, cfg, stop=stop.is_set),
                             twin.generate(ids, cfg.with_(plain=True), stop=stop.is_set),
-                            max_s=studio.config.measure_max_s, should_stop=stop.is_set)
+                            max_s=studio.config.measure_max_s, chunk_ms=studio.config.measure_chunk_ms,
+                            should_stop=stop.is_set)
         try:
             for est in rounds:
                 if time.monotonic() - last >= RENDER_EVERY_S:

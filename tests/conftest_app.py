@@ -51,3 +51,45 @@ def running_app(timeout_s: float = 120.0, extra_args: list[str] | None = None):
             proc.kill()
         if log is not subprocess.DEVNULL:
             log.close()
+
+
+@contextlib.contextmanager
+def running_app_proc(timeout_s: float = 120.0, extra_args: list[str] | None = None, env: dict[str, str] | None = None):
+    """Like `running_app`, but yield (url, process) and take extra environment variables (e.g. a private TMPDIR)."""
+    port = free_port()
+    full_env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1", **(env or {}))
+    log = open(ROOT / ".pytest_cache" / f"app-{port}.log", "w") if (ROOT / ".pytest_cache").is_dir() else subprocess.DEVNULL
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port), *(extra_args or [])],
+                            cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"app.py exited with code {proc.returncode} before serving")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"app.py did not serve {url} within {timeout_s:.0f} s")
+            time.sleep(0.5)
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        if log is not subprocess.DEVNULL:
+            log.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time used so far by a process (all its threads), from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -221,6 +221,18 @@ def test_aggregate_per_task():
     assert per["rag"]["mean_accepted"] == pytest.approx(26 / 8)
     assert per["rag"]["tokens_per_s"] == pytest.approx(13.0)
     assert (per["rag"]["identical"], per["rag"]["compared"]) == (1, 2)
+    assert per["qa"]["plausible"] is True and per["rag"]["plausible"] is True  # 2.0x <= 2.5, 2.5x <= 3.25
+
+
+def test_implausible_speedups_are_flagged_noisy_in_the_tables():
+    agg = bench.aggregate(_records(), ["vanilla", "recycling", "hf"])
+    agg["recycling"]["per_category"]["qa"].update(speedup=2.9, plausible=bench._plausible(2.9, 2.5))
+    assert agg["recycling"]["per_category"]["qa"]["plausible"] is False  # 2.9 > 1.1 x 2.5
+    assert agg["hf"]["plausible"] is None  # no step count: cannot be checked
+    tables = bench.format_tables({"methods": agg})
+    assert "2.90x ⚠ noisy" in tables and "load changed" in tables
+    agg["recycling"]["per_category"]["qa"].update(speedup=2.0, plausible=True)
+    assert "noisy" not in bench.format_tables({"methods": agg})
 
 
 def test_tables_and_html_report(tmp_path):

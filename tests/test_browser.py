@@ -1,13 +1,18 @@
-"""Real browser (Playwright + Debian's Chromium, headless): click an example, watch the answer, check the figures.
+"""Real browser (Playwright + Debian's Chromium, headless): click an example, watch the answer, check the figures;
+load a hostile shared trace (no outside fetch, no script, markup shown as text); a malformed trace is refused.
 
 Saves a screenshot to $TR_SCREENSHOT if set (e.g. assets/screenshot.png), else to pytest's tmp dir.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 from pathlib import Path
+
+from tr_core.events import StepEvent, SummaryEvent
+from tr_core.trace import Trace
 
 import pytest
 
@@ -20,6 +25,60 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
         "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
+
+RATIO_RE = re.compile(r"(\d+\.\d\d)× ± (\d+\.\d\d)")
+NOISY = "too noisy to measure"
+METER_FINAL_JS = (
+    "() => { const l = document.querySelector('#tr-meter .tr-biglabel');"
+    " const r = document.querySelector('#tr-ratio');"
+    " return !!(l && l.textContent.trim().startsWith('measured:'))"
+    f" || !!(r && r.textContent.trim() === '{NOISY}'); }}")
+
+
+def wait_meter_final(page, timeout: float) -> None:
+    """Wait until the meter shows its final state: a trusted measurement ('measured: …') or 'too noisy to measure'."""
+    page.wait_for_function(METER_FINAL_JS, timeout=timeout)
+
+
+def ratio_classes(ratio: float, error: float) -> set[str]:
+    """The colour classes a displayed ratio ± error may have (either side of the 2-decimal rounding).
+
+    up: clearly faster (ratio >= 1.05 and the error bar above 1); down: clearly slower; par otherwise.
+    """
+    out = set()
+    for dr in (-0.005, 0.0, 0.005):
+        for de in (-0.005, 0.0, 0.005):
+            r, e = ratio + dr, max(error + de, 0.0)
+            out.add("up" if r - e > 1.0 and r >= 1.05 else "down" if r + e < 1.0 and r <= 0.95 else "par")
+    return out
+
+
+def check_meter(page) -> None:
+    """The final meter: a well-formed ratio whose colour agrees with its value, speeds, the identity flag."""
+    label = page.locator("#tr-meter .tr-biglabel").inner_text().strip()
+    ratio_el = page.locator("#tr-ratio")
+    ratio = ratio_el.inner_text().strip()
+    cls = ratio_el.get_attribute("class").split()
+    meter = page.locator("#tr-meter").inner_text()
+    assert float(page.locator("#tr-tps").inner_text()) > 0
+    assert "outputs differ" not in meter, meter
+    if label.startswith("measured:"):
+        m = RATIO_RE.fullmatch(ratio)
+        assert m, ratio
+        r, e = float(m.group(1)), float(m.group(2))
+        shown = [c.removeprefix("tr-ratio-") for c in cls if c.startswith("tr-ratio-")]
+        assert len(shown) == 1 and shown[0] in ratio_classes(r, e), (ratio, cls)
+        if r < 0.95:
+            assert "tr-ratio-up" not in cls, (ratio, cls)
+        if r > 1.05:
+            assert "tr-ratio-down" not in cls, (ratio, cls)
+        assert {"up": "faster", "down": "slower", "par": "about as fast"}[shown[0]] in label, (label, cls)
+        assert float(page.locator("#tr-plain").inner_text()) > 0
+        assert "token-identical" in meter, meter
+    else:
+        assert ratio == NOISY, (label, ratio)
+        assert "tr-ratio-up" not in cls and "tr-ratio-down" not in cls, cls
+        assert "token-identical" in meter or "not compared" in meter, meter
 
 
 def test_example_click_streams_answer_and_draws_tree_heatmap_and_meter(tmp_path):
@@ -35,14 +94,8 @@ def test_example_click_streams_answer_and_draws_tree_heatmap_and_meter(tmp_path)
             # streaming: the answer and the live tree appear before the run ends
             page.wait_for_selector("#tr-chat .message.bot span.tr-run-a, #tr-chat [data-testid='bot'] span.tr-run-a",
                                    timeout=240_000)
-            page.wait_for_function(
-                "() => { const r = document.querySelector('#tr-meter .tr-biglabel');"
-                " return r && r.textContent.includes('measured'); }", timeout=300_000)
-            ratio = page.locator("#tr-ratio").inner_text()
-            tps = page.locator("#tr-tps").inner_text()
-            assert re.fullmatch(r"\d+\.\d\d×", ratio), ratio
-            assert float(tps) > 0
-            assert "token-identical" in page.locator("#tr-meter").inner_text()
+            wait_meter_final(page, timeout=300_000)
+            check_meter(page)
             # plotly drew SVG: tree markers (one per node; the default tree's size depends on the device) and heatmap
             page.wait_for_function("() => document.querySelectorAll('#tr-tree .scatterlayer .point').length >= 2",
                                    timeout=30_000)
@@ -59,3 +112,217 @@ def test_example_click_streams_answer_and_draws_tree_heatmap_and_meter(tmp_path)
         finally:
             browser.close()
     assert shot.stat().st_size > 10_000
+
+
+# ------------------------------------------------------------------------------ shared app for the trace tests
+
+LEAK_HOST = "127.0.0.1:9"
+PAYLOAD = (f'<img src="http://{LEAK_HOST}/leak1.png"> ![x](http://{LEAK_HOST}/leak2.png) '
+           f'<span style="background-image:url(http://{LEAK_HOST}/leak3.png)">x</span> '
+           '<script>window.__pwned=1</script>')
+TIMINGS = {"draft": 0.1, "forward": 10.0, "verify": 0.2, "commit": 0.1, "update": 0.3, "total": 10.7}
+
+
+def _step(step: int, stopped: bool = False) -> StepEvent:
+    """A 7-node tree: root -> {1, 4}; 1 -> {2, 5}; 2 -> {3}; 4 -> {7}. Accepted root-1-2, bonus 8 (or cut by a stop)."""
+    return StepEvent(
+        step=step, position=10 + 3 * step, tokens=[0, 1, 4, 2, 5, 7, 3], parents=[-1, 0, 0, 1, 1, 2, 3],
+        depths=[0, 1, 1, 2, 2, 2, 3], ranks=[-1, 0, 1, 0, 1, 0, 0], accepted=[0, 1, 3],
+        emitted=[1] if stopped else [1, 2, 8], bonus=None if stopped else 8, timings=dict(TIMINGS),
+        matrix_rows=[0, 1, 2, 4], matrix_values=[[1, 4], [2, 5], [8, 3], [7, 9]],
+        matrix_probs=[[0.7, 0.2], [0.6, 0.3], [0.9, 0.05], [0.5, 0.4]], template="tiny")
+
+
+def hostile_trace() -> Trace:
+    """A valid 3-step trace whose model name, messages, step texts and token strings all carry HTML/markdown images."""
+    trace = Trace(model=f"tiny {PAYLOAD}", settings={"template": "tiny", "temperature": 0.0, "k": 2},
+                  messages=[{"role": "system", "content": f"Be brief. {PAYLOAD}"},
+                            {"role": "user", "content": f"hi {PAYLOAD}"}])
+    vocab = {t: f" w{t} {PAYLOAD}" if t % 2 else f"<img src=\"http://{LEAK_HOST}/leak{t}.png\">" for t in range(10)}
+    for ev in (_step(0), _step(1), _step(2, stopped=True)):
+        trace.add_step(ev, vocab.__getitem__)
+    trace.step_texts = [f" the {PAYLOAD}\n", f"![x](http://{LEAK_HOST}/leak2.png) cat\n", " the"]
+    tokens = [1, 2, 8, 1, 2, 8, 1]
+    trace.summary = SummaryEvent(tokens=tokens, prompt_tokens=5, new_tokens=len(tokens), steps=3, mean_accepted=7 / 3,
+                                 tokens_per_s=100.0, prefill_s=0.1, decode_s=0.06, wall_s=0.16, stop_reason="eos",
+                                 method="recycling", template="tiny", matrix_rows_filled=5, matrix_mb=0.1)
+    return trace
+
+
+@pytest.fixture(scope="module")
+def app_browser():
+    """One app and one Chromium for the trace tests; each test opens its own page (its own session)."""
+    with running_app() as url, playwright_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        try:
+            yield url, browser
+        finally:
+            browser.close()
+
+
+def open_page(browser, url: str):
+    """A fresh page on the app that records every request and aborts (and records) any request leaving the app."""
+    context = browser.new_context(viewport={"width": 1600, "height": 1000}, device_scale_factor=1)
+    page = context.new_page()
+    seen: list[str] = []
+    outside: list[str] = []
+    page.on("request", lambda req: seen.append(req.url))
+
+    def guard(route):
+        if route.request.url.startswith(url):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", guard)
+    page.goto(url, wait_until="load", timeout=60_000)
+    page.wait_for_selector("#tr-examples", timeout=60_000)
+    page.wait_for_selector("#tr-trace-upload", timeout=60_000)
+    return context, page, seen, outside
+
+
+def upload_trace(page, path: Path) -> None:
+    """Upload a file through the 'Load a trace' UploadButton, as a visitor would (the file chooser of its button)."""
+    inputs = page.locator("#tr-trace-upload input[type=file]")
+    if inputs.count() == 0:  # the hidden input may sit next to the button rather than inside it
+        inputs = page.locator("#tr-trace-upload").locator("xpath=..").locator("input[type=file]")
+    if inputs.count() == 1:
+        inputs.set_input_files(str(path))
+    else:
+        with page.expect_file_chooser(timeout=10_000) as chooser:
+            page.locator("#tr-trace-upload").click()
+        chooser.value.set_files(str(path))
+
+
+def status_text(page) -> str:
+    return page.locator("#tr-status").inner_text()
+
+
+def wait_status(page, text: str, timeout: float = 60_000) -> None:
+    page.wait_for_function("(t) => { const s = document.querySelector('#tr-status');"
+                           " return !!(s && s.innerText.includes(t)); }", arg=text, timeout=timeout)
+
+
+def no_error_toast(page) -> None:
+    errors = page.locator(".toast-body.error, .toast-wrap .error")
+    assert errors.count() == 0, errors.all_inner_texts()
+
+
+def leaks(seen: list[str], outside: list[str]) -> list[str]:
+    return [u for u in seen + outside if LEAK_HOST in u or "leak" in u]
+
+
+def hover_figures(page) -> None:
+    """Move the mouse over the tree's nodes and the heatmap's cells, so plotly draws its hover labels."""
+    points = page.locator("#tr-tree .scatterlayer .point")
+    for i in range(min(points.count(), 8)):
+        box = points.nth(i).bounding_box()
+        if box:
+            page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            page.wait_for_timeout(80)
+    heat = page.locator("#tr-heat .nsewdrag").first
+    box = heat.bounding_box() if heat.count() else None
+    if box:
+        for fx, fy in ((0.2, 0.2), (0.5, 0.5), (0.8, 0.8)):
+            page.mouse.move(box["x"] + box["width"] * fx, box["y"] + box["height"] * fy)
+            page.wait_for_timeout(80)
+
+
+DOM_LEAK_JS = """() => {
+  const bad = [];
+  for (const el of document.querySelectorAll('img, image, source, video, audio, iframe, object, embed, link')) {
+    const src = el.getAttribute('src') || el.getAttribute('href') || el.getAttribute('xlink:href') || '';
+    if (src.includes('leak') || src.includes('127.0.0.1:9/')) bad.push(el.outerHTML.slice(0, 200));
+  }
+  for (const el of document.querySelectorAll('[style]')) {
+    if (el.getAttribute('style').includes('leak')) bad.push(el.outerHTML.slice(0, 200));
+  }
+  for (const el of document.querySelectorAll('script')) {
+    if ((el.textContent || '').includes('__pwned')) bad.push(el.outerHTML.slice(0, 200));
+  }
+  return bad;
+}"""
+
+
+def test_hostile_shared_trace_fetches_nothing_and_shows_markup_as_text(app_browser, tmp_path):
+    url, browser = app_browser
+    path = hostile_trace().save(tmp_path / "hostile.json")
+    assert Trace.load(path).to_dict() == hostile_trace().to_dict()  # valid: the studio must accept it
+    context, page, seen, outside = open_page(browser, url)
+    try:
+        outside_at_load = list(outside)  # the page itself (fonts, say) is not the trace's doing; reported below
+        upload_trace(page, path)
+        wait_status(page, "Loaded a trace")
+        page.wait_for_function("() => document.querySelectorAll('#tr-tree .scatterlayer .point').length >= 2",
+                               timeout=30_000)
+        page.wait_for_timeout(1000)  # give any image a chance to be requested
+        chat = page.locator("#tr-chat")
+        chat_text = chat.inner_text()
+        assert "<img" in chat_text and "<script>" in chat_text, chat_text  # escaped markup, visible as text
+        assert "![x](" in chat_text or "![x]" in chat_text, chat_text  # the markdown image stays text too
+        assert chat.locator("img[src*='leak']").count() == 0
+        assert "<img" in status_text(page)  # the model name, as text
+        assert page.evaluate("() => typeof window.__pwned") == "undefined"
+        assert page.evaluate(DOM_LEAK_JS) == []
+        hover_figures(page)
+        # replay: previous, then next step; each redraws the chat, the tree and the heatmap from the trace
+        page.get_by_role("button", name="◀ Previous step").click()
+        wait_status(page, "Replaying step 1 of 3")
+        hover_figures(page)
+        page.get_by_role("button", name="Next step ▶").click()
+        wait_status(page, "Replaying step 2 of 3")
+        page.get_by_role("button", name="Next step ▶").click()
+        wait_status(page, "Replaying step 3 of 3")
+        hover_figures(page)
+        page.wait_for_timeout(1000)
+        assert "<img" in page.locator("#tr-chat").inner_text()
+        assert page.evaluate("() => typeof window.__pwned") == "undefined"
+        assert page.evaluate(DOM_LEAK_JS) == []
+        no_error_toast(page)
+        assert leaks(seen, outside) == [], leaks(seen, outside)
+        assert outside[len(outside_at_load):] == [], outside
+        assert outside_at_load == [], f"the page itself requests outside the app: {outside_at_load}"
+    finally:
+        context.close()
+
+
+def test_malformed_trace_is_refused_and_the_session_goes_on(app_browser, tmp_path):
+    url, browser = app_browser
+    bad = hostile_trace().to_dict()
+    bad["model"], bad["messages"] = "tiny", [{"role": "user", "content": "hi"}]
+    bad["steps"][1]["parents"][3] = 99  # out of range: node 3's parent must be 0..2
+    path = tmp_path / "bad_trace.json"
+    path.write_text(json.dumps(bad), encoding="utf-8")
+    context, page, seen, outside = open_page(browser, url)
+    try:
+        page.locator("#tr-msg textarea, textarea#tr-msg, #tr-msg input").first.fill("Say hi.")
+        page.locator("#tr-msg textarea, textarea#tr-msg, #tr-msg input").first.press("Enter")
+        page.wait_for_selector("#tr-chat span.tr-run-a", timeout=120_000)
+        wait_meter_final(page, timeout=150_000)  # the answer and its measurement are over: the session is idle
+        before = page.locator("#tr-chat").inner_text()
+        assert "Say hi." in before and len(before.strip()) > len("Say hi.") + 2, before
+        meter_before = page.locator("#tr-meter").inner_text()
+
+        upload_trace(page, path)
+        wait_status(page, "✗")
+        status = status_text(page)
+        assert "cannot be loaded" in status and "parent of node 3" in status, status
+        assert str(tmp_path) not in status and "bad_trace" not in status, status  # no server path echoed
+        page.wait_for_timeout(500)
+        assert page.locator("#tr-chat").inner_text() == before
+        assert page.locator("#tr-meter").inner_text() == meter_before
+
+        # the session still works: replay the answer it kept
+        page.get_by_role("button", name="Next step ▶").click()
+        wait_status(page, "Replaying step")
+        assert re.search(r"Replaying step \d+ of \d+", status_text(page)), status_text(page)
+        after = page.locator("#tr-chat").inner_text()
+        assert "Say hi." in after and len(after.strip()) > len("Say hi.") + 2, after
+        page.get_by_role("button", name="◀ Previous step").click()
+        page.wait_for_timeout(300)
+        wait_status(page, "Replaying step")
+        no_error_toast(page)
+        assert [u for u in outside if LEAK_HOST in u] == []
+    finally:
+        context.close()

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tr_core.events import StepEvent, SummaryEvent
-from tr_core.figures import (ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, MatrixTracker, Speed, accepted_chart,
+from tr_core.figures import (ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, MatrixTracker, MeterView, accepted_chart,
                              coloured_markdown, display_token, heatmap_figure, meter_html, tree_figure, tree_layout,
                              unique_labels)
 from tr_core.trace import TextAssembler, Trace, TraceError, boundaries_from_texts
@@ -89,7 +89,7 @@ def test_heatmap_labels_are_unique_and_rows_touched_this_step_come_first():
     labels = heat["y"][::-1]
     fig.to_plotly()
     assert len(labels) == len(set(labels)) == 4
-    assert labels[0] == "● <root>" and labels[1] == "● ␣the"  # accepted path rows first: root, " the", " cat"
+    assert labels[0] == "● &lt;root&gt;" and labels[1] == "● ␣the"  # accepted path rows first: root, " the", " cat"
     assert heat["z"][::-1][0] == [0.7, 0.2]
     assert unique_labels([1, 5, 1], lambda t: "x") == ["x #1", "x #5", "x #1"]
     assert tracker.hits[0] == 1 and tracker.hits[1] == 1  # root row's rank-0 candidate and " the" row's accepted
@@ -113,11 +113,34 @@ def test_accepted_chart_and_meter():
     assert fig.traces[0]["y"] == [3, 3, 3] and fig.traces[0]["marker"]["color"][1] == BONUS_COLOUR
     fig.to_plotly()
     assert json.loads(fig.to_json())["data"][0]["type"] == "bar"
-    html = meter_html(Speed(tr_tps=30.0, plain_tps=15.0, plain_is_estimate=False, mean_accepted=2.5, identical=True))
-    assert "2.00×" in html and "token-identical" in html and "measured" in html
-    est = meter_html(Speed(tr_tps=30.0, plain_tps=12.0, plain_is_estimate=True))
-    assert "estimate" in est and "not compared" in est
-    assert "✗" in meter_html(Speed(tr_tps=1.0, plain_tps=1.0, plain_is_estimate=False, identical=False))
+    html = meter_html(MeterView(state="measured", tr_tps=30.0, plain_tps=15.0, ratio=2.0, error=0.05,
+                                mean_accepted=2.5, identical=True))
+    assert "2.00× ± 0.05" in html and "token-identical" in html and "measured" in html and "tr-ratio-up" in html
+    off = meter_html(MeterView(state="off", tr_tps=30.0))
+    assert "not measured" in off and "not compared" in off and "×" not in off.split('id="tr-ratio">')[1][:5]
+    assert "✗" in meter_html(MeterView(state="measured", ratio=1.0, error=0.01, identical=False))
+
+
+def test_meter_colour_follows_meaning_and_noise_says_noisy():
+    slow = meter_html(MeterView(state="measured", ratio=0.22, error=0.01, mean_accepted=2.9))
+    assert "tr-ratio-down" in slow and "tr-ratio-up" not in slow and "slower" in slow
+    par = meter_html(MeterView(state="measured", ratio=1.03, error=0.04))
+    assert "tr-ratio-par" in par
+    unsure = meter_html(MeterView(state="measured", ratio=1.10, error=0.12))  # the error bar crosses 1
+    assert "tr-ratio-par" in unsure
+    noisy = meter_html(MeterView(state="noisy", tr_tps=10.0, plain_tps=2.0, note="the machine was busy"))
+    ratio_text = noisy.split('id="tr-ratio">')[1].split("<")[0]
+    assert ratio_text == "too noisy to measure" and "busy" in noisy
+
+
+def test_untrusted_text_cannot_carry_html_or_images():
+    from tr_core.figures import safe_markdown
+
+    out = safe_markdown('<img src="http://x/a.png"> ![t](http://x/b.png) [l](http://x) `<b>`')
+    assert "<img" not in out and "![" not in out and "&#91;l]" in out and "`<b>`" in out
+    coloured = coloured_markdown('<img src=x onerror=alert(1)>![a](http://x/c.png)', [5, 40])
+    assert "<img" not in coloured and "![" not in coloured and "tr-run-a" in coloured
+    assert "&lt;" in display_token("<b>") and "<" not in display_token("<b>")
 
 
 def test_coloured_markdown_keeps_code_and_block_markers_plain():

@@ -343,6 +343,21 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
 
+def _plausible(speedup: float | None, mean_accepted: float | None) -> bool | None:
+    """False when a speedup exceeds what its mean accepted tokens per step allow (speed.plausible_limit): the
+    machine's load changed during the run, and the figure is noise. None when either number is missing."""
+    from .speed import plausible_limit
+
+    if speedup is None or mean_accepted is None:
+        return None
+    return speedup <= plausible_limit(mean_accepted)
+
+
+def _speedup_cell(stats: dict[str, Any]) -> str:
+    """A table cell: the speedup, flagged when implausible."""
+    return _fmt(stats["speedup"], ".2f", "x") + (" ⚠ noisy" if stats.get("plausible") is False else "")
+
+
 def _stats(recs: list[TurnRecord], base: dict[tuple[str, int], TurnRecord]) -> dict[str, Any]:
     """Totals of a set of records, with speedup and identical counts against the baseline records `base`."""
     tokens = sum(r.tokens for r in recs)
@@ -360,6 +375,8 @@ def _stats(recs: list[TurnRecord], base: dict[tuple[str, int], TurnRecord]) -> d
         "mean_tree_nodes": (_ratio(sum(r.tree_nodes for r in recs), steps)
                             if steps and all(r.tree_nodes for r in recs) else None),
         "speedup": _ratio(base_seconds, own_seconds) if paired else None,
+        "plausible": _plausible(_ratio(base_seconds, own_seconds) if paired else None,
+                                _ratio(tokens, steps) if steps else None),
         "identical": sum(r.answer_ids == b.answer_ids for r, b in paired),
         "compared": len(paired),
         "answers": len(recs),
@@ -422,7 +439,7 @@ def format_tables(result: dict[str, Any]) -> str:
              "| --- | ---: | ---: | ---: | ---: |"]
     for name, m in methods.items():
         lines.append(f"| {name} | {_fmt(m['mean_accepted'], '.2f')} | {_fmt(m['tokens_per_s'], '.1f')} | "
-                     f"{_fmt(m['speedup'], '.2f', 'x')} | {m['identical']}/{m['compared']} |")
+                     f"{_speedup_cell(m)} | {m['identical']}/{m['compared']} |")
     tasks = sorted({t for m in methods.values() for t in m["per_category"]}, key=task_sort_key)
     lines += ["", "Speedup over vanilla (mean accepted tokens per step) by task:", "",
               "| method | " + " | ".join(tasks) + " | overall |",
@@ -431,8 +448,11 @@ def format_tables(result: dict[str, Any]) -> str:
         cells = []
         for t in [*tasks, None]:
             c = m if t is None else m["per_category"].get(t)
-            cells.append("" if c is None else f"{_fmt(c['speedup'], '.2f', 'x')} ({_fmt(c['mean_accepted'], '.2f')})")
+            cells.append("" if c is None else f"{_speedup_cell(c)} ({_fmt(c['mean_accepted'], '.2f')})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if any(c.get("plausible") is False for m in methods.values() for c in [m, *m["per_category"].values()]):
+        lines += ["", "⚠ noisy: a speedup above what the mean accepted tokens per step allow (more than "
+                      "1.1 x mean accepted): the machine's load changed during the run; rerun on a quiet machine."]
     return "\n".join(lines)
 
 

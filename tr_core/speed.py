@@ -22,7 +22,7 @@ from typing import Any
 from .events import StepEvent
 
 MIN_PAIRS = 3  # fewer chunk pairs than this cannot give a spread
-MAX_REL_ERROR = 0.10  # a standard error above 10% of the ratio is "too noisy to measure"
+MAX_REL_ERROR = 0.08  # a standard error above 8% of the ratio is "too noisy to measure"
 PLAUSIBLE_SLACK = 1.10  # ratio <= slack x mean accepted tokens per step (slack covers per-step overheads)
 
 
@@ -77,28 +77,75 @@ def jackknife_ratio(pairs: list[ChunkPair]) -> tuple[float, float]:
     return ratio, math.sqrt((n - 1) / n * sum((x - mean) ** 2 for x in loo))
 
 
+def cost_ratio(p: ChunkPair) -> float:
+    """A pair's plain ms per token over its Token Recycling ms per step: load-sensitive, content-insensitive."""
+    return (p.plain_ms / max(p.tokens, 1)) / (p.tr_ms / max(p.tr_steps, 1))
+
+
+def drop_outliers(pairs: list[ChunkPair]) -> list[ChunkPair]:
+    """Pairs whose cost ratio is far from the rest (a load change fell between their two chunks) are left out.
+
+    Far: more than 4 median absolute deviations (at least 10%) from the median cost ratio.
+    """
+    if len(pairs) < 5:
+        return pairs
+    ratios = sorted(cost_ratio(p) for p in pairs)
+    median = ratios[len(ratios) // 2]
+    mad = sorted(abs(r - median) for r in ratios)[len(ratios) // 2]
+    limit = max(4 * mad, 0.10 * median)
+    return [p for p in pairs if abs(cost_ratio(p) - median) <= limit]
+
+
 def plausible_limit(mean_accepted: float) -> float:
     """The largest ratio a run with this many tokens per step can honestly reach."""
     return mean_accepted * PLAUSIBLE_SLACK
 
 
-def estimate(pairs: list[ChunkPair], identical: bool | None = None) -> SpeedEstimate:
-    """Turn measured chunk pairs into the meter's figure, deciding whether it can be trusted."""
-    pairs = [p for p in pairs if p.tokens > 0 and p.tr_ms > 0 and p.plain_ms > 0]
+def robust_ratio(pairs: list[ChunkPair]) -> tuple[float, float]:
+    """The ratio from the median pair (mean accepted x median cost ratio) and its MAD-based standard error.
+
+    Bursts of load that fall between a pair's two chunks move the mean, not the median; a median far from
+    the ratio of sums therefore means the figure rests on a few disturbed pairs.
+    """
+    ratios = sorted(cost_ratio(p) for p in pairs)
+    n = len(ratios)
+    median = (ratios[(n - 1) // 2] + ratios[n // 2]) / 2
+    mad = sorted(abs(r - median) for r in ratios)[n // 2] * 1.4826  # ~ standard deviation for normal noise
+    mean_acc = sum(p.tokens for p in pairs) / max(sum(p.tr_steps for p in pairs), 1)
+    return mean_acc * median, mean_acc * 1.2533 * mad / math.sqrt(n)  # 1.2533: standard error of a median
+
+
+def _distrust(pairs: list[ChunkPair], ratio: float, error: float, median_ratio: float, mean_acc: float) -> str:
+    """Why a measured ratio cannot be shown ("" when it can)."""
     tokens = sum(p.tokens for p in pairs)
+    if len(pairs) < MIN_PAIRS:
+        return f"the answer was too short to measure ({tokens} tokens); ask for a longer one"
+    if ratio > plausible_limit(mean_acc):
+        return (f"{ratio:.2f}× is more than {mean_acc:.2f} accepted tokens per step allow: "
+                "the machine was busy while measuring")
+    if error > MAX_REL_ERROR * ratio or abs(ratio - median_ratio) > 2 * error:
+        return f"the timings varied by ±{error / ratio:.0%} between chunks: the machine was busy while measuring"
+    return ""
+
+
+def estimate(pairs: list[ChunkPair], identical: bool | None = None) -> SpeedEstimate:
+    """Turn measured chunk pairs into the meter's figure, deciding whether it can be trusted.
+
+    The ratio is the ratio of sums over the pairs (a pair disturbed by a load change between its chunks is
+    left out); its error is the larger of the jackknife and the median-based one.
+    """
+    pairs = [p for p in pairs if p.tokens > 0 and p.tr_ms > 0 and p.plain_ms > 0]
     if not pairs:
         return SpeedEstimate(None, None, None, None, None, 0, 0, False, "nothing was measured", identical)
+    kept = drop_outliers(pairs)
+    pairs = kept if len(kept) >= 0.8 * len(pairs) else pairs  # too many disagree: keep all, the error shows it
+    tokens = sum(p.tokens for p in pairs)
     ratio, error = jackknife_ratio(pairs)
+    median_ratio, median_error = robust_ratio(pairs)
+    error = max(error, median_error)
     tr_s, plain_s = sum(p.tr_ms for p in pairs) / 1e3, sum(p.plain_ms for p in pairs) / 1e3
     mean_acc = tokens / max(sum(p.tr_steps for p in pairs), 1)
-    reason = ""
-    if len(pairs) < MIN_PAIRS:
-        reason = f"the answer was too short to measure ({tokens} tokens); ask for a longer one"
-    elif ratio > plausible_limit(mean_acc):
-        reason = (f"{ratio:.2f}× is more than {mean_acc:.2f} accepted tokens per step allow: "
-                  "the machine was busy while measuring")
-    elif error > MAX_REL_ERROR * ratio:
-        reason = f"the timings varied by ±{error / ratio:.0%} between chunks: the machine was busy while measuring"
+    reason = _distrust(pairs, ratio, error, median_ratio, mean_acc)
     return SpeedEstimate(ratio=ratio, error=error, tr_tps=tokens / tr_s, plain_tps=tokens / plain_s,
                          mean_accepted=mean_acc, tokens=tokens, pairs=len(pairs), trusted=not reason,
                          reason=reason, identical=identical)

@@ -1,0 +1,357 @@
+"""The app as visitors meet it, end to end: `python app.py` in a subprocess, driven by gradio_client.
+
+Public mode (refused model names, several visitors, a client killed mid-answer, New chat during an answer,
+temporary folders of closed sessions), its limits (time limit per answer, slow-motion cap, bad characters),
+and the speedup meter of a private instance while the machine is busy. Three app launches in all (one per
+class); each test is bounded in time.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest_app import cpu_seconds, running_app_proc
+
+gradio_client = pytest.importorskip("gradio_client")
+httpx = pytest.importorskip("httpx")
+
+TEMP_PREFIX = "tr-studio-"  # studio.session.TEMP_PREFIX
+LONG_QUESTION = "Write a long story about a robot who learns to paint."
+EMBEDDED_LABEL = "embedded (SmolLM2-135M-Instruct)"
+CHAT_PARAMS = ("message", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "template", "compare", "k",
+               "delay", "colour")
+CHAT_DEFAULTS = dict(max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0, seed=0, template="2.2.2",
+                     compare=False, k=8, delay=0.0, colour=True)
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def new_client(url: str):
+    return gradio_client.Client(url, verbose=False)
+
+
+def close_client(client) -> None:
+    """Stop the client's heartbeat (the server's unload fires once that stream ends)."""
+    close = getattr(client, "close", None)
+    if close is not None:
+        close()
+
+
+def chat(client, message: str, **settings):
+    return client.submit(message=message, **dict(CHAT_DEFAULTS, **settings), api_name="/chat")
+
+
+def text_of(message: dict) -> str:
+    content = message["content"]
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return str(content)
+
+
+def plain_text(message: dict) -> str:
+    """A chat message's text without the colour spans."""
+    return re.sub(r"<[^>]+>", "", text_of(message))
+
+
+def wait_for(predicate, timeout_s: float, every_s: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every_s)
+    return predicate()
+
+
+def streaming(job) -> bool:
+    """True once the job has streamed at least one decoding step (status 'Step n · m tokens')."""
+    return any(len(o) > 2 and isinstance(o[2], str) and o[2].startswith("Step ") for o in job.outputs())
+
+
+def kill_proc(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def cpu_over(pid: int, seconds: float) -> float:
+    """CPU seconds the process uses during the next `seconds` of wall time."""
+    before = cpu_seconds(pid)
+    time.sleep(seconds)
+    return cpu_seconds(pid) - before
+
+
+def studio_folders(tmp: Path) -> set[str]:
+    return set(glob.glob(str(tmp / f"{TEMP_PREFIX}*")))
+
+
+def chat_fn_index(client) -> int:
+    for i, dep in enumerate(client.config["dependencies"]):
+        if dep.get("api_name") == "chat":
+            return dep.get("id", i)
+    raise AssertionError("no /chat endpoint in the app's config")
+
+
+def raw_chat(url: str, session_hash: str, fn_index: int, message: str, timeout_s: float = 120.0, **settings) -> dict:
+    """Post a /chat request by hand, its JSON escaped as ASCII (so a lone surrogate travels as '\\ud800', which
+    gradio_client cannot encode), and read the queue's event stream until it completes; return that message."""
+    s = dict(CHAT_DEFAULTS, **settings)
+    data = [message] + [s[p] for p in CHAT_PARAMS[1:]] + [None]  # the session State goes last, empty
+    body = json.dumps({"data": data, "fn_index": fn_index, "session_hash": session_hash, "event_data": None,
+                       "trigger_id": None}, ensure_ascii=True)
+    r = httpx.post(url + "gradio_api/queue/join", content=body.encode("ascii"),
+                   headers={"Content-Type": "application/json"}, timeout=10)
+    assert r.status_code == 200, f"queue/join answered {r.status_code}: {r.text[:300]}"
+    event_id = r.json()["event_id"]
+    deadline = time.monotonic() + timeout_s
+    with httpx.stream("GET", url + "gradio_api/queue/data", params={"session_hash": session_hash},
+                      timeout=httpx.Timeout(timeout_s, connect=10)) as resp:
+        for line in resp.iter_lines():
+            if time.monotonic() > deadline:
+                break
+            if not line.startswith("data:"):
+                continue
+            msg = json.loads(line[5:])
+            if msg.get("event_id") == event_id and msg.get("msg") == "process_completed":
+                return msg
+    raise AssertionError(f"no answer to the raw /chat request within {timeout_s:.0f} s")
+
+
+# --------------------------------------------------------------------------- public mode (fixture A)
+
+
+@pytest.fixture(scope="class")
+def public_app(tmp_path_factory):
+    """A public instance with its own temporary directory (so its tr-studio-* folders can be counted alone)."""
+    tmp = tmp_path_factory.mktemp("public-app-tmp")
+    with running_app_proc(extra_args=["--public"], env={"TMPDIR": str(tmp)}) as (url, proc):
+        yield url, proc, tmp
+
+
+class TestPublicMode:
+    def test_refused_model_names_all_get_the_same_short_answer(self, public_app):
+        url, _, _ = public_app
+        client = new_client(url)
+        try:
+            names = ["/etc/passwd", "/etc", "/no/such/path", "no-such-org/no-such-model", "../../x.gguf", "x" * 400]
+            statuses = []
+            for name in names:
+                t0 = time.monotonic()
+                status = client.predict(name, api_name="/load_model")[2]
+                took = time.monotonic() - t0
+                assert took < 2.0, f"refusing {name[:40]!r} took {took:.1f} s"
+                assert "not offered" in status, status
+                for leak in (name, "passwd", "json", "config"):
+                    assert leak not in status, f"the refusal of {name[:40]!r} echoes {leak[:40]!r}: {status}"
+                statuses.append(status)
+            assert len(set(statuses)) == 1, statuses
+            status = client.predict(EMBEDDED_LABEL, api_name="/load_model")[2]
+            assert status.startswith("✓ Loaded"), status
+        finally:
+            close_client(client)
+
+    def test_three_visitors_at_once_get_the_same_greedy_answer(self, public_app):
+        url, _, _ = public_app
+        clients = [new_client(url) for _ in range(3)]
+        try:
+            jobs = [chat(c, "Name three colours of the rainbow.", max_new_tokens=32, temperature=0)
+                    for c in clients]
+            finals = [job.result(timeout=150) for job in jobs]
+            answers = []
+            for final in finals:
+                conversation, status = final[0], final[2]
+                assert len(conversation) == 2 and conversation[-1]["role"] == "assistant", (conversation, status)
+                answers.append(plain_text(conversation[-1]).strip())
+            assert answers[0], finals[0][2]
+            assert answers[0] == answers[1] == answers[2], answers
+        finally:
+            for c in clients:
+                close_client(c)
+
+    def test_new_chat_during_an_answer_stops_and_drops_it(self, public_app):
+        url, _, _ = public_app
+        client = new_client(url)
+        try:
+            job = chat(client, LONG_QUESTION, max_new_tokens=300)
+            assert wait_for(lambda: streaming(job) or job.done(), 120), "the answer never started streaming"
+            assert not job.done(), "the 300-token answer ended before New chat could be tried"
+            out = client.predict(api_name="/new_chat")
+            t0 = time.monotonic()
+            assert out[0] == [] and "New conversation" in out[2], out[:3]
+            final = job.result(timeout=30)
+            took = time.monotonic() - t0
+            assert took < 5.0, f"the running answer took {took:.1f} s to end after New chat"
+            assert final[0] == [], f"the dropped answer's final chat is not empty: {final[0]}"
+            after = chat(client, "Name a fruit.", max_new_tokens=12).result(timeout=120)
+            conversation = after[0]
+            assert [m["role"] for m in conversation] == ["user", "assistant"], conversation
+            assert plain_text(conversation[0]) == "Name a fruit." and plain_text(conversation[1]).strip(), conversation
+        finally:
+            close_client(client)
+
+    def test_closed_sessions_leave_no_temporary_folders(self, public_app):
+        url, _, tmp = public_app
+        before = studio_folders(tmp)
+        # a fresh session that only replays creates nothing
+        fresh = new_client(url)
+        try:
+            status = fresh.predict(1, True, api_name="/replay")[2]
+            assert "Nothing to replay" in status, status
+            assert studio_folders(tmp) - before == set(), "/replay without a chat created a folder"
+        finally:
+            close_client(fresh)
+        closers: list[threading.Thread] = []
+        peak = 0
+        for i in range(20):
+            client = new_client(url)
+            try:
+                final = chat(client, f"Say the number {i}.", max_new_tokens=8).result(timeout=120)
+                assert final[0] and final[0][-1]["role"] == "assistant", final[2]
+                if i % 4 == 0:
+                    status = client.predict(api_name="/save_matrix")[2]
+                    assert "Matrix saved" in status, status
+                peak = max(peak, len(studio_folders(tmp) - before))
+            finally:  # close() waits for the next heartbeat line: close in the background
+                t = threading.Thread(target=close_client, args=(client,), daemon=True)
+                t.start()
+                closers.append(t)
+        assert peak >= 1, "no session folder was ever made: the test would not see a leak"
+        for t in closers:
+            t.join(timeout=30)
+        # the server notices a closed heartbeat stream at its next heartbeat (15 s), then unload removes the folder
+        wait_for(lambda: not (studio_folders(tmp) - before), 40, every_s=0.5)
+        left = studio_folders(tmp) - before
+        assert len(left) <= 1, f"{len(left)} of 20 closed sessions left their folders: {sorted(left)[:5]}"
+
+    def test_a_client_killed_mid_answer_leaves_the_server_idle(self, public_app):
+        url, proc, _ = public_app
+        script = (
+            "import sys, time\n"
+            "from gradio_client import Client\n"
+            "c = Client(sys.argv[1], verbose=False)\n"
+            f"job = c.submit(message={LONG_QUESTION!r}, max_new_tokens=400, compare=False,"
+            " template='adaptive-fixed', api_name='/chat')\n"
+            "deadline = time.monotonic() + 120\n"
+            "while time.monotonic() < deadline and not any(len(o) > 2 and isinstance(o[2], str)"
+            " and o[2].startswith('Step ') for o in job.outputs()):\n"
+            "    time.sleep(0.05)\n"
+            "print('STREAMING' if not job.done() else 'DONE', flush=True)\n"
+            "time.sleep(600)\n"
+        )
+        visitor = subprocess.Popen([sys.executable, "-c", script, url], stdout=subprocess.PIPE, text=True)
+        try:
+            line = [""]
+            reader = threading.Thread(target=lambda: line.__setitem__(0, visitor.stdout.readline()), daemon=True)
+            reader.start()
+            reader.join(timeout=150)
+            assert line[0].strip() == "STREAMING", f"the visitor's answer did not stream: {line[0]!r}"
+            time.sleep(0.5)
+            busy = cpu_over(proc.pid, 3.0)  # ~4 s of streaming in all when the visitor is killed
+            visitor.kill()
+            visitor.wait(timeout=10)
+            time.sleep(3.0)
+            idle = cpu_over(proc.pid, 3.0)
+            assert busy > 1.0, f"the app used only {busy:.2f} CPU s in 3 s while answering: the test cannot tell"
+            assert idle < 0.5, (f"the app still used {idle:.2f} CPU s in 3 s, 3 s after its visitor was killed "
+                                f"(vs {busy:.2f} while answering): the abandoned answer kept decoding")
+        finally:
+            kill_proc(visitor)
+
+
+# ----------------------------------------------------------------- public limits (fixture B)
+
+
+@pytest.fixture(scope="class")
+def limited_app():
+    with running_app_proc(extra_args=["--public", "--time-limit", "3"]) as (url, proc):
+        yield url, proc
+
+
+class TestPublicLimits:
+    def test_time_limit_stops_a_long_answer_and_slow_motion_is_capped(self, limited_app):
+        url, _ = limited_app
+        client = new_client(url)
+        try:
+            client.predict(EMBEDDED_LABEL, api_name="/load_model")  # the model is loaded: only decoding is timed
+            t0 = time.monotonic()
+            final = chat(client, LONG_QUESTION, max_new_tokens=1024, template="adaptive-fixed").result(timeout=120)
+            took = time.monotonic() - t0
+            assert took < 10.0, f"a 3 s time limit let the answer run {took:.1f} s"
+            assert "time limit" in final[2], final[2]
+            assert plain_text(final[0][-1]).strip(), "the answer so far was not kept"
+            final = chat(client, "Say hi.", max_new_tokens=4, delay=3.0).result(timeout=120)
+            assert "capped at 0.5 s" in final[2], final[2]
+        finally:
+            close_client(client)
+
+    def test_broken_and_control_characters_get_a_clear_message_and_the_session_goes_on(self, limited_app):
+        url, _ = limited_app
+        client = new_client(url)
+        try:
+            msg = raw_chat(url, client.session_hash, chat_fn_index(client), "bad \ud800 text", max_new_tokens=8)
+            assert msg.get("success") is True, msg
+            status = msg["output"]["data"][2]
+            assert "broken character" in status, status
+            final = chat(client, "Name a colour.", max_new_tokens=12).result(timeout=120)
+            assert final[0] and final[0][-1]["role"] == "assistant" and plain_text(final[0][-1]).strip(), final[2]
+            final = chat(client, "ring \x07 bell", max_new_tokens=8).result(timeout=60)
+            assert "control character" in final[2], final[2]
+        finally:
+            close_client(client)
+
+
+# ------------------------------------------------------------ the meter under load (fixture C)
+
+
+@pytest.fixture(scope="class")
+def one_thread_app():
+    with running_app_proc(extra_args=["--threads", "1"]) as (url, proc):
+        yield url, proc
+
+
+RATIO = re.compile(r'id="tr-ratio">([0-9.]+)×(?: ± ([0-9.]+))?<')
+MEAN_ACCEPTED = re.compile(r'id="tr-mat">([0-9.]+)<')
+
+
+class TestMeterUnderLoad:
+    def test_a_busy_machine_never_shows_more_speedup_than_the_accepted_tokens_allow(self, one_thread_app):
+        url, _ = one_thread_app
+        client = new_client(url)
+        try:
+            for attempt in range(2):
+                client.predict(api_name="/new_chat")
+                job = chat(client, LONG_QUESTION, max_new_tokens=96, template="2.2.2", compare=True)
+                busy: list[subprocess.Popen] = []
+                try:
+                    measuring = wait_for(lambda: job.done() or any(
+                        len(o) > 2 and isinstance(o[2], str) and "Measuring the speedup" in o[2]
+                        for o in job.outputs()), 150, every_s=0.05)
+                    assert measuring and not job.done(), "the speed measurement never started"
+                    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+                    final = job.result(timeout=120)
+                finally:
+                    for p in busy:
+                        kill_proc(p)
+                meter = final[3]
+                if "noisy" in meter:
+                    continue
+                ratio, mean_acc = RATIO.search(meter), MEAN_ACCEPTED.search(meter)
+                assert ratio and mean_acc, f"attempt {attempt + 1}: the final meter shows no result: {meter}"
+                r, m = float(ratio.group(1)), float(mean_acc.group(1))
+                assert r <= 1.2 * m, (f"attempt {attempt + 1}: the meter shows {r:.2f}× with {m:.2f} accepted "
+                                      f"tokens/step under load: {meter}")
+        finally:
+            close_client(client)

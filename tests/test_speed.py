@@ -1,0 +1,179 @@
+"""The honest meter (tr_core.speed) and the decode's ownership by its consumer (tr_core.trace.record_live)."""
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import torch
+
+from conftest import TinyTokenizer, tiny_model
+from tr_core.config import DecodeConfig
+from tr_core.engine import Engine
+from tr_core.events import StepEvent
+from tr_core.speed import ChunkPair, estimate, forked, interleave, measure_interleaved, plausible_limit
+from tr_core.trace import Trace, record_live
+
+
+class Clock:
+    """A simulated machine: every step costs its base time x the load at that moment (load changes over time)."""
+
+    def __init__(self, load_at):
+        self.now_ms = 0.0
+        self.load_at = load_at
+
+    def cost(self, base_ms: float) -> float:
+        ms = base_ms * self.load_at(self.now_ms)
+        self.now_ms += ms
+        return ms
+
+
+def fake_run(clock: Clock, tokens: int, per_step: int, base_ms: float, jitter: float = 0.0, seed: int = 0):
+    """Step events of a run emitting `per_step` tokens per step, each step timed on the simulated clock."""
+    rng = random.Random(seed)
+    done = 0
+    while done < tokens:
+        n = min(per_step, tokens - done)
+        ms = clock.cost(base_ms * (1 + rng.uniform(-jitter, jitter)))
+        yield StepEvent(step=0, position=0, tokens=[1], parents=[-1], depths=[0], ranks=[-1], accepted=[0],
+                        emitted=[5] * n, bonus=5, timings={"total": ms})
+        done += n
+
+
+def sequential_ratio(load_at) -> float:
+    """What the old meter did: all of Token Recycling, then all of plain decoding."""
+    clock = Clock(load_at)
+    tr = sum(e.timings["total"] for e in fake_run(clock, 120, 2, 30.0))
+    plain = sum(e.timings["total"] for e in fake_run(clock, 120, 1, 20.0))
+    return plain / tr
+
+
+def test_a_load_change_between_the_runs_cannot_fake_a_speedup():
+    # true ratio: 2 tokens per 30 ms step against 1 token per 20 ms step = 1.33x; the machine gets 3x
+    # busier after 1.8 s, i.e. during what the old meter timed as the plain run
+    busy_later = lambda t: 1.0 if t < 1800 else 3.0  # noqa: E731
+    assert sequential_ratio(busy_later) > 3.5  # the old figure: far above the 2 tokens per step allow
+    clock = Clock(busy_later)
+    est = measure_interleaved(fake_run(clock, 120, 2, 30.0), fake_run(clock, 120, 1, 20.0), chunk_ms=100.0)
+    assert est.trusted and abs(est.ratio - 4 / 3) < 0.05 and est.error < 0.05
+    assert est.ratio <= plausible_limit(est.mean_accepted) and est.mean_accepted == 2.0 and est.identical
+
+
+def bursty(period_ms: float, seed: int = 0):
+    """A load that flips at random between 1x and 4x every `period_ms` (another program starting and stopping)."""
+    rng, loads = random.Random(seed), {}
+    return lambda t: loads.setdefault(int(t // period_ms), rng.choice([1.0, 4.0]))
+
+
+def test_a_bursty_machine_is_called_too_noisy_and_an_impossible_ratio_too():
+    clock = Clock(bursty(130.0))
+    est = measure_interleaved(fake_run(clock, 120, 2, 30.0), fake_run(clock, 120, 1, 20.0), chunk_ms=100.0)
+    assert not est.trusted and "busy" in est.reason and est.ratio is not None
+    shown = []
+    for period in (40.0, 70.0, 300.0, 1000.0):  # a trusted figure from a bursty machine lies near the truth (1.33x)
+        for seed in range(10):
+            clock = Clock(bursty(period, seed))
+            est = measure_interleaved(fake_run(clock, 120, 2, 30.0, jitter=0.1, seed=seed),
+                                      fake_run(clock, 120, 1, 20.0, jitter=0.1, seed=seed + 99), chunk_ms=100.0)
+            if est.trusted:
+                shown.append(est)
+                assert abs(est.ratio - 4 / 3) <= 3 * est.error, est
+    assert len(shown) >= 5  # long bursts leave enough steady pairs to measure
+    # a ratio above what 1.05 accepted tokens per step allow is refused whatever its spread
+    pairs = [ChunkPair(tokens=21, tr_ms=100.0, tr_steps=20, plain_ms=250.0) for _ in range(6)]
+    est = estimate(pairs)
+    assert not est.trusted and "more than" in est.reason and est.error == 0.0
+    assert estimate(pairs[:2]).reason.startswith("the answer was too short")
+    assert not estimate([]).trusted
+
+
+def test_interleave_yields_progress_and_closes_both_runs_when_closed():
+    clock = Clock(lambda t: 1.0)
+    closed: list[str] = []
+
+    def tracked(gen, name):
+        try:
+            yield from gen
+        finally:
+            closed.append(name)
+
+    rounds = interleave(tracked(fake_run(clock, 400, 2, 30.0), "tr"), tracked(fake_run(clock, 400, 1, 20.0), "plain"),
+                        chunk_ms=90.0)
+    first, second = next(rounds), next(rounds)
+    assert first.pairs == 1 and second.pairs == 2 and second.tokens > first.tokens
+    rounds.close()
+    assert sorted(closed) == ["plain", "tr"]
+
+
+def tiny_engine(arch: str = "llama") -> Engine:
+    return Engine(tiny_model(arch), TinyTokenizer(96), topk_candidates=4)
+
+
+def test_a_forked_engine_measures_from_the_answers_starting_state_without_touching_it():
+    engine = tiny_engine()
+    prompt = [3, 4, 5, 6, 7, 8, 9, 10]
+    cfg = DecodeConfig(max_new_tokens=24, template="small-16")
+    list(engine.generate(prompt, cfg))
+    table, probs = engine.matrix.table.clone(), engine.matrix.probs.clone()
+    twin = forked(engine)
+    est = measure_interleaved(twin.generate(prompt, cfg), twin.generate(prompt, cfg.with_(plain=True)), chunk_ms=5.0)
+    assert est.identical is True and est.tokens > 0
+    assert torch.equal(engine.matrix.table, table) and torch.equal(engine.matrix.probs, probs)  # untouched
+    assert twin.model is engine.model and twin.matrix is not engine.matrix
+
+
+class SlowEngine:
+    """A fake engine whose steps take `step_s`; counts live decodes."""
+
+    def __init__(self, step_s: float = 0.02, steps: int = 10_000):
+        self.step_s, self.steps, self.running = step_s, steps, 0
+
+    def decode(self, ids):
+        return " ".join(map(str, ids))
+
+    def generate(self, ids, cfg, stop=None):
+        self.running += 1
+        try:
+            for i in range(self.steps):
+                time.sleep(self.step_s)
+                yield StepEvent(step=i, position=i, tokens=[1], parents=[-1], depths=[0], ranks=[-1], accepted=[0],
+                                emitted=[5], bonus=5, timings={"total": self.step_s * 1e3})
+                if stop is not None and stop():
+                    return
+        finally:
+            self.running -= 1
+
+
+def test_closing_record_live_stops_and_joins_the_engine_thread_and_frees_the_slot():
+    engine, slot = SlowEngine(), threading.Lock()
+    live = record_live(engine, [1], DecodeConfig(), Trace(), every_s=0.05, slot=slot)
+    next(live)
+    assert engine.running == 1 and slot.locked()
+    t0 = time.monotonic()
+    live.close()
+    assert engine.running == 0 and not slot.locked() and time.monotonic() - t0 < 1.0
+    assert not any(t.name == "tr-engine" and t.is_alive() for t in threading.enumerate())
+
+
+def test_an_abandoned_consumer_stops_the_decode_and_a_time_limit_ends_the_answer():
+    engine = SlowEngine()
+    live = record_live(engine, [1], DecodeConfig(), Trace(), every_s=0.05, abandon_s=0.3)
+    next(live)  # the consumer takes one batch, then never asks again (a request dropped without closing)
+    deadline = time.monotonic() + 5
+    while engine.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.running == 0
+    trace = Trace()
+    batches = list(record_live(SlowEngine(steps=10_000), [1], DecodeConfig(), trace, every_s=0.05, time_limit_s=0.3))
+    assert batches and 0 < len(trace.steps) < 100
+
+
+def test_a_decode_waits_for_the_slot_and_gives_up_when_stopped():
+    slot = threading.Lock()
+    slot.acquire()
+    stop = threading.Event()
+    engine = SlowEngine(steps=3)
+    live = record_live(engine, [1], DecodeConfig(), Trace(), stop=stop, every_s=0.05, slot=slot)
+    threading.Timer(0.3, stop.set).start()
+    assert list(live) == [] and engine.running == 0  # never started: the slot was busy until it was stopped
+    slot.release()
