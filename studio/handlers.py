@@ -402,7 +402,7 @@ def load_trace(studio: Studio, s: Session, path: str | None) -> dict:
         s.conversation += 1
     best = best_step(trace)
     view = step_views(trace, best)
-    view.update({"chat": display, "meter": trace_meter(trace, note="recorded with the trace, on its machine"),
+    view.update({"chat": display, "meter": trace_meter(trace, loaded=True),
                  "replay": replay_slider(trace, best + 1),
                  "status": f"Loaded a trace of {len(trace.steps)} steps recorded with "
                            f"{trace.model[:80] or 'an unknown model'} (shown as a new conversation; the matrix is "

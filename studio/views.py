@@ -66,13 +66,18 @@ def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "") -> str
                                 error=est.error, identical=est.identical, note="; ".join(x for x in (why, note) if x)))
 
 
-def trace_meter(trace: Trace, note: str = "") -> str:
+MEASURE_HINT = "turn on “Measure the speedup” in the decoding settings to measure it"
+
+
+def trace_meter(trace: Trace, note: str = MEASURE_HINT, loaded: bool = False) -> str:
     """The meter of a finished or loaded trace: its recorded measurement, else its own speed only."""
     if trace.speed is not None:
-        return measured_meter(SpeedEstimate(**trace.speed), note=note)
+        return measured_meter(SpeedEstimate(**trace.speed), note="recorded with the trace" if loaded else "")
     s = trace.summary
+    if loaded:
+        note = "no speed measurement is recorded in this trace"
     if trace.plain is not None:  # an older trace, timed one method after the other: its ratio is not trusted
-        note = note or "this trace was timed one method after the other (older studio): no ratio is shown"
+        note = "this trace was timed one method after the other (older studio): no ratio is shown"
     return meter_html(MeterView(state="off", tr_tps=s.tokens_per_s if s else None,
                                 mean_accepted=s.mean_accepted if s else None, identical=trace.identical, note=note))
 

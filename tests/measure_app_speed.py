@@ -19,10 +19,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
-import app  # noqa: E402
+from studio import handlers as h  # noqa: E402
+from studio.config import StudioConfig  # noqa: E402
+from studio.models import ModelCatalog  # noqa: E402
+from studio.page import build_demo  # noqa: E402
+from studio.session import Session  # noqa: E402
 from tr_core import DecodeConfig, Engine, load_model  # noqa: E402
 
 PROMPT = "Write a Python function that checks whether a string is a palindrome, with a short docstring."
@@ -32,7 +35,11 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 64
     torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
     pairs = int(sys.argv[3]) if len(sys.argv) > 3 else 5
-    app.build_demo()  # creates the components respond() writes to
+    studio = h.Studio(config=StudioConfig(), catalog=ModelCatalog(StudioConfig()), default_template="2.2.2")
+    demo = build_demo(studio)
+    components = {key: next(c for c in demo.blocks.values() if getattr(c, "elem_id", None) == elem)
+                  for key, elem in (("chat", "tr-chat"), ("tree", "tr-tree"), ("heat", "tr-heat"), ("chart", "tr-chart"),
+                                    ("meter", "tr-meter-box"), ("status", "tr-status"))}
     model, tokenizer = load_model()
     engine = Engine(model, tokenizer, topk_candidates=8)
     ids = engine.encode_chat([{"role": "user", "content": PROMPT}])
@@ -43,14 +50,15 @@ def main() -> None:
 
     def via_app() -> tuple[float, int, float, float]:
         engine.matrix.reset()
-        session = app.Session(engine=engine, k=8)
+        session = Session(engine=engine, k=8)
         updates, cpu0, wall0 = 0, time.thread_time(), time.perf_counter()
-        for out in app.respond(PROMPT, session, n, 0.0, 1.0, 0, 0, "2.2.2", 8, False, 0.0, True):
-            for comp, value in out.items():  # what Gradio does with every yield
-                if isinstance(comp, gr.State) or isinstance(value, gr.components.Component) or (
-                        isinstance(value, dict) and value.get("__type__") == "update"):
+        notes: list[str] = []
+        settings = h.parse_settings(studio, dict(max_new_tokens=n, template="2.2.2", compare=False), notes)
+        for out in h.respond(studio, session, PROMPT, settings, notes):
+            for key, value in out.items():  # what Gradio does with every yield
+                if key not in components:
                     continue
-                data = comp.postprocess(value)
+                data = components[key].postprocess(value)
                 json.dumps(data.model_dump() if hasattr(data, "model_dump") else data, default=str)
             updates += 1
         return session.trace.summary.tokens_per_s, updates, time.thread_time() - cpu0, time.perf_counter() - wall0

@@ -349,7 +349,7 @@ def _ratio_parts(v: MeterView) -> tuple[str, str, str]:
     if v.state in ("live", "measuring"):
         return "…", "none", "speedup: measured right after the answer" if v.state == "live" else "measuring speedup…"
     if v.state == "off":
-        return "—", "none", "speedup not measured (turn on “compare with plain decoding”)"
+        return "—", "none", "speedup not measured"
     return "—", "none", "speedup"
 
 
