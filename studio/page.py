@@ -7,6 +7,8 @@ Endpoint names are the documented API: /chat, /stop, /new_chat, /replay, /load_t
 """
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,30 +59,59 @@ step allow.
 
 
 class Registry:
-    """The live sessions by Gradio session hash, so that a closed tab's session can be cleaned up at once."""
+    """The live sessions by Gradio session hash, so that a closed tab's session can be cleaned up at once.
 
-    def __init__(self, studio: h.Studio) -> None:
+    A tab that closes is cleaned up by Gradio's unload; a caller that never kept a connection open (a raw
+    HTTP script) is cleaned up once idle for `idle_s`, and at most `max_sessions` are kept (oldest first out).
+    """
+
+    def __init__(self, studio: h.Studio, idle_s: float = 1800.0, max_sessions: int = 1000) -> None:
         self.studio = studio
+        self.idle_s, self.max_sessions = idle_s, max_sessions
         self.sessions: dict[str, Session] = {}
+        self.seen: dict[str, float] = {}
+        self._lock = threading.Lock()
 
     def get(self, state: Any, request: gr.Request | None) -> Session:
         """The visitor's session: the State's, else the one registered for this tab, else a new one."""
         key = getattr(request, "session_hash", None) or ""
-        if isinstance(state, Session):
-            self.sessions.setdefault(key, state)
-            return state
-        if key in self.sessions:
-            return self.sessions[key]
-        s = new_session(self.studio.config)
-        if key:
-            self.sessions[key] = s
-        return s
+        with self._lock:
+            s = state if isinstance(state, Session) else self.sessions.get(key) or new_session(self.studio.config)
+            if key:
+                self.sessions.setdefault(key, s)
+                self.seen[key] = time.monotonic()
+            self._sweep()  # this tab was just seen: it is the newest, never swept here
+            return s
+
+    def _sweep(self) -> None:
+        """Close sessions idle for too long, then the oldest beyond the cap (never one that is answering)."""
+        now = time.monotonic()
+        by_age = sorted(self.seen, key=self.seen.get)
+        over = len(by_age) - self.max_sessions
+        for i, key in enumerate(by_age):
+            if (now - self.seen[key] > self.idle_s or i < over) and not self.sessions[key].answering:
+                self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        s = self.sessions.pop(key, None)
+        self.seen.pop(key, None)
+        if s is not None:
+            s.close()
 
     def close(self, request: gr.Request) -> None:
         """The tab closed (Gradio's unload): stop its answer, remove its files."""
-        s = self.sessions.pop(getattr(request, "session_hash", None) or "", None)
-        if s is not None:
-            s.close()
+        with self._lock:
+            self._drop(getattr(request, "session_hash", None) or "")
+
+    def discard(self, session: Any) -> None:
+        """Gradio deleted a session's State: close it and forget it."""
+        if not isinstance(session, Session):
+            return
+        with self._lock:
+            for key in [k for k, v in self.sessions.items() if v is session]:
+                self.sessions.pop(key, None)
+                self.seen.pop(key, None)
+        session.close()
 
 
 def _update(ui: dict[str, Any], view: dict[str, Any]) -> dict:
@@ -268,7 +299,7 @@ def build_demo(studio: h.Studio) -> gr.Blocks:
     registry = Registry(studio)
     with gr.Blocks(title="Token Recycling Studio", delete_cache=(600, 3600)) as demo:
         ui = _layout(studio)
-        ui["state"] = gr.State(None, delete_callback=lambda s: s.close() if isinstance(s, Session) else None)
+        ui["state"] = gr.State(None, delete_callback=registry.discard, time_to_live=registry.idle_s)
         _wire(demo, studio, registry, ui)
     demo.queue(default_concurrency_limit=4, max_size=64 if studio.config.public else None)
     demo.registry = registry  # for tests and operators: the live sessions

@@ -1,7 +1,6 @@
 """Shared fixtures: tiny random-weight models of several architectures, and the embedded real model."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -85,15 +84,8 @@ def embedded():
 
 def load_questions(name: str, n: int) -> list[dict]:
     """The first n questions of a development set, spread over its categories (round-robin)."""
-    rows = [json.loads(line) for line in (DATA / name).read_text().splitlines() if line.strip()]
-    by_cat: dict[str, list[dict]] = {}
-    for r in rows:
-        by_cat.setdefault(r["category"], []).append(r)
-    out: list[dict] = []
-    i = 0
-    while len(out) < n and any(i < len(v) for v in by_cat.values()):
-        for v in by_cat.values():
-            if i < len(v) and len(out) < n:
-                out.append(v[i])
-        i += 1
-    return out
+    from tr_core.questions import interleave_categories
+    from tr_core.questions import load_questions as read_questions
+
+    chosen = interleave_categories(read_questions(DATA / name))[:n]
+    return [{"question_id": q.question_id, "category": q.category, "turns": list(q.turns)} for q in chosen]

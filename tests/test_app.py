@@ -398,3 +398,22 @@ def test_stop_keeps_the_answer_so_far_and_adaptive_trees_draw(client):
     assert trace.summary.stop_reason == "stopped" and 0 < trace.summary.new_tokens < 400
     final = chat(client, "List three fruits.", template="adaptive", max_new_tokens=16, compare=False).result(timeout=300)
     assert any(t.get("name") == "root (last committed token)" for t in plot_json(final[4])["data"])
+
+
+def test_registry_closes_idle_and_surplus_sessions_and_forgets_deleted_ones():
+    from types import SimpleNamespace
+
+    from studio.page import Registry
+
+    registry = Registry(studio_for(), idle_s=0.2, max_sessions=2)
+    a = registry.get(None, SimpleNamespace(session_hash="a"))
+    folder = a.files()
+    assert registry.get(None, SimpleNamespace(session_hash="a")) is a  # the same tab keeps its session
+    time.sleep(0.3)
+    registry.get(None, SimpleNamespace(session_hash="b"))  # a script that never came back: swept when idle
+    assert "a" not in registry.sessions and not folder.exists()
+    registry.get(None, SimpleNamespace(session_hash="c"))
+    d = registry.get(None, SimpleNamespace(session_hash="d"))
+    assert set(registry.sessions) == {"c", "d"}  # over the cap: the oldest goes
+    registry.discard(d)
+    assert d not in registry.sessions.values()

@@ -132,7 +132,7 @@ def test_events_are_plain_data_and_consistent():
         assert all(e.parents[b] == a for a, b in zip(e.accepted, e.accepted[1:]))  # a root-down path
         drafts = [e.tokens[j] for j in e.accepted[1:]]
         assert e.emitted[: len(drafts)] == drafts[: len(e.emitted)]  # accepted drafts first, then the bonus
-        assert set(e.timings) == {"draft", "forward", "verify", "update", "commit", "total"}
+        assert set(e.timings) == {"draft", "forward", "verify", "update", "sync", "commit", "learn", "total"}
         assert len(e.matrix_rows) == len(set(e.tokens)) == len(e.matrix_values)
     summary = events[-1]
     assert summary.mean_accepted == pytest.approx(summary.new_tokens / summary.steps)

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import re
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -347,7 +345,6 @@ class TestMeterUnderLoad:
                     for p in busy:
                         kill_proc(p)
                 meter = final[3]
-                print("METER", attempt, time.monotonic(), re.sub(r"<[^>]+>", " ", meter))
                 if "noisy" in meter:
                     continue
                 ratio, mean_acc = RATIO.search(meter), MEAN_ACCEPTED.search(meter)

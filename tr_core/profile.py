@@ -17,9 +17,10 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
+
+from .cost import interpolate  # noqa: F401 - part of this module's interface (projections)
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 80, 128)
 
@@ -89,77 +90,22 @@ def build_random_model(name: str, device, dtype):
     return model.to(device=device, dtype=dtype).eval()
 
 
-def _truncate_cache(cache, length: int) -> None:
-    """Drop everything after the first `length` positions of a DynamicCache (undoes a timed forward)."""
-    layers = getattr(cache, "layers", None)
-    if layers is not None and all(hasattr(l, "keys") for l in layers):
-        for layer in layers:
-            if getattr(layer, "keys", None) is not None:
-                layer.keys = layer.keys[..., :length, :]
-                layer.values = layer.values[..., :length, :]
-        return
-    cache.crop(length)  # older transformers: crop to an absolute length
-
-
 def measure_curve(model, sizes: list[int], context: int, repeats: int, warmup: int, seed: int = 0) -> dict[int, list[float]]:
-    """Seconds of one forward of N query tokens over a `context`-token KV cache, `repeats` times per N.
+    """Seconds of one forward of N tree tokens over a `context`-token KV cache, `repeats` times per N.
 
-    The N tokens get a tree-style additive 4D mask (prefix visible, causal among themselves: any tree mask
-    costs the same in a dense kernel) and consecutive position ids, as the engine passes them. Sizes are
-    interleaved within each repeat so machine drift hits all alike.
+    The engine's own path (cost.measure_forward_costs: ModelRunner, TreeKVCache, the tree mask), so the
+    curve printed here is the one the adaptive tree acts on. Random prompt tokens (seeded).
     """
-    import inspect
-
     import torch
-    from transformers import DynamicCache
 
-    from .tree import attention_bias
+    from .cost import measure_forward_costs
+    from .runner import ModelRunner
 
-    # transformers >= 5.2x names the cache argument `cache`; older versions `past_key_values`.
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-    device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
-    vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, vocab, (1, context), generator=gen).to(device)
-    queries = torch.randint(0, vocab, (1, max(sizes)), generator=gen).to(device)
-    masks = {n: attention_bias(torch.ones(n, n, dtype=torch.bool, device=device).tril(), context, dtype) for n in sizes}
-    positions = {n: torch.arange(context, context + n, device=device)[None] for n in sizes}
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    times: dict[int, list[float]] = {n: [] for n in sizes}
+    prompt = torch.randint(0, model.config.vocab_size, (context,), generator=gen).tolist()
     with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
-        model(input_ids=prompt, use_cache=True, **{cache_arg: cache})
-        for rep in range(warmup + repeats):
-            for n in sizes:
-                sync()
-                t0 = time.perf_counter()
-                model(input_ids=queries[:, :n], attention_mask=masks[n], position_ids=positions[n],
-                      use_cache=True, **{cache_arg: cache})
-                sync()
-                dt = time.perf_counter() - t0
-                _truncate_cache(cache, context)
-                if rep >= warmup:
-                    times[n].append(dt)
-    return times
-
-
-def interpolate(curve: dict[int, float], n: float) -> float:
-    """Linear interpolation of ratio(N) between measured sizes (clamped to the measured range)."""
-    xs = sorted(curve)
-    if n <= xs[0]:
-        return curve[xs[0]]
-    if n >= xs[-1]:
-        return curve[xs[-1]]
-    for a, b in zip(xs, xs[1:]):
-        if a <= n <= b:
-            return curve[a] + (curve[b] - curve[a]) * (n - a) / (b - a)
-    raise AssertionError("unreachable")
+        ms = measure_forward_costs(ModelRunner(model), prompt, sizes, repeats, warmup)
+    return {n: [t / 1e3 for t in v] for n, v in ms.items()}
 
 
 def summarize(times: dict[int, list[float]]) -> dict[int, dict[str, float]]:
@@ -202,6 +148,8 @@ def format_report(meta: dict[str, Any], curve: dict[int, dict[str, float]], rows
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the `profile` subcommand."""
+    from .cli import threads_option
+
     p = subparsers.add_parser("profile", help="forward cost curve t(N)/t(1) and projected speedup",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="model to load (embedded default, folder, .gguf, hub id)")
@@ -218,8 +166,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--tree-nodes", type=float, default=81,
                    help="draft tree size N for --mean-accepted (default 81: the 80-node 2.2.2 tree plus its root)")
     p.add_argument("--bench-json", default=None, metavar="FILE", help="take mean accepted and tree sizes from a bench JSON")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="CPU threads for torch (default: torch's choice); 1 is far steadier on a busy small machine")
+    threads_option(p, help="CPU threads for torch (default: torch's choice); 1 is far steadier on a busy small machine")
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the curve and projections as JSON")
     p.set_defaults(func=run)
     return p
@@ -235,8 +182,6 @@ def run(args: argparse.Namespace) -> int:
             raise ProfileInputError("give --model or --config, not both")
         if args.mean_accepted is not None and not args.mean_accepted >= 1:
             raise ProfileInputError(f"--mean-accepted must be >= 1, got {args.mean_accepted}")
-        if args.threads is not None and args.threads < 1:
-            raise ProfileInputError(f"--threads must be >= 1, got {args.threads}")
         if args.tree_nodes < 1:
             raise ProfileInputError(f"--tree-nodes must be >= 1, got {args.tree_nodes}")
         bench = read_bench_json(args.bench_json) if args.bench_json else None
@@ -251,20 +196,19 @@ def run(args: argparse.Namespace) -> int:
     import transformers
 
     from .bench import _machine
+    from .cli import apply_threads
 
     torch.set_grad_enabled(False)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     if args.config:
-        from .models import default_device, default_dtype
+        from .models import default_device, parse_dtype
 
         device = torch.device(args.device) if args.device else default_device()
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-                 "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(args.dtype or "")
-        if args.dtype and dtype is None:
-            print(f"error: unknown dtype {args.dtype!r}", file=sys.stderr)
+        try:
+            dtype = parse_dtype(args.dtype, device)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 2
-        dtype = dtype or default_dtype(device)
         model = build_random_model(args.config, device, dtype)
         name = f"{args.config} (random weights)"
     else:

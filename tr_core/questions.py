@@ -8,8 +8,12 @@ Results are grouped by the six Spec-Bench tasks (the eight MT-bench categories f
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 # The eight MT-bench categories: together they are Spec-Bench's "multi-turn conversation" task.
 MT_BENCH_CATEGORIES = frozenset(
@@ -131,21 +135,27 @@ def select_questions(
         raise ValueError(f"limit must be >= 1, got {limit}")
     chosen = list(questions)
     if per_task is not None:
-        by_task: dict[str, list[Question]] = {}
-        for q in chosen:
-            by_task.setdefault(q.task, []).append(q)
-        by_task = {t: _interleave_categories(qs) for t, qs in by_task.items()}
-        tasks = sorted(by_task, key=task_sort_key)
-        chosen = [by_task[t][i] for i in range(per_task) for t in tasks if i < len(by_task[t])]
+        by_task = group_by(chosen, lambda q: q.task)
+        chosen = round_robin([interleave_categories(by_task[t]) for t in sorted(by_task, key=task_sort_key)], per_task)
     if limit is not None:
         chosen = chosen[:limit]
     return chosen
 
 
-def _interleave_categories(questions: list[Question]) -> list[Question]:
+def group_by(items: Iterable[T], key: Callable[[T], Hashable]) -> dict[Hashable, list[T]]:
+    """Items grouped by `key`, groups in order of first appearance, items in their order."""
+    groups: dict[Hashable, list[T]] = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return groups
+
+
+def round_robin(groups: Iterable[list[T]], per_group: int | None = None) -> list[T]:
+    """One item of each group in turn (first items, then second items, ...), at most `per_group` of each."""
+    lists = [g[:per_group] if per_group is not None else g for g in groups]
+    return [lst[i] for i in range(max(map(len, lists), default=0)) for lst in lists if i < len(lst)]
+
+
+def interleave_categories(questions: Iterable[Question]) -> list[Question]:
     """Reorder round-robin over categories (categories and questions keep their file order)."""
-    by_cat: dict[str, list[Question]] = {}
-    for q in questions:
-        by_cat.setdefault(q.category, []).append(q)
-    lists = list(by_cat.values())
-    return [lst[i] for i in range(max(map(len, lists))) for lst in lists if i < len(lst)]
+    return round_robin(group_by(questions, lambda q: q.category).values())

@@ -3,10 +3,17 @@
 Sampling uses the Gumbel-max trick with noise derived from a counter-based hash of (seed, position, token id).
 The draw at a position therefore does not depend on how many tokens were decoded per step, so Token
 Recycling and plain decoding with the same seed return the same tokens, on any device.
+The logits are processed by transformers' own processors (repetition penalty, temperature, top-k, top-p),
+each tree node with its own prefix.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import torch
+from transformers import (LogitsProcessorList, MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
+                          TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from .config import DecodeConfig
 
@@ -31,34 +38,72 @@ def gumbel_noise(seed: int, positions: torch.Tensor, vocab: int) -> torch.Tensor
     return (-torch.log(-torch.log(u))).float()
 
 
-def process_logits(logits: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
-    """Temperature, then top-k, then top-p, in the order transformers' `generate` applies them. [N, V] -> [N, V]."""
-    scores = logits.float() / cfg.temperature
-    if cfg.top_k > 0 and cfg.top_k < scores.shape[-1]:
-        kth = torch.topk(scores, cfg.top_k, dim=-1).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if cfg.top_p < 1.0:
-        sorted_scores, sorted_idx = torch.sort(scores, descending=False, dim=-1)
-        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-        remove_sorted = cum <= (1 - cfg.top_p)
-        remove_sorted[..., -1:] = False  # always keep the most likely token
-        remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
-        scores = scores.masked_fill(remove, float("-inf"))
-    return scores
+# Processors whose effect at a node depends only on that node's logits and the set of tokens in its prefix:
+# they can be applied to every tree node at once, each with its own prefix.
+PER_NODE = (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+            MinPLogitsWarper)
 
 
-def choose_tokens(
-    logits: torch.Tensor, cfg: DecodeConfig, first_position: int, depths: torch.Tensor, levels: int
-) -> torch.Tensor:
-    """The model's token for each tree node's logits [N, V]; node i's token goes to position first_position + depths[i].
+def check_per_node(processor: Any) -> None:
+    """Refuse a logits processor that cannot be applied to each tree node with the node's own prefix."""
+    if not isinstance(processor, PER_NODE):
+        names = ", ".join(cls.__name__ for cls in PER_NODE)
+        raise ValueError(f"{type(processor).__name__} cannot be applied per tree node (Token Recycling verifies many "
+                         f"positions at once); supported: {names}")
+
+
+def build_processors(cfg: DecodeConfig, extra: Iterable[Any] = ()) -> LogitsProcessorList:
+    """transformers' processors for the settings, in `generate`'s order: penalties, then the sampling warpers."""
+    procs = LogitsProcessorList()
+    if cfg.repetition_penalty != 1.0:
+        procs.append(RepetitionPenaltyLogitsProcessor(penalty=cfg.repetition_penalty))
+    for p in extra:
+        check_per_node(p)
+        procs.append(p)
+    if not cfg.greedy:
+        if cfg.temperature != 1.0:
+            procs.append(TemperatureLogitsWarper(cfg.temperature))
+        if cfg.top_k > 0:
+            procs.append(TopKLogitsWarper(cfg.top_k))
+        if cfg.top_p < 1.0:
+            procs.append(TopPLogitsWarper(cfg.top_p))
+    return procs
+
+
+def needs_prefix(processors: LogitsProcessorList) -> bool:
+    """True when a processor reads the prefix (the repetition penalty); the others only read the logits."""
+    return any(isinstance(p, RepetitionPenaltyLogitsProcessor) for p in processors)
+
+
+def node_prefixes(context: torch.Tensor, tokens: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+    """Each node's prefix as input_ids [N, L + N]: the committed context [L], then the node's path in the tree.
+
+    Non-ancestors are written as the root token, which the context already ends with: prefix-set processors
+    (the repetition penalty) then see exactly the tokens before and at the node. No sync.
+    """
+    n = tokens.shape[0]
+    path = torch.where(tree_mask, tokens[None, :], tokens[:1][None, :])  # [N, N]
+    return torch.cat([context[None, :].expand(n, -1), path], dim=1)
+
+
+def process(logits: torch.Tensor, processors: LogitsProcessorList, prefixes: torch.Tensor | None) -> torch.Tensor:
+    """Apply the processors to every node's logits [N, V] (fp32) with its prefix [N, L] (None: no prefix needed)."""
+    scores = logits.float()
+    if not processors:
+        return scores
+    ids = prefixes if prefixes is not None else torch.zeros(scores.shape[0], 0, dtype=torch.long, device=scores.device)
+    return processors(ids, scores)
+
+
+def choose_tokens(scores: torch.Tensor, cfg: DecodeConfig, first_position: int, depths: torch.Tensor,
+                  levels: int) -> torch.Tensor:
+    """The model's token for each node's processed scores [N, V]; node i's token goes to position first_position + depths[i].
 
     depths: [N] long, every value < levels (the tree's depth + 1, known on the host: no sync).
-
-    Greedy: argmax. Sampling: argmax(processed logits + Gumbel noise keyed by (seed, position)). Returns [N] long.
+    Greedy: argmax. Sampling: argmax(scores + Gumbel noise keyed by (seed, position)). Returns [N] long.
     """
     if cfg.greedy:
-        return logits.argmax(dim=-1)
-    scores = process_logits(logits, cfg)
-    positions = torch.arange(first_position, first_position + levels, device=logits.device)
+        return scores.argmax(dim=-1)
+    positions = torch.arange(first_position, first_position + levels, device=scores.device)
     noise = gumbel_noise(cfg.seed, positions, scores.shape[-1])  # all nodes of one depth share their noise
     return (scores + noise[depths]).argmax(dim=-1)

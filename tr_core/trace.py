@@ -571,6 +571,7 @@ class TextAssembler:
         self.ids: list[int] = []
         self.text = ""
         self.boundaries: list[int] = []  # end offset of each step's text in self.text
+        self.shown = ""  # the text handed out by `unshown` so far
 
     def push(self, emitted: list[int]) -> None:
         """Add one step's tokens."""
@@ -578,6 +579,15 @@ class TextAssembler:
         self.text = self.decode(self.ids)
         end = len(self.text.rstrip("\ufffd"))
         self.boundaries.append(max(end, self.boundaries[-1] if self.boundaries else 0))
+
+    def unshown(self, final: bool = False) -> str:
+        """The stable text (all of it when `final`) not handed out yet; '' while decoding rewrites what was."""
+        if not self.text.startswith(self.shown):
+            return ""
+        end = len(self.text) if final or not self.boundaries else self.boundaries[-1]
+        new = self.text[len(self.shown):end]
+        self.shown += new
+        return new
 
     def step_texts(self) -> list[str]:
         """The text added by each step (the last step also takes any trailing characters)."""

@@ -6,6 +6,7 @@ tree is the root (the last committed token); the other nodes follow in BFS order
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -93,7 +94,6 @@ class DraftTree:
     ranks: torch.Tensor  # [N] long, candidate rank in the parent's row (root: 0)
     level_slices: tuple[tuple[int, int], ...]  # (start, end) node range of each depth 1..D (BFS order)
     tree_mask: torch.Tensor  # [N, N] bool, [i, j] = node j is node i or one of its ancestors
-    paths: torch.Tensor  # [L, D+1] long, root-to-leaf node indices, padded with -1
     parents_list: tuple[int, ...]  # host copies for events (root: -1)
     depths_list: tuple[int, ...]
     ranks_list: tuple[int, ...]  # root: -1
@@ -122,29 +122,20 @@ def build_tree(name: str, paths: list[Path], device: torch.device | str = "cpu")
 def tree_from_parents(name: str, parents: list[int], ranks: list[int], device: torch.device | str = "cpu") -> DraftTree:
     """Build a DraftTree from BFS-ordered parent indices (parents[0] = -1, parents[i] < i, depth non-decreasing)."""
     n = len(parents)
-    assert parents[0] == -1 and all(0 <= parents[i] < i for i in range(1, n)), "parents must be BFS-ordered"
+    if not n or parents[0] != -1 or not all(0 <= parents[i] < i for i in range(1, n)):
+        raise ValueError("a tree's parents must be BFS-ordered: parents[0] = -1 and 0 <= parents[i] < i")
     depths = [0] * n
     for i in range(1, n):
         depths[i] = depths[parents[i]] + 1
-    assert all(depths[i] <= depths[i + 1] for i in range(n - 1)), "nodes must be sorted by depth"
+    if any(depths[i] > depths[i + 1] for i in range(n - 1)):
+        raise ValueError("a tree's nodes must be sorted by depth")
     mask = torch.zeros(n, n, dtype=torch.bool)
     for i in range(n):
         j = i
         while j >= 0:
             mask[i, j] = True
             j = parents[j]
-    is_parent = set(parents[1:])
-    leaves = [i for i in range(n) if i not in is_parent]
     max_d = max(depths)
-    path_rows = []
-    for leaf in leaves:
-        chain = []
-        j = leaf
-        while j >= 0:
-            chain.append(j)
-            j = parents[j]
-        chain.reverse()
-        path_rows.append(chain + [-1] * (max_d + 1 - len(chain)))
     slices = []
     for d in range(1, max_d + 1):
         members = [i for i in range(n) if depths[i] == d]
@@ -156,11 +147,16 @@ def tree_from_parents(name: str, parents: list[int], ranks: list[int], device: t
         ranks=torch.tensor([max(r, 0) for r in ranks], dtype=torch.long, device=device),
         level_slices=tuple(slices),
         tree_mask=mask.to(device),
-        paths=torch.tensor(path_rows, dtype=torch.long, device=device),
         parents_list=tuple(parents),
         depths_list=tuple(depths),
         ranks_list=tuple(ranks),
     )
+
+
+@lru_cache(maxsize=64)
+def chain_tree(n: int, device: torch.device | str = "cpu") -> DraftTree:
+    """A chain of n nodes (root + n - 1 top candidates): the widest mask for n tokens, used to time forwards."""
+    return tree_from_parents(f"chain-{n}", [-1] + list(range(n - 1)), [-1] + [0] * (n - 1), device)
 
 
 def bfs_draft(table: torch.Tensor, root_token: torch.Tensor, tree: DraftTree) -> torch.Tensor:

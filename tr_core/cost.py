@@ -1,0 +1,158 @@
+"""What a forward costs on this device: the one measurement path for the adaptive tree and the profiler.
+
+`measure_forward_costs` times forwards of N tree tokens over a TreeKVCache (the engine's own cache and mask
+path), so `python -m tr_core profile` prints the very curve the adaptive tree acts on. `ForwardCost` keeps
+that curve and refines it online from every step's forward. `StepClock` times a step's phases; on CUDA the
+forward is timed with CUDA events read after the step's one host sync, so GPU timings are true without
+an extra stall.
+"""
+from __future__ import annotations
+
+import bisect
+import time
+from typing import Any
+
+import torch
+
+from .kv_cache import TreeKVCache
+from .runner import ModelRunner
+from .tree import chain_tree
+
+COST_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 81, 96, 128)  # forward sizes (tokens) whose cost is tracked
+
+
+def interpolate(points: dict[int, float], n: float) -> float:
+    """Piecewise-linear value at n of a curve given at integer sizes (linear through the origin past the end)."""
+    sizes = sorted(points)
+    if n <= sizes[0]:
+        return points[sizes[0]]
+    if n >= sizes[-1]:
+        return points[sizes[-1]] * n / sizes[-1]
+    i = bisect.bisect_left(sizes, n)  # sizes[i - 1] < n <= sizes[i]
+    lo, hi = sizes[i - 1], sizes[i]
+    w = (n - lo) / (hi - lo)
+    return points[lo] * (1 - w) + points[hi] * w
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued GPU work (no-op on a CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def measure_forward_costs(runner: ModelRunner, context: list[int], sizes: list[int], repeats: int = 2,
+                          warmup: int = 1) -> dict[int, list[float]]:
+    """Milliseconds of forwards of n tree tokens (a chain: the widest mask) after `context`, `repeats` times each
+    after `warmup` rounds.
+
+    The context is prefilled once into a TreeKVCache; every forward is cut back off it, like a rejected draft.
+    """
+    cache = TreeKVCache()
+    runner.prefill(context, cache)
+    past = len(context)
+    token = torch.tensor([context[-1] if context else 0], dtype=torch.long, device=runner.device)
+
+    def forward(n: int) -> float:
+        tree = chain_tree(n, runner.device)
+        sync(runner.device)
+        t0 = time.perf_counter()
+        runner.forward(token.repeat(n)[None], (past + tree.depths)[None], runner.mask(tree.tree_mask, tree.depths, past),
+                       cache)
+        sync(runner.device)
+        ms = (time.perf_counter() - t0) * 1e3
+        cache.truncate(past)
+        return ms
+
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for rep in range(warmup + repeats):  # sizes interleaved within each repeat: machine drift hits all alike
+        for n in sizes:
+            ms = forward(n)
+            if rep >= warmup:
+                times[n].append(ms)
+    return times
+
+
+class ForwardCost:
+    """t(N): the measured cost of one forward of N tokens, from a start-up probe refined online (EMA).
+
+    The curve is kept as measured: where a larger forward is cheaper (it happens on some CPUs), the
+    adaptive tree may take it.
+    """
+
+    def __init__(self) -> None:
+        self.ms = {n: float(n) for n in COST_GRID}  # placeholder shape until measured: linear in N
+        self.measured = False
+
+    def __call__(self, n: int) -> float:
+        """Interpolated cost in ms of a forward of n tokens."""
+        return interpolate(self.ms, n)
+
+    def observe(self, n: int, ms: float, alpha: float = 0.1) -> None:
+        """Blend one measured forward into the nearest grid point."""
+        g = min(COST_GRID, key=lambda x: abs(x - n))
+        self.ms[g] = (1 - alpha) * self.ms[g] + alpha * ms * self(g) / max(self(n), 1e-9)
+
+    def set_measured(self, times: dict[int, list[float]], max_tokens: int) -> None:
+        """Take a probe's times (median per size); sizes past `max_tokens` scale linearly from the last one."""
+        for n in COST_GRID:
+            if n in times and times[n]:
+                self.ms[n] = sorted(times[n])[len(times[n]) // 2]
+        last = max((g for g in COST_GRID if g in times and g <= max_tokens), default=1)
+        for n in COST_GRID:
+            if n > last:
+                self.ms[n] = self.ms[last] * n / last
+        self.measured = True
+
+    def probe(self, runner: ModelRunner, context: list[int], max_tokens: int, repeats: int = 2) -> None:
+        """Measure the grid up to `max_tokens` on this device (about a second on a CPU)."""
+        sizes = [n for n in COST_GRID if n <= max(max_tokens, 1)]
+        self.set_measured(measure_forward_costs(runner, context[-256:], sizes, repeats), max_tokens)
+
+
+class StepClock:
+    """Phase timings of one decoding step, in ms; the forward is timed with CUDA events on a GPU.
+
+    `exact=True` synchronises at every mark on CUDA (per-phase times exact, decoding slower).
+    """
+
+    def __init__(self, device: torch.device, exact: bool = False) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.exact = exact and self.cuda
+        self.marks: list[tuple[str, float]] = []
+        self._events: tuple[Any, Any] | None = None
+        self.start = self._now()
+
+    def _now(self) -> float:
+        if self.exact:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        """End the named phase now."""
+        self.marks.append((phase, self._now()))
+
+    def forward_begins(self) -> None:
+        """Record the forward's start on the GPU stream (no stall)."""
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._events = (start, end)
+
+    def forward_ends(self) -> None:
+        """Record the forward's end on the GPU stream (no stall)."""
+        if self._events is not None:
+            self._events[1].record()
+
+    def timings(self) -> dict[str, float]:
+        """Milliseconds per phase and "total"; call after the step's host sync (the CUDA events are done then)."""
+        out, last = {}, self.start
+        for phase, t in self.marks:
+            out[phase] = (t - last) * 1e3
+            last = t
+        if self._events is not None:
+            self._events[1].synchronize()  # already complete after the step's sync: no stall
+            out["forward"] = self._events[0].elapsed_time(self._events[1])
+        out["total"] = (last - self.start) * 1e3
+        return out

@@ -1,0 +1,43 @@
+"""The step's one host sync: device tensors registered by name, copied to the host in one go, split back by name.
+
+float64 carries every token id (< 2^53) and every float32 probability exactly, so nothing is rounded.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class SyncPacket:
+    """Collects named device tensors; `sync()` returns {name: list} with one device-to-host copy."""
+
+    def __init__(self) -> None:
+        self._names: list[str] = []
+        self._parts: list[torch.Tensor] = []
+        self._integer: list[bool] = []
+
+    def add(self, name: str, tensor: torch.Tensor) -> "SyncPacket":
+        """Register a tensor (any shape; flattened) under a unique name."""
+        if name in self._names:
+            raise ValueError(f"packet already holds {name!r}")
+        self._names.append(name)
+        self._parts.append(tensor.reshape(-1))
+        self._integer.append(not tensor.is_floating_point())
+        return self
+
+    def update(self, tensors: dict[str, torch.Tensor]) -> "SyncPacket":
+        """Register several tensors."""
+        for name, tensor in tensors.items():
+            self.add(name, tensor)
+        return self
+
+    def sync(self) -> dict[str, list]:
+        """The one host sync: {name: list of ints (integer tensors) or floats}."""
+        if not self._parts:
+            return {}
+        flat = torch.cat([p.to(torch.float64) for p in self._parts]).tolist()
+        out, start = {}, 0
+        for name, part, integer in zip(self._names, self._parts, self._integer):
+            values = flat[start : start + part.numel()]
+            out[name] = [int(v) for v in values] if integer else values
+            start += part.numel()
+        return out

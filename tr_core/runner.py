@@ -1,0 +1,84 @@
+"""Model plumbing shared by the engine and the profiler: one forward of [1, N] tokens over a TreeKVCache.
+
+Everything model-specific lives here: which keyword the model takes its cache under, whether it can return
+the last position's logits only, its attention kind (flash/flex and chunked attention cannot take a tree
+mask) and its sliding windows (which need a sliding tree mask of their own).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from .kv_cache import TreeKVCache
+from .tree import attention_bias
+
+
+class ModelRunner:
+    """Runs an unmodified transformers causal LM on a draft tree: tokens, position ids and a tree mask."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+        self.config = config
+        attn = getattr(config, "_attn_implementation", None) or "eager"
+        if "flash" in attn or "flex" in attn:
+            raise ValueError(f"attention '{attn}' cannot take a tree mask; load the model with attn_implementation='sdpa'")
+        layer_types = getattr(config, "layer_types", None) or []
+        if "chunked_attention" in layer_types:
+            raise ValueError("chunked-attention models are not supported yet")
+        self.window: int | None = getattr(config, "sliding_window", None)
+        self.mixed_layers = "sliding_attention" in layer_types
+        if layer_types and not self.mixed_layers:
+            self.window = None  # the config names a window but no layer uses it (e.g. Qwen2 defaults)
+        params = inspect.signature(model.forward).parameters
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.has_logits_to_keep = "logits_to_keep" in params
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: Any, cache: TreeKVCache,
+                last_only: bool = False) -> torch.Tensor:
+        """One forward of input_ids [1, N] at position_ids [1, N]; returns logits [N, V] ([1, V] with last_only)."""
+        kwargs = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": mask,
+                  self.cache_arg: cache, "use_cache": True}
+        if last_only and self.has_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        logits = self.model(**kwargs).logits[0]
+        return logits[-1:] if last_only else logits
+
+    def prefill(self, ids: list[int], cache: TreeKVCache) -> None:
+        """Run the prompt (all but its last token, which becomes the first root) into the cache."""
+        if ids:
+            t = torch.tensor([ids], dtype=torch.long, device=self.device)
+            self.forward(t, torch.arange(len(ids), device=self.device)[None], None, cache, last_only=True)
+
+    def mask(self, tree_mask: torch.Tensor, depths: torch.Tensor, past: int) -> Any:
+        """The additive tree mask for this model: one tensor, or one per layer type for mixed sliding models.
+
+        tree_mask: [N, N] bool ancestry; depths: [N]. A one-token step sees everything (within any window):
+        no mask, so the model keeps its usual fast path.
+        """
+        n = tree_mask.shape[0]
+        if n == 1 and (self.window is None or past + 1 < self.window):
+            return None
+        full = attention_bias(tree_mask, past, self.dtype)
+        if self.window is None:
+            return full
+        sliding = attention_bias(tree_mask, past, self.dtype, self.window, depths)
+        return {"full_attention": full, "sliding_attention": sliding} if self.mixed_layers else sliding
+
+    def context_limit(self) -> int:
+        """The longest sequence the model takes (its position table), or 2^30 when it names none."""
+        for name in ("max_position_embeddings", "n_positions", "n_ctx"):
+            value = getattr(self.config, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return 1 << 30
+
+    @torch.no_grad()
+    def vocab_size(self) -> int:
+        """V from the logits' last dimension (tokenizers often report fewer ids than the model scores)."""
+        ids = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        return self.forward(ids, ids, None, TreeKVCache()).shape[-1]
