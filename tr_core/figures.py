@@ -125,21 +125,26 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = 430) 
                 hovertext=hover, hoverinfo="text", customdata=nodes)
 
     if ev.bonus is not None:
-        last = ev.accepted[-1] if ev.accepted else 0
-        bx, by = layout.x[last], layout.y[last] - 0.55
-        fig.add(type="scatter", x=[layout.x[last], bx], y=[layout.y[last], by], mode="lines", hoverinfo="skip",
-                showlegend=False, line=dict(color=BONUS_COLOUR, width=3, dash="dot"))
-        fig.add(type="scatter", x=[bx], y=[by], mode="markers+text", name="bonus token (from the verify forward)",
-                text=[display_token(token_text(ev.bonus), 10)], textposition="middle right",
-                textfont=dict(size=15, color="#92400e"),
-                marker=dict(color=BONUS_COLOUR, size=24, symbol="star", line=dict(color="white", width=1)),
-                hovertext=[f"<b>bonus</b> {html.escape(repr(token_text(ev.bonus)))}<br>id {ev.bonus}"], hoverinfo="text")
+        _add_bonus(fig, ev, layout, token_text)
     depth = max(ev.depths) if ev.depths else 0
     fig.layout["yaxis"]["range"] = [-depth - 0.9, 0.6]
     fig.layout["xaxis"]["range"] = [-0.08, 1.03]
     n_acc = len(ev.accepted) - 1 if ev.accepted else 0
     fig.title(f"Step {ev.step + 1}: {n - 1} draft tokens → {n_acc} accepted + {1 if ev.bonus is not None else 0} bonus")
     return fig
+
+
+def _add_bonus(fig: "Figure", ev: StepEvent, layout: TreeLayout, token_text: TokenText) -> None:
+    """The bonus token: an amber star under the end of the accepted path, joined by a dotted edge."""
+    last = ev.accepted[-1] if ev.accepted else 0
+    bx, by = layout.x[last], layout.y[last] - 0.55
+    fig.add(type="scatter", x=[layout.x[last], bx], y=[layout.y[last], by], mode="lines", hoverinfo="skip",
+            showlegend=False, line=dict(color=BONUS_COLOUR, width=3, dash="dot"))
+    fig.add(type="scatter", x=[bx], y=[by], mode="markers+text", name="bonus token (from the verify forward)",
+            text=[display_token(token_text(ev.bonus), 10)], textposition="middle right",
+            textfont=dict(size=15, color="#92400e"),
+            marker=dict(color=BONUS_COLOUR, size=24, symbol="star", line=dict(color="white", width=1)),
+            hovertext=[f"<b>bonus</b> {html.escape(repr(token_text(ev.bonus)))}<br>id {ev.bonus}"], hoverinfo="text")
 
 
 # ----------------------------------------------------------------------------------- adjacency matrix

@@ -172,57 +172,50 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace) -> int:
-    """Validate, build or load the model, time the forwards, print the curve and projections."""
-    try:
-        sizes = parse_sizes(args.sizes)
-        if args.context < 1 or args.repeats < 1 or args.warmup < 0:
-            raise ProfileInputError("--context and --repeats must be >= 1, --warmup >= 0")
-        if args.model and args.config:
-            raise ProfileInputError("give --model or --config, not both")
-        if args.mean_accepted is not None and not args.mean_accepted >= 1:
-            raise ProfileInputError(f"--mean-accepted must be >= 1, got {args.mean_accepted}")
-        if args.tree_nodes < 1:
-            raise ProfileInputError(f"--tree-nodes must be >= 1, got {args.tree_nodes}")
-        bench = read_bench_json(args.bench_json) if args.bench_json else None
-        if args.json and not Path(args.json).expanduser().resolve().parent.is_dir():
-            raise ProfileInputError(f"--json: folder {Path(args.json).parent} does not exist")
-    except ProfileInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+def validate(args: argparse.Namespace) -> tuple[list[int], dict | None]:
+    """(sizes, bench methods) from the arguments; raises ProfileInputError before any model is touched."""
+    sizes = parse_sizes(args.sizes)
+    if args.context < 1 or args.repeats < 1 or args.warmup < 0:
+        raise ProfileInputError("--context and --repeats must be >= 1, --warmup >= 0")
+    if args.model and args.config:
+        raise ProfileInputError("give --model or --config, not both")
+    if args.mean_accepted is not None and not args.mean_accepted >= 1:
+        raise ProfileInputError(f"--mean-accepted must be >= 1, got {args.mean_accepted}")
+    if args.tree_nodes < 1:
+        raise ProfileInputError(f"--tree-nodes must be >= 1, got {args.tree_nodes}")
+    bench = read_bench_json(args.bench_json) if args.bench_json else None
+    if args.json and not Path(args.json).expanduser().resolve().parent.is_dir():
+        raise ProfileInputError(f"--json: folder {Path(args.json).parent} does not exist")
+    return sizes, bench
+
+
+def _model_for(args: argparse.Namespace):
+    """(model, name, device) for --config (random weights) or --model; raises ValueError/RuntimeError/OSError."""
+    import torch
+
+    if args.config:
+        from .models import default_device, parse_dtype
+
+        device = torch.device(args.device) if args.device else default_device()
+        return build_random_model(args.config, device, parse_dtype(args.dtype, device)), \
+            f"{args.config} (random weights)", device
+    from .models import load_model
+
+    model, _ = load_model(args.model, device=args.device, dtype=args.dtype)
+    return model, args.model or "SmolLM2-135M-Instruct (embedded)", next(model.parameters()).device
+
+
+def _meta(args: argparse.Namespace, model, name: str, device) -> dict[str, Any]:
+    """What was measured where, for the report."""
     import datetime as _dt
 
     import torch
     import transformers
 
     from .bench import _machine
-    from .cli import apply_threads
 
-    torch.set_grad_enabled(False)
-    apply_threads(args.threads)
-    if args.config:
-        from .models import default_device, parse_dtype
-
-        device = torch.device(args.device) if args.device else default_device()
-        try:
-            dtype = parse_dtype(args.dtype, device)
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        model = build_random_model(args.config, device, dtype)
-        name = f"{args.config} (random weights)"
-    else:
-        from .models import load_model
-
-        try:
-            model, _ = load_model(args.model, device=args.device, dtype=args.dtype)
-        except (RuntimeError, ValueError, OSError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        name = args.model or "SmolLM2-135M-Instruct (embedded)"
-        device = next(model.parameters()).device
     params = sum(p.numel() for p in model.parameters())
-    meta = {
+    return {
         "model": f"{name}, {params / 1e6:.1f}M params", "device": str(device),
         "machine": torch.cuda.get_device_name(device) if device.type == "cuda" else _machine(),
         "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "torch": torch.__version__,
@@ -230,6 +223,27 @@ def run(args: argparse.Namespace) -> int:
         "threads": torch.get_num_threads(),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate, build or load the model, time the forwards, print the curve and projections."""
+    try:
+        sizes, bench = validate(args)
+    except ProfileInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    import torch
+
+    from .cli import apply_threads
+
+    torch.set_grad_enabled(False)
+    apply_threads(args.threads)
+    try:
+        model, name, device = _model_for(args)
+    except (RuntimeError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2 if args.config else 1
+    meta = _meta(args, model, name, device)
     print(f"profile: {meta['model']} on {meta['device']} ({meta['machine']}), {meta['dtype']}", file=sys.stderr)
     times = measure_curve(model, sizes, args.context, args.repeats, args.warmup)
     curve = summarize(times)

@@ -272,12 +272,17 @@ def _path(path: tuple) -> str:
     return _clip(out or "the trace", 80)
 
 
+def _check_sized(value: Any, typ: type, name: str, limit: int) -> None:
+    """A top-level list or object of at most `limit` entries."""
+    if type(value) is not typ:
+        raise TraceError(f"\"{name}\" must be {'a list' if typ is list else 'an object'}, got {_kind(value)}")
+    if len(value) > limit:
+        raise TraceError(f"\"{name}\" has {len(value):,} entries (the limit is {limit:,})")
+
+
 def check_settings(settings: Any) -> None:
     """Settings: an object of at most MAX_SETTINGS names, each a string, number, boolean or null."""
-    if type(settings) is not dict:
-        raise TraceError(f"\"settings\" must be an object, got {_kind(settings)}")
-    if len(settings) > MAX_SETTINGS:
-        raise TraceError(f"\"settings\" has {len(settings)} entries (the limit is {MAX_SETTINGS})")
+    _check_sized(settings, dict, "settings", MAX_SETTINGS)
     for name, value in settings.items():
         if type(name) is not str:
             raise TraceError("\"settings\": names must be strings")
@@ -289,10 +294,7 @@ def check_settings(settings: Any) -> None:
 
 def check_messages(messages: Any) -> None:
     """Messages: a list of {"role": user/assistant/system, "content": string}."""
-    if type(messages) is not list:
-        raise TraceError(f"\"messages\" must be a list, got {_kind(messages)}")
-    if len(messages) > MAX_MESSAGES:
-        raise TraceError(f"\"messages\" has {len(messages)} entries (the limit is {MAX_MESSAGES})")
+    _check_sized(messages, list, "messages", MAX_MESSAGES)
     for i, m in enumerate(messages):
         where = f"message {i}"
         if type(m) is not dict or set(m) != {"role", "content"}:
@@ -304,10 +306,7 @@ def check_messages(messages: Any) -> None:
 
 def check_steps(steps: Any) -> None:
     """Steps: a bounded list of valid step events."""
-    if type(steps) is not list:
-        raise TraceError(f"\"steps\" must be a list, got {_kind(steps)}")
-    if len(steps) > MAX_STEPS:
-        raise TraceError(f"the trace has {len(steps):,} steps (the limit is {MAX_STEPS:,})")
+    _check_sized(steps, list, "steps", MAX_STEPS)
     nodes = values = 0
     for i, ev in enumerate(steps):
         n, v = check_step(ev, i)
@@ -440,10 +439,7 @@ def check_summary(summary: Any, where: str) -> None:
 
 def check_token_texts(texts: Any) -> None:
     """The token table: decimal token ids (as strings) to strings, bounded in entries and characters."""
-    if type(texts) is not dict:
-        raise TraceError(f"\"token_texts\" must be an object, got {_kind(texts)}")
-    if len(texts) > MAX_TOKEN_TEXTS:
-        raise TraceError(f"\"token_texts\" has {len(texts):,} entries (the limit is {MAX_TOKEN_TEXTS:,})")
+    _check_sized(texts, dict, "token_texts", MAX_TOKEN_TEXTS)
     total = 0
     for key, value in texts.items():
         if type(key) is not str or not _TOKEN_KEY.fullmatch(key) or int(key) >= TOKEN_ID_LIMIT:
