@@ -556,7 +556,7 @@ def _mb(size: int) -> str:
 
 
 class TextAssembler:
-    """Turns emitted token ids into text and the end offset of each step's run (for colouring the chat).
+    """Turns emitted token ids into text and the end offset of each step's run (colouring the chat; `unshown` streams).
 
     Decodes the whole answer each step (cheap next to a forward) so multi-byte characters split across
     tokens come out right; a trailing replacement character means "incomplete", so its step ends before it.

@@ -1,0 +1,183 @@
+"""The engine's seams and invariants: drafters, the sync packet, forward costs, logits processors, cache invariants."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import ARCHS, TINY_VOCAB, TinyTokenizer, tiny_model
+
+from tr_core import DecodeConfig, Engine, SummaryEvent
+from tr_core.cost import COST_GRID, ForwardCost, StepClock, measure_forward_costs
+from tr_core.drafters import PlainDrafter, StaticTreeDrafter
+from tr_core.kv_cache import CacheInvariantError, TreeKVCache
+from tr_core.packet import SyncPacket
+from tr_core.runner import ModelRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = [[5, 9, 14, 22, 9, 14], [30, 31, 32, 33, 30, 31, 32, 40, 41], [7] * 5 + [8, 9, 10]]
+
+
+def tokens_of(engine: Engine, prompt: list[int], **kw) -> list[int]:
+    events = list(engine.generate(prompt, DecodeConfig(**kw)))
+    assert isinstance(events[-1], SummaryEvent)
+    return events[-1].tokens
+
+
+def test_engine_picks_drafters_by_configuration_only():
+    engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
+    assert isinstance(engine.drafter_for(DecodeConfig(plain=True)), PlainDrafter)
+    static = engine.drafter_for(DecodeConfig(template="2.2.2"))
+    assert isinstance(static, StaticTreeDrafter) and static.tree.size == 81 and static.max_depth == 6
+    assert engine.drafter_for(DecodeConfig(template="adaptive")) is engine.adaptive
+    assert engine.drafter_for(DecodeConfig(template="2.2.2")) is static  # built once
+
+
+def test_sync_packet_round_trips_ints_and_floats_exactly():
+    packet = SyncPacket().update({"ids": torch.tensor([0, 49151, 2**40]), "p": torch.tensor([0.123456789, 1e-7]),
+                                  "flag": torch.tensor([True, False])})
+    out = packet.sync()
+    assert out["ids"] == [0, 49151, 2**40] and all(isinstance(x, int) for x in out["ids"])
+    assert out["p"] == torch.tensor([0.123456789, 1e-7]).tolist()  # float32 values, unrounded
+    assert out["flag"] == [1, 0]
+    with pytest.raises(ValueError, match="already holds"):
+        packet.add("ids", torch.tensor([1]))
+
+
+def test_forward_cost_probe_learning_and_a_cheaper_larger_forward():
+    runner = ModelRunner(tiny_model("llama"))
+    times = measure_forward_costs(runner, list(range(2, 40)), [1, 4, 16], repeats=2, warmup=1)
+    assert set(times) == {1, 4, 16} and all(len(v) == 2 and min(v) > 0 for v in times.values())
+    cost = ForwardCost()
+    cost.probe(runner, list(range(2, 40)), max_tokens=16)
+    assert cost.measured and all(cost.ms[n] > 0 for n in COST_GRID)
+    assert cost.ms[32] == pytest.approx(cost.ms[16] * 2)  # past the probed sizes: linear from the last one
+    before = cost(4)
+    cost.observe(4, before * 3)  # a slower forward pulls the estimate up, a tenth of the way
+    assert cost(4) == pytest.approx(before * 1.2)
+    # measured costs are kept as measured: where 4 tokens are cheaper than 3, the drafter may take 4
+    from tr_core.adaptive import AdaptiveDrafter
+
+    drafter = AdaptiveDrafter(torch.device("cpu"))
+    drafter.cost.set_measured({1: [10.0], 2: [15.6], 3: [20.2], 4: [15.6], 6: [30.0], 8: [30.0]}, max_tokens=8)
+    assert drafter.cost(3) > drafter.cost(4)
+    assert drafter.choose_size([0.0, 0.55, 1.0, 1.4, 1.5], budget=4) == 3  # 3 drafts + root = a 4-token forward
+
+
+def test_step_clock_names_every_phase_and_its_total():
+    clock = StepClock(torch.device("cpu"))
+    for phase in ("draft", "forward", "verify", "update", "sync", "commit", "learn"):
+        clock.mark(phase)
+    t = clock.timings()
+    assert set(t) == {"draft", "forward", "verify", "update", "sync", "commit", "learn", "total"}
+    assert t["total"] == pytest.approx(sum(v for k, v in t.items() if k != "total"))
+
+
+def test_attention_kinds_that_cannot_take_a_tree_mask_are_refused():
+    class Fake(torch.nn.Module):
+        def __init__(self, **config):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.config = SimpleNamespace(**config)
+
+        def forward(self, input_ids, past_key_values=None, **kw):
+            raise AssertionError("never called")
+
+    for attn in ("flash_attention_2", "flex_attention"):
+        with pytest.raises(ValueError, match="cannot take a tree mask"):
+            ModelRunner(Fake(_attn_implementation=attn))
+    with pytest.raises(ValueError, match="chunked-attention"):
+        ModelRunner(Fake(_attn_implementation="sdpa", layer_types=["chunked_attention", "full_attention"]))
+
+
+def test_duplicate_siblings_from_half_filled_rows_stay_lossless():
+    engine = Engine(tiny_model("qwen2"), TinyTokenizer(TINY_VOCAB))
+    for prompt in PROMPTS:
+        plain = tokens_of(engine, prompt, max_new_tokens=40, plain=True)
+        engine.matrix.reset()
+        engine.matrix.table[:, : engine.matrix.k // 2] = 3  # the first half of every row: one repeated token
+        engine.matrix.filled[:] = True
+        events = list(engine.generate(prompt, DecodeConfig(max_new_tokens=40, template="2.2.2")))
+        first = events[0]
+        siblings = [first.tokens[i] for i in range(1, len(first.tokens)) if first.parents[i] == 0]
+        assert len(siblings) > len(set(siblings))  # the root's children repeat a token
+        assert events[-1].tokens == plain
+
+
+def test_closing_a_generation_early_leaves_the_engine_usable():
+    engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
+    prompt = PROMPTS[1]
+    reference = tokens_of(engine, prompt, max_new_tokens=40, plain=True)
+    for template in ("2.2.2", "adaptive"):
+        gen = engine.generate(prompt, DecodeConfig(max_new_tokens=40, template=template))
+        next(gen), next(gen)
+        gen.close()  # the consumer stops iterating
+        assert tokens_of(engine, prompt, max_new_tokens=40, template=template) == reference
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_repetition_penalty_greedy_equals_plain_and_transformers(arch):
+    model = tiny_model(arch)
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB))
+    differs = False
+    for prompt in PROMPTS:
+        plain = tokens_of(engine, prompt, max_new_tokens=40, plain=True, repetition_penalty=1.3)
+        hf = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, repetition_penalty=1.3,
+                            eos_token_id=1, pad_token_id=0)[0, len(prompt):].tolist()
+        assert plain == hf[: len(plain)] and len(plain) == len(hf)
+        for template in ("2.2.2", "adaptive-fixed"):
+            assert tokens_of(engine, prompt, max_new_tokens=40, template=template, repetition_penalty=1.3) == plain
+        differs |= plain != tokens_of(engine, prompt, max_new_tokens=40, plain=True)
+    assert differs  # the penalty really changed some answer
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_repetition_penalty_with_seeded_sampling_equals_plain(arch):
+    engine = Engine(tiny_model(arch), TinyTokenizer(TINY_VOCAB))
+    for seed, prompt in enumerate(PROMPTS):
+        kw = dict(max_new_tokens=30, temperature=0.8, top_k=40, top_p=0.95, seed=seed, repetition_penalty=1.2)
+        plain = tokens_of(engine, prompt, plain=True, **kw)
+        for template in ("2.2.2", "adaptive"):
+            assert tokens_of(engine, prompt, template=template, **kw) == plain
+
+
+def test_repetition_penalty_on_the_embedded_model(embedded):
+    model, tokenizer = embedded
+    engine = Engine(model, tokenizer)
+    ids = engine.encode_chat([{"role": "user", "content": "List the days of the week, then list them again."}])
+    plain = tokens_of(engine, ids, max_new_tokens=40, plain=True, repetition_penalty=1.3)
+    hf = model.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False, repetition_penalty=1.3,
+                        eos_token_id=engine.stop_token_ids, pad_token_id=engine.stop_token_ids[0])
+    assert plain == hf[0, len(ids):].tolist()[: len(plain)]
+    assert tokens_of(engine, ids, max_new_tokens=40, template="2.2.2", repetition_penalty=1.3) == plain
+    sampled = dict(max_new_tokens=24, temperature=0.7, seed=3, repetition_penalty=1.3)
+    assert tokens_of(engine, ids, template="adaptive", **sampled) == tokens_of(engine, ids, plain=True, **sampled)
+
+
+def test_prompt_seeding_with_a_static_template_is_lossless_and_seeds_rows():
+    engine = Engine(tiny_model("mistral"), TinyTokenizer(TINY_VOCAB))
+    prompt = [30, 31, 32, 33, 34, 30, 31, 32]  # the root (32) follows itself earlier: 32 -> 33
+    plain = tokens_of(engine, prompt, max_new_tokens=30, plain=True)
+    engine.matrix.reset()
+    events = list(engine.generate(prompt, DecodeConfig(max_new_tokens=30, template="small-16", prompt_seeding=True)))
+    assert events[-1].tokens == plain
+    first = events[0]
+    assert first.tokens[1] == 33 and first.ranks[1] == 0  # the seeded successor is the root's first candidate
+    engine.matrix.reset()
+    list(engine.generate(prompt, DecodeConfig(max_new_tokens=1, template="small-16")))  # off by default for static
+    assert not bool(engine.matrix.filled[prompt[0]])
+
+
+def test_cache_invariant_is_an_error_even_under_python_O():
+    cache = TreeKVCache()
+    cache.update(torch.zeros(1, 1, 4, 2), torch.zeros(1, 1, 4, 2), 0)
+    with pytest.raises(CacheInvariantError, match="holds 4 entries but 5"):
+        cache.require_length(5)
+    code = ("import torch; from tr_core.kv_cache import TreeKVCache, CacheInvariantError\n"
+            "c = TreeKVCache(); c.update(torch.zeros(1,1,4,2), torch.zeros(1,1,4,2), 0)\n"
+            "try:\n    c.require_length(3)\nexcept CacheInvariantError:\n    print('raised')\n")
+    out = subprocess.run([sys.executable, "-O", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "raised", out.stderr
