@@ -28,7 +28,7 @@ from .views import (best_step, coloured_answer, live_meter, matrix_info, measure
 
 RENDER_EVERY_S = 0.25  # redraw figures at most this often while streaming
 LIMITS = dict(max_new_tokens=(1, 1024), temperature=(0.0, 2.0), top_p=(0.05, 1.0), top_k=(0, 1000), seed=(0, 2**31 - 1),
-              k=(1, 16), delay=(0.0, 3.0))
+              k=(1, 16), delay=(0.0, 3.0), repetition_penalty=(0.5, 2.0))
 BUSY = "An answer is running in this tab: press Stop (or wait for it to finish) first."
 
 
@@ -56,6 +56,7 @@ class ChatSettings:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0  # nucleus threshold
     top_k: int = 0  # 0 = off
+    repetition_penalty: float = 1.0  # 1.0 = off; applied to every tree node with its own prefix
     seed: int = 0  # sampling seed
     template: str = ""  # draft tree template ("" = the studio's default)
     k: int = 8  # candidates per matrix row
@@ -100,6 +101,7 @@ def parse_settings(studio: Studio, raw: dict[str, Any], notes: list[str]) -> Cha
     return ChatSettings(max_new_tokens=max_new, temperature=clamp("temperature", raw.get("temperature", 0.0), notes),
                         top_p=clamp("top_p", top_p, notes) if top_p not in (None, "", 0) else 1.0,
                         top_k=clamp("top_k", raw.get("top_k", 0), notes, int),
+                        repetition_penalty=clamp("repetition_penalty", raw.get("repetition_penalty", 1.0), notes),
                         seed=clamp("seed", raw.get("seed", 0), notes, int), template=template,
                         k=clamp("k", raw.get("k", 8), notes, int), compare=bool(raw.get("compare", True)),
                         delay=delay, colour=bool(raw.get("colour", True)))
@@ -188,7 +190,8 @@ def _prepare(studio: Studio, s: Session, text: str, settings: ChatSettings, note
     if max_new < settings.max_new_tokens:
         notes.append(f"Max new tokens reduced to {max_new} to fit the context.")
     cfg = DecodeConfig(max_new_tokens=max_new, temperature=settings.temperature, top_p=settings.top_p,
-                       top_k=settings.top_k, seed=settings.seed, template=settings.template)
+                       top_k=settings.top_k, repetition_penalty=settings.repetition_penalty, seed=settings.seed,
+                       template=settings.template)
     return engine, ids, messages, cfg
 
 

@@ -178,6 +178,7 @@ def _settings_panel(ui: dict, studio: h.Studio) -> None:
             ui["top_p"] = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
             ui["top_k"] = gr.Number(0, label="Top-k (0 = off)", precision=0, minimum=0)
             ui["seed"] = gr.Number(0, label="Seed", precision=0, minimum=0)
+            ui["repetition_penalty"] = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label="Repetition penalty (1 = off)")
         with gr.Row():
             ui["template"] = gr.Dropdown(list(TEMPLATE_NAMES), value=studio.default_template,
                                          label="Draft tree template",
@@ -233,12 +234,13 @@ def _layout(studio: h.Studio) -> dict[str, Any]:
 def _chat_fn(studio: h.Studio, registry: Registry, ui: dict):
     """The /chat endpoint (keyword arguments are its parameter names)."""
     def chat(message, max_new_tokens, temperature, top_p, top_k, seed, template, compare, k, delay, colour,
-             state, request: gr.Request):
+             repetition_penalty, state, request: gr.Request):
         s = registry.get(state, request)
         notes: list[str] = []
         settings = h.parse_settings(studio, dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                                  top_k=top_k, seed=seed, template=template, compare=compare, k=k,
-                                                 delay=delay, colour=colour), notes)
+                                                 delay=delay, colour=colour, repetition_penalty=repetition_penalty),
+                                   notes)
         yield {ui["state"]: s}
         shown: dict[str, Any] = {}
         for view in h.respond(studio, s, message, settings, notes):
@@ -266,7 +268,7 @@ def _file_path(file: Any) -> str | None:
 def _wire(demo: gr.Blocks, studio: h.Studio, registry: Registry, ui: dict) -> None:
     outs = [ui[k] for k in KEYS] + [ui["state"]]
     chat_inputs = [ui[k] for k in ("msg", "max_new", "temperature", "top_p", "top_k", "seed", "template", "compare",
-                                   "k", "delay", "colour", "state")]
+                                   "k", "delay", "colour", "repetition_penalty", "state")]
     run = dict(fn=_chat_fn(studio, registry, ui), inputs=chat_inputs, outputs=outs, concurrency_limit=1,
                concurrency_id="engine")
     ui["send"].click(**run, api_name="chat")

@@ -417,3 +417,13 @@ def test_registry_closes_idle_and_surplus_sessions_and_forgets_deleted_ones():
     assert set(registry.sessions) == {"c", "d"}  # over the cap: the oldest goes
     registry.discard(d)
     assert d not in registry.sessions.values()
+
+
+def test_repetition_penalty_reaches_the_decoding_settings():
+    studio = studio_for()
+    notes: list[str] = []
+    s = h.parse_settings(studio, dict(repetition_penalty=9.0), notes)
+    assert s.repetition_penalty == 2.0 and any("repetition_penalty" in n for n in notes)
+    session = Session(engine=FakeEngine(), k=8)
+    run(studio, session, "hello", compare=False, repetition_penalty=1.3)
+    assert session.trace.settings["repetition_penalty"] == 1.3
