@@ -15,6 +15,7 @@ from studio.config import EMBEDDED, make_config, parse_models, wants_public
 from studio.handlers import Studio
 from studio.models import ModelCatalog
 from studio.page import CSS, build_demo
+from tr_core.cli import apply_threads, threads_option
 
 MODEL_ENV = "TR_MODEL"  # environment variable naming the default model (hub id, folder or .gguf); empty = embedded
 
@@ -73,13 +74,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--template", default=None,
                         help="default draft tree template on the page (else $TR_TEMPLATE; else 2.2.2 on GPU, adaptive on CPU)")
     parser.add_argument("--no-preload", action="store_true", help="load the model on the first message, not at start")
-    parser.add_argument("--threads", type=int, default=int(os.environ.get("TR_THREADS", 0)) or None, metavar="N",
-                        help="CPU threads for torch (default: torch's choice, or $TR_THREADS); 1 is steadier on a busy "
-                             "small machine")
-    args = parser.parse_args(argv)
-    if args.threads is not None and args.threads < 1:
-        parser.error(f"--threads must be >= 1, got {args.threads}")
-    return args
+    threads_option(parser, default=int(os.environ.get("TR_THREADS", 0)) or None,
+                   help="CPU threads for torch (default: torch's choice, or $TR_THREADS); 1 is steadier on a busy "
+                        "small machine")
+    return parser.parse_args(argv)
 
 
 def make_studio(args: argparse.Namespace) -> Studio:
@@ -95,10 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     import gradio as gr
 
     args = parse_args(argv)
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     studio = make_studio(args)
     cfg = studio.config
     print(f"Token Recycling Studio: {'PUBLIC' if cfg.public else 'private'} mode; models: {', '.join(cfg.models)}; "
