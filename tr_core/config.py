@@ -23,6 +23,8 @@ class DecodeConfig:
     """Settings of one `Engine.generate` call."""
 
     max_new_tokens: int = 256  # stop after this many emitted tokens (checked inside an accepted path)
+    min_new_tokens: int = 0  # stop tokens are suppressed at every node until this many tokens were emitted
+    stop_token_ids: tuple[int, ...] | None = None  # tokens that end the answer (None: the model's and chat template's)
     temperature: float = 0.0  # 0 = greedy; > 0 samples with seeded, position-keyed Gumbel noise
     top_p: float = 1.0  # nucleus sampling threshold (1.0 = off); applied after temperature and top-k
     top_k: int = 0  # keep only the k most likely tokens before sampling (0 = off)
@@ -46,6 +48,7 @@ class DecodeConfig:
         """Raise DecodeConfigError for the first setting out of range (the one place these rules live)."""
         rules = (
             ("max_new_tokens", "must be >= 1", self.max_new_tokens >= 1),
+            ("min_new_tokens", "must be >= 0", self.min_new_tokens >= 0),
             ("temperature", "must be >= 0", self.temperature >= 0.0),
             ("top_p", "must be in (0, 1]", 0.0 < self.top_p <= 1.0),
             ("top_k", "must be >= 0", self.top_k >= 0),

@@ -84,6 +84,9 @@ class DecodeState:
     context: torch.Tensor | None  # [prompt + budget] committed ids for prefix processors (None: not needed)
     committed: int  # valid entries of `context`
     out: list[int]  # emitted tokens
+    stop_ids: set[int]  # tokens that end the answer
+    stop_tensor: torch.Tensor  # [S] long, the same on the device (for min_new_tokens)
+    scores_hook: Callable[[torch.Tensor], None] | None = None  # gets the processed scores [len(emitted), V] per step
     stop_reason: str = "length"
     steps: int = 0
     forward_ms: float = 0.0  # summed over steps
@@ -165,11 +168,14 @@ class Engine:
     # -- decoding ---------------------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompt_ids: list[int], cfg: DecodeConfig | None = None, stop: Callable[[], bool] | None = None,
-                 logits_processor: Iterable[Any] = ()) -> Iterator[StepEvent | SummaryEvent]:
+                 logits_processor: Iterable[Any] = (),
+                 scores_hook: Callable[[torch.Tensor], None] | None = None) -> Iterator[StepEvent | SummaryEvent]:
         """Decode after `prompt_ids`, yielding a StepEvent per step, then a SummaryEvent.
 
         `stop`, polled after every step, ends the answer early (stop_reason "stopped"). `logits_processor`:
         extra transformers processors, each applied to every tree node with its own prefix (others are refused).
+        `scores_hook(scores)`: called each step with the processed scores [emitted, V] that chose each emitted
+        token (for transformers' `output_scores`); it costs a copy of those rows.
         """
         cfg = cfg or DecodeConfig()
         prompt = self._check_prompt(prompt_ids)
@@ -177,6 +183,7 @@ class Engine:
         processors = build_processors(cfg, logits_processor)
         t_start = time.perf_counter()
         state = self._begin(prompt, cfg, drafter, needs_prefix(processors))
+        state.scores_hook = scores_hook
         prefill_s = time.perf_counter() - t_start
         decode_start = time.perf_counter()
         while True:
@@ -213,7 +220,9 @@ class Engine:
         if keep_context:
             context = torch.zeros(len(prompt) + budget, dtype=torch.long, device=self.device)
             context[: len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-        return DecodeState(prompt_len=len(prompt), cache=cache, past=len(prompt) - 1, budget=budget, context=context, committed=len(prompt),
+        stop_ids = sorted(set(cfg.stop_token_ids if cfg.stop_token_ids is not None else self.stop_token_ids))
+        return DecodeState(prompt_len=len(prompt), cache=cache, stop_ids=set(stop_ids),
+                           stop_tensor=torch.tensor(stop_ids, dtype=torch.long, device=self.device), past=len(prompt) - 1, budget=budget, context=context, committed=len(prompt),
                            root=torch.tensor([prompt[-1]], dtype=torch.long, device=self.device), out=[])
 
     def _step(self, state: DecodeState, cfg: DecodeConfig, drafter: Drafter, processors) -> tuple[StepEvent, bool]:
@@ -257,15 +266,30 @@ class Engine:
                 recycles: bool) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
         """The model's choice at every node (processed as `generate` would) and the end of the accepted path."""
         top = top_rows(logits, self.matrix.k) if recycles else None  # argmax and the matrix update's top-k
-        if cfg.greedy and not processors:
+        early = len(state.out) < cfg.min_new_tokens
+        if cfg.greedy and not processors and not early and state.scores_hook is None:
             targets = top[0] if top is not None else logits.argmax(dim=-1)
         else:
-            prefixes = None
-            if state.context is not None:
-                prefixes = node_prefixes(state.context[: state.committed], draft.tokens, draft.tree_mask)
-            targets = choose_tokens(process(logits, processors, prefixes), cfg, state.past + 1, draft.depths, draft.levels)
+            scores = self._scores(state, cfg, draft, logits, processors)
+            targets = choose_tokens(scores, cfg, state.past + 1, draft.depths, draft.levels)
         best = verify_tree(draft.tokens, targets, draft.parents, draft.depths, draft.tree_mask)
+        if state.scores_hook is not None:  # the rows that chose the emitted tokens: the accepted path's nodes
+            state.scores_hook(scores[draft.tree_mask[best]].clone())
         return targets, best, top
+
+    def _scores(self, state: DecodeState, cfg: DecodeConfig, draft: Draft, logits: torch.Tensor,
+                processors) -> torch.Tensor:
+        """Every node's processed scores [N, V] (fp32): the processors with each node's prefix, then min_new_tokens."""
+        prefixes = None
+        if state.context is not None:
+            prefixes = node_prefixes(state.context[: state.committed], draft.tokens, draft.tree_mask)
+        scores = process(logits, processors, prefixes)
+        if len(state.out) < cfg.min_new_tokens and state.stop_tensor.numel():
+            if scores.data_ptr() == logits.data_ptr():
+                scores = scores.clone()  # the matrix update still reads the raw logits
+            too_early = (len(state.out) + draft.depths) < cfg.min_new_tokens  # [N]: the token after node i is early
+            scores[too_early.nonzero(as_tuple=True)[0][:, None], state.stop_tensor[None, :]] = float("-inf")
+        return scores
 
     def _update(self, drafter: Drafter, draft: Draft, logits: torch.Tensor, top: tuple | None,
                 targets: torch.Tensor, best: torch.Tensor) -> SyncPacket:
@@ -288,7 +312,7 @@ class Engine:
         host["parents"][0], host["ranks"][0] = -1, -1
         accepted = path_to(host["parents"], best)
         path_tokens = [host["tokens"][j] for j in accepted[1:]]
-        emitted, reason = accept_tokens(path_tokens, host["targets"][best], set(self.stop_token_ids),
+        emitted, reason = accept_tokens(path_tokens, host["targets"][best], state.stop_ids,
                                         state.budget - len(state.out))
         bonus = emitted[-1] if len(emitted) == len(accepted) else None
         state.out.extend(emitted)

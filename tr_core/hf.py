@@ -1,0 +1,177 @@
+"""Token Recycling inside transformers' own `generate()`: `model.generate(..., custom_generate=tr_core.hf.generate)`.
+
+transformers 5 prepares the generation (config, logits processors, stopping criteria, streamer) and calls this
+function in place of its sampling loop. The adjacency matrix lives on the model between calls (it keeps
+learning, as in the studio); `reset(model)` forgets it. Greedy output is token-identical to plain `generate`;
+sampling draws from the same distribution, with position-keyed noise seeded from torch's generator (so
+`torch.manual_seed` makes it repeatable).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .config import DecodeConfig
+from .engine import Engine
+from .events import SummaryEvent
+from .sampling import PER_NODE
+
+ENGINE_ATTR = "_token_recycling_engine"  # where the engine (and so the matrix) is kept on the model
+
+
+class _Vocabless:
+    """The little an Engine asks of a tokenizer when none is given: stop tokens come from the generation config."""
+
+    eos_token_id = None
+    chat_template = None
+
+    def get_vocab(self) -> dict[str, int]:
+        return {}
+
+
+def engine_of(model: Any, topk_candidates: int = 8) -> Engine:
+    """The Engine kept on `model` (made on first use, or again when k changes)."""
+    engine = getattr(model, ENGINE_ATTR, None)
+    if engine is None or engine.matrix.k != topk_candidates:
+        engine = Engine(model, _Vocabless(), topk_candidates=topk_candidates)
+        setattr(model, ENGINE_ATTR, engine)
+    return engine
+
+
+def reset(model: Any) -> None:
+    """Forget everything the model's adjacency matrix learned (and the adaptive tree's calibration)."""
+    if hasattr(model, ENGINE_ATTR):
+        delattr(model, ENGINE_ATTR)
+
+
+def _refuse_unsupported(input_ids: torch.Tensor, config: Any, model_kwargs: dict) -> None:
+    """Clear errors for settings Token Recycling does not implement."""
+    for name, ok in (("num_beams", getattr(config, "num_beams", 1) in (None, 1)),
+                     ("num_return_sequences", getattr(config, "num_return_sequences", 1) in (None, 1)),
+                     ("assistant_model", model_kwargs.get("assistant_model") is None),
+                     ("prompt_lookup_num_tokens", getattr(config, "prompt_lookup_num_tokens", None) is None)):
+        if not ok:
+            raise ValueError(f"Token Recycling does not support `{name}`; remove it from the generate call")
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"Token Recycling decodes one sequence at a time: batch size {input_ids.shape[0]} "
+                         "(input_ids.shape[0]) is not supported")
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool(mask.all()):
+        raise ValueError("Token Recycling does not support padded inputs (attention_mask with zeros)")
+
+
+def _split_processors(processors: Any, prompt_len: int) -> tuple[list, int]:
+    """(per-node processors, min_new_tokens) from generate's prepared list; length rules become min_new_tokens."""
+    from transformers import MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor
+
+    keep, min_new = [], 0
+    for p in processors or []:
+        if isinstance(p, MinNewTokensLengthLogitsProcessor):
+            min_new = max(min_new, p.min_new_tokens)
+        elif isinstance(p, MinLengthLogitsProcessor):
+            min_new = max(min_new, p.min_length - prompt_len)
+        elif isinstance(p, PER_NODE):
+            keep.append(p)
+        else:
+            raise ValueError(f"{type(p).__name__} cannot be applied per tree node (Token Recycling verifies many "
+                             "positions at once); remove the setting that adds it")
+    return keep, min_new
+
+
+def _decode_config(config: Any, prompt_len: int, template: str, min_new: int) -> DecodeConfig:
+    """The engine's settings from a prepared GenerationConfig (sampling warpers travel as processors)."""
+    max_new = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - prompt_len
+    eos = config.eos_token_id
+    eos = () if eos is None else tuple(int(e) for e in (eos.tolist() if torch.is_tensor(eos) else
+                                                        (eos if isinstance(eos, (list, tuple)) else [eos])))
+    sample = bool(config.do_sample)
+    seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if sample else 0  # from torch's generator: manual_seed works
+    return DecodeConfig(max_new_tokens=max(int(max_new), 1), min_new_tokens=max(int(min_new), 0),
+                        temperature=1.0 if sample else 0.0, seed=seed, template=template, stop_token_ids=eos)
+
+
+def generate(model: Any, input_ids: torch.LongTensor, logits_processor: Any = None, stopping_criteria: Any = None,
+             generation_config: Any = None, synced_gpus: bool = False, streamer: Any = None,
+             template: str = "adaptive", topk_candidates: int = 8, **model_kwargs: Any):
+    """transformers' `custom_generate` callable: Token Recycling in place of `generate`'s own loop.
+
+    input_ids: [1, L]. Returns [1, L + new] like `generate`, or a GenerateDecoderOnlyOutput with
+    `return_dict_in_generate=True` (with `scores` when `output_scores=True`).
+    """
+    config = generation_config
+    streamer = streamer if streamer is not None else _streamer_of_generate()
+    _refuse_unsupported(input_ids, config, model_kwargs)
+    prompt = input_ids[0].tolist()
+    processors, min_new = _split_processors(logits_processor, len(prompt))
+    cfg = _decode_config(config, len(prompt), template, min_new)
+    engine = engine_of(model, topk_candidates)
+    scores: list[torch.Tensor] = []
+    hook = scores.append if getattr(config, "output_scores", False) else None
+    new = _run(engine, prompt, cfg, processors, hook, stopping_criteria, streamer, input_ids)
+    if streamer is not None:
+        streamer.end()
+    sequences = torch.cat([input_ids, torch.tensor([new], dtype=input_ids.dtype, device=input_ids.device)], dim=1)
+    if not getattr(config, "return_dict_in_generate", False):
+        return sequences
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    rows = torch.cat(scores)[: len(new)] if scores else None
+    return GenerateDecoderOnlyOutput(sequences=sequences,
+                                     scores=tuple(r[None] for r in rows) if rows is not None else None)
+
+
+def _streamer_of_generate() -> Any:
+    """The `streamer` given to the `generate` call that called us.
+
+    transformers 5 hands a `custom_generate` callable only the arguments new to its signature, so `streamer`
+    (which its own `_sample` takes) is dropped on the way, although `generate` already streamed the prompt to
+    it. It is read here from `generate`'s own frame, without changing anything there.
+    """
+    import inspect
+
+    from transformers.generation.utils import GenerationMixin
+
+    target = GenerationMixin.generate
+    while hasattr(target, "__wrapped__"):  # decorators (deprecations, no_grad)
+        target = target.__wrapped__
+    frame = inspect.currentframe()
+    try:
+        while frame is not None and frame.f_code is not target.__code__:
+            frame = frame.f_back
+        return None if frame is None else frame.f_locals.get("streamer")
+    finally:
+        del frame
+
+
+def _run(engine: Engine, prompt: list[int], cfg: DecodeConfig, processors: list, hook: Any, stopping_criteria: Any,
+         streamer: Any, input_ids: torch.Tensor) -> list[int]:
+    """Decode, streaming each step's tokens and honouring the stopping criteria token by token."""
+    new: list[int] = []
+    for ev in engine.generate(prompt, cfg, logits_processor=processors, scores_hook=hook):
+        if isinstance(ev, SummaryEvent):
+            break
+        cut = _first_stop(stopping_criteria, input_ids, new, ev.emitted)
+        tokens = ev.emitted if cut is None else ev.emitted[: cut + 1]
+        new.extend(tokens)
+        if streamer is not None and tokens:
+            streamer.put(torch.tensor(tokens, dtype=torch.long))
+        if cut is not None:
+            break
+    return new
+
+
+def _first_stop(criteria: Any, input_ids: torch.Tensor, done: list[int], emitted: list[int]) -> int | None:
+    """Index in `emitted` after which a stopping criterion fires (checked token by token, as generate does)."""
+    if not criteria:
+        return None
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+    custom = [c for c in criteria if not isinstance(c, (EosTokenCriteria, MaxLengthCriteria))]  # the engine does these
+    if not custom:
+        return None
+    for i in range(len(emitted)):
+        seq = torch.tensor([input_ids[0].tolist() + done + emitted[: i + 1]], device=input_ids.device)
+        if any(bool(c(seq, None).any()) for c in custom):
+            return i
+    return None
