@@ -27,9 +27,9 @@ TEMP_PREFIX = "tr-studio-"  # studio.session.TEMP_PREFIX
 LONG_QUESTION = "Write a long story about a robot who learns to paint."
 EMBEDDED_LABEL = "embedded (SmolLM2-135M-Instruct)"
 CHAT_PARAMS = ("message", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "template", "compare", "k",
-               "delay", "colour")
+               "delay", "colour", "repetition_penalty")  # /chat's inputs in page order (the State follows)
 CHAT_DEFAULTS = dict(max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0, seed=0, template="2.2.2",
-                     compare=False, k=8, delay=0.0, colour=True)
+                     compare=False, k=8, delay=0.0, colour=True, repetition_penalty=1.0)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
