@@ -325,11 +325,20 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
     if est.identical is False:
         notes.append("⚠ Token Recycling and plain decoding produced different tokens.")
     trace.speed = dataclasses.asdict(est)
-    note = "" if est.tokens >= (trace.summary.new_tokens if trace.summary else 0) else \
-        f"measured over the first {est.tokens} of {trace.summary.new_tokens} tokens (time cap)"
+    note = measure_note(est, trace.summary.new_tokens if trace.summary else 0)
     view = {"meter": measured_meter(est, note=note), "status": "  \n".join(notes) or "✓ Done.",
             "trace_file": str(trace.save(s.files() / "trace.json"))}
     yield view
+
+
+def measure_note(est: SpeedEstimate, answer_tokens: int) -> str:
+    """What the measurement did not cover: tokens past the time cap, pairs left out as disturbed."""
+    parts = []
+    if est.covered < answer_tokens:
+        parts.append(f"measured over the first {est.covered} of {answer_tokens} tokens (time cap)")
+    if est.left_out:
+        parts.append(f"{est.left_out} chunk pair(s) disturbed by a load change left out")
+    return "; ".join(parts)
 
 
 # ------------------------------------------------------------------------------------- small handlers

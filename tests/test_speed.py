@@ -57,6 +57,12 @@ def test_a_load_change_between_the_runs_cannot_fake_a_speedup():
     est = measure_interleaved(fake_run(clock, 120, 2, 30.0), fake_run(clock, 120, 1, 20.0), chunk_ms=100.0)
     assert est.trusted and abs(est.ratio - 4 / 3) < 0.05 and est.error < 0.05
     assert est.ratio <= plausible_limit(est.mean_accepted) and est.mean_accepted == 2.0 and est.identical
+    assert est.covered == 120 and est.left_out >= 1  # the pair the load change fell into was left out
+    from studio.handlers import measure_note
+
+    note = measure_note(est, 150)
+    assert "first 120 of 150 tokens (time cap)" in note and "left out" in note
+    assert measure_note(estimate([ChunkPair(10, 100.0, 5, 150.0)] * 4), 40) == ""
 
 
 def bursty(period_ms: float, seed: int = 0):

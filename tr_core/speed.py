@@ -50,6 +50,8 @@ class SpeedEstimate:
     trusted: bool  # True: show the ratio; False: show "too noisy to measure" and `reason`
     reason: str = ""  # why the figure is not trusted ("" when trusted)
     identical: bool | None = None  # both runs emitted the same tokens (None: not known)
+    covered: int = 0  # tokens both runs decoded, including pairs left out as disturbed
+    left_out: int = 0  # chunk pairs left out because a load change fell between their two chunks
 
 
 def jackknife_ratio(pairs: list[ChunkPair]) -> tuple[float, float]:
@@ -137,8 +139,10 @@ def estimate(pairs: list[ChunkPair], identical: bool | None = None) -> SpeedEsti
     pairs = [p for p in pairs if p.tokens > 0 and p.tr_ms > 0 and p.plain_ms > 0]
     if not pairs:
         return SpeedEstimate(None, None, None, None, None, 0, 0, False, "nothing was measured", identical)
+    covered = sum(p.tokens for p in pairs)
     kept = drop_outliers(pairs)
-    pairs = kept if len(kept) >= 0.8 * len(pairs) else pairs  # too many disagree: keep all, the error shows it
+    left_out = len(pairs) - len(kept) if len(kept) >= 0.8 * len(pairs) else 0
+    pairs = kept if left_out else pairs  # too many disagree: keep all, the error shows it
     tokens = sum(p.tokens for p in pairs)
     ratio, error = jackknife_ratio(pairs)
     median_ratio, median_error = robust_ratio(pairs)
@@ -148,7 +152,7 @@ def estimate(pairs: list[ChunkPair], identical: bool | None = None) -> SpeedEsti
     reason = _distrust(pairs, ratio, error, median_ratio, mean_acc)
     return SpeedEstimate(ratio=ratio, error=error, tr_tps=tokens / tr_s, plain_tps=tokens / plain_s,
                          mean_accepted=mean_acc, tokens=tokens, pairs=len(pairs), trusted=not reason,
-                         reason=reason, identical=identical)
+                         reason=reason, identical=identical, covered=covered, left_out=left_out)
 
 
 def _advance(events: Iterator[Any], until: Callable[[int, float], bool], state: dict) -> bool:
