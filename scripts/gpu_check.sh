@@ -9,7 +9,7 @@
 #        copies part one of the model to /root/m/                                             (~10 s + start)
 #   2. run(command="bash scripts/gpu_check.sh bench", carry=[".gpu/model.part_ab", ".gpu/data", ".whl"], timeout_s=420)
 #        joins and checks the model, installs gguf, converts the model (~1 min), then benchmarks vanilla,
-#        recycling[2.2.2], recycling[adaptive], hf and pld on 28 questions (first 4 of each Spec-Bench task + MBPP),
+#        recycling[2.2.2], [adaptive], [adaptive-fixed], [hybrid], [hybrid-fixed], hf and pld on 28 questions (first 4 of each Spec-Bench task + MBPP),
 #        max_new_tokens 128, bf16 on CUDA, stopping new questions after 3.5 minutes (--max-minutes 3.5);
 #        then the cost curve of the embedded model itself.  Writes $OUT/gpu_bench.json, gpu_bench.txt,
 #        profile_smollm2.json/.txt.                                                        (~5-6 min)
@@ -61,7 +61,7 @@ bench() {
   ls "$DATA"/*.jsonl || { echo "FATAL: no question files under $DATA" >&2; exit 5; }
   timeout 300 python3 -m tr_core bench --questions "$DATA/spec_bench_dev.jsonl" --questions "$DATA/mbpp_dev.jsonl" \
     --model "$GGUF" --device "$DEVICE" --per-task "$PER_TASK" --max-new-tokens "$MAX_NEW" \
-    --methods vanilla,recycling,hf,pld --template 2.2.2,adaptive,adaptive-fixed --max-minutes "$MINUTES" --no-progress ${THREADS:+--threads $THREADS} \
+    --methods vanilla,recycling,hf,pld --template 2.2.2,adaptive,adaptive-fixed,hybrid,hybrid-fixed --max-minutes "$MINUTES" --no-progress ${THREADS:+--threads $THREADS} \
     --json "$OUT/gpu_bench.json" 2>&1 | tee "$OUT/gpu_bench.txt"
   local extra=()
   [ -f "$OUT/gpu_bench.json" ] && cp "$OUT/gpu_bench.json" /root/m/ && extra=(--bench-json "$OUT/gpu_bench.json")

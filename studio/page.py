@@ -183,7 +183,8 @@ def _settings_panel(ui: dict, studio: h.Studio) -> None:
             ui["template"] = gr.Dropdown(list(TEMPLATE_NAMES), value=studio.default_template,
                                          label="Draft tree template",
                                          info="2.2.2 = the paper's 80-node tree (GPU); adaptive = grown by probability, "
-                                              "sized to this device; adaptive-fixed = the same tree at the full 80-node budget")
+                                              "sized to this device; adaptive-fixed = the same tree at the full 80-node budget; "
+                                              "hybrid(-fixed) = the same, plus runs copied from the conversation (■ in the tree)")
             ui["k"] = gr.Slider(1, 16, value=8, step=1, label="Candidates per matrix row (k)")
             ui["compare"] = gr.Checkbox(True, label="Measure the speedup against plain decoding after each answer")
 

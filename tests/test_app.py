@@ -38,6 +38,9 @@ class FakeMatrix:
         return self
 
 
+FAKE_ORIGIN = "copied from the prompt <b>, tokens 3-4 (after a 2-token match)"
+
+
 class FakeEngine:
     """Stands in for tr_core.Engine: 10 prompt tokens per message, `steps` steps of 2 tokens each."""
 
@@ -47,6 +50,7 @@ class FakeEngine:
         self.fail, self.steps, self.step_s = fail, steps, step_s
         self.matrix = FakeMatrix()
         self.adaptive = None
+        self.hybrid = None  # the engine's drafters with state of their own (speed.forked copies them)
         self.prompts: list[list[int]] = []
         self.running = 0
 
@@ -71,11 +75,14 @@ class FakeEngine:
             for step in range(self.steps * (2 if cfg.plain else 1)):  # plain: 1 token a step, TR: 2
                 time.sleep(self.step_s)
                 emitted = [8] if cfg.plain else [8, 9]
+                hybrid = cfg.template.startswith("hybrid")  # node 2 copied from the context: rank k + 0
                 ev = StepEvent(step=step, position=len(ids) + step, tokens=[7, 8, 9], parents=[-1, 0, 1],
-                               depths=[0, 1, 2], ranks=[-1, 0, 0], accepted=[0, 1], emitted=emitted, bonus=emitted[-1],
-                               timings={"total": 10.0 if cfg.plain else 12.0, "forward": 8.0}, matrix_rows=[7, 8],
-                               matrix_values=[[8, 1], [9, 2]], matrix_probs=[[0.9, 0.1], [0.8, 0.2]],
-                               template=cfg.template)
+                               depths=[0, 1, 2], ranks=[-1, 0, 2 if hybrid else 0], accepted=[0, 1], emitted=emitted,
+                               bonus=emitted[-1], timings={"total": 10.0 if cfg.plain else 12.0, "forward": 8.0},
+                               matrix_rows=[7, 8], matrix_values=[[8, 1], [9, 2]],
+                               matrix_probs=[[0.9, 0.1], [0.8, 0.2]], template=cfg.template,
+                               sources=["root", "both", "context"] if hybrid else None,
+                               origins=["", FAKE_ORIGIN, FAKE_ORIGIN] if hybrid else None)
                 out += emitted
                 yield ev
                 if stop is not None and stop():
@@ -211,6 +218,41 @@ def test_settings_are_clamped_and_capped_with_notes():
     assert s.max_new_tokens == 64 and s.temperature == 0.0 and s.top_k == 0 and s.delay == 0.5
     assert s.template == "2.2.2" and any("capped at 0.5 s" in n for n in notes) and any("Unknown template" in n for n in notes)
     assert h.clamp("seed", float("nan"), notes, int) == 0
+
+
+def test_hybrid_templates_are_accepted():
+    from tr_core.tree import TEMPLATE_NAMES
+
+    studio = studio_for()
+    for template in ("hybrid", "hybrid-fixed"):
+        notes: list[str] = []
+        assert template in TEMPLATE_NAMES  # so the page's dropdown offers it
+        assert h.parse_settings(studio, dict(template=template), notes).template == template and not notes
+
+
+def test_hybrid_steps_keep_their_sources_live_in_the_trace_and_in_replays(tmp_path):
+    studio = studio_for()
+    session = Session(engine=FakeEngine(steps=3), k=8)
+    views = run(studio, session, "hello", compare=False, template="hybrid")
+    live = [v["tree"] for v in views if "tree" in v]
+    assert live and all(ev.sources == ["root", "both", "context"] for ev in session.trace.steps)
+    assert all(ev.origins == ["", FAKE_ORIGIN, FAKE_ORIGIN] for ev in session.trace.steps)
+
+    def shows_sources(fig) -> bool:
+        names = {t.get("name") for t in fig.traces}
+        hover = " ".join(h for t in fig.traces for h in t.get("hovertext", []))
+        return ({"■ copied from the context", "◆ both agree"} <= names and "copied from the prompt &lt;b&gt;" in hover
+                and "<b>," not in hover and "and the matrix (candidate #0)" in hover)
+
+    assert all(shows_sources(fig) for fig in live)  # live steps
+    assert shows_sources(h.replay(session, 2, True)["tree"])  # replay of the answer
+    saved = Trace.load(session.files() / "trace.json")  # the downloaded trace keeps them too
+    assert saved.steps == session.trace.steps
+    path = saved.save(tmp_path / "hybrid_trace.json")
+    other = Session(engine=FakeEngine(), k=8)
+    view = h.load_trace(studio, other, str(path))
+    assert view["status"].startswith("Loaded a trace") and shows_sources(view["tree"])  # replay of an uploaded trace
+    assert other.trace.steps == session.trace.steps
 
 
 def test_trim_to_context_drops_oldest_turns_first():

@@ -30,7 +30,7 @@ def test_greedy_recycling_equals_plain_and_hf_generate(arch, attn):
         plain = run(engine, prompt, max_new_tokens=50, plain=True)
         hf = model.generate(torch.tensor([prompt]), max_new_tokens=50, do_sample=False, eos_token_id=1, pad_token_id=0)
         assert plain.tokens == hf[0, len(prompt):].tolist(), "the harness itself must equal transformers' generate"
-        for template in ("2.2.2", "small-16", "adaptive", "adaptive-fixed"):
+        for template in ("2.2.2", "small-16", "adaptive", "adaptive-fixed", "hybrid", "hybrid-fixed"):
             tr = run(engine, prompt, max_new_tokens=50, template=template)
             assert tr.tokens == plain.tokens, f"{arch}/{attn}/{template} diverged from plain decoding"
             accepted.append(tr.mean_accepted)
@@ -47,7 +47,7 @@ def test_seeded_sampling_recycling_equals_plain(arch):
         for prompt in prompts(2, seed=seed + 5):
             kw = dict(max_new_tokens=40, temperature=0.8, top_p=0.9, top_k=30, seed=seed)
             plain = run(engine, prompt, plain=True, **kw)
-            for template in ("2.2.2", "adaptive"):
+            for template in ("2.2.2", "adaptive", "hybrid", "hybrid-fixed"):
                 assert run(engine, prompt, template=template, **kw).tokens == plain.tokens
             outputs.add(tuple(plain.tokens))
     assert len(outputs) == 6, "different seeds and prompts must give different samples"

@@ -80,6 +80,84 @@ def test_tree_figure_handles_any_tree_shape_and_missing_event():
     assert len(tree_figure(None, text_of).traces) == 0
 
 
+def make_hybrid_event() -> StepEvent:
+    """The 7-node tree of a hybrid step (k = 2): node 1 from both sources, 3, 5 and 6 copied from the context."""
+    ev = make_event()
+    ev.ranks, ev.template = [-1, 0, 1, 2, 1, 2, 2], "hybrid"
+    ev.sources = ["root", "both", "matrix", "context", "matrix", "context", "context"]
+    ev.origins = ["", "copied from the prompt, token 3 (after a 2-token match)", "",
+                  "copied from the prompt, tokens 3-4 (after a 2-token match)", "",
+                  'copied from <img src=x> "here" & there', "copied from the prompt, tokens 3-5 (after a 2-token match)"]
+    return ev
+
+
+def node_markers(fig) -> tuple[dict[int, str], dict[int, str]]:
+    """Each node's marker symbol and hover text, from the tree figure's node traces."""
+    symbols, hovers = {}, {}
+    for t in node_traces(fig).values():
+        if t["name"].startswith("bonus"):
+            continue
+        symbol = t["marker"]["symbol"]
+        for j, node in enumerate(t["customdata"]):
+            symbols[node] = symbol if isinstance(symbol, str) else symbol[j]
+            hovers[node] = t["hovertext"][j]
+    return symbols, hovers
+
+
+def legend_names(fig) -> list[str]:
+    return [t["name"] for t in fig.traces if t.get("showlegend", True) and "name" in t]
+
+
+def test_tree_figure_shows_where_each_draft_token_came_from():
+    ev = make_hybrid_event()
+    fig = tree_figure(ev, text_of)
+    symbols, hovers = node_markers(fig)
+    assert symbols == {0: "circle", 1: "diamond", 2: "circle", 3: "square", 4: "circle", 5: "square", 6: "square"}
+    nodes = node_traces(fig)  # colour still says accepted or rejected
+    assert nodes["accepted draft tokens"]["marker"]["color"] == ACCEPTED_COLOUR
+    assert nodes["accepted draft tokens"]["customdata"] == [1, 3]
+    assert nodes["rejected draft tokens"]["marker"]["color"] == REJECTED_COLOUR
+    names = legend_names(fig)
+    for name in ("● from the matrix", "■ copied from the context", "◆ both agree", "accepted draft tokens",
+                 "rejected draft tokens", "root (last committed token)", "bonus token (from the verify forward)"):
+        assert names.count(name) == 1, name
+    keys = {t["name"]: t["marker"]["symbol"] for t in fig.traces if t.get("mode") == "markers"}
+    assert keys["● from the matrix"] == "circle" and keys["■ copied from the context"] == "square"
+    assert keys["◆ both agree"] == "diamond" and keys["accepted draft tokens"] == "circle"  # colour keys are circles
+    assert "from the matrix: candidate #1 after &#x27;&lt;root&gt;&#x27;" in hovers[2]  # parent text, escaped
+    assert "from the matrix: candidate #1 after &#x27; the&#x27;" in hovers[4]
+    assert "copied from the prompt, tokens 3-4 (after a 2-token match)" in hovers[3] and "rank" not in hovers[3]
+    assert "copied from the prompt, token 3 (after a 2-token match)<br>and the matrix (candidate #0)" in hovers[1]
+    assert "copied from &lt;img src=x&gt; &quot;here&quot; &amp; there" in hovers[5]
+    assert not any("<img" in h for h in hovers.values())
+    assert " · root" in hovers[0]
+    fig.to_plotly()  # valid plotly: per-point symbols and the legend-only entries
+
+
+def test_tree_figure_without_context_drafts_keeps_its_legend():
+    ev = make_hybrid_event()
+    ev.sources = ["root"] + ["matrix"] * 6
+    ev.origins = [""] * 7
+    fig = tree_figure(ev, text_of)
+    symbols, hovers = node_markers(fig)
+    assert set(symbols.values()) == {"circle"} and "from the matrix: candidate #2 after" in hovers[3]
+    assert not any(n.startswith(("●", "■", "◆")) for n in legend_names(fig))
+    assert not any("legendgroup" in t for t in fig.traces)
+    plain = tree_figure(make_event(), text_of)  # no sources: as before, rank in the hover, one symbol per trace
+    assert [t["marker"]["symbol"] for t in node_traces(plain).values()] == ["circle"] * 3 + ["star"]
+    assert not any("from the matrix" in h for h in node_markers(plain)[1].values())
+    assert len(plain.traces) == 7 and not any("legendgroup" in t for t in plain.traces)  # edges, nodes, bonus
+
+
+def test_matrix_hits_leave_out_tokens_copied_from_the_context():
+    tracker = MatrixTracker()
+    tracker.update(make_hybrid_event())  # accepted: node 1 (both, row of token 0), node 3 (context only, row of 1)
+    assert tracker.hits == {0: 1}
+    tracker = MatrixTracker()
+    tracker.update(make_event())
+    assert tracker.hits == {0: 1, 1: 1}
+
+
 def test_heatmap_labels_are_unique_and_rows_touched_this_step_come_first():
     tracker = MatrixTracker()
     ev = make_event()

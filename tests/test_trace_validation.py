@@ -21,8 +21,23 @@ def text_of(t: int) -> str:
     return VOCAB.get(t, f"<{t}>")
 
 
-def make_step(step: int, stopped: bool = False, adaptive: bool = False) -> StepEvent:
-    """A 7-node tree: root -> {1, 4}; 1 -> {2, 5}; 2 -> {3}; 4 -> {7}. Accepted root-1-2, bonus 8 (or cut by a stop)."""
+HYBRID_SOURCES = ["root", "both", "matrix", "context", "matrix", "context", "context"]
+HYBRID_ORIGINS = ["", "copied from the prompt, token 3 (after a 2-token match)", "",
+                  "copied from the prompt, tokens 3-4 (after a 2-token match)", "",
+                  "copied from this answer, token 9 (after a 1-token match)",
+                  "copied from the prompt, tokens 3-5 (after a 2-token match)"]
+
+
+def make_step(step: int, stopped: bool = False, adaptive: bool = False, hybrid: bool = False) -> StepEvent:
+    """A 7-node tree: root -> {1, 4}; 1 -> {2, 5}; 2 -> {3}; 4 -> {7}. Accepted root-1-2, bonus 8 (or cut by a stop).
+
+    `hybrid`: nodes 3, 5 and 6 were copied from the context (ranks k + j, k = 2), node 1 from both sources.
+    """
+    if hybrid:
+        ev = make_step(step, stopped, adaptive=True)
+        ev.ranks, ev.template = [-1, 0, 1, 2, 1, 2, 2], "hybrid"
+        ev.sources, ev.origins = list(HYBRID_SOURCES), list(HYBRID_ORIGINS)
+        return ev
     return StepEvent(
         step=step, position=10 + 3 * step, tokens=[0, 1, 4, 2, 5, 7, 3], parents=[-1, 0, 0, 1, 1, 2, 3],
         depths=[0, 1, 1, 2, 2, 2, 3], ranks=[-1, 0, 1, 0, 1, 0, 0], accepted=[0, 1, 3],
@@ -43,7 +58,7 @@ def valid_trace() -> Trace:
     trace = Trace(model="tiny", settings={"template": "tiny", "temperature": 0.0, "k": 2, "prompt_seeding": None,
                                           "plain": False},
                   messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi ✓"}])
-    for ev in (make_step(0), make_step(1, adaptive=True), make_step(2, stopped=True)):
+    for ev in (make_step(0), make_step(1, hybrid=True), make_step(2, stopped=True)):
         trace.add_step(ev, text_of)
     trace.step_texts = [" the cat mat", " the cat mat", " the"]
     trace.summary = summary([1, 2, 8, 1, 2, 8, 1])
@@ -101,6 +116,100 @@ def test_engine_traces_of_a_tiny_model_load(tmp_path, template):
     draw_all(back)
 
 
+def test_hybrid_engine_traces_keep_where_each_node_came_from(tmp_path):
+    """A hybrid tree on a prompt that repeats itself drafts from the context; the trace keeps sources and origins."""
+    from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
+
+    from tr_core.config import DecodeConfig
+    from tr_core.engine import Engine
+
+    engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB), topk_candidates=8)
+    rng = random.Random(0)
+    prompt = [rng.randrange(2, TINY_VOCAB) for _ in range(12)] * 3
+    cfg = DecodeConfig(max_new_tokens=40, template="hybrid-fixed")
+    trace = Trace(model="tiny", settings=dict(cfg.__dict__, k=8), messages=[{"role": "user", "content": "hi"}])
+    for ev in engine.generate(prompt, cfg):
+        if isinstance(ev, StepEvent):
+            trace.add_step(ev, lambda t: f"t{t}")
+        else:
+            trace.summary = ev
+    trace.step_texts = ["x"] * len(trace.steps)
+    retrieved = [(ev, i) for ev in trace.steps for i, s in enumerate(ev.sources or []) if s in ("context", "both")]
+    assert retrieved, "a prompt that repeats itself must give context drafts"
+    assert all(ev.origins[i].startswith("copied from") for ev, i in retrieved)
+    data = json.loads(trace.save(tmp_path / "hybrid.json").read_text(encoding="utf-8"))
+    assert data["version"] == trace_mod.TRACE_VERSION == 2
+    back = Trace.load(tmp_path / "hybrid.json")
+    assert back.to_dict() == trace.to_dict() and back.steps == trace.steps
+    draw_all(back)
+
+
+def test_hybrid_steps_round_trip(tmp_path):
+    back = Trace.load(valid_trace().save(tmp_path / "upload_trace.json"))
+    assert back.steps[1].sources == HYBRID_SOURCES and back.steps[1].origins == HYBRID_ORIGINS
+    assert back.steps[0].sources is None and back.steps[0].origins is None
+
+
+def version_1_dict() -> dict:
+    """The valid trace as the studio wrote it before sources and origins existed."""
+    data = valid_dict()
+    data["version"] = 1
+    for ev in data["steps"]:
+        del ev["sources"], ev["origins"]
+    return data
+
+
+def test_version_1_traces_still_load(tmp_path):
+    path = tmp_path / "old_trace.json"
+    path.write_text(json.dumps(version_1_dict()), encoding="utf-8")
+    back = Trace.load(path)
+    assert len(back.steps) == 3 and all(ev.sources is None and ev.origins is None for ev in back.steps)
+    draw_all(back)
+    assert json.loads(back.save(tmp_path / "again.json").read_text(encoding="utf-8"))["version"] == 2  # saved as new
+
+
+def test_other_versions_are_refused_saying_which_are_read(tmp_path):
+    for version in (3, 0, -1, 99):
+        data = valid_dict()
+        data["version"] = version
+        expected = rf"^unsupported trace version {version} \(this app reads versions 1 and 2\)$"
+        with pytest.raises(TraceError, match=expected):
+            Trace.from_dict(data)
+    data = version_1_dict()
+    data["steps"][1]["origins"] = [""] * 7
+    with pytest.raises(TraceError, match=r"^step 1: \"origins\" is new in trace version 2, but this trace says "
+                                         r"version 1$"):
+        Trace.from_dict(data)
+
+
+ANY_SOURCE = r"must be \"matrix\", \"context\" or \"both\"$"
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("steps/1/sources", ["root", "matrix"],
+     r"^step 1: \"sources\" must be a list of 7 strings \(one per node\), got a list of 2$"),
+    ("steps/1/sources", "matrix", r"^step 1: \"sources\" must be a list of 7 strings .*got a string$"),
+    ("steps/1/sources/2", 5, r"^step 1: \"sources\"\[2\] must be a string, got an integer$"),
+    ("steps/1/sources/2", "prompt", r"^step 1: source of node 2 is \"prompt\", " + ANY_SOURCE),
+    ("steps/1/sources/0", "context", r"^step 1: source of node 0 is \"context\", must be \"root\"$"),
+    ("steps/1/sources/5", "root", r"^step 1: source of node 5 is \"root\", " + ANY_SOURCE),
+    ("steps/1/origins/3", "x" * 201, r"^step 1: origin of node 3 has 201 characters \(the limit is 200\)$"),
+    ("steps/1/origins/3", None, r"^step 1: \"origins\"\[3\] must be a string, got null$"),
+    ("steps/1/ranks/3", 80, r"^step 1: \"ranks\"\[3\] must be an integer from -1 to 79, got 80$"),
+])
+def test_sources_and_origins_are_checked_with_clear_messages(path, value, message):
+    data = valid_dict()
+    setter(path, value)(data)
+    with pytest.raises(TraceError, match=message):
+        Trace.from_dict(data)
+
+
+def test_context_children_may_rank_above_k():
+    data = valid_dict()
+    data["steps"][1]["ranks"][3] = trace_mod.MAX_K + 3  # the 4th context-only child of a row of MAX_K candidates
+    assert Trace.from_dict(data).steps[1].ranks[3] == trace_mod.MAX_K + 3
+
+
 # ------------------------------------------------------------------------------------ mutations of a dict
 
 
@@ -155,7 +264,7 @@ MUTATIONS = {
     "root depth": setter("steps/0/depths/0", 1),
     "root rank": setter("steps/0/ranks/0", 0),
     "negative rank": setter("steps/0/ranks/2", -1),
-    "rank too large": setter("steps/0/ranks/2", 64),
+    "rank too large": setter("steps/0/ranks/2", trace_mod.MAX_RANK),
     "ragged tokens": lambda d: step0(d)["tokens"].pop(),
     "ragged parents": lambda d: step0(d)["parents"].append(0),
     "ragged depths": lambda d: step0(d)["depths"].pop(),
@@ -219,12 +328,31 @@ MUTATIONS = {
     "node_probs a string": setter("steps/1/node_probs/2", "0.5"),
     "node_probs infinite": setter("steps/1/node_probs/2", math.inf),
     "node_probs an object": setter("steps/1/node_probs", {}),
+    # where each node came from (version 2, hybrid trees)
+    "sources too short": lambda d: d["steps"][1]["sources"].pop(),
+    "sources too long": lambda d: d["steps"][1]["sources"].append("matrix"),
+    "sources a string": setter("steps/1/sources", "matrix"),
+    "sources an object": setter("steps/1/sources", {}),
+    "source unknown": setter("steps/1/sources/2", "prompt"),
+    "source not a string": setter("steps/1/sources/2", 1),
+    "source null": setter("steps/1/sources/3", None),
+    "root source not first": setter("steps/1/sources/0", "matrix"),
+    "root source twice": setter("steps/1/sources/4", "root"),
+    "root source missing": lambda d: step0(d).update(sources=["matrix"] * 7),
+    "origins too short": lambda d: d["steps"][1]["origins"].pop(),
+    "origins a string": setter("steps/1/origins", "copied"),
+    "origin not a string": setter("steps/1/origins/1", None),
+    "origin a list": setter("steps/1/origins/1", ["copied"]),
+    "origin too long": setter("steps/1/origins/3", "x" * 201),
+    "sources in a version 1 trace": setter("version", 1),
     # header, messages, settings
     "no format": deleter("format"),
-    "unknown version": setter("version", 2),
+    "unknown version": setter("version", 3),
+    "version 0": setter("version", 0),
     "string version": setter("version", "1"),
     "bool version": setter("version", True),
     "float version": setter("version", 1.0),
+    "float version 2": setter("version", 2.0),
     "not an object": lambda d: d.clear(),
     "model not a string": setter("model", 5),
     "model too long": setter("model", "m" * 200_001),
@@ -292,7 +420,7 @@ def test_bounds_are_module_constants(monkeypatch):
     for name, value in [("MAX_STEPS", 2), ("MAX_TOTAL_NODES", 13), ("MAX_TOTAL_MATRIX_VALUES", 15),
                         ("MAX_TOKEN_TEXT_CHARS", 20), ("MAX_TOTAL_CHARS", 50), ("MAX_TOKEN_TEXTS", 3),
                         ("MAX_MESSAGES", 1), ("MAX_SETTINGS", 1), ("MAX_STRING_CHARS", 10), ("MAX_TIMINGS", 2),
-                        ("MAX_ANSWER_TOKENS", 6)]:
+                        ("MAX_ANSWER_TOKENS", 6), ("MAX_RANK", 2), ("MAX_ORIGIN_CHARS", 40)]:
         Trace.from_dict(valid_dict())
         with monkeypatch.context() as m:
             m.setattr(trace_mod, name, value)

@@ -19,7 +19,7 @@ import torch
 from .cost import ForwardCost
 from .drafters import Draft, DraftContext, StepResult
 from .matrix import AdjacencyMatrix
-from .tree import ADAPTIVE
+from .tree import ADAPTIVE, SIZED_BY_COST
 
 N_BINS = 16  # calibration bins over the stored candidate probability (uint8 0..255)
 
@@ -78,7 +78,7 @@ class AdaptiveDrafter:
         cfg = ctx.cfg
         self.pending = None
         self.budget, self.max_depth = cfg.node_budget, cfg.max_depth
-        self.sized_by_cost = cfg.hardware_aware and cfg.template == ADAPTIVE  # adaptive-fixed: the full budget
+        self.sized_by_cost = cfg.hardware_aware and cfg.template in SIZED_BY_COST  # *-fixed: the full budget
         if self.sized_by_cost and not self.cost.measured:
             self.cost.probe(ctx.runner, ctx.prompt, max_tokens=cfg.node_budget + 1)
 

@@ -201,9 +201,9 @@ class Runner:
         self.specs = {s.name: s for s in specs}
 
     def reset_matrices(self) -> None:
-        """Forget everything the adjacency matrices learnt (cold start)."""
+        """Forget everything the adjacency matrices and context indexes learnt (cold start)."""
         for engine in self.engines.values():
-            engine.matrix.reset()
+            engine.forget()
 
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
         """The chat prompt as token ids, the same for every method."""

@@ -32,6 +32,8 @@ class Draft:
     levels: int  # an upper bound on depth + 1, known on the host (sampling noise is drawn per level)
     node_probs: torch.Tensor | None = None  # [N] float, estimated probability of reaching each node, if known
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-node tensors the drafter wants back
+    sources: tuple[str, ...] | None = None  # host-known: where each node's token came from ("matrix", "context", ...)
+    origins: tuple[str, ...] | None = None  # host-known: per node, where a retrieved token was found ("" if not)
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class StepResult:
 
     parents: list[int]  # parent of every node (root: -1)
     accepted: list[int]  # node indices of the accepted path, root first
+    emitted: list[int]  # the tokens the step committed (accepted drafts, then the bonus)
     forward_tokens: int  # N, the tokens of the step's forward
     forward_ms: float  # its measured time
     extras: dict[str, list[float]]  # the drafter's `Draft.extras` and `lookahead` tensors, synced

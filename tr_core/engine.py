@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .adaptive import AdaptiveDrafter
+from .hybrid import HybridDrafter
 from .config import DecodeConfig
 from .cost import StepClock, sync
 from .drafters import Draft, DraftContext, Drafter, PlainDrafter, StaticTreeDrafter, StepResult
@@ -27,7 +28,7 @@ from .packet import SyncPacket
 from .reduce import top_rows
 from .runner import ModelRunner
 from .sampling import build_processors, choose_tokens, needs_prefix, node_prefixes, process
-from .tree import DYNAMIC, DraftTree, build_tree, resolve_template
+from .tree import DYNAMIC, HYBRID, HYBRID_FIXED, DraftTree, build_tree, resolve_template
 
 # Token strings that end a chat turn in common chat templates (used when they are single tokens of the vocabulary).
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "<|end_of_text|>", "</s>",
@@ -107,6 +108,7 @@ class Engine:
         self.context_limit = self.runner.context_limit()
         self._static: dict[Any, StaticTreeDrafter] = {}
         self.adaptive = AdaptiveDrafter(self.device)  # learned calibration and forward cost persist across answers
+        self.hybrid = HybridDrafter(self.device)  # so do the hybrid's, and its context index
         self.plain = PlainDrafter(self.device)
 
     def _stop_tokens(self) -> list[int]:
@@ -122,6 +124,14 @@ class Engine:
             getattr(self.tokenizer, "added_tokens_encoder", {}))
         ids.update(vocab[text] for text in _END_OF_TURN if text in vocab and text in special)
         return sorted(i for i in ids if 0 <= i < self.vocab_size)
+
+    def forget(self) -> None:
+        """Forget what earlier answers taught: the adjacency matrix and the hybrid tree's context index.
+
+        The drafters' calibration and the measured forward costs are kept (they describe the model and device).
+        """
+        self.matrix.reset()
+        self.hybrid.index.clear()
 
     # -- chat helpers -----------------------------------------------------------------------------------------
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
@@ -158,9 +168,11 @@ class Engine:
         return self._static[key]
 
     def drafter_for(self, cfg: DecodeConfig) -> Drafter:
-        """The drafter a configuration asks for: plain, a static template, or the adaptive tree."""
+        """The drafter a configuration asks for: plain, a static template, the adaptive or the hybrid tree."""
         if cfg.plain:
             return self.plain
+        if cfg.template in (HYBRID, HYBRID_FIXED):
+            return self.hybrid
         if cfg.template in DYNAMIC:
             return self.adaptive
         return self._static_drafter(cfg.template)
@@ -243,7 +255,7 @@ class Engine:
         accepted, emitted, bonus, finished = self._commit(state, draft, host)
         clock.mark("commit")
         forward_ms = clock.timings()["forward"]
-        active.observe(StepResult(parents=host["parents"], accepted=accepted, forward_tokens=draft.size,
+        active.observe(StepResult(parents=host["parents"], accepted=accepted, emitted=emitted, forward_tokens=draft.size,
                                   forward_ms=forward_ms, extras=_drafter_part(host)))
         clock.mark("learn")
         timings = clock.timings()
@@ -342,7 +354,9 @@ class Engine:
         return StepEvent(step=step, position=position, tokens=host["tokens"], parents=host["parents"],
                          depths=host["depths"], ranks=host["ranks"], accepted=accepted, emitted=emitted, bonus=bonus,
                          timings=timings, matrix_rows=rows, matrix_values=values, matrix_probs=probs,
-                         node_probs=node_probs, template=draft.name)
+                         node_probs=node_probs, template=draft.name,
+                         sources=list(draft.sources) if draft.sources is not None else None,
+                         origins=list(draft.origins) if draft.origins is not None else None)
 
     def _summary(self, state: DecodeState, cfg: DecodeConfig, drafter: Drafter, prefill_s: float,
                  decode_s: float) -> SummaryEvent:

@@ -28,6 +28,10 @@ class StepEvent:
     matrix_probs: list[list[float]] = field(default_factory=list)  # their candidates' probabilities, [len(rows), k]
     node_probs: list[float] | None = None  # estimated probability of reaching each node (adaptive trees), else None
     template: str = ""  # the draft tree template used for this step
+    # where each node's token came from: "root", "matrix", "context" (retrieved from the conversation) or "both";
+    # None when every draft came from the matrix (all but the hybrid trees)
+    sources: list[str] | None = None
+    origins: list[str] | None = None  # per node, where a retrieved token was found ("" for matrix nodes), or None
     kind: str = "step"
 
     def to_dict(self) -> dict[str, Any]:

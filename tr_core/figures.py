@@ -75,23 +75,63 @@ def tree_layout(parents: tuple[int, ...]) -> TreeLayout:
     return TreeLayout(tuple(x), tuple(y))
 
 
+# Where a draft token came from (StepEvent.sources), shown as the marker's symbol; colour keeps accepted/rejected.
+SOURCE_SYMBOLS = {"root": "circle", "matrix": "circle", "context": "square", "both": "diamond"}
+SOURCE_NAMES = {"matrix": "● from the matrix", "context": "■ copied from the context", "both": "◆ both agree"}
+NODE_GROUPS = {  # the tree's node traces, drawn in this order (accepted on top)
+    "rejected": dict(color=REJECTED_COLOUR, size=11, text=REJECTED_TEXT, name="rejected draft tokens"),
+    "root": dict(color=ROOT_COLOUR, size=24, text=ROOT_COLOUR, name="root (last committed token)"),
+    "accepted": dict(color=ACCEPTED_COLOUR, size=22, text="#14532d", name="accepted draft tokens"),
+}
+
+
 def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = 430) -> Figure:
     """The draft tree of one step: accepted path green, bonus token amber star, rejected nodes muted.
 
-    Hover shows token id, depth and candidate rank; the layout depends only on the tree's shape.
+    Hover shows token id, depth and candidate rank, or (hybrid trees) where the token came from: the adjacency
+    matrix (circle), the context (square) or both (diamond). The layout depends only on the tree's shape.
     """
     fig = Figure.empty(height)
     if ev is None or not ev.tokens:
         return fig.note("The draft tree of each step appears here")
     layout = tree_layout(tuple(ev.parents))
+    _add_edges(fig, ev, layout)
+    retrieved = _has_retrieved(ev)
     accepted = set(ev.accepted)
-    n = len(ev.tokens)
+    groups = {"rejected": [i for i in range(1, len(ev.tokens)) if i not in accepted], "root": [0],
+              "accepted": [i for i in ev.accepted if i != 0]}
+    for group, nodes in groups.items():
+        _add_nodes(fig, ev, layout, token_text, group, nodes, legend_only_by_source=retrieved)
+    if retrieved:
+        _add_source_legend(fig, ev)
+    if ev.bonus is not None:
+        _add_bonus(fig, ev, layout, token_text)
+    depth = max(ev.depths) if ev.depths else 0
+    fig.layout["yaxis"]["range"] = [-depth - 0.9, 0.6]
+    fig.layout["xaxis"]["range"] = [-0.08, 1.03]
+    n_acc = len(ev.accepted) - 1 if ev.accepted else 0
+    fig.title(f"Step {ev.step + 1}: {len(ev.tokens) - 1} draft tokens → {n_acc} accepted + "
+              f"{1 if ev.bonus is not None else 0} bonus")
+    return fig
 
-    # Edges: one trace for muted edges, one for the accepted path (None separates segments).
+
+def node_source(ev: StepEvent, i: int) -> str | None:
+    """Where node i's token came from ("root", "matrix", "context" or "both"); None when the step does not say."""
+    return ev.sources[i] if ev.sources is not None and i < len(ev.sources) else None
+
+
+def _has_retrieved(ev: StepEvent) -> bool:
+    """Whether some draft token of the step was retrieved from the context (alone or agreeing with the matrix)."""
+    return ev.sources is not None and any(s in ("context", "both") for s in ev.sources)
+
+
+def _add_edges(fig: Figure, ev: StepEvent, layout: TreeLayout) -> None:
+    """Edges: one trace for muted edges, one for the accepted path (None separates segments)."""
+    accepted = set(ev.accepted)
     for on_path in (False, True):
         ex: list[float | None] = []
         ey: list[float | None] = []
-        for i in range(1, n):
+        for i in range(1, len(ev.tokens)):
             p = ev.parents[i]
             if (i in accepted and p in accepted) == on_path:
                 ex += [layout.x[p], layout.x[i], None]
@@ -99,39 +139,63 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = 430) 
         fig.add(type="scatter", x=ex, y=ey, mode="lines", hoverinfo="skip", showlegend=False,
                 line=dict(color=ACCEPTED_COLOUR if on_path else EDGE_COLOUR, width=4 if on_path else 1))
 
-    groups = {"root": [0], "accepted": [i for i in ev.accepted if i != 0],
-              "rejected": [i for i in range(1, n) if i not in accepted]}
-    styles = {
-        "root": dict(color=ROOT_COLOUR, size=24, text=ROOT_COLOUR, name="root (last committed token)"),
-        "accepted": dict(color=ACCEPTED_COLOUR, size=22, text="#14532d", name="accepted draft tokens"),
-        "rejected": dict(color=REJECTED_COLOUR, size=11, text=REJECTED_TEXT, name="rejected draft tokens"),
-    }
-    for group in ("rejected", "root", "accepted"):
-        nodes = groups[group]
-        style = styles[group]
-        hover = []
-        for i in nodes:
-            prob = f"<br>p(reach) ≈ {ev.node_probs[i]:.2f}" if ev.node_probs and i < len(ev.node_probs) else ""
-            rank = "root" if ev.ranks[i] < 0 else f"rank {ev.ranks[i]}"
-            hover.append(f"<b>{html.escape(repr(token_text(ev.tokens[i])))}</b><br>id {ev.tokens[i]} · depth {ev.depths[i]}"
-                         f" · {rank}<br>node {i}, parent {ev.parents[i]}{prob}")
-        muted = group == "rejected"
-        fig.add(type="scatter", x=[layout.x[i] for i in nodes], y=[layout.y[i] for i in nodes], mode="markers+text",
-                name=style["name"],  # (labels of big markers padded so that the marker does not cover them)
-                text=[display_token(token_text(ev.tokens[i]), 6 if muted else 8) + ("" if muted else "   ") for i in nodes],
-                textposition="bottom center" if muted else "middle left",
-                textfont=dict(size=10 if muted else 15, color=style["text"]),
-                marker=dict(color=style["color"], size=style["size"], symbol="circle", line=dict(color="white", width=1.5)),
-                hovertext=hover, hoverinfo="text", customdata=nodes)
 
-    if ev.bonus is not None:
-        _add_bonus(fig, ev, layout, token_text)
-    depth = max(ev.depths) if ev.depths else 0
-    fig.layout["yaxis"]["range"] = [-depth - 0.9, 0.6]
-    fig.layout["xaxis"]["range"] = [-0.08, 1.03]
-    n_acc = len(ev.accepted) - 1 if ev.accepted else 0
-    fig.title(f"Step {ev.step + 1}: {n - 1} draft tokens → {n_acc} accepted + {1 if ev.bonus is not None else 0} bonus")
-    return fig
+def _add_nodes(fig: Figure, ev: StepEvent, layout: TreeLayout, token_text: TokenText, group: str, nodes: list[int],
+               legend_only_by_source: bool = False) -> None:
+    """One node trace (root, accepted or rejected): colour by the group, symbol by where each token came from.
+
+    With retrieved tokens the trace's own legend icon would take its first node's symbol, so a plain circle of the
+    group's colour stands in for it in the legend (same legend group: clicking it still hides the nodes).
+    """
+    style = NODE_GROUPS[group]
+    muted = group == "rejected"
+    symbol: str | list[str] = "circle"
+    if ev.sources is not None:
+        symbol = [SOURCE_SYMBOLS.get(node_source(ev, i) or "matrix", "circle") for i in nodes]
+    fig.add(type="scatter", x=[layout.x[i] for i in nodes], y=[layout.y[i] for i in nodes], mode="markers+text",
+            name=style["name"],  # (labels of big markers padded so that the marker does not cover them)
+            text=[display_token(token_text(ev.tokens[i]), 6 if muted else 8) + ("" if muted else "   ") for i in nodes],
+            textposition="bottom center" if muted else "middle left",
+            textfont=dict(size=10 if muted else 15, color=style["text"]),
+            marker=dict(color=style["color"], size=style["size"], symbol=symbol, line=dict(color="white", width=1.5)),
+            hovertext=[_node_hover(ev, i, token_text) for i in nodes], hoverinfo="text", customdata=nodes)
+    if legend_only_by_source:
+        fig.traces[-1].update(legendgroup=group, showlegend=False)
+        fig.add(type="scatter", x=[None], y=[None], mode="markers", name=style["name"], legendgroup=group,
+                hoverinfo="skip", marker=dict(color=style["color"], size=12, symbol="circle"))
+
+
+def _node_hover(ev: StepEvent, i: int, token_text: TokenText) -> str:
+    """A node's hover text: token, id, depth, and its rank or where it came from; all model text escaped."""
+    head = f"<b>{html.escape(repr(token_text(ev.tokens[i])))}</b><br>id {ev.tokens[i]} · depth {ev.depths[i]}"
+    source = node_source(ev, i)
+    if ev.ranks[i] < 0:
+        head += " · root"
+    elif source is None:
+        head += f" · rank {ev.ranks[i]}"
+    else:
+        head += "<br>" + _source_text(ev, i, source, token_text)
+    prob = f"<br>p(reach) ≈ {ev.node_probs[i]:.2f}" if ev.node_probs and i < len(ev.node_probs) else ""
+    return f"{head}<br>node {i}, parent {ev.parents[i]}{prob}"
+
+
+def _source_text(ev: StepEvent, i: int, source: str, token_text: TokenText) -> str:
+    """Where a draft token came from: its matrix row and rank, or the place in the context it was copied from."""
+    if source not in ("context", "both"):
+        after = html.escape(repr(token_text(ev.tokens[ev.parents[i]])))
+        return f"from the matrix: candidate #{ev.ranks[i]} after {after}"
+    origin = ev.origins[i] if ev.origins is not None and i < len(ev.origins) else ""
+    text = html.escape(origin or "copied from the context")
+    return text + (f"<br>and the matrix (candidate #{ev.ranks[i]})" if source == "both" else "")
+
+
+def _add_source_legend(fig: Figure, ev: StepEvent) -> None:
+    """Legend entries for the marker symbols of the sources this step's draft tokens came from."""
+    present = set(ev.sources[1:])
+    for source, name in SOURCE_NAMES.items():
+        if source in present:
+            fig.add(type="scatter", x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
+                    marker=dict(color=REJECTED_TEXT, size=12, symbol=SOURCE_SYMBOLS[source]))
 
 
 def _add_bonus(fig: "Figure", ev: StepEvent, layout: TreeLayout, token_text: TokenText) -> None:
@@ -166,7 +230,8 @@ class MatrixTracker:
     def update(self, ev: StepEvent) -> None:
         """Fold one step into the tracker: its accepted rows' hits and the rows it rewrote."""
         for i in ev.accepted[1:]:
-            self.hits[ev.tokens[ev.parents[i]]] += 1
+            if node_source(ev, i) != "context":  # a token copied from the context is no candidate of the row
+                self.hits[ev.tokens[ev.parents[i]]] += 1
         for j, row in enumerate(ev.matrix_rows):
             self.values[row] = list(ev.matrix_values[j])
             if j < len(ev.matrix_probs):

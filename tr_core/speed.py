@@ -230,4 +230,5 @@ def forked(engine: Any) -> Any:
     twin = copy.copy(engine)
     twin.matrix = engine.matrix.clone()
     twin.adaptive = copy.deepcopy(engine.adaptive)
+    twin.hybrid = copy.deepcopy(engine.hybrid)
     return twin

@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterator
 from .events import StepEvent, SummaryEvent, event_from_dict
 
 TRACE_FORMAT = "token-recycling-trace"
-TRACE_VERSION = 1
+TRACE_VERSION = 2  # written by this version; 2 added where each node came from (steps' "sources" and "origins")
+READ_VERSIONS = (1, 2)  # versions the loader reads (version 1 steps have no "sources" or "origins")
 
 # Limits of a trace (visitors of the public app upload them). Each is far above what the app records.
 MAX_TRACE_BYTES = 10 * 1024 * 1024  # largest file Trace.load reads (a 1024-token answer, 2.2.2, k = 16: about 5 MB)
@@ -28,6 +29,10 @@ MAX_STEPS = 20_000  # steps in one trace (the app stops an answer at 1024 tokens
 MAX_NODES_PER_STEP = 1024  # draft tree nodes of one step, root included (2.2.2 has 81)
 MAX_TOTAL_NODES = 2_000_000  # draft tree nodes over all steps
 MAX_K = 64  # candidates per adjacency matrix row, and so candidate ranks (the app allows k <= 16)
+MAX_CONTEXT_CHILDREN = 16  # context-only children of one node (hybrid trees rank them k + j, after the matrix's k)
+MAX_RANK = MAX_K + MAX_CONTEXT_CHILDREN  # ranks of draft nodes are below this
+MAX_ORIGIN_CHARS = 200  # longest "origins" entry (where a retrieved token was found)
+NODE_SOURCES = ("root", "matrix", "context", "both")  # values of a step's "sources"
 MAX_TOTAL_MATRIX_VALUES = 10_000_000  # matrix candidates recorded over all steps
 MAX_ANSWER_TOKENS = 1_000_000  # tokens listed in one summary
 TOKEN_ID_LIMIT = 2**31  # token ids are below this (a trace holds no vocabulary size)
@@ -190,15 +195,16 @@ def validate_trace_dict(data: Any) -> None:
     if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
         raise TraceError("not a Token Recycling trace (missing \"format\": \"token-recycling-trace\")")
     version = data.get("version")
-    if type(version) is not int or version != TRACE_VERSION:
-        raise TraceError(f"unsupported trace version {_show(version)} (this app reads {TRACE_VERSION})")
+    if type(version) is not int or version not in READ_VERSIONS:
+        raise TraceError(f"unsupported trace version {_show(version)} (this app reads versions "
+                         f"{', '.join(map(str, READ_VERSIONS[:-1]))} and {READ_VERSIONS[-1]})")
     _check_known(data, TRACE_KEYS, "the trace")
     check_json_shape(data)
     _check_str(data.get("model", ""), "\"model\"")
     check_settings(data.get("settings", {}))
     check_messages(data.get("messages", []))
     steps = data.get("steps", [])
-    check_steps(steps)
+    check_steps(steps, version)
     for key in ("summary", "plain"):
         if data.get(key) is not None:
             check_summary(data[key], f"\"{key}\"")
@@ -304,12 +310,12 @@ def check_messages(messages: Any) -> None:
         _check_str(m["content"], f"{where}: \"content\"")
 
 
-def check_steps(steps: Any) -> None:
-    """Steps: a bounded list of valid step events."""
+def check_steps(steps: Any, version: int = TRACE_VERSION) -> None:
+    """Steps: a bounded list of valid step events (of a trace of `version`)."""
     _check_sized(steps, list, "steps", MAX_STEPS)
     nodes = values = 0
     for i, ev in enumerate(steps):
-        n, v = check_step(ev, i)
+        n, v = check_step(ev, i, version)
         nodes, values = nodes + n, values + v
         if nodes > MAX_TOTAL_NODES:
             raise TraceError(f"the trace has more than {MAX_TOTAL_NODES:,} draft tree nodes")
@@ -320,8 +326,8 @@ def check_steps(steps: Any) -> None:
 STEP_REQUIRED = ("step", "position", "tokens", "parents", "depths", "ranks", "accepted", "emitted", "bonus", "timings")
 
 
-def check_step(ev: Any, i: int) -> tuple[int, int]:
-    """Validate step event `i` (types, tree, accepted path, matrix rows); return its node and candidate counts."""
+def check_step(ev: Any, i: int, version: int = TRACE_VERSION) -> tuple[int, int]:
+    """Validate step event `i` (types, tree, accepted path, sources, matrix rows); return its nodes and candidates."""
     where = f"step {i}"
     if type(ev) is not dict:
         raise TraceError(f"{where}: must be an object, got {_kind(ev)}")
@@ -340,6 +346,7 @@ def check_step(ev: Any, i: int) -> tuple[int, int]:
     if node_probs is not None:
         _check_numbers(node_probs, f"{where}: \"node_probs\"", n, n)
     _check_str(ev.get("template", ""), f"{where}: \"template\"")
+    _check_sources(ev, n, where, version)
     return n, _check_matrix(ev, n, where)
 
 
@@ -352,7 +359,7 @@ def _check_tree(ev: dict, where: str) -> int:
             raise TraceError(f"{where}: \"{name}\" has {len(ev[name])} items but \"tokens\" has {n}")
     parents = _check_ints(ev["parents"], f"{where}: \"parents\"", -1, INT_LIMIT, n, n)
     depths = _check_ints(ev["depths"], f"{where}: \"depths\"", 0, INT_LIMIT, n, n)
-    ranks = _check_ints(ev["ranks"], f"{where}: \"ranks\"", -1, MAX_K, n, n)
+    ranks = _check_ints(ev["ranks"], f"{where}: \"ranks\"", -1, MAX_RANK, n, n)
     if parents[0] != -1 or depths[0] != 0 or ranks[0] != -1:
         raise TraceError(f"{where}: the root (node 0) must have parent -1, depth 0 and rank -1")
     for j in range(1, n):
@@ -390,6 +397,34 @@ def _check_path(ev: dict, n: int, where: str) -> None:
     _check_int(bonus, f"{where}: \"bonus\"", 0, TOKEN_ID_LIMIT)
     if len(emitted) != len(accepted) or emitted[-1] != bonus:
         raise TraceError(f"{where}: the bonus token {bonus} must be emitted last, after the accepted draft tokens")
+
+
+def _check_sources(ev: dict, n: int, where: str, version: int) -> None:
+    """sources/origins (version 2, hybrid trees): one entry per node; "root" at node 0 only; short origins."""
+    for name in ("sources", "origins"):
+        value = ev.get(name)
+        if value is None:
+            continue
+        if version < 2:
+            raise TraceError(f"{where}: \"{name}\" is new in trace version 2, but this trace says version {version}")
+        if type(value) is not list or len(value) != n:
+            size = f" of {len(value)}" if type(value) is list else ""
+            raise TraceError(f"{where}: \"{name}\" must be a list of {n} strings (one per node), "
+                             f"got {_kind(value)}{size}")
+        bad = next((j for j, x in enumerate(value) if type(x) is not str), None)
+        if bad is not None:
+            raise TraceError(f"{where}: \"{name}\"[{bad}] must be a string, got {_kind(value[bad])}")
+    sources, origins = ev.get("sources"), ev.get("origins")
+    if sources is not None:
+        for j, source in enumerate(sources):
+            if source not in NODE_SOURCES or (source == "root") != (j == 0):
+                allowed = "\"root\"" if j == 0 else "\"matrix\", \"context\" or \"both\""
+                raise TraceError(f"{where}: source of node {j} is {_show(source)}, must be {allowed}")
+    if origins is not None:
+        long = next((j for j, x in enumerate(origins) if len(x) > MAX_ORIGIN_CHARS), None)
+        if long is not None:
+            raise TraceError(f"{where}: origin of node {long} has {len(origins[long]):,} characters "
+                             f"(the limit is {MAX_ORIGIN_CHARS})")
 
 
 def _check_timings(timings: Any, where: str) -> None:

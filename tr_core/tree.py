@@ -38,7 +38,10 @@ TEMPLATES: dict[str, list[Path]] = {
 }
 ADAPTIVE = "adaptive"  # dynamic, hardware-aware tree (see adaptive.py); not a static template
 ADAPTIVE_FIXED = "adaptive-fixed"  # the same dynamic tree, always grown to the full node budget (no cost model)
-DYNAMIC = (ADAPTIVE, ADAPTIVE_FIXED)
+HYBRID = "hybrid"  # matrix + context retrieval in one best-first tree, sized by cost (see hybrid.py)
+HYBRID_FIXED = "hybrid-fixed"  # the hybrid tree, always grown to the full node budget
+SIZED_BY_COST = (ADAPTIVE, HYBRID)  # the dynamic trees whose size follows the measured forward cost
+DYNAMIC = (ADAPTIVE, ADAPTIVE_FIXED, HYBRID, HYBRID_FIXED)
 TEMPLATE_NAMES = (*TEMPLATES, *DYNAMIC)  # every name the engine accepts
 
 

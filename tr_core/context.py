@@ -1,0 +1,172 @@
+"""The context index: every token the conversation has seen, searchable for what followed the current context.
+
+The adjacency matrix remembers one step of history per token; it cannot see that an answer is copying a run
+from its prompt, an earlier turn or itself. This index can. It keeps the token stream of the prompts and answers
+(within a session; across questions in the benchmark, like the matrix) and, for every n-gram length 1..max_n,
+a hash chain over the stream (as in LZ77 compressors): `head[n][gram]` is the last position where `gram`
+ended and `prev[n][i]` the previous position where the same n-gram ended before position i. Appending a token
+is O(max_n); a lookup walks at most `chain` links per length. A suffix automaton finds the longest match in
+O(1) too, but its links cannot be evicted; here the stream is cut in half and re-indexed when it reaches
+`max_tokens` (amortised O(1) per token, memory bounded).
+
+Measured (tests/test_context.py prints it, AMD EPYC): an append takes ~3 us per token, a lookup of 3 continuations
+of 16 tokens ~12 us. Memory at the limit, 32,768 tokens of random ids (every n-gram new, the worst case): 14 MB
+(tracemalloc; 27 MB at 65,536).
+
+Segments name where each token came from ("the prompt", "this answer", "an earlier answer", ...), so a draft
+copied from the context can say "copied from the prompt, tokens 41-47".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_TOKENS = 32_768  # stated memory limit of the index, in tokens (the oldest half is evicted past it)
+MAX_N = 4  # longest n-gram indexed; matches are then extended backwards up to MAX_MATCH
+MAX_MATCH = 16  # longest match length measured (a longer match scores like this one)
+
+
+@dataclass
+class Segment:
+    """A run of the stream with one origin."""
+
+    label: str  # e.g. "the prompt", "this answer", "an earlier answer"
+    start: int  # global position of its first kept token (positions count every token ever added)
+    length: int = 0  # tokens kept
+    skipped: int = 0  # tokens of its start that were evicted (offsets still count them)
+
+
+@dataclass(frozen=True)
+class Match:
+    """A continuation found in the context: the tokens that followed an earlier occurrence of the current suffix."""
+
+    tokens: tuple[int, ...]  # the continuation (up to the asked length)
+    match_len: int  # how many tokens of the current context matched there (<= MAX_MATCH)
+    position: int  # global position of the continuation's first token
+    where: str  # the segment's label
+    offset: int  # the continuation's first token within its segment (0-based)
+
+    def describe(self, used: int) -> str:
+        """Hover text for the first `used` tokens of the continuation (1-based token numbers, as people count)."""
+        first = self.offset + 1
+        last = self.offset + max(used, 1)
+        span = f"token {first}" if last == first else f"tokens {first}-{last}"
+        return f"copied from {self.where}, {span} (after a {self.match_len}-token match)"
+
+
+class ContextIndex:
+    """Token stream + n-gram hash chains; plain Python data a test can inspect."""
+
+    def __init__(self, max_tokens: int = MAX_TOKENS, max_n: int = MAX_N, chain: int = 8) -> None:
+        if max_tokens < 16 or max_n < 1 or chain < 1:
+            raise ValueError("need max_tokens >= 16, max_n >= 1, chain >= 1")
+        self.max_tokens, self.max_n, self.chain = max_tokens, max_n, chain
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every token."""
+        self.base = 0  # global position of stream[0] (grows as old tokens are evicted)
+        self.stream: list[int] = []
+        self.head: list[dict[tuple[int, ...], int]] = [{} for _ in range(self.max_n + 1)]  # [n][gram] -> end pos
+        self.prev: list[list[int]] = [[] for _ in range(self.max_n + 1)]  # [n][i - base] -> previous end pos or -1
+        self.segments: list[Segment] = []
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    # -- building ---------------------------------------------------------------------------------------------
+    def start_segment(self, label: str) -> None:
+        """Following tokens come from `label` (empty segments are dropped)."""
+        if self.segments and self.segments[-1].length == 0:
+            self.segments.pop()
+        self.segments.append(Segment(label, self.base + len(self.stream)))
+
+    def relabel(self, old: str, new: str) -> None:
+        """Rename every segment labelled `old` (e.g. "this answer" -> "an earlier answer" when a new one begins)."""
+        for seg in self.segments:
+            if seg.label == old:
+                seg.label = new
+
+    def extend(self, tokens: list[int]) -> None:
+        """Append tokens to the current segment: O(max_n) each."""
+        if not self.segments:
+            self.start_segment("the context")
+        for token in tokens:
+            self._append(int(token))
+        self.segments[-1].length += len(tokens)
+        if len(self.stream) > self.max_tokens:
+            self._evict()
+
+    def _append(self, token: int) -> None:
+        self.stream.append(token)
+        end = len(self.stream)  # local index of the new token + 1
+        pos = self.base + end - 1
+        for n in range(1, self.max_n + 1):
+            if end < n:
+                self.prev[n].append(-1)
+                continue
+            gram = tuple(self.stream[end - n : end])
+            self.prev[n].append(self.head[n].get(gram, -1))
+            self.head[n][gram] = pos
+
+    def _evict(self) -> None:
+        """Keep the newest half of the stream and re-index it."""
+        keep = self.stream[len(self.stream) // 2 :]
+        new_base = self.base + len(self.stream) - len(keep)
+        segments = [s for s in self.segments if s.start + s.length > new_base]
+        self.base, self.stream = new_base, []
+        self.head = [{} for _ in range(self.max_n + 1)]
+        self.prev = [[] for _ in range(self.max_n + 1)]
+        for token in keep:
+            self._append(token)
+        if segments and segments[0].start < new_base:
+            cut = new_base - segments[0].start
+            old = segments[0]
+            segments[0] = Segment(old.label, new_base, old.length - cut, old.skipped + cut)
+        self.segments = segments
+
+    # -- searching --------------------------------------------------------------------------------------------
+    def lookup(self, max_matches: int = 3, max_len: int = 16) -> list[Match]:
+        """Continuations of the stream's own suffix, best first: longest matched n-gram, then most recent.
+
+        At most one match per distinct first token (they become sibling branches of the draft tree); a match
+        whose continuation would be empty (the suffix itself) is skipped.
+        """
+        found: list[Match] = []
+        firsts: set[int] = set()
+        size = len(self.stream)
+        for n in range(min(self.max_n, size), 0, -1):
+            gram = tuple(self.stream[size - n :])
+            pos, links = self.head[n].get(gram, -1), 0
+            while pos >= self.base and links < self.chain and len(found) < max_matches:
+                local = pos - self.base
+                if local + 1 < size and self.stream[local + 1] not in firsts:
+                    firsts.add(self.stream[local + 1])
+                    found.append(self._match(local, n, max_len))
+                pos, links = self.prev[n][local], links + 1
+            if len(found) >= max_matches:
+                break
+        return found
+
+    def _match(self, local: int, n: int, max_len: int) -> Match:
+        """The match ending at local index `local` (n tokens known to agree), extended backwards."""
+        size = len(self.stream)
+        length = n
+        while length < MAX_MATCH and local - length >= 0 and self.stream[local - length] == self.stream[size - 1 - length]:
+            length += 1
+        start = local + 1
+        tokens = tuple(self.stream[start : start + max_len])
+        where, offset = self._where(self.base + start)
+        return Match(tokens=tokens, match_len=length, position=self.base + start, where=where, offset=offset)
+
+    def _where(self, pos: int) -> tuple[str, int]:
+        """(segment label, offset within the segment as first added) of a global position."""
+        for seg in reversed(self.segments):
+            if seg.start <= pos:
+                return seg.label, pos - seg.start + seg.skipped
+        return "the context", pos
+
+    def snapshot(self) -> dict:
+        """Plain data for tests and display: the stream, its segments and the index sizes."""
+        return {"base": self.base, "stream": list(self.stream),
+                "segments": [(s.label, s.start, s.length, s.skipped) for s in self.segments],
+                "grams": [len(h) for h in self.head[1:]]}

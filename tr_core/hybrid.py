@@ -1,0 +1,192 @@
+"""Hybrid drafting: one best-first tree whose candidates come from the adjacency matrix AND the context.
+
+The matrix remembers one step of history per token (what followed it last time); the context index
+(context.py) remembers whole runs (that the answer is copying a phrase from the prompt, an earlier turn or
+itself). Each step:
+
+1. the matrix tree is grown best-first on the device from the bonus token (adaptive.py, `lookahead`), and rides
+   the step's one host sync;
+2. on the host, the context index is extended with the step's emitted tokens and searched for the continuations
+   of the current suffix (`ContextIndex.lookup`); each continuation is walked down the matrix tree from the
+   root: where the matrix already proposes the same token the node is shared, elsewhere new nodes are added;
+3. every node's score is the product along its path of calibrated acceptance probabilities, learned online per
+   source: matrix candidates by their stored probability (16 bins), retrieved ones by the length of the match
+   they extend (1..16 tokens), and shared ones (both sources agree) by match length too;
+4. the best nodes by score form the next draft, sized like `adaptive` by the measured forward cost, zero-draft
+   steps included (`hybrid`), or always the full node budget (`hybrid-fixed`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .adaptive import N_BINS, AdaptiveDrafter, GrownTree, ancestor_mask
+from .context import MAX_MATCH, ContextIndex, Match
+from .drafters import Draft, DraftContext, StepResult
+from .matrix import AdjacencyMatrix
+from .tree import HYBRID
+
+RETRIEVAL_DEPTH = 16  # longest run copied from the context in one draft (PLD's default is 10)
+MAX_MATCHES = 3  # retrieved continuations per step, one per distinct next token
+CTX_KEY = N_BINS  # calibration keys: matrix bins 0..15, then context-only by match length, then shared
+BOTH_KEY = N_BINS + MAX_MATCH
+N_KEYS = N_BINS + 2 * MAX_MATCH
+_GROWN = ("tokens", "parents", "depths", "ranks", "bins")  # the matrix tree's fields synced for the merge
+
+
+def context_key(match_len: int, shared: bool) -> int:
+    """The calibration key of a retrieved candidate extending a match of `match_len` tokens."""
+    return (BOTH_KEY if shared else CTX_KEY) + min(max(match_len, 1), MAX_MATCH) - 1
+
+
+def _prior_rates() -> torch.Tensor:
+    """Starting acceptance rates: matrix bins at their stored probability; retrieved runs rise with match length."""
+    lengths = torch.arange(1, MAX_MATCH + 1, dtype=torch.float64)
+    matrix = (torch.arange(N_BINS, dtype=torch.float64) + 0.5) / N_BINS
+    return torch.cat([matrix, (0.2 + 0.04 * lengths).clamp(max=0.8), (0.5 + 0.03 * lengths).clamp(max=0.9)])
+
+
+@dataclass
+class Plan:
+    """The merged candidate tree on the host, parents before children."""
+
+    tokens: list[int]
+    parents: list[int]  # root: 0
+    depths: list[int]
+    ranks: list[int]  # matrix rank, or k + i for the i-th context-only child of a node
+    keys: list[int]  # calibration key of every node (root: 0)
+    sources: list[str]  # "root", "matrix", "context" or "both"
+    origins: list[str]  # where a retrieved node was copied from ("" for matrix nodes)
+    scores: list[float]  # estimated probability that each node is accepted (root: 1)
+
+    def best(self, m: int) -> list[int]:
+        """The root and the best m nodes by score, in index order (so parents come first)."""
+        order = sorted(range(1, len(self.tokens)), key=lambda i: (-self.scores[i], i))
+        return [0, *sorted(order[:m])]
+
+    def expected(self) -> list[float]:
+        """Expected accepted draft tokens using the best m nodes, m = 0..len - 1."""
+        out = [0.0]
+        for s in sorted(self.scores[1:], reverse=True):
+            out.append(out[-1] + s)
+        return out
+
+
+class HybridDrafter(AdaptiveDrafter):
+    """The adaptive matrix tree merged with continuations retrieved from the context index."""
+
+    seeds_prompt = True
+
+    def __init__(self, device: torch.device, prior: float = 4.0) -> None:
+        super().__init__(device, prior)
+        rates = _prior_rates()
+        self.hits, self.trials = rates * prior, torch.full((N_KEYS,), prior, dtype=torch.float64)
+        self._refresh()
+        self.index = ContextIndex()
+        self.plan: Plan | None = None  # the next step's merged tree
+        self.name = HYBRID
+        self.matrix_depth = self.max_depth
+        self.k = 8
+        self._answering = False  # emitted tokens of this answer are being indexed
+
+    def _refresh(self) -> None:
+        super()._refresh()
+        self.rate_host = self.rate.tolist()
+
+    # -- the drafter seam -------------------------------------------------------------------------------------
+    def begin(self, ctx: DraftContext) -> None:
+        """Take the settings and index the prompt (earlier prompts and answers stay, relabelled)."""
+        super().begin(ctx)
+        self.name, self.k = ctx.cfg.template, ctx.matrix.k
+        self.matrix_depth, self.max_depth = ctx.cfg.max_depth, max(ctx.cfg.max_depth, RETRIEVAL_DEPTH)
+        self.index.relabel("the prompt", "an earlier prompt")
+        self.index.relabel("this answer", "an earlier answer")
+        self.index.start_segment("the prompt")
+        self.index.extend(ctx.prompt)
+        self.plan, self._answering = None, False
+
+    def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
+        """The best nodes of the merged tree (grown now on the first step of an answer)."""
+        if self.plan is None:
+            grown = self.grow(matrix.table, matrix.probs, root, self.budget, self.matrix_depth)
+            self.plan = self.merge({name: getattr(grown, name).tolist() for name in _GROWN}, self.index.lookup(
+                MAX_MATCHES, RETRIEVAL_DEPTH))
+        size = self.choose_size(self.plan.expected(), self.budget) if self.sized_by_cost else self.budget
+        self.next_size = size
+        return self.take_plan(self.plan, size)
+
+    def lookahead(self, bonus: torch.Tensor, matrix: AdjacencyMatrix) -> dict[str, torch.Tensor]:
+        """Grow the next matrix tree from the bonus token on the device; it rides the step's sync."""
+        grown = self.grow(matrix.table, matrix.probs, bonus, self.budget, self.matrix_depth)
+        return {f"grown.{name}": getattr(grown, name) for name in _GROWN}
+
+    def observe(self, result: StepResult) -> None:
+        """Learn calibration and cost; index the emitted tokens; merge the next step's tree."""
+        self.learn(result.parents, [int(b) for b in result.extras["bins"]], result.accepted)
+        self.cost.observe(result.forward_tokens, result.forward_ms)
+        if not self._answering:
+            self.index.start_segment("this answer")
+            self._answering = True
+        self.index.extend(result.emitted)
+        self.plan = None
+        if "grown.tokens" in result.extras:
+            grown = {name: [int(v) for v in result.extras[f"grown.{name}"]] for name in _GROWN}
+            self.plan = self.merge(grown, self.index.lookup(MAX_MATCHES, RETRIEVAL_DEPTH))
+
+    # -- merging ----------------------------------------------------------------------------------------------
+    def merge(self, grown: dict[str, list[int]], matches: list[Match]) -> Plan:
+        """The matrix tree with every retrieved continuation walked into it (shared where the tokens agree)."""
+        n = len(grown["tokens"])
+        plan = Plan(tokens=list(grown["tokens"]), parents=list(grown["parents"]), depths=list(grown["depths"]),
+                    ranks=list(grown["ranks"]), keys=list(grown["bins"]), sources=["root"] + ["matrix"] * (n - 1),
+                    origins=[""] * n, scores=[])
+        plan.keys[0] = 0
+        child = {(plan.parents[i], plan.tokens[i]): i for i in range(1, n)}
+        extra: dict[int, int] = {}  # context-only children per node so far
+        for match in matches:
+            node = 0
+            for j, token in enumerate(match.tokens[: self.max_depth]):
+                length = match.match_len + j
+                hit = child.get((node, token))
+                if hit is None:
+                    hit = len(plan.tokens)
+                    rank = self.k + extra.get(node, 0)
+                    extra[node] = extra.get(node, 0) + 1
+                    plan.tokens.append(token)
+                    plan.parents.append(node)
+                    plan.depths.append(plan.depths[node] + 1)
+                    plan.ranks.append(rank)
+                    plan.keys.append(context_key(length, shared=False))
+                    plan.sources.append("context")
+                    plan.origins.append(match.describe(j + 1))
+                    child[(node, token)] = hit
+                elif plan.sources[hit] == "matrix":
+                    plan.keys[hit] = context_key(length, shared=True)
+                    plan.sources[hit] = "both"
+                    plan.origins[hit] = match.describe(j + 1)
+                node = hit
+        rate = self.rate_host
+        plan.scores = [1.0] * len(plan.tokens)
+        for i in range(1, len(plan.tokens)):
+            plan.scores[i] = plan.scores[plan.parents[i]] * rate[plan.keys[i]]
+        return plan
+
+    def take_plan(self, plan: Plan, m: int) -> Draft:
+        """The root and the best m nodes of a plan as a Draft on the device."""
+        keep = plan.best(min(m, len(plan.tokens) - 1))
+        remap = {old: new for new, old in enumerate(keep)}
+        parents = [remap[plan.parents[i]] if i else 0 for i in keep]
+        depths = [plan.depths[i] for i in keep]
+        dev = self.device
+        parents_t = torch.tensor(parents, dtype=torch.long, device=dev)
+        return Draft(name=self.name, tokens=torch.tensor([plan.tokens[i] for i in keep], dtype=torch.long, device=dev),
+                     parents=parents_t, depths=torch.tensor(depths, dtype=torch.long, device=dev),
+                     ranks=torch.tensor([plan.ranks[i] for i in keep], dtype=torch.long, device=dev),
+                     tree_mask=ancestor_mask(parents_t, max(depths)), size=len(keep), levels=self.max_depth + 1,
+                     node_probs=torch.tensor([plan.scores[i] for i in keep], device=dev),
+                     extras={"bins": torch.tensor([plan.keys[i] for i in keep], dtype=torch.long, device=dev)},
+                     sources=tuple(plan.sources[i] for i in keep), origins=tuple(plan.origins[i] for i in keep))
+
+
+__all__ = ["HybridDrafter", "Plan", "GrownTree", "context_key"]
