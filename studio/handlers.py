@@ -448,12 +448,12 @@ def load_model(studio: Studio, s: Session, name: Any) -> dict:
 
 
 def reset_matrix(s: Session) -> dict:
-    """Forget what the session's matrix learned (refused while an answer runs)."""
+    """Forget what the session's matrix (and the hybrid tree's context index) learned; refused while an answer runs."""
     if s.answering:
         return {"status": f"✗ {BUSY}"}
     if s.engine is not None:
-        s.engine.matrix.reset()
-    return {"status": "Adjacency matrix cleared.", "matrix": matrix_info(s.engine, s.k)}
+        s.engine.forget()
+    return {"status": "Adjacency matrix and context index cleared.", "matrix": matrix_info(s.engine, s.k)}
 
 
 def save_matrix(s: Session) -> dict:

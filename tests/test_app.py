@@ -57,6 +57,9 @@ class FakeEngine:
     def encode_chat(self, messages):
         return [7] * (10 * len(messages))
 
+    def forget(self):
+        self.matrix.reset()
+
     def decode(self, ids):
         return "".join(f"w{i} " for i in ids)
 

@@ -135,3 +135,74 @@ def test_calibration_learns_per_source():
 
 def _prior(d, key):
     return float(d.hits[key] / d.trials[key])
+
+
+# -- the hybrid drafter in the engine ---------------------------------------------------------------------------
+
+def _engine():
+    from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
+
+    from tr_core import Engine
+
+    return Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
+
+
+def test_hybrid_drafts_from_the_context_and_indexes_prompts_and_answers():
+    from tr_core import DecodeConfig, StepEvent
+
+    engine = _engine()
+    assert engine.drafter_for(DecodeConfig(template="hybrid")) is engine.hybrid
+    assert engine.drafter_for(DecodeConfig(template="hybrid-fixed")) is engine.hybrid
+    run = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]
+    prompt = run * 3
+    events = list(engine.generate(prompt, DecodeConfig(template="hybrid-fixed", max_new_tokens=30)))
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    assert all(e.sources[0] == "root" and len(e.sources) == len(e.tokens) == len(e.origins) for e in steps)
+    retrieved = [(e, i) for e in steps for i, s in enumerate(e.sources) if s in ("context", "both")]
+    assert retrieved, "a prompt that repeats itself must give retrieved drafts"
+    e, i = retrieved[0]
+    assert e.origins[i].startswith("copied from the prompt, token")
+    assert all(e.ranks[i] >= engine.matrix.k for e in steps for i, s in enumerate(e.sources) if s == "context")
+    segments = engine.hybrid.index.snapshot()["segments"]
+    assert [s[0] for s in segments] == ["the prompt", "this answer"]
+    assert segments[0][2] == len(prompt) and segments[1][2] == len(events[-1].tokens)
+    list(engine.generate([5, 6, 7], DecodeConfig(template="hybrid", max_new_tokens=4)))
+    labels = [s[0] for s in engine.hybrid.index.snapshot()["segments"]]
+    assert labels == ["an earlier prompt", "an earlier answer", "the prompt", "this answer"]
+    engine.forget()  # the matrix and the index; calibration and costs stay
+    assert len(engine.hybrid.index) == 0 and engine.matrix.rows_filled == 0
+
+
+def test_trust_shrinks_when_drafts_are_overestimated_and_recovers_without_drafts():
+    d = HybridDrafter(torch.device("cpu"))
+    d.cost.ms = {n: 10.0 + n for n in d.cost.ms}  # drafting pays if expected accepted > (t(m+1) - t(1)) / t(1)
+    curve = [0.0, 0.5, 0.9, 1.2, 1.4]
+    assert d.choose_size(curve, budget=4) == 4
+    for _ in range(40):  # the drafter predicted 1.4 accepted tokens, the model accepted none
+        d.predicted = 1.4
+        d.track_trust(0)
+    assert d.trust < 0.15 and d.choose_size(curve, budget=4) == 0
+    for _ in range(300):  # zero-draft steps: trust drifts back, so drafting is retried
+        d.predicted = 0.0
+        d.track_trust(0)
+    assert d.trust > 0.8 and d.choose_size(curve, budget=4) == 4
+
+
+def test_costs_never_observed_follow_the_observed_scale():
+    from tr_core.cost import ForwardCost
+
+    cost = ForwardCost()
+    cost.set_measured({n: [10.0 * n] for n in (1, 2, 4, 8, 16)}, max_tokens=16)
+    for _ in range(100):
+        cost.observe(2, 30.0)  # whole steps cost 1.5x the probed forwards
+    assert cost(2) == pytest.approx(30.0, rel=0.01)
+    assert cost(16) == pytest.approx(240.0, rel=0.02)  # never observed: probe x the observed scale
+    assert cost.ms[1] == pytest.approx(15.0, rel=0.02)
+
+
+def test_zero_draft_steps_skip_the_tree_and_grow_a_small_one():
+    d = HybridDrafter(torch.device("cpu"))
+    d.sized_by_cost, d.next_size = True, 0
+    assert d.growth() == (8, 3)
+    d.next_size = 30
+    assert d.growth() == (68, 8)

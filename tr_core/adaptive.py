@@ -22,6 +22,10 @@ from .matrix import AdjacencyMatrix
 from .tree import ADAPTIVE, SIZED_BY_COST
 
 N_BINS = 16  # calibration bins over the stored candidate probability (uint8 0..255)
+DRAFT_MARGIN = 1.03  # draft only where the predicted rate beats a plain step by 3% (estimates are noisy; ties lose)
+TRUST_PRIOR = 2.0  # pseudo-tokens behind the trust factor's start at 1.0
+TRUST_DECAY = 0.97  # per drafting step: the trust factor follows about the last 30 drafts
+TRUST_FORGET = 0.98  # per zero-draft step: the trust drifts back towards 1, so a drafter that stopped drafting retries
 
 
 def stored_bin(stored: torch.Tensor) -> torch.Tensor:
@@ -55,6 +59,7 @@ class AdaptiveDrafter:
         self.device = device
         self.cost = ForwardCost()
         self.budget, self.max_depth, self.sized_by_cost = 80, 8, True  # this answer's settings (see begin)
+        self.matrix_depth = self.max_depth
         # Acceptance rate per bin starts at the bin's own stored probability (a calibrated model), weight `prior`.
         centers = (torch.arange(N_BINS, dtype=torch.float64) + 0.5) / N_BINS
         self.hits = centers * prior
@@ -62,6 +67,11 @@ class AdaptiveDrafter:
         self._refresh()
         self.pending: GrownTree | None = None  # the tree grown for the next step, from the bonus token
         self.next_size = 0  # draft nodes for the next step (an answer starts where the last one ended)
+        self.expected_next: list[float] | None = None  # the next tree's expected-acceptance curve (host)
+        # Trust: realised / predicted accepted tokens of the drafts actually verified. The size that maximises an
+        # estimate is the one it overestimates most (the winner's curse), so the raw calibration drafts too much.
+        self.trust, self._predicted_sum, self._realised_sum = 1.0, 0.0, 0.0
+        self.predicted = 0.0  # expected accepted tokens of the draft being verified (0: nothing drafted)
         self._index_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _rates(self) -> torch.Tensor:
@@ -78,28 +88,58 @@ class AdaptiveDrafter:
         cfg = ctx.cfg
         self.pending = None
         self.budget, self.max_depth = cfg.node_budget, cfg.max_depth
+        self.matrix_depth = cfg.max_depth  # levels grown over the matrix (the hybrid's retrieved runs go deeper)
         self.sized_by_cost = cfg.hardware_aware and cfg.template in SIZED_BY_COST  # *-fixed: the full budget
         if self.sized_by_cost and not self.cost.measured:
             self.cost.probe(ctx.runner, ctx.prompt, max_tokens=cfg.node_budget + 1)
 
     def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
         """The best `next_size` nodes (the full budget when not sized by cost) of the tree grown from `root`."""
-        grown = self.pending if self.pending is not None else self.grow(matrix.table, matrix.probs, root,
-                                                                         self.budget, self.max_depth)
-        size = self.next_size if self.sized_by_cost else self.budget
-        return self.take(grown, min(size, grown.tokens.shape[0] - 1), self.max_depth)
+        if self.pending is None:  # an answer's first step: no look-ahead yet, so no host-known curve
+            self.pending, self.expected_next = self.grow(matrix.table, matrix.probs, root, self.budget,
+                                                         self.matrix_depth), None
+        size = min(self.next_size if self.sized_by_cost else self.budget, self.pending.tokens.shape[0] - 1)
+        curve = self.expected_next
+        self.predicted = curve[size] if curve is not None and size < len(curve) else 0.0
+        return self.take(self.pending, size, self.max_depth)
 
     def lookahead(self, bonus: torch.Tensor, matrix: AdjacencyMatrix) -> dict[str, torch.Tensor]:
         """Grow the next step's tree from the bonus token now; its expected-acceptance curve rides the sync."""
-        self.pending = self.grow(matrix.table, matrix.probs, bonus, self.budget, self.max_depth)
+        budget, depth = self.growth()
+        self.pending = self.grow(matrix.table, matrix.probs, bonus, budget, depth)
         return {"expected": self.pending.expected}
 
+    def growth(self) -> tuple[int, int]:
+        """(nodes, levels) to grow the next tree to: all of them for fixed trees; sized trees grow to about twice
+        the last chosen size (so a run of zero-draft steps costs little: 8 nodes over 3 levels), and can double
+        each step when drafting pays."""
+        if not self.sized_by_cost:
+            return self.budget, self.matrix_depth
+        m = self.next_size
+        return min(self.budget, 2 * m + 8), min(self.matrix_depth, m + 3)
+
     def observe(self, result: StepResult) -> None:
-        """Learn the calibration and the forward cost from the step; choose the next step's size."""
-        self.learn(result.parents, [int(b) for b in result.extras["bins"]], result.accepted)
-        self.cost.observe(result.forward_tokens, result.forward_ms)
+        """Learn the calibration, the trust and the step's cost; choose the next step's size."""
+        self.learn_step(result)
         if "expected" in result.extras:
-            self.next_size = self.choose_size(result.extras["expected"], self.budget)
+            self.expected_next = result.extras["expected"]
+            self.next_size = self.choose_size(self.expected_next, self.budget)
+
+    def learn_step(self, result: StepResult) -> None:
+        """What every verified step teaches: per-bin calibration, the trust factor, the cost of the step."""
+        self.learn(result.parents, [int(b) for b in result.extras["bins"]], result.accepted)
+        self.track_trust(len(result.accepted) - 1)
+        self.cost.observe(result.forward_tokens, result.step_ms)
+
+    def track_trust(self, realised: int) -> None:
+        """Fold one step into trust = (realised + prior) / (predicted + prior), over about the last 30 drafts."""
+        if self.predicted > 0:
+            self._predicted_sum = TRUST_DECAY * self._predicted_sum + self.predicted
+            self._realised_sum = TRUST_DECAY * self._realised_sum + realised
+        else:
+            self._predicted_sum *= TRUST_FORGET
+            self._realised_sum *= TRUST_FORGET
+        self.trust = min(1.5, (self._realised_sum + TRUST_PRIOR) / (self._predicted_sum + TRUST_PRIOR))
 
     # -- growing ----------------------------------------------------------------------------------------------
     def grow(self, table: torch.Tensor, probs: torch.Tensor, root: torch.Tensor, budget: int, max_depth: int) -> GrownTree:
@@ -157,10 +197,13 @@ class AdaptiveDrafter:
         return self._index_cache[key]
 
     def choose_size(self, expected: list[float], budget: int) -> int:
-        """Draft nodes to verify next: argmax over m of (expected[m] + 1) / t(m + 1); 0 means a plain step."""
-        best_m, best_rate = 0, 1.0 / self.cost(1)
+        """Draft nodes to verify next: argmax over m of (trust * expected[m] + 1) / t(m + 1); 0 means a plain step.
+
+        t is the measured cost of a whole step (forward and the engine's work) of m + 1 tokens; a draft must beat
+        the plain step by DRAFT_MARGIN."""
+        best_m, best_rate = 0, DRAFT_MARGIN / self.cost(1)
         for m in range(1, min(budget, len(expected) - 1) + 1):
-            rate = (expected[m] + 1.0) / self.cost(m + 1)
+            rate = (self.trust * expected[m] + 1.0) / self.cost(m + 1)
             if rate > best_rate:
                 best_m, best_rate = m, rate
         return best_m
@@ -169,6 +212,11 @@ class AdaptiveDrafter:
     def take(grown: GrownTree, m: int, max_depth: int) -> Draft:
         """The tree of the best m nodes by score, as a Draft on the device (tokens [m+1]). No sync."""
         device = grown.tokens.device
+        if m == 0:  # a zero-draft step: the root alone (no sort, no mask to build)
+            zero = grown.parents[:1]
+            return Draft(name=ADAPTIVE, tokens=grown.tokens[:1], parents=zero, depths=zero, ranks=zero,
+                         tree_mask=torch.ones(1, 1, dtype=torch.bool, device=device), size=1, levels=max_depth + 1,
+                         node_probs=grown.scores[:1], extras={"bins": grown.bins[:1]})
         best = torch.topk(grown.scores[1:], m).indices + 1 if m > 0 else torch.zeros(0, dtype=torch.long, device=device)
         keep = torch.cat([torch.zeros(1, dtype=torch.long, device=device), torch.sort(best).values])  # parents first
         remap = torch.zeros(grown.tokens.shape[0], dtype=torch.long, device=device)
@@ -187,7 +235,8 @@ class AdaptiveDrafter:
                 b = bins[node]
                 self.trials[b] += 1
                 self.hits[b] += node in on_path
-        self._refresh()
+        if len(parents) > 1:
+            self._refresh()
 
 
 def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:

@@ -74,14 +74,20 @@ def measure_forward_costs(runner: ModelRunner, context: list[int], sizes: list[i
 
 
 class ForwardCost:
-    """t(N): the measured cost of one forward of N tokens, from a start-up probe refined online (EMA).
+    """t(N): the measured cost of one step of N tokens, from a start-up probe refined online (EMA).
 
+    The probe times bare forwards; the drafters observe whole steps (forward and the engine's work), which
+    cost a little more. Sizes that were observed follow their own EMA; sizes never observed follow the probe
+    scaled by the observed/probed ratio of the others, so a size is not chosen just because it was never tried.
     The curve is kept as measured: where a larger forward is cheaper (it happens on some CPUs), the
     adaptive tree may take it.
     """
 
     def __init__(self) -> None:
         self.ms = {n: float(n) for n in COST_GRID}  # placeholder shape until measured: linear in N
+        self.probed = dict(self.ms)  # the probe's curve, unscaled
+        self.seen = {n: 0 for n in COST_GRID}  # observations folded into each grid point
+        self.scale = 1.0  # observed step cost / probed forward cost, EMA over all observations
         self.measured = False
 
     def __call__(self, n: int) -> float:
@@ -89,9 +95,14 @@ class ForwardCost:
         return interpolate(self.ms, n)
 
     def observe(self, n: int, ms: float, alpha: float = 0.1) -> None:
-        """Blend one measured forward into the nearest grid point."""
+        """Blend one measured step into the nearest grid point; rescale the grid points never observed."""
         g = min(COST_GRID, key=lambda x: abs(x - n))
+        self.scale = (1 - alpha / 2) * self.scale + alpha / 2 * ms / max(interpolate(self.probed, n), 1e-9)
         self.ms[g] = (1 - alpha) * self.ms[g] + alpha * ms * self(g) / max(self(n), 1e-9)
+        self.seen[g] += 1
+        for p in COST_GRID:
+            if not self.seen[p]:
+                self.ms[p] = self.probed[p] * self.scale
 
     def set_measured(self, times: dict[int, list[float]], max_tokens: int) -> None:
         """Take a probe's times (median per size); sizes past `max_tokens` scale linearly from the last one."""
@@ -102,6 +113,7 @@ class ForwardCost:
         for n in COST_GRID:
             if n > last:
                 self.ms[n] = self.ms[last] * n / last
+        self.probed = dict(self.ms)
         self.measured = True
 
     def probe(self, runner: ModelRunner, context: list[int], max_tokens: int, repeats: int = 2) -> None:

@@ -45,6 +45,7 @@ class StepResult:
     emitted: list[int]  # the tokens the step committed (accepted drafts, then the bonus)
     forward_tokens: int  # N, the tokens of the step's forward
     forward_ms: float  # its measured time
+    step_ms: float  # the step's time up to the commit (draft, forward, verify, update, sync, commit)
     extras: dict[str, list[float]]  # the drafter's `Draft.extras` and `lookahead` tensors, synced
 
 

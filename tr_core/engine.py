@@ -254,9 +254,9 @@ class Engine:
         position = state.past
         accepted, emitted, bonus, finished = self._commit(state, draft, host)
         clock.mark("commit")
-        forward_ms = clock.timings()["forward"]
+        so_far = clock.timings()
         active.observe(StepResult(parents=host["parents"], accepted=accepted, emitted=emitted, forward_tokens=draft.size,
-                                  forward_ms=forward_ms, extras=_drafter_part(host)))
+                                  forward_ms=so_far["forward"], step_ms=so_far["total"], extras=_drafter_part(host)))
         clock.mark("learn")
         timings = clock.timings()
         state.forward_ms += timings["forward"]

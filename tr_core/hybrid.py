@@ -86,7 +86,6 @@ class HybridDrafter(AdaptiveDrafter):
         self.index = ContextIndex()
         self.plan: Plan | None = None  # the next step's merged tree
         self.name = HYBRID
-        self.matrix_depth = self.max_depth
         self.k = 8
         self._answering = False  # emitted tokens of this answer are being indexed
 
@@ -99,7 +98,7 @@ class HybridDrafter(AdaptiveDrafter):
         """Take the settings and index the prompt (earlier prompts and answers stay, relabelled)."""
         super().begin(ctx)
         self.name, self.k = ctx.cfg.template, ctx.matrix.k
-        self.matrix_depth, self.max_depth = ctx.cfg.max_depth, max(ctx.cfg.max_depth, RETRIEVAL_DEPTH)
+        self.max_depth = max(ctx.cfg.max_depth, RETRIEVAL_DEPTH)
         self.index.relabel("the prompt", "an earlier prompt")
         self.index.relabel("this answer", "an earlier answer")
         self.index.start_segment("the prompt")
@@ -112,19 +111,20 @@ class HybridDrafter(AdaptiveDrafter):
             grown = self.grow(matrix.table, matrix.probs, root, self.budget, self.matrix_depth)
             self.plan = self.merge({name: getattr(grown, name).tolist() for name in _GROWN}, self.index.lookup(
                 MAX_MATCHES, RETRIEVAL_DEPTH))
-        size = self.choose_size(self.plan.expected(), self.budget) if self.sized_by_cost else self.budget
-        self.next_size = size
+        curve = self.plan.expected()
+        size = self.choose_size(curve, self.budget) if self.sized_by_cost else min(self.budget, len(curve) - 1)
+        self.next_size, self.predicted = size, curve[size]
         return self.take_plan(self.plan, size)
 
     def lookahead(self, bonus: torch.Tensor, matrix: AdjacencyMatrix) -> dict[str, torch.Tensor]:
         """Grow the next matrix tree from the bonus token on the device; it rides the step's sync."""
-        grown = self.grow(matrix.table, matrix.probs, bonus, self.budget, self.matrix_depth)
+        budget, depth = self.growth()
+        grown = self.grow(matrix.table, matrix.probs, bonus, budget, depth)
         return {f"grown.{name}": getattr(grown, name) for name in _GROWN}
 
     def observe(self, result: StepResult) -> None:
-        """Learn calibration and cost; index the emitted tokens; merge the next step's tree."""
-        self.learn(result.parents, [int(b) for b in result.extras["bins"]], result.accepted)
-        self.cost.observe(result.forward_tokens, result.forward_ms)
+        """Learn calibration, trust and cost; index the emitted tokens; merge the next step's tree."""
+        self.learn_step(result)
         if not self._answering:
             self.index.start_segment("this answer")
             self._answering = True
