@@ -28,7 +28,7 @@ except Exception:  # noqa: BLE001 - any failure means "not on ZeroGPU"
 
 
 def default_template() -> str:
-    """$TR_TEMPLATE, else the paper's tree on a GPU and the hardware-aware adaptive tree on a CPU."""
+    """$TR_TEMPLATE, else the benchmark winner on the device: the paper's tree on a GPU, the hybrid tree on a CPU."""
     import torch
 
     from tr_core.tree import default_template as for_device
@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-delay", type=float, default=None, metavar="S",
                         help="longest slow-motion pause per step (default: 0.5 in public mode, 3 otherwise)")
     parser.add_argument("--template", default=None,
-                        help="default draft tree template on the page (else $TR_TEMPLATE; else 2.2.2 on GPU, adaptive on CPU)")
+                        help="default draft tree template on the page (else $TR_TEMPLATE; else 2.2.2 on GPU, hybrid on CPU)")
     parser.add_argument("--no-preload", action="store_true", help="load the model on the first message, not at start")
     threads_option(parser, default=int(os.environ.get("TR_THREADS", 0)) or None,
                    help="CPU threads for torch (default: torch's choice, or $TR_THREADS); 1 is steadier on a busy "

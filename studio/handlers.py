@@ -38,7 +38,7 @@ class Studio:
 
     config: StudioConfig
     catalog: ModelCatalog
-    default_template: str = "adaptive"  # the template a new page shows
+    default_template: str = "hybrid"  # the template a new page shows (app.py: the benchmark's winner on the device)
     warm: threading.Event = dataclasses.field(default_factory=lambda: _set_event())  # cleared during warm-up
 
 

@@ -30,7 +30,7 @@ def test_greedy_penalty_scores_and_eos_equal_plain_generate(arch):
     model = tiny_model(arch)
     trhf.reset(model)
     for prompt in PROMPTS:
-        for template in ("2.2.2", "adaptive"):
+        for template in ("2.2.2", "adaptive", "hybrid"):
             ref, out = both(model, prompt, max_new_tokens=40, template=template, **COMMON)
             assert out.tolist() == ref.tolist() and out.dtype == torch.long
         ref, out = both(model, prompt, max_new_tokens=40, repetition_penalty=1.3, **COMMON)

@@ -100,7 +100,7 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=_positive_int, default=256)
     add_sampling_options(p)
     p.add_argument("--template", type=_template, default=None,
-                   help=f"draft tree: {', '.join(TEMPLATE_NAMES)} (default: 2.2.2 on a GPU, adaptive on a CPU)")
+                   help=f"draft tree: {', '.join(TEMPLATE_NAMES)} (default: 2.2.2 on a GPU, hybrid on a CPU)")
     p.add_argument("--topk-candidates", type=_positive_int, default=8, help="k, candidates per adjacency-matrix row")
     threads_option(p)
 

@@ -9,6 +9,7 @@ Which tree is drafted is the drafter's business (drafters.py, adaptive.py): the 
 """
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -110,6 +111,10 @@ class Engine:
         self.adaptive = AdaptiveDrafter(self.device)  # learned calibration and forward cost persist across answers
         self.hybrid = HybridDrafter(self.device)  # so do the hybrid's, and its context index
         self.plain = PlainDrafter(self.device)
+        # The matrix's clock: one tick per prompt seeding and per step, across answers. A row's stamp says which
+        # step wrote it (provenance, `origin_of`); answer i began at tick answer_starts[i] (its prompt seeding).
+        self.clock = 0
+        self.answer_starts: list[int] = []
 
     def _stop_tokens(self) -> list[int]:
         ids: set[int] = set()
@@ -132,6 +137,7 @@ class Engine:
         """
         self.matrix.reset()
         self.hybrid.index.clear()
+        self.clock, self.answer_starts = 0, []
 
     # -- chat helpers -----------------------------------------------------------------------------------------
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
@@ -221,8 +227,10 @@ class Engine:
     def _begin(self, prompt: list[int], cfg: DecodeConfig, drafter: Drafter, keep_context: bool) -> DecodeState:
         """Seed the matrix from the prompt if asked, let the drafter prepare, prefill all but the last token."""
         seeding = cfg.prompt_seeding if cfg.prompt_seeding is not None else drafter.seeds_prompt
+        self.answer_starts.append(self.clock)
         if seeding and drafter.recycles:
-            self.matrix.seed_from_text(prompt)
+            self.matrix.seed_from_text(prompt, stamp=self.clock)
+        self.clock += 1
         drafter.begin(DraftContext(prompt=prompt, cfg=cfg, matrix=self.matrix, runner=self.runner))
         cache = TreeKVCache()
         self.runner.prefill(prompt[:-1], cache)
@@ -258,6 +266,7 @@ class Engine:
         active.observe(StepResult(parents=host["parents"], accepted=accepted, emitted=emitted, forward_tokens=draft.size,
                                   forward_ms=so_far["forward"], step_ms=so_far["total"], extras=_drafter_part(host)))
         clock.mark("learn")
+        self.clock += 1
         timings = clock.timings()
         state.forward_ms += timings["forward"]
         state.overhead_ms += timings["total"] - timings["forward"]
@@ -312,7 +321,10 @@ class Engine:
             packet.add("node_probs", draft.node_probs)
         packet.update({f"drafter.{k}": v for k, v in draft.extras.items()})
         if drafter.recycles:
-            first, row_ids, row_probs = self.matrix.update(draft.tokens, logits, top=top[1:], consume=True)
+            stamps, probs = self.matrix.origins(draft.tokens, draft.parents, draft.ranks)  # before rows are rewritten
+            packet.update({"origin_stamps": stamps, "origin_probs": probs})
+            first, row_ids, row_probs = self.matrix.update(draft.tokens, logits, top=top[1:], consume=True,
+                                                           stamp=self.clock)
             packet.update({"first": first, "row_ids": row_ids, "row_probs": row_probs})
             ahead = drafter.lookahead(targets[best].view(1), self.matrix)
             packet.update({f"drafter.{k}": v for k, v in ahead.items()})
@@ -351,12 +363,35 @@ class Engine:
                 values.append(host["row_ids"][j * k : (j + 1) * k])
                 probs.append([round(p, EVENT_DIGITS) for p in host["row_probs"][j * k : (j + 1) * k]])
         node_probs = [round(p, EVENT_DIGITS) for p in host["node_probs"]] if "node_probs" in host else None
+        written, candidate_probs = self._provenance(draft, host)
         return StepEvent(step=step, position=position, tokens=host["tokens"], parents=host["parents"],
                          depths=host["depths"], ranks=host["ranks"], accepted=accepted, emitted=emitted, bonus=bonus,
                          timings=timings, matrix_rows=rows, matrix_values=values, matrix_probs=probs,
                          node_probs=node_probs, template=draft.name,
                          sources=list(draft.sources) if draft.sources is not None else None,
-                         origins=list(draft.origins) if draft.origins is not None else None)
+                         origins=list(draft.origins) if draft.origins is not None else None,
+                         answer=len(self.answer_starts) - 1, written=written, candidate_probs=candidate_probs)
+
+    def _provenance(self, draft: Draft, host: dict[str, list]) -> tuple[list[list[int]] | None, list[float] | None]:
+        """Per node: [answer, step] of the step whose logits wrote its candidate (step -1: that answer's prompt
+        seeding; [-1, -1]: the root, a token copied from the context, or unknown) and the candidate's probability
+        then. None for plain steps."""
+        if "origin_stamps" not in host:
+            return None, None
+        sources = draft.sources or ()
+        written, probs = [[-1, -1]], [0.0]
+        for i in range(1, len(host["origin_stamps"])):
+            from_matrix = i >= len(sources) or sources[i] != "context"
+            written.append(self.origin_of(host["origin_stamps"][i]) if from_matrix else [-1, -1])
+            probs.append(round(host["origin_probs"][i], EVENT_DIGITS) if from_matrix else 0.0)
+        return written, probs
+
+    def origin_of(self, stamp: int) -> list[int]:
+        """[answer, step] of a matrix stamp: step -1 is that answer's prompt seeding; [-1, -1] unknown."""
+        if stamp < 0 or not self.answer_starts:
+            return [-1, -1]
+        answer = bisect.bisect_right(self.answer_starts, stamp) - 1
+        return [answer, stamp - self.answer_starts[answer] - 1]
 
     def _summary(self, state: DecodeState, cfg: DecodeConfig, drafter: Drafter, prefill_s: float,
                  decode_s: float) -> SummaryEvent:

@@ -32,6 +32,12 @@ class StepEvent:
     # None when every draft came from the matrix (all but the hybrid trees)
     sources: list[str] | None = None
     origins: list[str] | None = None  # per node, where a retrieved token was found ("" for matrix nodes), or None
+    answer: int = 0  # which answer of the engine this is (0 = its first): the reference for `written`
+    # Provenance of each node's token (None for plain steps): [answer, step] of the step whose logits wrote the
+    # candidate into its parent's matrix row (step -1: that answer's prompt seeding; [-1, -1]: the root, a token
+    # copied from the context, or unknown, e.g. a matrix loaded from a file)
+    written: list[list[int]] | None = None
+    candidate_probs: list[float] | None = None  # per node, the probability the candidate had when written
     kind: str = "step"
 
     def to_dict(self) -> dict[str, Any]:

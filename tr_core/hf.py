@@ -16,6 +16,7 @@ from .config import DecodeConfig
 from .engine import Engine
 from .events import SummaryEvent
 from .sampling import PER_NODE
+from .tree import default_template
 
 ENGINE_ATTR = "_token_recycling_engine"  # where the engine (and so the matrix) is kept on the model
 
@@ -93,7 +94,7 @@ def _decode_config(config: Any, prompt_len: int, template: str, min_new: int) ->
 
 def generate(model: Any, input_ids: torch.LongTensor, logits_processor: Any = None, stopping_criteria: Any = None,
              generation_config: Any = None, synced_gpus: bool = False, streamer: Any = None,
-             template: str = "adaptive", topk_candidates: int = 8, **model_kwargs: Any):
+             template: str | None = None, topk_candidates: int = 8, **model_kwargs: Any):
     """transformers' `custom_generate` callable: Token Recycling in place of `generate`'s own loop.
 
     input_ids: [1, L]. Returns [1, L + new] like `generate`, or a GenerateDecoderOnlyOutput with
@@ -104,8 +105,8 @@ def generate(model: Any, input_ids: torch.LongTensor, logits_processor: Any = No
     _refuse_unsupported(input_ids, config, model_kwargs)
     prompt = input_ids[0].tolist()
     processors, min_new = _split_processors(logits_processor, len(prompt))
-    cfg = _decode_config(config, len(prompt), template, min_new)
     engine = engine_of(model, topk_candidates)
+    cfg = _decode_config(config, len(prompt), template or default_template(engine.device), min_new)
     scores: list[torch.Tensor] = []
     hook = scores.append if getattr(config, "output_scores", False) else None
     new = _run(engine, prompt, cfg, processors, hook, stopping_criteria, streamer, input_ids)

@@ -27,17 +27,22 @@ class AdjacencyMatrix:
         # [V, k] each candidate's probability when written, quantised to 1/255 steps (uint8: a quarter of fp32)
         self.probs = torch.zeros(vocab_size, k, dtype=torch.uint8, device=self.device)
         self.filled = torch.zeros(vocab_size, dtype=torch.bool, device=self.device)  # [V] row written at least once
+        # [V] when each row was last written, on the writer's clock (Engine.clock: one tick per step and per prompt
+        # seeding); -1 = never, or before this matrix was loaded from a file. Provenance for teaching: "this draft
+        # token was recycled from step 12".
+        self.stamps = torch.full((vocab_size,), -1, dtype=torch.int32, device=self.device)
 
     # -- the paper's update rule ------------------------------------------------------------------------------
     def update(self, tokens: torch.Tensor, logits: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None = None,
-               consume: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               consume: bool = False, stamp: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Overwrite the row of every tree token with the top-k of its node's logits (Sec. 3.3).
 
         tokens: [N] long, logits: [N, V]; `top`: (values, ids) [N, k] of logits[:, :vocab_size] when the caller
         already has them (see reduce.top_rows); consume=True lets the update use `logits` as scratch space
         (fp32 logits hold garbage afterwards). A token that appears at several nodes takes the row of its
         FIRST node in BFS order (the shallowest, whose context is closest to the committed text); every write
-        of that token then carries the same values, so the result does not depend on scatter order.
+        of that token then carries the same values, so the result does not depend on scatter order. The rewritten
+        rows are stamped with `stamp` (the writer's clock).
         Returns (first_nodes [N] bool, new rows [N, k] long, their probs [N, k] float32).
         """
         if logits.shape[-1] < self.vocab_size:
@@ -54,9 +59,10 @@ class AdjacencyMatrix:
         self.table[tokens] = top_ids.to(torch.int32)
         self.probs[tokens] = (top_probs * 255).round_().to(torch.uint8)
         self.filled[tokens] = True
+        self.stamps[tokens] = stamp
         return first == torch.arange(tokens.shape[0], device=tokens.device), top_ids, top_probs
 
-    def seed_from_text(self, ids: list[int], prob: float = 0.5) -> int:
+    def seed_from_text(self, ids: list[int], prob: float = 0.5, stamp: int = -1) -> int:
         """Put each token's successor in `ids` first in its row (the last occurrence wins); returns rows changed.
 
         Text that copies its prompt (summaries, retrieval answers, code) then drafts from the prompt itself.
@@ -81,7 +87,15 @@ class AdjacencyMatrix:
         self.probs[rows] = torch.cat([torch.full_like(new[:, None], round(prob * 255)).to(torch.uint8),
                                       shifted_probs[:, : self.k - 1].to(torch.uint8)], dim=1)
         self.filled[rows] = True
+        self.stamps[rows] = stamp
         return len(succ)
+
+    def origins(self, tokens: torch.Tensor, parents: torch.Tensor, ranks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where each tree node's token was recycled from, read BEFORE this step rewrites rows: the stamp of its
+        parent's row ([N] int32, -1 unknown) and the probability its candidate had when written ([N] float).
+        Nodes whose rank is past the row (copied from the context) read column k - 1: their callers ignore it."""
+        rows = tokens[parents]
+        return self.stamps[rows], self.probs[rows, ranks.clamp(0, self.k - 1)].float() / 255
 
     # -- inspection -------------------------------------------------------------------------------------------
     @property
@@ -91,8 +105,8 @@ class AdjacencyMatrix:
 
     @property
     def size_mb(self) -> float:
-        """Memory of the matrix (candidate ids, their probabilities and the filled flags) in MB."""
-        return sum(t.numel() * t.element_size() for t in (self.table, self.probs, self.filled)) / 1e6
+        """Memory of the matrix (candidate ids, their probabilities, the filled flags and write stamps) in MB."""
+        return sum(t.numel() * t.element_size() for t in (self.table, self.probs, self.filled, self.stamps)) / 1e6
 
     def get_probs(self) -> torch.Tensor:
         """[V, k] float32 candidate probabilities."""
@@ -114,6 +128,7 @@ class AdjacencyMatrix:
         twin = AdjacencyMatrix.__new__(AdjacencyMatrix)
         twin.vocab_size, twin.k, twin.device = self.vocab_size, self.k, self.device
         twin.table, twin.probs, twin.filled = self.table.clone(), self.probs.clone(), self.filled.clone()
+        twin.stamps = self.stamps.clone()
         return twin
 
     def reset(self) -> None:
@@ -121,6 +136,7 @@ class AdjacencyMatrix:
         self.table.zero_()
         self.probs.zero_()
         self.filled.zero_()
+        self.stamps.fill_(-1)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the matrix to a file (torch format, written atomically)."""
@@ -162,3 +178,4 @@ class AdjacencyMatrix:
         self.table.copy_(table.to(self.device, torch.int32))
         self.probs.copy_(probs.to(self.device, self.probs.dtype))
         self.filled.copy_(filled.to(self.device, torch.bool))
+        self.stamps.fill_(-1)  # the file's rows were written on another clock

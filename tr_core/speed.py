@@ -229,6 +229,7 @@ def forked(engine: Any) -> Any:
     """
     twin = copy.copy(engine)
     twin.matrix = engine.matrix.clone()
+    twin.answer_starts = list(getattr(engine, "answer_starts", []))  # the twin's own clock history
     twin.adaptive = copy.deepcopy(engine.adaptive)
     twin.hybrid = copy.deepcopy(engine.hybrid)
     return twin

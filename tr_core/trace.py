@@ -19,8 +19,11 @@ from typing import Any, Callable, Iterator
 from .events import StepEvent, SummaryEvent, event_from_dict
 
 TRACE_FORMAT = "token-recycling-trace"
-TRACE_VERSION = 2  # written by this version; 2 added where each node came from (steps' "sources" and "origins")
-READ_VERSIONS = (1, 2)  # versions the loader reads (version 1 steps have no "sources" or "origins")
+# written by this version; 2 added where each node came from: the steps' "sources" and "origins" (hybrid trees)
+# and "answer", "written", "candidate_probs" (which step's logits wrote each drafted candidate)
+TRACE_VERSION = 2
+READ_VERSIONS = (1, 2)  # versions the loader reads (version 1 steps have none of those fields)
+VERSION_2_FIELDS = ("sources", "origins", "answer", "written", "candidate_probs")
 
 # Limits of a trace (visitors of the public app upload them). Each is far above what the app records.
 MAX_TRACE_BYTES = 10 * 1024 * 1024  # largest file Trace.load reads (a 1024-token answer, 2.2.2, k = 16: about 5 MB)
@@ -347,7 +350,28 @@ def check_step(ev: Any, i: int, version: int = TRACE_VERSION) -> tuple[int, int]
         _check_numbers(node_probs, f"{where}: \"node_probs\"", n, n)
     _check_str(ev.get("template", ""), f"{where}: \"template\"")
     _check_sources(ev, n, where, version)
+    _check_provenance(ev, n, where, version)
     return n, _check_matrix(ev, n, where)
+
+
+def _check_provenance(ev: dict, n: int, where: str, version: int) -> None:
+    """answer, written ([answer, step] per node, -1 for unknown), candidate_probs (one in [0, 1] per node)."""
+    if version < 2:
+        new = next((k for k in ("answer", "written", "candidate_probs") if k in ev), None)
+        if new is not None:
+            raise TraceError(f"{where}: \"{new}\" is new in trace version 2, but this trace says version {version}")
+        return
+    if "answer" in ev:
+        _check_int(ev["answer"], f"{where}: \"answer\"", 0, INT_LIMIT)
+    written = ev.get("written")
+    if written is not None:
+        if type(written) is not list or len(written) != n:
+            raise TraceError(f"{where}: \"written\" must be a list of {n} [answer, step] pairs (one per node), "
+                             f"got {_kind(written)}")
+        for j, pair in enumerate(written):
+            _check_ints(pair, f"{where}: \"written\"[{j}]", -1, INT_LIMIT, 2, 2)
+    if ev.get("candidate_probs") is not None:
+        _check_numbers(ev["candidate_probs"], f"{where}: \"candidate_probs\"", n, n, 0.0, 1.0)
 
 
 def _check_tree(ev: dict, where: str) -> int:

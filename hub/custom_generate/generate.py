@@ -1,6 +1,6 @@
 """Token Recycling (Luo et al., ACL 2025) as a Hub `custom_generate` recipe.
 
-    model.generate(**inputs, custom_generate="<you>/token-recycling", trust_remote_code=True, template="adaptive")
+    model.generate(**inputs, custom_generate="<you>/token-recycling", trust_remote_code=True, template="hybrid")
 
 transformers hands this function the arguments of `generate`; it calls `generate` again with Token Recycling's
 decoding loop (`tr_core.hf.generate`, from the `token-recycling` package) in place of the standard one, so the
