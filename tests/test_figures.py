@@ -1,14 +1,17 @@
 """Figure builders and the trace format, on hand-made step events (no model needed)."""
 from __future__ import annotations
 
+import html
 import json
+from collections import Counter
 
 import pytest
 
 from tr_core.events import StepEvent, SummaryEvent
-from tr_core.figures import (ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, MatrixTracker, MeterView, accepted_chart,
-                             coloured_markdown, display_token, heatmap_figure, meter_html, tree_figure, tree_layout,
-                             unique_labels)
+from tr_core.figures import (ACCEPTED_COLOUR, BONUS_COLOUR, BONUS_NODE, REJECTED_COLOUR, MatrixTracker, MeterView,
+                             accepted_chart, boxes_overlap, coloured_markdown, display_token, heatmap_figure,
+                             label_boxes, meter_html, symbol_note, tree_figure, tree_frame, tree_layout,
+                             tree_legend_names, unique_labels)
 from tr_core.trace import TextAssembler, Trace, TraceError, boundaries_from_texts
 
 VOCAB = {0: "<root>", 1: " the", 2: " cat", 3: " sat", 4: " dog", 5: "the", 6: "\n", 7: " on", 8: " mat", 9: "!"}
@@ -147,6 +150,157 @@ def test_tree_figure_without_context_drafts_keeps_its_legend():
     assert [t["marker"]["symbol"] for t in node_traces(plain).values()] == ["circle"] * 3 + ["star"]
     assert not any("from the matrix" in h for h in node_markers(plain)[1].values())
     assert len(plain.traces) == 7 and not any("legendgroup" in t for t in plain.traces)  # edges, nodes, bonus
+
+
+# ------------------------------------------------------------------------- labels of the 80-node tree
+
+WORDS = [" the", " recycling", "ing", " of", " token", "s", ",", " and", "\n", " a", " model", " tree", " candidate",
+         " to", ".", " is", " in", " decoding", " speculative", " it", "ed", " matrix", " we", " that", " draft",
+         " accepted", " ", "\n\n", " The", " Luo", " (", " 2", "0", "Hello", " adjacency", " paper", "<b>"]
+
+
+def words_of(t: int) -> str:
+    """Token texts of varied length, with spaces, newlines and text that must be escaped."""
+    return WORDS[t % len(WORDS)]
+
+
+def children_by_rank(parents: list[int], ranks: list[int], node: int) -> list[int]:
+    return sorted((i for i, p in enumerate(parents) if p == node), key=lambda i: ranks[i])
+
+
+def paper_tree_event(turns: tuple[int, ...] = (0, 1, 0), bonus: int | None = 17) -> StepEvent:
+    """A step on the paper's 80-node "2.2.2" tree: the accepted path takes candidate turns[d] at depth d + 1."""
+    from tr_core.tree import TEMPLATES, build_tree
+
+    tree = build_tree("2.2.2", TEMPLATES["2.2.2"], "cpu")
+    parents, depths, ranks = list(tree.parents_list), list(tree.depths_list), list(tree.ranks_list)
+    path = [0]
+    for turn in turns:
+        path.append(children_by_rank(parents, ranks, path[-1])[turn])
+    tokens = [(7 * i + 3) % 1000 for i in range(tree.size)]
+    return StepEvent(step=11, position=100, tokens=tokens, parents=parents, depths=depths, ranks=ranks, accepted=path,
+                     emitted=[tokens[i] for i in path[1:]] + ([bonus] if bonus is not None else []), bonus=bonus,
+                     timings={}, template="2.2.2")
+
+
+def drawn_labels(fig) -> dict[int, tuple[str, str]]:
+    """Node -> (text, textposition) of every non-empty label in the tree figure (the bonus as BONUS_NODE)."""
+    out = {}
+    for t in node_traces(fig).values():
+        nodes = t.get("customdata", [BONUS_NODE])
+        positions = t["textposition"] if isinstance(t["textposition"], list) else [t["textposition"]] * len(nodes)
+        out.update({n: (text, pos) for n, text, pos in zip(nodes, t["text"], positions) if text})
+    return out
+
+
+@pytest.mark.parametrize("turns,bonus,width,hybrid", [((0, 1, 0), 17, 640, False), ((0, 0, 0, 0, 0, 0), 4, 640, False),
+                                                      ((1, 0), 30, 520, False), ((), 8, 640, False),
+                                                      ((0, 0, 1), None, 900, False), ((0, 1, 0), 17, 520, True)])
+def test_paper_tree_labels_never_overlap_and_the_accepted_path_is_labelled(turns, bonus, width, hybrid):
+    ev = paper_tree_event(turns, bonus)
+    if hybrid:  # per-node marker symbols and a taller, grouped legend: less room under the plot
+        ev.sources = ["root"] + ["matrix", "context", "both"] * 26 + ["matrix", "context"]
+    assert len(ev.tokens) == 81 and Counter(ev.depths)[2] == 21 and Counter(ev.depths)[3] == 25
+    boxes = label_boxes(ev, words_of, width=width)
+    for i, a in enumerate(boxes):
+        assert a.x0 < a.x1 and a.y0 < a.y1
+        for b in boxes[i + 1:]:
+            assert not boxes_overlap(a, b), (a, b)
+    frame = tree_frame(ev, width)
+    assert all(frame.inside(b) for b in boxes)
+    labelled = {b.node for b in boxes}
+    must = set(ev.accepted) | ({BONUS_NODE} if bonus is not None else set())
+    assert must <= labelled
+    assert 10 < len(labelled - must) < 80 - len(must)  # room for some rejected drafts, not all: the test can fail
+    fig = tree_figure(ev, words_of, width=width)  # the figure draws exactly those labels, where they were placed
+    assert drawn_labels(fig) == {b.node: (b.text, b.position) for b in boxes}
+    if bonus is not None:
+        assert drawn_labels(fig)[BONUS_NODE][0] == display_token(words_of(bonus))
+    fig.to_plotly()
+
+
+def test_dropped_labels_stay_on_hover_and_labels_are_escaped():
+    ev = paper_tree_event()
+    fig = tree_figure(ev, words_of)
+    labelled = drawn_labels(fig)
+    _, hovers = node_markers(fig)
+    dropped = [i for i in range(len(ev.tokens)) if i not in labelled]
+    assert dropped
+    for i in dropped:
+        assert html.escape(repr(words_of(ev.tokens[i]))) in hovers[i]
+    texts = [text for text, _ in labelled.values()]
+    assert any("&lt;b&gt;" in t for t in texts) and not any("<b>" in t for t in texts)
+    assert all(h.count("<b>") == 1 for h in hovers.values())  # the token in bold, escaped
+
+
+def test_rejected_labels_keep_clear_of_markers():
+    from tr_core.figures import _marker_boxes
+
+    ev = paper_tree_event()
+    frame = tree_frame(ev)
+    markers = _marker_boxes(ev, tree_layout(tuple(ev.parents), tuple(ev.ranks)), frame)
+    for box in label_boxes(ev, words_of):
+        if box.node not in ev.accepted and box.node != BONUS_NODE:
+            assert not any(boxes_overlap(box, m) for m, node in markers if node != box.node), box
+
+
+def test_siblings_are_laid_out_in_candidate_rank_order():
+    ev = paper_tree_event()
+    layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
+    parents_with_kids = {p for p in ev.parents if p >= 0}
+    assert len(parents_with_kids) > 20
+    for p in parents_with_kids:
+        xs = [layout.x[i] for i in children_by_rank(ev.parents, ev.ranks, p)]
+        assert xs == sorted(xs) and len(set(xs)) == len(xs)
+    # a grown tree whose node order is not rank order (k = 2: ranks 2 and 3 are context-only drafts)
+    parents, ranks = (-1, 0, 0, 0, 0, 1, 1), (-1, 2, 0, 3, 1, 1, 0)
+    mixed = tree_layout(parents, ranks)
+    assert mixed.x[2] < mixed.x[4] < mixed.x[1] < mixed.x[3]  # ranks 0, 1, then the context's 2, 3
+    assert mixed.x[6] < mixed.x[5]
+    assert tree_layout(parents).x[1] < tree_layout(parents).x[2]  # without ranks: node order, as before
+
+
+def test_a_small_tree_labels_every_node():
+    from tr_core.tree import TEMPLATES, build_tree
+
+    tree = build_tree("chain-4", TEMPLATES["chain-4"], "cpu")
+    ev = make_event()
+    ev.tokens, ev.accepted, ev.bonus = [1, 2, 3, 4, 5], [0, 1, 2], 6
+    ev.parents, ev.depths, ev.ranks = list(tree.parents_list), list(tree.depths_list), list(tree.ranks_list)
+    boxes = label_boxes(ev, text_of)
+    assert {b.node for b in boxes} == {0, 1, 2, 3, 4, BONUS_NODE}
+    assert set(drawn_labels(tree_figure(ev, text_of))) == {0, 1, 2, 3, 4, BONUS_NODE}
+
+
+def test_tree_explains_its_symbols_only_when_a_label_shows_them():
+    fig = tree_figure(make_event(), text_of)  # labels " the" as "␣the"
+    assert [a["text"] for a in fig.layout["annotations"]] == ["␣ = space"]
+    fig = tree_figure(make_event(), lambda t: "\n" if t == 4 else text_of(t))  # and node 2 as "↵"
+    assert [a["text"] for a in fig.layout["annotations"]] == ["␣ = space · ↵ = new line"]
+    plain = tree_figure(make_event(), lambda t: f"w{t}")
+    assert not plain.layout.get("annotations")
+    assert symbol_note(["a", "b"]) == "" and symbol_note(["x\u2423", "∅"]) == "␣ = space · ∅ = empty token"
+    hybrid = make_hybrid_event()  # the margin under the plot is sized for the legend the figure shows
+    for ev in (make_event(), hybrid, paper_tree_event()):
+        assert tree_legend_names(ev) == legend_names(tree_figure(ev, text_of))
+
+
+def test_heatmap_says_it_shows_the_matrix_after_the_step_and_why_these_rows():
+    tracker = MatrixTracker()
+    first = make_event(0)
+    tracker.update(first)
+    later = make_event(1)
+    later.matrix_rows, later.matrix_values, later.matrix_probs = [9], [[1, 2]], [[0.5, 0.5]]
+    tracker.update(later)
+    title = heatmap_figure(tracker, later, text_of).layout["title"]["text"]
+    assert "Adjacency matrix after step 2" in title
+    assert "● rows this step rewrote (accepted path first)" in title and "others: most hits so far" in title
+    fig = heatmap_figure(tracker, first, text_of)
+    assert "after step 1" in fig.layout["title"]["text"] and "␣ = space" in fig.layout["xaxis"]["title"]["text"]
+    none = make_event(2)
+    none.matrix_rows, none.matrix_values, none.matrix_probs = [], [], []
+    assert "rewrote none of these rows" in heatmap_figure(tracker, none, text_of).layout["title"]["text"]
+    fig.to_plotly()
 
 
 def test_matrix_hits_leave_out_tokens_copied_from_the_context():
@@ -340,3 +494,23 @@ def test_record_live_folds_events_into_the_trace_and_throttles():
         for _ in record_live(ScriptedEngine(5, fail_after=2), [0], None, broken, every_s=0.0):
             pass
     assert len(broken.steps) == 2 and broken.summary is None
+
+
+def test_hover_says_which_step_each_draft_token_was_recycled_from():
+    from tr_core.figures import provenance_text
+
+    ev = make_hybrid_event()
+    n = len(ev.tokens)
+    ev.answer = 1
+    ev.written = [[-1, -1]] + [[1, 11]] * (n - 1)
+    ev.written[2] = [0, 4]  # written during the previous answer
+    ev.written[4] = [1, -1]  # prompt seeding of this answer
+    ev.candidate_probs = [0.0] + [0.18] * (n - 1)
+    assert provenance_text(ev, 1, text_of) == (
+        f"recycled from step 12, where it was candidate #{ev.ranks[1]} after {text_of(ev.tokens[0])!r} (p = 0.18)")
+    assert provenance_text(ev, 2, text_of).startswith("recycled from step 5 of answer 1, where it was candidate #1")
+    assert provenance_text(ev, 4, text_of).startswith("seeded from the prompt: it followed")
+    assert provenance_text(ev, 0, text_of) is None
+    _, hovers = node_markers(tree_figure(ev, text_of))
+    assert "recycled from step 5 of answer 1, where it was candidate #1 after &#x27;&lt;root&gt;&#x27;" in hovers[2]
+    assert "<br>and the matrix: recycled from step 12" in hovers[1]  # a shared node says both

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import html
 import json
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import networkx as nx
 
@@ -31,13 +32,17 @@ PROB_SCALE = [[0.0, "#f7fbff"], [0.2, "#deebf7"], [0.4, "#9ecae1"], [0.6, "#4292
 RUN_CLASSES = ("tr-run-a", "tr-run-b")
 
 
-def display_token(text: str, max_len: int = 10) -> str:
-    """Make a token string visible in a label: spaces as '␣', newlines as '↵', tabs as '⇥', cut to max_len."""
+def visible_token(text: str, max_len: int = 10) -> str:
+    """A token string as a label shows it (not HTML-escaped yet): spaces '␣', newlines '↵', tabs '⇥', cut to max_len."""
     shown = text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "")
     if shown == "":
         shown = "∅"
-    shown = shown if len(shown) <= max_len else shown[: max_len - 1] + "…"
-    return html.escape(shown, quote=False)  # plotly renders a subset of HTML in labels: show tokens as text
+    return shown if len(shown) <= max_len else shown[: max_len - 1] + "…"
+
+
+def display_token(text: str, max_len: int = 10) -> str:
+    """Make a token string visible in a label: spaces as '␣', newlines as '↵', tabs as '⇥', cut to max_len."""
+    return html.escape(visible_token(text, max_len), quote=False)  # plotly renders a subset of HTML: show text
 
 
 # --------------------------------------------------------------------------------------------- draft tree
@@ -52,17 +57,19 @@ class TreeLayout:
 
 
 @lru_cache(maxsize=64)
-def tree_layout(parents: tuple[int, ...]) -> TreeLayout:
+def tree_layout(parents: tuple[int, ...], ranks: tuple[int, ...] | None = None) -> TreeLayout:
     """Layered layout of a tree given by parent indices (root: -1), computed once per tree shape.
 
-    Nodes of one depth are spread evenly over the width in depth-first order, so children sit under
-    their parents' side of the tree and no two edges cross.
+    Nodes of one depth are spread evenly over the width in depth-first order, so children sit under their
+    parents' side of the tree and no two edges cross. Siblings follow their candidate rank (`ranks`, else node
+    index): candidate #0 leftmost, context-only drafts of hybrid trees (rank >= k) after the matrix's candidates.
     """
     graph = nx.DiGraph()
     graph.add_nodes_from(range(len(parents)))
     graph.add_edges_from((p, i) for i, p in enumerate(parents) if p >= 0)
     depth = nx.shortest_path_length(graph, 0)
-    order = {node: i for i, node in enumerate(nx.dfs_preorder_nodes(graph, 0, sort_neighbors=sorted))}
+    by_rank = (lambda nodes: sorted(nodes, key=lambda n: (ranks[n], n))) if ranks is not None else sorted
+    order = {node: i for i, node in enumerate(nx.dfs_preorder_nodes(graph, 0, sort_neighbors=by_rank))}
     levels: dict[int, list[int]] = {}
     for node in sorted(graph.nodes, key=lambda n: order.get(n, n)):
         levels.setdefault(depth.get(node, 0), []).append(node)
@@ -78,41 +85,252 @@ def tree_layout(parents: tuple[int, ...]) -> TreeLayout:
 # Where a draft token came from (StepEvent.sources), shown as the marker's symbol; colour keeps accepted/rejected.
 SOURCE_SYMBOLS = {"root": "circle", "matrix": "circle", "context": "square", "both": "diamond"}
 SOURCE_NAMES = {"matrix": "● from the matrix", "context": "■ copied from the context", "both": "◆ both agree"}
-NODE_GROUPS = {  # the tree's node traces, drawn in this order (accepted on top)
-    "rejected": dict(color=REJECTED_COLOUR, size=11, text=REJECTED_TEXT, name="rejected draft tokens"),
-    "root": dict(color=ROOT_COLOUR, size=24, text=ROOT_COLOUR, name="root (last committed token)"),
-    "accepted": dict(color=ACCEPTED_COLOUR, size=22, text="#14532d", name="accepted draft tokens"),
+NODE_GROUPS = {  # the tree's node traces, drawn in this order (accepted on top); size: marker px, font: label px
+    "rejected": dict(color=REJECTED_COLOUR, size=11, font=10, text=REJECTED_TEXT, name="rejected draft tokens"),
+    "root": dict(color=ROOT_COLOUR, size=24, font=15, text=ROOT_COLOUR, name="root (last committed token)"),
+    "accepted": dict(color=ACCEPTED_COLOUR, size=22, font=15, text="#14532d", name="accepted draft tokens"),
+    "bonus": dict(color=BONUS_COLOUR, size=24, font=15, text="#92400e", name="bonus token (from the verify forward)"),
 }
+LABEL_LEN = {"rejected": 6, "root": 8, "accepted": 8, "bonus": 10}  # characters shown before the cut '…'
+LABEL_POSITIONS = {  # where a node's label may go around its marker (plotly textposition), preferred first
+    "rejected": ("bottom center",),
+    "root": ("middle left", "middle right"),
+    "accepted": ("middle left", "middle right", "top center", "bottom center"),
+    "bonus": ("middle right", "middle left", "bottom center"),
+}
+BONUS_NODE = -1  # LabelBox.node of the bonus token's label (the bonus is no tree node)
+SYMBOL_NAMES = {"␣": "space", "↵": "new line", "⇥": "tab", "∅": "empty token"}  # a note explains those shown
+# Label boxes are estimated, not measured: plotly.js lays text out in the browser.
+CHAR_EM = 0.6  # width of a character in font sizes (sans-serif average); capitals 0.72, '␣' 0.7, WIDE_SYMBOLS 1
+WIDE_SYMBOLS = "↵⇥∅…●■◆"
+LINE_EM = 1.2  # height of a one-line label in font sizes
+DESCENT_EM = 0.22  # of which below the baseline
+LABEL_GAP_PX = 2.0  # clearance between labels, markers and the plot area's edges, for the estimate's error
+LEGEND_ROW_PX = 20  # height of a row of the horizontal legend (font 12; plotly.js: 19)
+TREE_WIDTH = 640  # assumed width of the tree's plot in px (the studio lets it fill its column; wider is safe)
 
 
-def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = 430) -> Figure:
+class LabelBox(NamedTuple):
+    """A label the tree figure draws: its box in px from the figure's top-left corner, node, position, text."""
+
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+    node: int  # tree node index, or BONUS_NODE
+    position: str  # plotly textposition around the node's marker
+    text: str  # the label as drawn (HTML-escaped)
+
+
+@dataclass(frozen=True)
+class PlotFrame:
+    """Where plotly draws the tree: figure size, margins (left, right, top, bottom) and axis ranges, in px/data."""
+
+    width: int
+    height: int
+    margin: tuple[int, int, int, int]
+    x_range: tuple[float, float]
+    y_range: tuple[float, float]
+
+    def px(self, x: float, y: float) -> tuple[float, float]:
+        """Data coordinates -> px from the figure's top-left corner (y grows downward)."""
+        left, right, top, bottom = self.margin
+        (x0, x1), (y0, y1) = self.x_range, self.y_range
+        return (left + (x - x0) / (x1 - x0) * (self.width - left - right),
+                top + (y1 - y) / (y1 - y0) * (self.height - top - bottom))
+
+    def inside(self, box: tuple[float, ...]) -> bool:
+        """Whether a box lies in the plot area (plotly clips text outside it)."""
+        left, right, top, bottom = self.margin
+        return box[0] >= left and box[1] >= top and box[2] <= self.width - right and box[3] <= self.height - bottom
+
+
+def tree_legend_names(ev: StepEvent) -> list[str]:
+    """The legend entries tree_figure shows for a step, in order (their rows set the figure's bottom margin)."""
+    names = [NODE_GROUPS[g]["name"] for g in ("rejected", "root", "accepted")]
+    if _has_retrieved(ev):
+        names += [name for source, name in SOURCE_NAMES.items() if source in set(ev.sources[1:])]
+    return names + ([NODE_GROUPS["bonus"]["name"]] if ev.bonus is not None else [])
+
+
+def tree_frame(ev: StepEvent, width: int = TREE_WIDTH, height: int = 430) -> PlotFrame:
+    """The tree figure's geometry: margins that hold the title and the legend, ranges that hold every node."""
+    legend = legend_height(tree_legend_names(ev), width - 20, grouped=_has_retrieved(ev))
+    depth = max(ev.depths) if ev.depths else 0
+    return PlotFrame(width, height, (10, 10, 44, 14 + legend), (-0.08, 1.03), (-depth - 0.9, 0.6))
+
+
+def legend_height(names: list[str], plot_width: float, grouped: bool = False) -> int:
+    """Estimated px height of a horizontal legend (font 12) under a plot, laid out as plotly.js does
+    (legend/draw.js): entries in one row if they fit, else a grid of the widest entry; with legend groups, rows
+    that wrap entry by entry, 10 px apart. Plotly widens the margin if the legend needs more: labels would move."""
+    widths = [40 + text_width(name, 12) for name in names]  # symbol and gap, then the text
+    if not widths:
+        return 0
+    if grouped:
+        rows, used = 1, 0.0
+        for w in widths:
+            rows, used = (rows + 1, w + 5) if used and used + w + 5 > plot_width else (rows, used + w + 5)
+        return rows * LEGEND_ROW_PX + (rows - 1) * 10 + 10
+    if sum(widths) + 5 * (len(widths) - 1) < plot_width:
+        return LEGEND_ROW_PX + 10
+    per_row = max(1, int((plot_width + 5) // max(widths)))
+    return -(-len(widths) // per_row) * LEGEND_ROW_PX + 10
+
+
+def text_width(text: str, size: float) -> float:
+    """Estimated width in px of one line of text at a font size (px)."""
+    def em(c: str) -> float:
+        if c in WIDE_SYMBOLS or unicodedata.east_asian_width(c) in "WF":
+            return 1.0
+        return 0.72 if c.isupper() else 0.7 if c == "␣" else CHAR_EM
+
+    return size * sum(em(c) for c in text)
+
+
+def _bonus_xy(ev: StepEvent, layout: TreeLayout) -> tuple[float, float]:
+    """Where the bonus star sits: just under the end of the accepted path."""
+    last = ev.accepted[-1] if ev.accepted else 0
+    return layout.x[last], layout.y[last] - 0.55
+
+
+def _label_wishes(ev: StepEvent, layout: TreeLayout, token_text: TokenText) -> list[tuple[int, str, float, float, str]]:
+    """Every label the tree could show as (node, group, x, y, visible text), most important first: the root,
+    the accepted path, the bonus; then the rejected drafts, likeliest first (by the probability of reaching the
+    node where the step has one, else by depth and candidate rank)."""
+    def wish(i: int, group: str) -> tuple[int, str, float, float, str]:
+        return i, group, layout.x[i], layout.y[i], visible_token(token_text(ev.tokens[i]), LABEL_LEN[group])
+
+    accepted = set(ev.accepted)
+    wishes = [wish(0, "root")] + [wish(i, "accepted") for i in ev.accepted if i != 0]
+    if ev.bonus is not None:
+        bonus = visible_token(token_text(ev.bonus), LABEL_LEN["bonus"])
+        wishes.append((BONUS_NODE, "bonus", *_bonus_xy(ev, layout), bonus))
+    probs = ev.node_probs if ev.node_probs and len(ev.node_probs) == len(ev.tokens) else None
+    rest = sorted((i for i in range(1, len(ev.tokens)) if i not in accepted),
+                  key=lambda i: (-probs[i] if probs else 0.0, ev.depths[i], ev.ranks[i], i))
+    return wishes + [wish(i, "rejected") for i in rest]
+
+
+def _label_box(frame: PlotFrame, x: float, y: float, text: str, group: str, position: str) -> tuple[float, ...]:
+    """The px box of a label at a plotly textposition around its marker. As plotly.js does it
+    (Drawing.textPointPosition): text starts r = marker size / 2 / 0.8 + 1 px from the marker's centre, and its
+    baseline sits 0.75 font sizes below the anchor, less half a line when centred and a line when on top."""
+    cx, cy = frame.px(x, y)
+    size = NODE_GROUPS[group]["font"]
+    w, r = text_width(text, size), NODE_GROUPS[group]["size"] / 2 / 0.8 + 1
+    side = -1 if position.startswith("top") else 1 if position.startswith("bottom") else 0
+    baseline = cy + 0.75 * size + side * r + (side - 1) * size / 2
+    y0, y1 = baseline - (LINE_EM - DESCENT_EM) * size, baseline + DESCENT_EM * size
+    if position == "middle left":
+        return cx - r - w, y0, cx - r, y1
+    if position == "middle right":
+        return cx + r, y0, cx + r + w, y1
+    return cx - w / 2, y0, cx + w / 2, y1  # top or bottom center
+
+
+def _marker_boxes(ev: StepEvent, layout: TreeLayout, frame: PlotFrame) -> list[tuple[tuple[float, ...], int]]:
+    """The px box of every marker (the bonus star's too) with its node, for labels to keep clear of."""
+    accepted = set(ev.accepted)
+    spots = [(layout.x[i], layout.y[i], "root" if i == 0 else "accepted" if i in accepted else "rejected", i)
+             for i in range(len(ev.tokens))]
+    if ev.bonus is not None:
+        spots.append((*_bonus_xy(ev, layout), "bonus", BONUS_NODE))
+    boxes = []
+    for x, y, group, node in spots:
+        (cx, cy), half = frame.px(x, y), NODE_GROUPS[group]["size"] / 2
+        boxes.append(((cx - half, cy - half, cx + half, cy + half), node))
+    return boxes
+
+
+def boxes_overlap(a: tuple[float, ...], b: tuple[float, ...], gap: float = 0.0) -> bool:
+    """Whether two boxes (x0, y0, x1, y1) come closer than `gap` px in both directions."""
+    return a[0] < b[2] + gap and b[0] < a[2] + gap and a[1] < b[3] + gap and b[1] < a[3] + gap
+
+
+def _symbol_note_box(frame: PlotFrame, note: str) -> tuple[float, ...]:
+    """The px box of the symbol legend, in the plot area's top-right corner (kept free of labels)."""
+    right, top = frame.width - frame.margin[1], frame.margin[2]
+    return right - text_width(note, 12) - 4, top, right, top + LINE_EM * 12 + 4
+
+
+def symbol_note(texts: list[str]) -> str:
+    """'␣ = space · ↵ = new line' for the symbols that occur in some of the texts ('' if none)."""
+    return " · ".join(f"{s} = {name}" for s, name in SYMBOL_NAMES.items() if any(s in t for t in texts))
+
+
+def _place_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText, frame: PlotFrame) -> list[LabelBox]:
+    """Greedy label placement in priority order (see _label_wishes): each label takes the first of its positions
+    that stays in the plot area clear of kept labels and of every marker. The root, the accepted path and the bonus
+    are always labelled (at their least crowded position); a rejected draft without room keeps its text on hover."""
+    wishes = _label_wishes(ev, layout, token_text)
+    markers = _marker_boxes(ev, layout, frame)
+    must = {*ev.accepted, BONUS_NODE}  # markers always labelled: covering them costs more than a rejected one
+    note = symbol_note([w[4] for w in wishes])
+    taken = [_symbol_note_box(frame, note)] if note else []  # reserved: the legend of ␣ and ↵ goes there
+    kept: list[LabelBox] = []
+    for node, group, x, y, text in wishes:
+        options = []
+        for position in LABEL_POSITIONS[group]:
+            box = _label_box(frame, x, y, text, group, position)
+            hits = [n in must for m, n in markers if n != node and boxes_overlap(box, m, LABEL_GAP_PX)]
+            crowded = sum(boxes_overlap(box, b, LABEL_GAP_PX) for b in taken)
+            cost = (crowded, not frame.inside(box), sum(hits), len(hits))
+            options.append((cost, position, box))
+        cost, position, box = min(options, key=lambda o: o[0])  # ties: the preferred position
+        if group == "rejected" and any(cost):
+            continue
+        kept.append(LabelBox(*box, node, position, html.escape(text, quote=False)))
+        taken.append(box)
+    return kept
+
+
+def label_boxes(ev: StepEvent, token_text: TokenText, width: int = TREE_WIDTH, height: int = 430) -> list[LabelBox]:
+    """The labels tree_figure(ev, token_text, height, width) draws, with their estimated px boxes (no two overlap
+    where the tree has room for its accepted path; the nodes left out show their token on hover only)."""
+    return _place_labels(ev, tree_layout(tuple(ev.parents), tuple(ev.ranks)), token_text, tree_frame(ev, width, height))
+
+
+def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = 430, width: int = TREE_WIDTH) -> Figure:
     """The draft tree of one step: accepted path green, bonus token amber star, rejected nodes muted.
 
     Hover shows token id, depth and candidate rank, or (hybrid trees) where the token came from: the adjacency
-    matrix (circle), the context (square) or both (diamond). The layout depends only on the tree's shape.
+    matrix (circle), the context (square) or both (diamond). The layout depends only on the tree's shape. Labels
+    are placed for a plot `width` px wide (label_boxes): they do not overlap at that width or wider.
     """
     fig = Figure.empty(height)
     if ev is None or not ev.tokens:
         return fig.note("The draft tree of each step appears here")
-    layout = tree_layout(tuple(ev.parents))
+    layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
+    frame = tree_frame(ev, width, height)
+    labels = {box.node: box for box in _place_labels(ev, layout, token_text, frame)}
     _add_edges(fig, ev, layout)
     retrieved = _has_retrieved(ev)
     accepted = set(ev.accepted)
     groups = {"rejected": [i for i in range(1, len(ev.tokens)) if i not in accepted], "root": [0],
               "accepted": [i for i in ev.accepted if i != 0]}
     for group, nodes in groups.items():
-        _add_nodes(fig, ev, layout, token_text, group, nodes, legend_only_by_source=retrieved)
+        _add_nodes(fig, ev, layout, token_text, group, nodes, labels, legend_only_by_source=retrieved)
     if retrieved:
         _add_source_legend(fig, ev)
     if ev.bonus is not None:
-        _add_bonus(fig, ev, layout, token_text)
-    depth = max(ev.depths) if ev.depths else 0
-    fig.layout["yaxis"]["range"] = [-depth - 0.9, 0.6]
-    fig.layout["xaxis"]["range"] = [-0.08, 1.03]
+        _add_bonus(fig, ev, layout, token_text, labels[BONUS_NODE])
+    _frame_tree(fig, frame, symbol_note([box.text for box in labels.values()]))
     n_acc = len(ev.accepted) - 1 if ev.accepted else 0
     fig.title(f"Step {ev.step + 1}: {len(ev.tokens) - 1} draft tokens → {n_acc} accepted + "
               f"{1 if ev.bonus is not None else 0} bonus")
     return fig
+
+
+def _frame_tree(fig: Figure, frame: PlotFrame, note: str) -> None:
+    """Margins and axis ranges as label placement assumed them; the legend of ␣/↵ in the top-right corner."""
+    left, right, top, bottom = frame.margin
+    fig.layout["margin"] = dict(l=left, r=right, t=top, b=bottom)
+    fig.layout["xaxis"]["range"] = list(frame.x_range)
+    fig.layout["yaxis"]["range"] = list(frame.y_range)
+    if note:
+        fig.layout["annotations"] = [dict(text=note, showarrow=False, xref="paper", yref="paper", x=1, y=1,
+                                          xanchor="right", yanchor="top", font=dict(size=12, color=REJECTED_TEXT))]
 
 
 def node_source(ev: StepEvent, i: int) -> str | None:
@@ -141,22 +359,22 @@ def _add_edges(fig: Figure, ev: StepEvent, layout: TreeLayout) -> None:
 
 
 def _add_nodes(fig: Figure, ev: StepEvent, layout: TreeLayout, token_text: TokenText, group: str, nodes: list[int],
-               legend_only_by_source: bool = False) -> None:
+               labels: dict[int, LabelBox], legend_only_by_source: bool = False) -> None:
     """One node trace (root, accepted or rejected): colour by the group, symbol by where each token came from.
 
-    With retrieved tokens the trace's own legend icon would take its first node's symbol, so a plain circle of the
-    group's colour stands in for it in the legend (same legend group: clicking it still hides the nodes).
+    Text and its position per node come from the label placement (`labels`); a node without a label shows its
+    token on hover only. With retrieved tokens the trace's own legend icon would take its first node's symbol, so
+    a plain circle of the group's colour stands in for it in the legend (same legend group: clicking it still
+    hides the nodes).
     """
     style = NODE_GROUPS[group]
-    muted = group == "rejected"
     symbol: str | list[str] = "circle"
     if ev.sources is not None:
         symbol = [SOURCE_SYMBOLS.get(node_source(ev, i) or "matrix", "circle") for i in nodes]
     fig.add(type="scatter", x=[layout.x[i] for i in nodes], y=[layout.y[i] for i in nodes], mode="markers+text",
-            name=style["name"],  # (labels of big markers padded so that the marker does not cover them)
-            text=[display_token(token_text(ev.tokens[i]), 6 if muted else 8) + ("" if muted else "   ") for i in nodes],
-            textposition="bottom center" if muted else "middle left",
-            textfont=dict(size=10 if muted else 15, color=style["text"]),
+            name=style["name"], text=[labels[i].text if i in labels else "" for i in nodes],
+            textposition=[labels[i].position if i in labels else LABEL_POSITIONS[group][0] for i in nodes],
+            textfont=dict(size=style["font"], color=style["text"], shadow="auto"),
             marker=dict(color=style["color"], size=style["size"], symbol=symbol, line=dict(color="white", width=1.5)),
             hovertext=[_node_hover(ev, i, token_text) for i in nodes], hoverinfo="text", customdata=nodes)
     if legend_only_by_source:
@@ -171,22 +389,49 @@ def _node_hover(ev: StepEvent, i: int, token_text: TokenText) -> str:
     source = node_source(ev, i)
     if ev.ranks[i] < 0:
         head += " · root"
-    elif source is None:
+    elif source is None and ev.written is None:
         head += f" · rank {ev.ranks[i]}"
+    elif source is None:
+        head += "<br>" + _source_text(ev, i, "matrix", token_text)
     else:
         head += "<br>" + _source_text(ev, i, source, token_text)
     prob = f"<br>p(reach) ≈ {ev.node_probs[i]:.2f}" if ev.node_probs and i < len(ev.node_probs) else ""
     return f"{head}<br>node {i}, parent {ev.parents[i]}{prob}"
 
 
+def provenance_text(ev: StepEvent, i: int, token_text: TokenText) -> str | None:
+    """Plain text (callers escape it): which step's logits wrote node i's candidate, e.g. "recycled from step 12,
+    where it was candidate #2 after '␣a' (p = 0.18)"; None when the event does not record it."""
+    if ev.written is None or i >= len(ev.written) or i == 0:
+        return None
+    answer, step = ev.written[i]
+    after = repr(token_text(ev.tokens[ev.parents[i]]))
+    prob = ev.candidate_probs[i] if ev.candidate_probs is not None and i < len(ev.candidate_probs) else None
+    where = "" if answer == ev.answer else f" of answer {answer + 1}" if answer >= 0 else ""
+    if step >= 0:
+        p = f" (p = {prob:.2f})" if prob is not None else ""
+        return f"recycled from step {step + 1}{where}, where it was candidate #{ev.ranks[i]} after {after}{p}"
+    if answer >= 0:
+        return f"seeded from the prompt{where}: it followed {after} there"
+    if ev.tokens[i] == 0 and not prob:
+        return f"an empty matrix row: nothing learned after {after} yet"
+    return f"candidate #{ev.ranks[i]} after {after}, written before this session's record (a loaded matrix)"
+
+
 def _source_text(ev: StepEvent, i: int, source: str, token_text: TokenText) -> str:
     """Where a draft token came from: its matrix row and rank, or the place in the context it was copied from."""
+    recycled = provenance_text(ev, i, token_text)
     if source not in ("context", "both"):
+        if recycled is not None:
+            return html.escape(recycled)
         after = html.escape(repr(token_text(ev.tokens[ev.parents[i]])))
         return f"from the matrix: candidate #{ev.ranks[i]} after {after}"
     origin = ev.origins[i] if ev.origins is not None and i < len(ev.origins) else ""
     text = html.escape(origin or "copied from the context")
-    return text + (f"<br>and the matrix (candidate #{ev.ranks[i]})" if source == "both" else "")
+    if source == "both":
+        text += (f"<br>and the matrix (candidate #{ev.ranks[i]})" if recycled is None
+                 else "<br>and the matrix: " + html.escape(recycled))
+    return text
 
 
 def _add_source_legend(fig: Figure, ev: StepEvent) -> None:
@@ -198,16 +443,15 @@ def _add_source_legend(fig: Figure, ev: StepEvent) -> None:
                     marker=dict(color=REJECTED_TEXT, size=12, symbol=SOURCE_SYMBOLS[source]))
 
 
-def _add_bonus(fig: "Figure", ev: StepEvent, layout: TreeLayout, token_text: TokenText) -> None:
+def _add_bonus(fig: Figure, ev: StepEvent, layout: TreeLayout, token_text: TokenText, label: LabelBox) -> None:
     """The bonus token: an amber star under the end of the accepted path, joined by a dotted edge."""
     last = ev.accepted[-1] if ev.accepted else 0
-    bx, by = layout.x[last], layout.y[last] - 0.55
+    (bx, by), style = _bonus_xy(ev, layout), NODE_GROUPS["bonus"]
     fig.add(type="scatter", x=[layout.x[last], bx], y=[layout.y[last], by], mode="lines", hoverinfo="skip",
             showlegend=False, line=dict(color=BONUS_COLOUR, width=3, dash="dot"))
-    fig.add(type="scatter", x=[bx], y=[by], mode="markers+text", name="bonus token (from the verify forward)",
-            text=[display_token(token_text(ev.bonus), 10)], textposition="middle right",
-            textfont=dict(size=15, color="#92400e"),
-            marker=dict(color=BONUS_COLOUR, size=24, symbol="star", line=dict(color="white", width=1)),
+    fig.add(type="scatter", x=[bx], y=[by], mode="markers+text", name=style["name"], text=[label.text],
+            textposition=label.position, textfont=dict(size=style["font"], color=style["text"], shadow="auto"),
+            marker=dict(color=style["color"], size=style["size"], symbol="star", line=dict(color="white", width=1)),
             hovertext=[f"<b>bonus</b> {html.escape(repr(token_text(ev.bonus)))}<br>id {ev.bonus}"], hoverinfo="text")
 
 
@@ -265,7 +509,12 @@ def unique_labels(rows: list[int], token_text: TokenText, max_len: int = 12) -> 
 
 def heatmap_figure(tracker: MatrixTracker, ev: StepEvent | None, token_text: TokenText,
                    max_rows: int = 12, height: int = 430) -> Figure:
-    """A window of the adjacency matrix: rows = tokens, columns = candidate rank, colour = candidate probability."""
+    """A window of the adjacency matrix: rows = tokens, columns = candidate rank, colour = candidate probability.
+
+    It shows the matrix as it is after step `ev` (the tracker has folded in every step up to it): first the rows
+    this step rewrote (the rows of its accepted path first), then the rows whose candidates were accepted most
+    often so far; the title and the line under it say so.
+    """
     fig = Figure.empty(height)
     rows = tracker.window(ev, max_rows=max_rows)
     if not rows:
@@ -283,19 +532,35 @@ def heatmap_figure(tracker: MatrixTracker, ev: StepEvent | None, token_text: Tok
         hover.append([
             (f"row {html.escape(repr(token_text(r)))} (id {r}) → rank {j}: {html.escape(repr(token_text(v)))} (id {v})"
              + (f"<br>p = {probs[j]:.3f}" if j < len(probs) else "")
-             + f"<br>hits {tracker.hits[r]}, rewrites {tracker.writes[r]}")
+             + f"<br>hits {tracker.hits[r]} (steps that accepted its candidate), rewrites {tracker.writes[r]}")
             if v is not None else "" for j, v in enumerate(vals)])
     # Reversed so that the first row is drawn at the top.
     fig.add(type="heatmap", z=z[::-1], x=[f"#{j}" for j in range(k)], y=labels[::-1], text=text[::-1],
             texttemplate="%{text}", textfont=dict(size=13), hovertext=hover[::-1], hoverinfo="text",
             colorscale=PROB_SCALE, zmin=0.0, zmax=1.0, xgap=2, ygap=2,
             colorbar=dict(title=dict(text="p", side="right"), thickness=12, len=0.8))
-    fig.title("Adjacency matrix window (● = rewritten this step)")
-    fig.layout["margin"] = dict(l=10, r=10, t=44, b=40)
+    fig.layout["margin"] = dict(l=10, r=10, t=64, b=40)
     fig.layout["xaxis"] = dict(visible=True, showgrid=False, side="bottom", tickfont=dict(size=12), type="category",
                                title=dict(text="candidate rank", font=dict(size=12)))
     fig.layout["yaxis"] = dict(visible=True, showgrid=False, tickfont=dict(size=14, family="monospace"), automargin=True)
+    _caption_heatmap(fig, ev, [r in touched for r in rows], labels + [t for line in text for t in line])
     return fig
+
+
+def _caption_heatmap(fig: Figure, ev: StepEvent | None, rewritten: list[bool], texts: list[str]) -> None:
+    """Title: which moment the window shows, and under it why these rows; the legend of ␣/↵ by the rank axis."""
+    if ev is None:
+        why = "rows with the most hits (candidates accepted)"
+    elif any(rewritten):
+        why = "● rows this step rewrote (accepted path first)"
+        why += " · others: most hits so far" if not all(rewritten) else ""
+    else:
+        why = "this step rewrote none of these rows · shown: most hits so far"
+    title = "Adjacency matrix" + (f" after step {ev.step + 1}" if ev is not None else "")
+    fig.title(f'{title}<br><span style="font-size:12px;color:{REJECTED_TEXT}">{why}</span>')
+    note = symbol_note(texts)
+    if note:
+        fig.layout["xaxis"]["title"]["text"] += f"     ({note})"
 
 
 # ------------------------------------------------------------------------------------------- charts
