@@ -18,13 +18,14 @@ from tr_core.config import DecodeConfig
 from tr_core.events import StepEvent, SummaryEvent
 from tr_core.figures import MatrixTracker, accepted_chart, heatmap_figure, tree_figure
 from tr_core.speed import SpeedEstimate, forked, interleave
+from tr_core.story import matrix_before
 from tr_core.trace import Trace, TraceError, record_live
 
 from .config import StudioConfig
 from .models import REFUSED, ModelCatalog, ModelRefused, label
 from .session import DECODE_SLOT, InputError, Session, clean_text
 from .views import (best_step, coloured_answer, live_meter, matrix_info, measured_meter, message, replay_slider,
-                    step_views, trace_meter)
+                    step_story_view, step_views, trace_meter)
 
 RENDER_EVERY_S = 0.25  # redraw figures at most this often while streaming
 LIMITS = dict(max_new_tokens=(1, 1024), temperature=(0.0, 2.0), top_p=(0.05, 1.0), top_k=(0, 1000), seed=(0, 2**31 - 1),
@@ -255,11 +256,13 @@ def _stream(studio: Studio, s: Session, engine: Any, ids: list[int], cfg: Decode
             if s.conversation != conversation:  # New chat: stop this answer (closing record_live stops the engine)
                 break
             for ev in new_steps:
+                before = matrix_before(tracker, ev)  # the last step's story compares its rows with these
                 tracker.update(ev)
             last = trace.steps[-1]
             shown = coloured_answer(trace, colour=settings.colour)
             yield {"chat": pending[:-1] + [{"role": "assistant", "content": shown + " ▌"}],
                    "tree": tree_figure(last, text_of), "heat": heatmap_figure(tracker, last, text_of),
+                   "story": step_story_view(last, text_of, before),
                    "chart": accepted_chart(trace.steps), "meter": live_meter(trace),
                    "status": note_md or f"Step {last.step + 1} · {sum(len(e.emitted) for e in trace.steps)} tokens"}
     except Exception as exc:  # noqa: BLE001 - shown in the page; the session goes on
@@ -381,6 +384,20 @@ def replay(s: Session, step: Any, colour: bool) -> dict:
         chat[-1] = {"role": "assistant", "content": coloured_answer(trace, upto=i, colour=colour)}
     view.update({"chat": chat, "status": f"Replaying step {i + 1} of {len(trace.steps)}"})
     return view
+
+
+def export_replay(s: Session) -> dict:
+    """Write the last answer (or loaded trace) as one self-contained HTML replay in the session's folder."""
+    from tr_core.replay import replay_html
+
+    trace = s.trace
+    if trace is None or not trace.steps:
+        return {"status": "No answer to export yet: send a message or load a trace first.", "replay_html": None}
+    path = s.files() / "replay.html"
+    path.write_text(replay_html(trace), encoding="utf-8")
+    size = path.stat().st_size / 1e6
+    return {"replay_html": str(path), "status": f"✓ Replay of {len(trace.steps)} steps saved as replay.html "
+                                                f"({size:.1f} MB): one file that works offline in any browser."}
 
 
 def step_by(s: Session, step: Any, delta: int) -> int:

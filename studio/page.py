@@ -3,7 +3,7 @@
 Handlers (handlers.py) take a session and inputs and return a view (a dict keyed by views.KEYS); the
 wrappers here find the visitor's session, call the handler and turn the view into component updates.
 Endpoint names are the documented API: /chat, /stop, /new_chat, /replay, /load_trace, /load_model,
-/reset_matrix, /save_matrix, /load_matrix.
+/reset_matrix, /save_matrix, /load_matrix, /export_html.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tr_core.figures import MatrixTracker, MeterView, accepted_chart, heatmap_fi
 from . import handlers as h
 from .models import label
 from .session import Session, new_session
-from .views import KEYS, matrix_info
+from .views import KEYS, matrix_info, story_html
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 CSS = (ASSETS / "studio.css").read_text(encoding="utf-8")
@@ -125,6 +125,8 @@ def _update(ui: dict[str, Any], view: dict[str, Any]) -> dict:
             value = gr.Slider(interactive=True, **value)
         elif key in ("trace_file", "matrix_file"):
             value = gr.DownloadButton(value=value, interactive=True)
+        elif key == "replay_html":
+            value = gr.DownloadButton(value=value, interactive=value is not None)
         out[comp] = value
     return out
 
@@ -166,6 +168,11 @@ def _step_panel(ui: dict) -> None:
                                                  interactive=False, elem_id="tr-trace-download")
             ui["trace_upload"] = gr.UploadButton("Load a trace to replay (no model needed)", file_types=[".json"],
                                                  size="sm", elem_id="tr-trace-upload")
+        with gr.Row():
+            ui["export_html"] = gr.Button("Download replay (HTML)", size="sm", elem_id="tr-export-html")
+            # written on click, then downloaded by a click on this hidden button (see _wire)
+            ui["replay_html"] = gr.DownloadButton("Save replay.html", value=None, size="sm", interactive=False,
+                                                  visible="hidden", elem_id="tr-export-html-file")
 
 
 def _settings_panel(ui: dict, studio: h.Studio) -> None:
@@ -217,6 +224,7 @@ def _layout(studio: h.Studio) -> dict[str, Any]:
         with gr.Column(scale=6, min_width=520):
             ui["meter"] = gr.HTML(meter_html(MeterView(note="Send a message to measure.")), elem_id="tr-meter-box")
             ui["tree"] = gr.Plot(tree_figure(None, str), show_label=False, elem_id="tr-tree")
+            ui["story"] = gr.HTML(story_html(), elem_id="tr-story")
     with gr.Row(equal_height=False):
         _step_panel(ui)
     _settings_panel(ui, studio)
@@ -266,6 +274,12 @@ def _file_path(file: Any) -> str | None:
     return file if isinstance(file, str) or file is None else getattr(file, "name", None)
 
 
+# Click the hidden download button once the replay file is set (it is disabled when there is no file).
+DOWNLOAD_JS = """() => { const el = document.querySelector('#tr-export-html-file');
+  const b = el && (el.tagName === 'BUTTON' ? el : el.querySelector('button'));
+  if (b && !b.disabled) b.click(); }"""
+
+
 def _wire(demo: gr.Blocks, studio: h.Studio, registry: Registry, ui: dict) -> None:
     outs = [ui[k] for k in KEYS] + [ui["state"]]
     chat_inputs = [ui[k] for k in ("msg", "max_new", "temperature", "top_p", "top_k", "seed", "template", "compare",
@@ -290,6 +304,10 @@ def _wire(demo: gr.Blocks, studio: h.Studio, registry: Registry, ui: dict) -> No
                               inputs=[state, ui["trace_upload"]], outputs=outs, api_name="load_trace")
     ui["load"].click(_simple(registry, ui, lambda s, name: h.load_model(studio, s, name)), inputs=[state, ui["model"]],
                      outputs=outs, concurrency_limit=1, concurrency_id="load", api_name="load_model")
+    export = ui["export_html"].click(_simple(registry, ui, h.export_replay), inputs=state, api_name="export_html",
+                                     outputs=[ui["status"], ui["replay_html"], state], concurrency_limit=1,
+                                     concurrency_id="export")  # a few seconds of CPU for a long answer: one at a time
+    export.then(None, js=DOWNLOAD_JS, api_visibility="private")
     ui["reset"].click(_simple(registry, ui, h.reset_matrix), inputs=state, outputs=outs, api_name="reset_matrix")
     ui["save"].click(_simple(registry, ui, h.save_matrix), inputs=state, outputs=outs, api_name="save_matrix")
     ui["matrix_upload"].upload(_simple(registry, ui, lambda s, f, k: h.load_matrix(studio, s, _file_path(f), k)),

@@ -5,15 +5,21 @@ views, so they can be tested without building the page.
 """
 from __future__ import annotations
 
-from typing import Any
+import html
+from typing import Any, Callable
 
+from tr_core.events import StepEvent
 from tr_core.figures import (MatrixTracker, MeterView, accepted_chart, coloured_markdown, heatmap_figure, meter_html,
                              safe_markdown, tree_figure)
 from tr_core.speed import SpeedEstimate
+from tr_core.story import matrix_before, step_story
 from tr_core.trace import Trace, boundaries_from_texts
 
+# Every output a handler may set, in the order of the endpoints' outputs (the API's documented order: new names
+# go at the end). "replay_html" (the HTML replay's download) is an output of its own endpoint only.
 KEYS = ("chat", "msg", "status", "meter", "tree", "heat", "chart", "matrix", "replay", "trace_file", "matrix_file",
-        "model")  # every output a handler may set
+        "model", "story")
+STORY_PLACEHOLDER = "What each step drafted, accepted and recycled is told here, step by step."
 
 
 def message(role: str, text: str) -> dict[str, str]:
@@ -28,15 +34,29 @@ def coloured_answer(trace: Trace, upto: int | None = None, colour: bool = True) 
     return coloured_markdown(text, boundaries_from_texts(texts)) if colour else safe_markdown(text)
 
 
+def story_html(text: str = STORY_PLACEHOLDER) -> str:
+    """The step story (plain text, which may quote tokens from a model or a trace) as escaped HTML."""
+    head = '<span class="tr-story-head">This step:</span> ' if text != STORY_PLACEHOLDER else ""
+    return f'<div class="tr-story">{head}{html.escape(text)}</div>'
+
+
+def step_story_view(ev: StepEvent, token_text: Callable[[int], str], before: dict[int, list[int]] | None) -> str:
+    """The story of one step for the page (see tr_core.story.step_story)."""
+    return story_html(step_story(ev, token_text, before))
+
+
 def step_views(trace: Trace, step: int) -> dict[str, Any]:
-    """Tree, heatmap and chart of one recorded step (0-based), from the trace alone."""
+    """Tree, heatmap, chart and story of one recorded step (0-based), from the trace alone."""
     step = max(0, min(step, len(trace.steps) - 1))
     tracker = MatrixTracker()
-    for ev in trace.steps[: step + 1]:
+    for ev in trace.steps[:step]:
         tracker.update(ev)
     ev = trace.steps[step]
+    before = matrix_before(tracker, ev)
+    tracker.update(ev)
     return {"tree": tree_figure(ev, trace.token_text), "heat": heatmap_figure(tracker, ev, trace.token_text),
-            "chart": accepted_chart(trace.steps, current=step)}
+            "chart": accepted_chart(trace.steps, current=step),
+            "story": step_story_view(ev, trace.token_text, before)}
 
 
 def best_step(trace: Trace) -> int:

@@ -258,6 +258,38 @@ def test_hybrid_steps_keep_their_sources_live_in_the_trace_and_in_replays(tmp_pa
     assert other.trace.steps == session.trace.steps
 
 
+def test_the_step_story_follows_live_steps_slow_motion_replay_and_loaded_traces(tmp_path):
+    studio = studio_for()
+    session = Session(engine=FakeEngine(steps=3), k=8)
+    views = run(studio, session, "hello", compare=False, delay=0.01)  # slow motion: every step is shown
+    live = [v["story"] for v in views if "tree" in v and v["chat"][-1]["content"].endswith(" ▌")]
+    assert len(live) == 3 and all("story" in v for v in views if "tree" in v)  # and the final view's
+    assert [s.split("</span> ")[1].split(" drafted")[0] for s in live] == ["Step 1", "Step 2", "Step 3"]
+    assert "The model agreed with 1 (&#x27;w8&#x27;) and added the bonus token &#x27;w9&#x27;" in live[0]
+    assert "(2 new)" in live[0] and "(none new)" in live[1]  # the fake rewrites the same two rows every step
+    assert 'class="tr-story"' in live[0] and "<b>" not in live[0]
+    assert "Step 2 drafted" in h.replay(session, 2, True)["story"]  # the replay slider moves the story too
+    session.trace.token_texts[8] = "<img src=x onerror=alert(1)>"
+    story = h.replay(session, 1, True)["story"]
+    assert "<img" not in story and "&lt;img␣src=x␣…" in story  # token text from a trace is escaped
+    other = Session(engine=FakeEngine(), k=8)
+    view = h.load_trace(studio, other, str(session.trace.save(tmp_path / "t.json")))
+    assert view["story"].count("drafted") == 1 and "&lt;img" in view["story"]
+
+
+def test_export_replay_writes_one_html_file_for_the_last_answer():
+    studio = studio_for()
+    session = Session(engine=FakeEngine(steps=2), k=8)
+    empty = h.export_replay(session)
+    assert empty["replay_html"] is None and "No answer to export yet" in empty["status"] and session._files is None
+    run(studio, session, "hello <script>x</script>", compare=False)
+    view = h.export_replay(session)
+    page = open(view["replay_html"], encoding="utf-8").read()
+    assert view["replay_html"].endswith("replay.html") and str(session.files()) in view["replay_html"]
+    assert "Replay of 2 steps" in view["status"] and "&lt;script&gt;x&lt;/script&gt;" in page
+    assert '<script id="tr-plotly">' in page and "Step 2 drafted" in page
+
+
 def test_trim_to_context_drops_oldest_turns_first():
     def encode(msgs):  # 10 tokens per message
         return [0] * (10 * len(msgs))
@@ -379,7 +411,7 @@ def client():
 def test_message_streams_answer_with_measured_speedup_and_marked_tree(client):
     job = chat(client, "Translate to French: I like green apples.")
     final = job.result(timeout=300)
-    chat_out, _, status, meter, tree, heat, chart, matrix_md, replay, trace_path, _, _ = final
+    chat_out, _, status, meter, tree, heat, chart, matrix_md, replay, trace_path, _, _, story = final
     assert len(job.outputs()) >= 3, "expected a streamed answer"
     assert chat_out[-1]["role"] == "assistant" and len(text_of(chat_out[-1])) > 5
     assert 'class="tr-run-a"' in text_of(chat_out[-1])  # accepted runs coloured
@@ -395,6 +427,7 @@ def test_message_streams_answer_with_measured_speedup_and_marked_tree(client):
     trace = Trace.load(file_of(trace_path))
     assert trace.speed is not None and trace.speed["identical"] is True
     assert replay["maximum"] == max(len(trace.steps), 2) and 0 < trace.summary.new_tokens <= 24
+    assert "drafted 80 tokens" in story and 'class="tr-story"' in story  # the story of the step shown (13th output)
 
 
 def test_replay_bad_inputs_and_a_missing_model_keep_the_session_working(client):

@@ -103,6 +103,7 @@ def test_example_click_streams_answer_and_draws_tree_heatmap_and_meter(tmp_path)
             assert page.locator("#tr-heat svg.main-svg").count() >= 1
             assert page.locator("#tr-heat .hm, #tr-heat image, #tr-heat .heatmaplayer").count() >= 1
             assert page.locator("#tr-chart .bars .point").count() >= 1
+            assert "drafted" in page.locator("#tr-story").inner_text()  # the story of the step shown
             answer = page.locator("#tr-chat").inner_text()
             assert len(answer.strip()) > 20
             page.wait_for_timeout(500)
@@ -277,12 +278,22 @@ def test_hostile_shared_trace_fetches_nothing_and_shows_markup_as_text(app_brows
         # replay: previous, then next step; each redraws the chat, the tree and the heatmap from the trace
         page.get_by_role("button", name="◀ Previous step").click()
         wait_status(page, "Replaying step 1 of 3")
+        assert "Step 1 drafted 6 tokens" in page.locator("#tr-story").inner_text()  # the story follows the replay
         hover_figures(page)
         page.get_by_role("button", name="Next step ▶").click()
         wait_status(page, "Replaying step 2 of 3")
         page.get_by_role("button", name="Next step ▶").click()
         wait_status(page, "Replaying step 3 of 3")
+        story = page.locator("#tr-story").inner_text()
+        assert story.startswith("This step: Step 3 drafted") and "<img" in story, story  # token text, as text
         hover_figures(page)
+        with page.expect_download(timeout=60_000) as download:  # the offline HTML replay of this answer
+            page.locator("#tr-export-html").click()
+        saved = tmp_path / "replay.html"
+        download.value.save_as(saved)
+        wait_status(page, "Replay of 3 steps")
+        exported = saved.read_text(encoding="utf-8")
+        assert "Step 3 drafted" in exported and "&lt;script&gt;window.__pwned=1" in exported
         page.wait_for_timeout(1000)
         assert "<img" in page.locator("#tr-chat").inner_text()
         assert page.evaluate("() => typeof window.__pwned") == "undefined"

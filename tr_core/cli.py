@@ -106,11 +106,9 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    import torch
-
     from .engine import Engine
     from .events import StepEvent
-    from .trace import TextAssembler
+    from .trace import TextAssembler, Trace
     from .tree import default_template
 
     if not args.prompt.strip():
@@ -133,11 +131,13 @@ def _generate(args: argparse.Namespace) -> int:
             return report_error(exc, 1)
     ids = engine.encode_chat([{"role": "user", "content": args.prompt}]) if not args.raw else tokenizer(args.prompt)["input_ids"]
     text = TextAssembler(engine.decode)
-    summary = None
+    steps, summary = [], None
     for ev in engine.generate(ids, cfg):
         if isinstance(ev, StepEvent):
-            if not args.json:
+            steps.append(ev)
+            if not args.json or args.replay_html:
                 text.push(ev.emitted)
+            if not args.json:
                 _write(text.unshown())
         else:
             summary = ev
@@ -145,6 +145,16 @@ def _generate(args: argparse.Namespace) -> int:
         _write(text.unshown(final=True))
     if args.save_matrix:
         engine.matrix.save(args.save_matrix)
+    _print_summary(args, engine, summary)
+    if args.replay_html:
+        return _write_replay(args, engine, cfg, Trace(steps=steps, summary=summary, step_texts=text.step_texts()))
+    return 0
+
+
+def _print_summary(args: argparse.Namespace, engine: Any, summary: Any) -> None:
+    """The end of `generate`: one JSON object (`--json`), else a line about the run on stderr."""
+    import torch
+
     if args.json:
         print(json.dumps({"tokens": summary.tokens, "text": engine.decode(summary.tokens), "steps": summary.steps,
                           "mean_accepted": summary.mean_accepted, "tokens_per_s": summary.tokens_per_s,
@@ -158,6 +168,25 @@ def _generate(args: argparse.Namespace) -> int:
               f"{summary.mean_accepted:.2f} tokens/step, {summary.tokens_per_s:.1f} tokens/s, "
               f"engine overhead {summary.overhead_ms:.2f} ms/step vs forward {summary.forward_ms:.1f} ms/step "
               f"({torch.device(engine.device)}, stop: {summary.stop_reason})", file=sys.stderr)
+
+
+def _write_replay(args: argparse.Namespace, engine: Any, cfg: DecodeConfig, trace: Any) -> int:
+    """Save the answer's replay as one self-contained HTML file (`--replay-html`); return 0, or 1 after an error."""
+    import dataclasses
+
+    from .models import EMBEDDED_NAME
+    from .replay import replay_html
+
+    trace.model = args.model or f"{EMBEDDED_NAME} (embedded)"
+    trace.settings = dict(dataclasses.asdict(cfg), k=args.topk_candidates)
+    trace.messages = [{"role": "user", "content": args.prompt}]
+    trace.record_texts(engine.token_text)
+    try:
+        with open(args.replay_html, "w", encoding="utf-8") as f:
+            f.write(replay_html(trace))
+    except OSError as exc:
+        return report_error(f"cannot write the replay: {exc}", 1)
+    print(f"replay saved to {args.replay_html} ({len(trace.steps)} steps)", file=sys.stderr)
     return 0
 
 
@@ -180,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object (tokens, summary) instead of text")
     gen.add_argument("--load-matrix", default=None, help="start from an adjacency matrix saved earlier")
     gen.add_argument("--save-matrix", default=None, help="save the adjacency matrix after answering")
+    gen.add_argument("--replay-html", default=None, metavar="FILE",
+                     help="save the answer as one self-contained HTML replay (works offline, steps through the tree)")
     gen.set_defaults(func=_generate)
     from . import bench, profile
 

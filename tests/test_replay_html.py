@@ -1,0 +1,252 @@
+"""The offline HTML replay (tr_core/replay.py): self-contained, every step, escaped; then a real Chromium with every
+network request blocked steps through it. The CLI's `generate --replay-html` writes the same file.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
+from tr_core.replay import replay_html
+from tr_core.story import step_story
+from tr_core.trace import Trace, record_live
+
+ROOT = Path(__file__).resolve().parents[1]
+SHOT = Path(os.environ.get("TR_REPLAY_SCREENSHOT", "/tmp/replay.png"))
+PAYLOADS = ('<img src=x onerror="window.__pwned=1">', "<script>window.__pwned=2</script>",
+            "</script><script>window.__pwned=3</script>", "<!--", '<a href="https://example.com/x">x</a>')
+PAYLOAD = " ".join(PAYLOADS)
+
+
+@pytest.fixture(scope="module")
+def tiny_trace() -> Trace:
+    """A trace recorded the way the studio records one: a tiny random Llama, the paper's 2.2.2 tree."""
+    from tr_core import DecodeConfig, Engine
+
+    engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
+    messages = [{"role": "user", "content": "hello there, tell me a story"}]
+    trace = Trace(model="tiny llama", settings={"template": "2.2.2", "k": 8}, messages=messages)
+    for _ in record_live(engine, engine.encode_chat(messages), DecodeConfig(max_new_tokens=40, template="2.2.2"),
+                         trace, every_s=0.05):
+        pass
+    trace.record_texts(engine.token_text)
+    assert len(trace.steps) >= 4 and len(trace.step_texts) == len(trace.steps)
+    return trace
+
+
+def hostile(trace: Trace) -> Trace:
+    """The same steps with markup in the model name, the messages, every token's text and every step's text."""
+    bad = copy.deepcopy(trace)
+    bad.model = f"tiny {PAYLOAD}"
+    bad.messages = [{"role": "system", "content": PAYLOAD}, {"role": "user", "content": f"hi {PAYLOAD}"}]
+    bad.token_texts = {t: f"{PAYLOADS[t % len(PAYLOADS)]}{t}" for t in bad.token_texts}
+    bad.step_texts = [f"{PAYLOADS[i % len(PAYLOADS)]} run{i}\n" for i in range(len(bad.steps))]
+    return bad
+
+
+class Tags(HTMLParser):
+    """Every start tag with its attributes; the text of script blocks by their id."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict]] = []
+        self.scripts: list[tuple[dict, str]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        if tag == "script":
+            self.scripts.append((dict(attrs), ""))
+
+    def handle_data(self, data):
+        if self.tags and self.tags[-1][0] == "script" and self.scripts:
+            attrs, text = self.scripts[-1]
+            self.scripts[-1] = (attrs, text + data)
+
+
+def parse(page: str) -> Tags:
+    parser = Tags()
+    parser.feed(page)
+    return parser
+
+
+def outside_plotly(page: str) -> str:
+    """The page without the inlined plotly.js (whose own strings name plotly's web site)."""
+    start = page.index('<script id="tr-plotly">')
+    return page[:start] + page[page.index("</script>", start):]
+
+
+def step_data(page: str) -> dict:
+    return json.loads(dict((a.get("id"), t) for a, t in parse(page).scripts)["tr-data"])
+
+
+# ------------------------------------------------------------------------------------------------ unit
+
+
+def test_replay_is_one_self_contained_file_with_every_step(tiny_trace):
+    page = replay_html(tiny_trace)
+    assert page.startswith("<!DOCTYPE html>") and "Content-Security-Policy" in page and "default-src 'none'" in page
+    rest = outside_plotly(page)
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", rest, re.I), "a reference to the network"
+    assert "https://" not in rest and "http://" not in rest and "@import" not in rest and "url(" not in rest
+    from plotly.offline import get_plotlyjs
+
+    assert get_plotlyjs()[:2000] in page  # plotly.js itself is inside
+    data = step_data(page)
+    n = len(tiny_trace.steps)
+    assert len(data["steps"]) == n and f'max="{n}"' in page
+    for ev, step in zip(tiny_trace.steps, data["steps"]):
+        assert step["tree"]["data"] and step["heat"]["data"] and step["emitted"] == len(ev.emitted)
+        assert step["tree"]["layout"]["title"]["text"].startswith(f"Step {ev.step + 1}:")
+    assert data["steps"][0]["story"] == step_story(tiny_trace.steps[0], tiny_trace.token_text, {})
+    runs = [t for t, a in parse(page).tags if t == "span" and "run" in a.get("class", "")]
+    assert len(runs) == n and "tiny llama" in page and "hello there, tell me a story" in page
+
+
+def test_replay_needs_no_tokenizer_and_tr_core_does_not_import_plotly(tiny_trace):
+    loaded = Trace.from_dict(json.loads(json.dumps(tiny_trace.to_dict())))  # the trace file alone
+    assert step_data(replay_html(loaded)) == step_data(replay_html(tiny_trace))
+    code = "import sys, tr_core, tr_core.story, tr_core.replay; assert 'plotly' not in sys.modules, 'plotly imported'"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_markup_in_a_trace_is_text_never_live(tiny_trace):
+    page = replay_html(hostile(tiny_trace))
+    tags = parse(page)
+    assert {t for t, _ in tags.tags} <= {"html", "head", "meta", "title", "style", "body", "header", "h1", "h2", "p",
+                                         "small", "nav", "button", "input", "span", "main", "section", "div",
+                                         "details", "summary", "footer", "script"}
+    assert [a.get("id") or a.get("type") for a, _ in tags.scripts] == ["tr-plotly", "tr-data", None]
+    assert not [(t, k) for t, a in tags.tags for k in a if k.startswith("on")]  # no event handler attributes
+    data_block = dict((a.get("id"), t) for a, t in tags.scripts)["tr-data"]
+    assert "<" not in data_block and ">" not in data_block  # no '</script>' or '<!--' can end or bend the block
+    assert "&lt;img src=x onerror=" in page and "&lt;script&gt;window.__pwned=2&lt;/script&gt;" in page
+    assert page.count("<script") == 3 and page.count("</script>") == 3
+    assert "PAYLOAD" not in page and "<img" not in outside_plotly(page)
+    assert any("<img" in s["story"] for s in step_data(page)["steps"])  # the story keeps the text, shown as text
+
+
+def test_cli_generate_writes_the_replay(tmp_path):
+    from test_bench import _tiny_model_folder
+    from tr_core.cli import main
+
+    folder = _tiny_model_folder(tmp_path / "tiny")
+    out = tmp_path / "answer.html"
+    assert main(["generate", "--prompt", "Tell me <b>a</b> story.", "--model", str(folder), "--device", "cpu",
+                 "--max-new-tokens", "16", "--template", "2.2.2", "--json", "--replay-html", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    data = step_data(page)
+    assert data["steps"] and "Step 1 drafted" in data["steps"][0]["story"]
+    assert "Tell me &lt;b&gt;a&lt;/b&gt; story." in page
+    assert main(["generate", "--prompt", "hi", "--model", str(folder), "--device", "cpu", "--max-new-tokens", "2",
+                 "--replay-html", str(tmp_path / "no" / "such" / "dir.html")]) == 1
+
+
+# --------------------------------------------------------------------------------------------- browser
+
+CHROMIUM = os.environ.get("TR_CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+browser_only = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
+
+SHOWN_JS = """() => ({
+  story: document.querySelector('#tr-story').textContent,
+  title: (document.querySelector('#tr-tree .gtitle') || {}).textContent || '',
+  nodes: document.querySelectorAll('#tr-tree .scatterlayer .point').length,
+  current: [...document.querySelectorAll('#tr-answer .run.current')].map(e => e.dataset.step),
+  label: document.querySelector('#tr-step-label').textContent,
+  slider: document.querySelector('#tr-step').value,
+  titlesInside: ['#tr-tree', '#tr-heat'].every(id => {  // no title drawn above its figure's top edge
+    const svg = document.querySelector(id + ' .main-svg'), title = document.querySelector(id + ' .gtitle');
+    return !!title && title.getBoundingClientRect().top >= svg.getBoundingClientRect().top;
+  }),
+})"""
+
+
+@pytest.fixture(scope="module")
+def offline_page():
+    """Open a file in Chromium with every request but the file itself aborted; yields open(path) -> (page, asked)."""
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    with playwright_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        contexts = []
+
+        def open_file(path: Path):
+            context = browser.new_context(viewport={"width": 1280, "height": 720}, device_scale_factor=1)
+            contexts.append(context)
+            page = context.new_page()
+            url = path.resolve().as_uri()
+            asked: list[str] = []
+            page.on("request", lambda req: asked.append(req.url))
+            page.route("**/*", lambda route: route.continue_() if route.request.url == url else route.abort())
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(url, wait_until="load")
+            page.wait_for_selector("#tr-tree .main-svg", timeout=30_000)
+            page.wait_for_selector("#tr-heat .main-svg", timeout=30_000)
+            return page, asked, errors
+
+        try:
+            yield open_file
+        finally:
+            for context in contexts:
+                context.close()
+            browser.close()
+
+
+@browser_only
+def test_replay_steps_offline_in_chromium(tiny_trace, tmp_path, offline_page):
+    path = tmp_path / "replay.html"
+    path.write_text(replay_html(tiny_trace), encoding="utf-8")
+    page, asked, errors = offline_page(path)
+    first = page.evaluate(SHOWN_JS)
+    assert first["current"] == ["0"] and first["label"].startswith("Step 1 of") and first["title"].startswith("Step 1:")
+    assert first["story"] == step_story(tiny_trace.steps[0], tiny_trace.token_text, {}) and first["nodes"] >= 2
+    assert page.locator("#tr-prev").is_disabled()
+    page.click("#tr-next")
+    page.click("#tr-next")
+    page.wait_for_function("() => document.querySelector('#tr-tree .gtitle').textContent.startsWith('Step 3:')")
+    third = page.evaluate(SHOWN_JS)
+    assert third["current"] == ["2"] and third["slider"] == "3" and third["label"].startswith("Step 3 of")
+    assert third["story"].startswith("Step 3 drafted") and third["story"] != first["story"]
+    assert first["titlesInside"] and third["titlesInside"]
+    assert page.locator("#tr-answer .run.future").count() == len(tiny_trace.steps) - 3
+    page.keyboard.press("ArrowLeft")  # the keyboard moves the same control
+    assert page.evaluate(SHOWN_JS)["current"] == ["1"]
+    page.keyboard.press("End")
+    last = page.evaluate(SHOWN_JS)
+    assert last["current"] == [str(len(tiny_trace.steps) - 1)] and page.locator("#tr-next").is_disabled()
+    page.keyboard.press("Home")
+    page.click("#tr-next")
+    page.click("#tr-next")
+    page.wait_for_timeout(300)
+    SHOT.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOT))
+    assert errors == [] and asked == [path.resolve().as_uri()], (errors, asked)
+
+
+@browser_only
+def test_hostile_replay_runs_no_script_and_shows_markup_as_text(tiny_trace, tmp_path, offline_page):
+    path = tmp_path / "hostile.html"
+    path.write_text(replay_html(hostile(tiny_trace)), encoding="utf-8")
+    story = step_data(path.read_text(encoding="utf-8"))["steps"][3]["story"]
+    assert re.search(r"<(img|script|/script|!--|a )", story), story
+    page, asked, errors = offline_page(path)
+    for _ in range(3):
+        page.click("#tr-next")
+        page.mouse.move(640, 300)  # hover the tree: labels are drawn from token text too
+    page.wait_for_timeout(500)
+    assert page.evaluate("() => typeof window.__pwned") == "undefined"
+    assert page.locator("img, iframe, object, embed, a[href]").count() == 0
+    assert "<img src=x" in page.locator("#tr-answer").inner_text()
+    assert page.evaluate(SHOWN_JS)["story"] == story  # the markup in the story is text
+    assert "<img src=x" in page.title() and page.locator("details .body").count() == 2
+    assert errors == [] and asked == [path.resolve().as_uri()], (errors, asked)

@@ -1,0 +1,111 @@
+"""The step story, on hand-built step events (no model needed)."""
+from __future__ import annotations
+
+from tr_core.events import StepEvent
+from tr_core.figures import MatrixTracker
+from tr_core.story import matrix_before, quoted, step_story
+
+VOCAB = {0: "<root>", 1: " the", 2: " cat", 3: " sat", 4: " dog", 5: "the", 6: "\n", 7: " on", 8: " mat", 9: "!"}
+
+
+def text_of(t: int) -> str:
+    return VOCAB.get(t, f"<{t}>")
+
+
+def make_event(step: int = 0, **over) -> StepEvent:
+    """A 7-node tree: root -> {1, 4}; 1 -> {2, 5}; 2 -> {3}; 4 -> {7}. Accepted root-1-2, bonus 8."""
+    fields = dict(
+        step=step, position=10 + step, tokens=[0, 1, 4, 2, 5, 7, 3], parents=[-1, 0, 0, 1, 1, 2, 3],
+        depths=[0, 1, 1, 2, 2, 2, 3], ranks=[-1, 0, 1, 0, 1, 0, 0], accepted=[0, 1, 3], emitted=[1, 2, 8], bonus=8,
+        timings={"total": 10.7}, matrix_rows=[0, 1, 2, 4], matrix_values=[[1, 4], [2, 5], [8, 3], [7, 9]],
+        matrix_probs=[[0.7, 0.2], [0.6, 0.3], [0.9, 0.05], [0.5, 0.4]], template="tiny")
+    fields.update(over)
+    return StepEvent(**fields)
+
+
+def sentences(story: str) -> int:
+    return story.count(". ") + story.endswith(".")
+
+
+def test_story_of_a_drafted_step_says_draft_rows_agreement_bonus_and_write_back():
+    story = step_story(make_event(4), text_of)
+    # 6 draft tokens; their parents' tokens (the rows they were read from): <root>, ␣the, ␣dog, ␣cat -> 4 rows
+    assert story.startswith("Step 5 drafted 6 tokens after '<root>', read from 4 rows of the adjacency matrix.")
+    assert "The model agreed with 2 ('␣the', '␣cat') and added the bonus token '␣mat': 3 tokens from one forward." in story
+    assert "It wrote 4 rows of the matrix back" in story and "the row of '<root>' now starts with '␣the'." in story
+    assert "context" not in story and "<b>" not in story and "&" not in story  # plain text, not HTML
+    assert sentences(story) == 3
+
+
+def test_story_counts_distinct_rows_and_context_copies():
+    # nodes 2 and 4 copied from the context (2 alone, 4 also in the matrix): node 2's parent row is not read
+    ev = make_event(sources=["root", "matrix", "context", "matrix", "both", "matrix", "matrix"],
+                    origins=["", "", "copied from the prompt", "", "copied from the prompt", "", ""])
+    story = step_story(ev, text_of)
+    assert "drafted 6 tokens after '<root>', read from 4 rows of the adjacency matrix; 2 of them were copied from the context." in story
+    only_context = make_event(tokens=[0, 1], parents=[-1, 0], depths=[0, 1], ranks=[-1, 8], accepted=[0, 1],
+                              emitted=[1, 2], bonus=2, sources=["root", "context"], origins=["", "x"])
+    assert "drafted 1 token after '<root>', all copied from the context." in step_story(only_context, text_of)
+
+
+def test_story_of_a_rejected_draft_a_plain_step_and_a_stop():
+    none = step_story(make_event(accepted=[0], emitted=[7], bonus=7), text_of)
+    assert "The model agreed with none of them; its own next token '␣on' is the bonus" in none
+    plain = step_story(make_event(tokens=[5], parents=[-1], depths=[0], ranks=[-1], accepted=[0], emitted=[6], bonus=6,
+                                  matrix_rows=[5], matrix_values=[[6, 1]], matrix_probs=[[0.8, 0.1]]), text_of)
+    assert plain.startswith("Plain step: nothing was drafted, so the forward gave one token, the model's own '↵'.")
+    assert "It wrote 1 row of the matrix" in plain and "the row of 'the' now starts with '↵'" in plain
+    assert sentences(plain) == 2
+    # cut by a stop token inside the accepted path: no bonus
+    stop = step_story(make_event(emitted=[1], bonus=None), text_of)
+    assert "The model agreed with 2 ('␣the', '␣cat'); the answer ended at '␣the'" in stop
+    assert "no bonus token" in stop and "bonus token '" not in stop
+    nothing = step_story(make_event(matrix_rows=[], matrix_values=[], matrix_probs=[]), text_of)
+    assert nothing.endswith("It wrote nothing back into the adjacency matrix.")
+
+
+def test_story_compares_rewritten_rows_with_the_matrix_before_the_step():
+    first, second = make_event(0), make_event(1, matrix_values=[[4, 1], [2, 5], [8, 3], [7, 9]])
+    second.matrix_rows, second.matrix_values = [0, 1, 2, 9], [[4, 1], [2, 5], [8, 3], [1, 2]]
+    second.matrix_probs = [[0.5, 0.5]] * 4
+    tracker = MatrixTracker()
+    assert matrix_before(tracker, first) == {}
+    assert "(4 new); the row of '<root>' now starts with '␣the'." in step_story(first, text_of, matrix_before(tracker, first))
+    tracker.update(first)
+    before = matrix_before(tracker, second)
+    assert before == {0: [1, 4], 1: [2, 5], 2: [8, 3]}  # row 9 is new
+    story = step_story(second, text_of, before)
+    assert "(1 new); the row of '<root>' now starts with '␣dog' (it started with '␣the' before)." in story
+    same = make_event(2)
+    assert "now starts with '␣the' (as before)" in step_story(same, text_of, matrix_before(tracker, same))
+
+
+def test_story_quotes_long_lists_and_odd_tokens_as_text():
+    long_path = make_event(tokens=list(range(10)), parents=[-1, 0, 1, 2, 3, 4, 5, 6, 7, 8], depths=list(range(10)),
+                           ranks=[-1] + [0] * 9, accepted=list(range(10)), emitted=list(range(1, 10)) + [1], bonus=1)
+    story = step_story(long_path, text_of)
+    assert "The model agreed with 9 ('␣the', '␣cat', '␣sat', '␣dog', 'the', '↵' and 3 more)" in story
+    assert "10 tokens from one forward" in story
+    hostile = {0: "<img src=x onerror=alert(1)>", 1: "<script>x</script>", 8: "a & b"}
+    odd = step_story(make_event(), lambda t: hostile.get(t, text_of(t)))
+    assert "'<img␣src=x␣…'" in odd and "'<script>x</…'" in odd and "'a␣&␣b'" in odd  # raw text: the caller escapes
+    assert quoted("") == "'∅'" and quoted(" \t") == "'␣⇥'"
+
+
+def test_story_says_which_steps_wrote_the_rows_it_read():
+    # node -> [answer, step] that wrote its candidate into its parent's row; this is answer 1 (the second)
+    written = [[-1, -1], [1, 2], [1, 2], [1, -1], [1, -1], [0, 7], [1, 4]]
+    story = step_story(make_event(9, answer=1, written=written), text_of)
+    assert "read from 4 rows of the adjacency matrix (written by steps 3 and 5, the prompt and an earlier answer)." in story
+    one = step_story(make_event(answer=0, written=[[-1, -1]] + [[0, 0]] * 6), text_of)
+    assert "(written by step 1)." in one
+    many = step_story(make_event(answer=0, written=[[-1, -1]] + [[0, s] for s in (1, 3, 5, 7, 9, 11)]), text_of)
+    assert "(written by 6 earlier steps, from step 2 to 12)" not in many  # 6 stamps: still listed one by one
+    assert "(written by steps 2, 4, 6, 8, 10 and 12)" in many
+    chain = make_event(tokens=list(range(9)), parents=[-1, 0, 1, 2, 3, 4, 5, 6, 7], depths=list(range(9)),
+                       ranks=[-1] + [0] * 8, accepted=[0], emitted=[1], bonus=1,
+                       written=[[-1, -1]] + [[0, s] for s in range(8)])  # 8 rows, each written at its own step
+    assert "read from 8 rows of the adjacency matrix (written by 8 earlier steps, from step 1 to 8)" in step_story(
+        chain, text_of)
+    unknown = step_story(make_event(written=[[-1, -1]] * 7), text_of)  # a loaded matrix: nothing to say
+    assert "written by" not in unknown and "(written" not in step_story(make_event(), text_of)

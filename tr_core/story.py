@@ -1,0 +1,138 @@
+"""The step story: two or three plain sentences on what one decoding step did, built from its event alone.
+
+What was drafted (from how many adjacency-matrix rows, how much copied from the context), what the model agreed
+with, the bonus token, and what the step wrote back into the matrix (the paper's "recycling"). Plain text, no
+HTML: the studio and the HTML replay escape it where they show it.
+"""
+from __future__ import annotations
+
+import html
+from typing import Callable
+
+from .events import StepEvent
+from .figures import MatrixTracker, display_token, node_source
+
+TokenText = Callable[[int], str]
+MAX_QUOTED = 6  # accepted tokens quoted one by one; more are counted
+COPIED = ("context", "both")  # node sources that were copied from the context
+
+
+def quoted(text: str, max_len: int = 12) -> str:
+    """A token as the figures show it ('␣' for a space, '↵' for a newline), in quotes, as plain text."""
+    return "'" + html.unescape(display_token(text, max_len)) + "'"  # display_token escapes for plotly; undo it
+
+
+def _count(n: int, word: str) -> str:
+    """'1 token', '3 tokens'."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def matrix_before(tracker: MatrixTracker, ev: StepEvent) -> dict[int, list[int]]:
+    """The candidates the rows `ev` rewrites held before it, from a tracker not yet updated with `ev`."""
+    return {row: tracker.values[row] for row in ev.matrix_rows if row in tracker.values}
+
+
+def step_story(ev: StepEvent, token_text: TokenText, matrix_before: dict[int, list[int]] | None = None) -> str:
+    """Two or three sentences on one step: the draft, what the model accepted and the bonus, the matrix write-back.
+
+    `matrix_before` (row token -> its candidates before this step, see `matrix_before`) lets the last sentence say
+    which rows are new and what a rewritten row started with before; without it the story says what it can.
+    """
+    if len(ev.tokens) <= 1:
+        parts = [_plain_sentence(ev, token_text)]
+    else:
+        parts = [_draft_sentence(ev, token_text), _verify_sentence(ev, token_text)]
+    parts.append(_write_sentence(ev, token_text, matrix_before))
+    return " ".join(p for p in parts if p)
+
+
+def _plain_sentence(ev: StepEvent, token_text: TokenText) -> str:
+    """A step without a draft: the forward gave one token."""
+    token = ev.bonus if ev.bonus is not None else (ev.emitted[-1] if ev.emitted else None)
+    if token is None:
+        return "Plain step: nothing was drafted, and the answer ended here."
+    own = quoted(token_text(token))
+    return f"Plain step: nothing was drafted, so the forward gave one token, the model's own {own}."
+
+
+def _draft_sentence(ev: StepEvent, token_text: TokenText) -> str:
+    """How many tokens were drafted after the root, from how many matrix rows, how many copied from the context."""
+    nodes = range(1, len(ev.tokens))
+    copied = sum(1 for i in nodes if node_source(ev, i) in COPIED)
+    from_matrix = [i for i in nodes if node_source(ev, i) != "context"]
+    rows = {ev.tokens[ev.parents[i]] for i in from_matrix}
+    head = f"Step {ev.step + 1} drafted {_count(len(nodes), 'token')} after {quoted(token_text(ev.tokens[0]))}"
+    if not rows:
+        return f"{head}, all copied from the context."
+    head += f", read from {_count(len(rows), 'row')} of the adjacency matrix"
+    writers = _writers(ev, from_matrix)
+    if writers:
+        head += f" (written by {writers})"
+    if copied:
+        head += f"; {copied} of them {'was' if copied == 1 else 'were'} copied from the context"
+    return head + "."
+
+
+def _writers(ev: StepEvent, nodes: list[int]) -> str:
+    """Which steps wrote the rows these nodes were read from ("steps 3, 5 and 9", "the prompt", "an earlier answer");
+    '' when the event does not record it (`StepEvent.written`, absent from older traces)."""
+    if ev.written is None:
+        return ""
+    stamps = {tuple(ev.written[i]) for i in nodes if i < len(ev.written)}
+    steps = sorted({step + 1 for answer, step in stamps if answer == ev.answer and step >= 0})
+    earlier = len({answer for answer, _ in stamps if 0 <= answer != ev.answer})
+    parts = []
+    if len(steps) > MAX_QUOTED:
+        parts.append(f"{len(steps)} earlier steps, from step {steps[0]} to {steps[-1]}")
+    elif steps:
+        parts.append(f"step{'s' if len(steps) > 1 else ''} {_listed([str(x) for x in steps])}")
+    if any(answer == ev.answer and step < 0 for answer, step in stamps):
+        parts.append("the prompt")
+    if earlier:
+        parts.append("an earlier answer" if earlier == 1 else f"{earlier} earlier answers")
+    return _listed(parts) if parts else ""
+
+
+def _listed(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _verify_sentence(ev: StepEvent, token_text: TokenText) -> str:
+    """What the model agreed with, and the bonus token (or why the step has none)."""
+    agreed = [ev.tokens[i] for i in ev.accepted[1:]]
+    if not agreed:
+        head = "The model agreed with none of them"
+    else:
+        shown = ", ".join(quoted(token_text(t)) for t in agreed[:MAX_QUOTED])
+        more = f" and {len(agreed) - MAX_QUOTED} more" if len(agreed) > MAX_QUOTED else ""
+        head = f"The model agreed with {len(agreed)} ({shown}{more})"
+    if ev.bonus is None:
+        end = quoted(token_text(ev.emitted[-1])) if ev.emitted else "its start"
+        return f"{head}; the answer ended at {end} (a stop token or the length limit), so there is no bonus token."
+    bonus = quoted(token_text(ev.bonus))
+    if not agreed:
+        return f"{head}; its own next token {bonus} is the bonus, so the step still gains one token."
+    return f"{head} and added the bonus token {bonus}: {_count(len(ev.emitted), 'token')} from one forward."
+
+
+def _write_sentence(ev: StepEvent, token_text: TokenText, before: dict[int, list[int]] | None) -> str:
+    """How many matrix rows the step rewrote, and one example: the root's row (the one the next draft reads first)."""
+    rows = ev.matrix_rows
+    if not rows:
+        return "It wrote nothing back into the adjacency matrix."
+    j = rows.index(ev.tokens[0]) if ev.tokens and ev.tokens[0] in rows else 0
+    row, values = rows[j], ev.matrix_values[j] if j < len(ev.matrix_values) else []
+    head = f"It wrote {_count(len(rows), 'row')} of the matrix back from this forward's candidates"
+    if before is not None:
+        new = sum(1 for r in rows if r not in before)
+        head += f" ({new} new)" if new else " (none new)"
+    if not values:
+        return head + "."
+    example = f"the row of {quoted(token_text(row))} now starts with {quoted(token_text(values[0]))}"
+    old = before.get(row) if before is not None else None
+    if old and old[0] != values[0]:
+        example += f" (it started with {quoted(token_text(old[0]))} before)"
+    elif old:
+        example += " (as before)"
+    return f"{head}; {example}."
