@@ -356,8 +356,9 @@ def check_step(ev: Any, i: int, version: int = TRACE_VERSION) -> tuple[int, int]
 
 def _check_provenance(ev: dict, n: int, where: str, version: int) -> None:
     """answer, written ([answer, step] per node, -1 for unknown), candidate_probs (one in [0, 1] per node)."""
-    if version < 2:
-        new = next((k for k in ("answer", "written", "candidate_probs") if k in ev), None)
+    if version < 2:  # (a version 1 loader would have refused these keys; their defaults are harmless)
+        new = next((k for k, default in (("answer", 0), ("written", None), ("candidate_probs", None))
+                    if ev.get(k, default) != default), None)
         if new is not None:
             raise TraceError(f"{where}: \"{new}\" is new in trace version 2, but this trace says version {version}")
         return
