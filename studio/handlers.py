@@ -16,7 +16,7 @@ from typing import Any
 
 from tr_core.config import DecodeConfig
 from tr_core.events import StepEvent, SummaryEvent
-from tr_core.figures import MatrixTracker, accepted_chart, heatmap_figure, tree_figure
+from tr_core.figures import MatrixTracker, accepted_chart_explained, heatmap_figure, tree_figure
 from tr_core.speed import SpeedEstimate, forked, interleave
 from tr_core.story import matrix_before
 from tr_core.trace import Trace, TraceError, record_live
@@ -24,13 +24,15 @@ from tr_core.trace import Trace, TraceError, record_live
 from .config import StudioConfig
 from .models import REFUSED, ModelCatalog, ModelRefused, label
 from .session import DECODE_SLOT, InputError, Session, clean_text
-from .views import (best_step, coloured_answer, live_meter, matrix_info, measured_meter, message, replay_slider,
-                    step_story_view, step_views, trace_meter)
+from .views import (RACE_WAIT, CostCurve, best_step, coloured_answer, cost_html, live_meter, marked_chat, matrix_info,
+                    measured_meter, message, race_html, replay_slider, step_story_view, step_views, trace_meter)
 
 RENDER_EVERY_S = 0.25  # redraw figures at most this often while streaming
 LIMITS = dict(max_new_tokens=(1, 1024), temperature=(0.0, 2.0), top_p=(0.05, 1.0), top_k=(0, 1000), seed=(0, 2**31 - 1),
               k=(1, 16), delay=(0.0, 3.0), repetition_penalty=(0.5, 2.0))
 BUSY = "An answer is running in this tab: press Stop (or wait for it to finish) first."
+ANSWERING = "the answer is still being written"  # the race panel while an answer runs
+NOT_MEASURED = "this answer ended early (stopped, or failed), so it was not measured against plain decoding"
 
 
 @dataclass
@@ -209,7 +211,8 @@ def _answer(studio: Studio, s: Session, text: str, settings: ChatSettings, notes
             stop: threading.Event, conversation: int) -> Iterator[dict]:
     """The body of `respond`, once the session is marked as answering."""
     pending = s.display + [message("user", text), {"role": "assistant", "content": "…"}]
-    yield {"chat": pending, "msg": "", "status": "Loading the model…" if s.engine is None else "Drafting…"}
+    yield {"chat": pending, "msg": "", "status": "Loading the model…" if s.engine is None else "Drafting…",
+           "race": race_html(None, wait=ANSWERING)}
     try:
         studio.warm.wait(timeout=300)
         engine, ids, messages, cfg = _prepare(studio, s, text, settings, notes)
@@ -248,6 +251,7 @@ def _stream(studio: Studio, s: Session, engine: Any, ids: list[int], cfg: Decode
     """Decode the answer in the engine thread, yielding live views; returns the engine's error, if any."""
     text_of = trace.cached_text(engine.token_text)
     tracker = MatrixTracker()
+    curve = cost_curve(s, None)
     note_md = "  \n".join(notes)
     live = record_live(engine, ids, cfg, trace, stop, RENDER_EVERY_S, settings.delay, slot=DECODE_SLOT,
                        time_limit_s=studio.config.time_limit_s)
@@ -262,8 +266,8 @@ def _stream(studio: Studio, s: Session, engine: Any, ids: list[int], cfg: Decode
             shown = coloured_answer(trace, colour=settings.colour)
             yield {"chat": pending[:-1] + [{"role": "assistant", "content": shown + " ▌"}],
                    "tree": tree_figure(last, text_of), "heat": heatmap_figure(tracker, last, text_of),
-                   "story": step_story_view(last, text_of, before),
-                   "chart": accepted_chart(trace.steps), "meter": live_meter(trace),
+                   "story": step_story_view(last, text_of, before), "cost": cost_html(last, curve),
+                   "chart": accepted_chart_explained(trace.steps), "meter": live_meter(trace),
                    "status": note_md or f"Step {last.step + 1} · {sum(len(e.emitted) for e in trace.steps)} tokens"}
     except Exception as exc:  # noqa: BLE001 - shown in the page; the session goes on
         traceback.print_exception(exc)
@@ -292,15 +296,35 @@ def _finish_trace(trace: Trace, engine: Any, ids: list[int], cfg: DecodeConfig, 
         notes.append("■ Stopped: the answer so far is kept.")
 
 
+def cost_curve(s: Session, trace: Trace | None) -> CostCurve:
+    """This machine's measured t(n)/t(1) from the session's engine (the adaptive and hybrid trees time forwards of
+    every size on their first answer, then refine it with every step), or why it cannot be shown."""
+    engine = s.engine
+    if engine is None:
+        return CostCurve(None, "no model has answered in this tab yet")
+    if trace is not None and trace.model and trace.model != label(s.model):
+        return CostCurve(None, f"this trace was recorded with another model ({trace.model[:60]})")
+    template = str((trace.settings if trace is not None else {}).get("template", ""))
+    names = ("hybrid", "adaptive") if template.startswith("hybrid") else ("adaptive", "hybrid")
+    for name in names:
+        cost = getattr(getattr(engine, name, None), "cost", None)
+        if cost is not None and getattr(cost, "measured", False) and cost(1) > 0:
+            return CostCurve(lambda n, c=cost: c(n) / c(1), source=f"the {name} tree on this machine")
+    return CostCurve(None, "only the adaptive and hybrid trees time forwards of every size (on their first answer, "
+                           "in about a second); the static trees never do, so ask once with one of them")
+
+
 def _final_view(s: Session, trace: Trace, settings: ChatSettings, notes: list[str], compared: bool) -> dict:
     """The view after an answer: its best step, the meter, the replay slider and the trace download."""
     view = {"chat": s.display, "status": "  \n".join(notes) or "✓ Done.", "matrix": matrix_info(s.engine, s.k)}
     if not trace.steps:
         return view
     best = best_step(trace)
-    view.update(step_views(trace, best))
+    view.update(step_views(trace, best, cost_curve(s, trace)))
+    view["chat"] = marked_chat(s.display, trace, best, settings.colour)
     view["replay"] = replay_slider(trace, best + 1)
     view["meter"] = trace_meter(trace) if not compared else live_meter(trace)
+    view["race"] = race_html(trace, wait=RACE_WAIT if compared else NOT_MEASURED if settings.compare else "")
     view["trace_file"] = str(trace.save(s.files() / "trace.json"))
     return view
 
@@ -330,7 +354,7 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
     trace.speed = dataclasses.asdict(est)
     note = measure_note(est, trace.summary.new_tokens if trace.summary else 0)
     view = {"meter": measured_meter(est, note=note), "status": "  \n".join(notes) or "✓ Done.",
-            "trace_file": str(trace.save(s.files() / "trace.json"))}
+            "race": race_html(trace), "trace_file": str(trace.save(s.files() / "trace.json"))}
     yield view
 
 
@@ -365,7 +389,8 @@ def new_chat(s: Session) -> dict:
             running.set()
         s.history, s.display = [], []
     note = " The answer that was running was stopped." if running is not None else ""
-    return {"chat": [], "status": f"New conversation (the matrix keeps what it learned).{note}"}
+    return {"chat": [], "race": race_html(None),
+            "status": f"New conversation (the matrix keeps what it learned).{note}"}
 
 
 def replay(s: Session, step: Any, colour: bool) -> dict:
@@ -378,11 +403,9 @@ def replay(s: Session, step: Any, colour: bool) -> dict:
     except (TypeError, ValueError, OverflowError):
         i = 0
     i = max(0, min(i, len(trace.steps) - 1))
-    view = step_views(trace, i)
-    chat = list(s.display)
-    if chat and chat[-1]["role"] == "assistant":
-        chat[-1] = {"role": "assistant", "content": coloured_answer(trace, upto=i, colour=colour)}
-    view.update({"chat": chat, "status": f"Replaying step {i + 1} of {len(trace.steps)}"})
+    view = step_views(trace, i, cost_curve(s, trace))
+    view.update({"chat": marked_chat(s.display, trace, i, colour, upto=i),
+                 "status": f"Replaying step {i + 1} of {len(trace.steps)}"})
     return view
 
 
@@ -430,8 +453,9 @@ def load_trace(studio: Studio, s: Session, path: str | None) -> dict:
         s.trace, s.display, s.history = trace, display, []
         s.conversation += 1
     best = best_step(trace)
-    view = step_views(trace, best)
-    view.update({"chat": display, "meter": trace_meter(trace, loaded=True),
+    view = step_views(trace, best, cost_curve(s, trace))
+    view.update({"chat": marked_chat(display, trace, best, True), "meter": trace_meter(trace, loaded=True),
+                 "race": race_html(trace),
                  "replay": replay_slider(trace, best + 1),
                  "status": f"Loaded a trace of {len(trace.steps)} steps recorded with "
                            f"{trace.model[:80] or 'an unknown model'} (shown as a new conversation; the matrix is "
@@ -460,7 +484,7 @@ def load_model(studio: Studio, s: Session, name: Any) -> dict:
             return {"status": f"✗ {BUSY}"}
         s.engine, s.model, s.history, s.display, s.trace = engine, key, [], [], None
         s.conversation += 1
-    return {"status": f"✓ Loaded {label(key)}; new conversation, empty matrix.", "chat": [],
+    return {"status": f"✓ Loaded {label(key)}; new conversation, empty matrix.", "chat": [], "race": race_html(None),
             "matrix": matrix_info(s.engine, s.k)}
 
 

@@ -7,6 +7,7 @@ Endpoint names are the documented API: /chat, /stop, /new_chat, /replay, /load_t
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -14,12 +15,13 @@ from typing import Any
 
 import gradio as gr
 
-from tr_core.figures import MatrixTracker, MeterView, accepted_chart, heatmap_figure, meter_html, safe_markdown, tree_figure
+from tr_core.figures import (MatrixTracker, MeterView, accepted_chart_explained, heatmap_figure, meter_html, safe_markdown,
+                             tree_figure)
 
 from . import handlers as h
 from .models import label
 from .session import Session, new_session
-from .views import KEYS, matrix_info, story_html
+from .views import KEYS, cost_html, matrix_info, race_html, story_html
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 CSS = (ASSETS / "studio.css").read_text(encoding="utf-8")
@@ -55,6 +57,13 @@ Greedy (or seeded) output is token-identical to plain decoding; only the number 
 alternating chunks over the same tokens, so a busy machine slows both alike. It shows the ratio with its standard
 error, or says *too noisy to measure* when the chunks disagree or the ratio is larger than the accepted tokens per
 step allow.
+
+**The cost panel** says why a big tree can be slower: a step's speed ≈ the tokens it gained ÷ the cost of its forward
+of N tokens relative to a one-token forward, t(N)/t(1), as measured on this machine by the adaptive and hybrid trees.
+
+**⚑ Race** replays a measured answer twice side by side, Token Recycling at its recorded step times and plain
+decoding at the pace the meter measured, in your browser: nothing is decoded again. **Presentation view** (or
+`?view=present` in the address) lays the meter, the tree and the story out for a 1280×720 projector.
 """
 
 
@@ -137,12 +146,13 @@ def _update(ui: dict[str, Any], view: dict[str, Any]) -> dict:
 def _chat_panel(ui: dict) -> None:
     ui["chat"] = gr.Chatbot(label="Chat (each step's accepted run has its own colour)", height=430, elem_id="tr-chat",
                             buttons=["copy"], feedback_options=None, placeholder="Ask something, or click an example.")
-    with gr.Row():
+    with gr.Row(elem_id="tr-input-row"):
         ui["msg"] = gr.Textbox(show_label=False, placeholder="Type a message and press Enter", scale=5, lines=1,
                                max_lines=6, elem_id="tr-msg")
         ui["send"] = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="tr-send")
         ui["stop"] = gr.Button("Stop", variant="stop", scale=1, min_width=70, elem_id="tr-stop")
         ui["clear"] = gr.Button("New chat", scale=1, min_width=90, elem_id="tr-new-chat")
+        ui["race_btn"] = gr.Button("⚑ Race", scale=1, min_width=80, elem_id="tr-race")
     ui["status"] = gr.Markdown("", elem_id="tr-status")
     ui["examples"] = gr.Dataset(components=[gr.Textbox(visible=False)], samples=[[t] for _, t in EXAMPLES],
                                 sample_labels=[lab for lab, _ in EXAMPLES], type="index", label="Examples",
@@ -154,7 +164,7 @@ def _step_panel(ui: dict) -> None:
         ui["heat"] = gr.Plot(heatmap_figure(MatrixTracker(), None, str), show_label=False, elem_id="tr-heat")
         ui["matrix"] = gr.Markdown(matrix_info(None, 8), elem_id="tr-matrix-info")
     with gr.Column(scale=5):
-        ui["chart"] = gr.Plot(accepted_chart([]), show_label=False, elem_id="tr-chart")
+        ui["chart"] = gr.Plot(accepted_chart_explained([]), show_label=False, elem_id="tr-chart")
         with gr.Group():
             ui["replay"] = gr.Slider(1, 2, value=1, step=1, label="Replay step", interactive=True, elem_id="tr-replay")
             with gr.Row():
@@ -175,10 +185,19 @@ def _step_panel(ui: dict) -> None:
                                                   visible="hidden", elem_id="tr-export-html-file")
 
 
+def _shown_step_panel(ui: dict) -> None:
+    """The meter, then the shown step: its tree, story and cost; the race opens below (or over the page when presenting)."""
+    ui["meter"] = gr.HTML(meter_html(MeterView(note="Send a message to measure.")), elem_id="tr-meter-box")
+    ui["tree"] = gr.Plot(tree_figure(None, str), show_label=False, elem_id="tr-tree")
+    ui["story"] = gr.HTML(story_html(), elem_id="tr-story")
+    ui["cost"] = gr.HTML(cost_html(None, None), elem_id="tr-cost")
+    ui["race"] = gr.HTML(race_html(None), elem_id="tr-race-box")
+
+
 def _settings_panel(ui: dict, studio: h.Studio) -> None:
     from tr_core.tree import TEMPLATE_NAMES
 
-    with gr.Accordion("Decoding settings", open=False):
+    with gr.Accordion("Decoding settings", open=False, elem_id="tr-settings"):
         with gr.Row():
             ui["max_new"] = gr.Slider(1, studio.config.max_new_tokens, value=128, step=1, label="Max new tokens")
             ui["temperature"] = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
@@ -198,7 +217,7 @@ def _settings_panel(ui: dict, studio: h.Studio) -> None:
 
 def _model_panel(ui: dict, studio: h.Studio) -> None:
     cfg = studio.config
-    with gr.Accordion("Model and matrix", open=False):
+    with gr.Accordion("Model and matrix", open=False, elem_id="tr-model-panel"):
         with gr.Row():
             info = ("models offered on this instance" if cfg.public
                     else "embedded, a Hugging Face hub id, a local folder or a .gguf path")
@@ -215,21 +234,23 @@ def _model_panel(ui: dict, studio: h.Studio) -> None:
 def _layout(studio: h.Studio) -> dict[str, Any]:
     """Every component of the page, by name."""
     ui: dict[str, Any] = {}
-    gr.Markdown("# ♻ Token Recycling Studio\nChat with a small LLM decoded by **Token Recycling** speculative "
-                "decoding and watch each step: the draft tree, what was accepted, and the adjacency matrix it "
-                "recycles.", elem_id="tr-title")
-    with gr.Row(equal_height=False):
-        with gr.Column(scale=5, min_width=420):
+    with gr.Row(equal_height=False, elem_id="tr-head"):
+        with gr.Column(scale=8, elem_id="tr-title-col"):
+            gr.Markdown("# ♻ Token Recycling Studio\nChat with a small LLM decoded by **Token Recycling** speculative "
+                        "decoding and watch each step: the draft tree, what was accepted, and the adjacency matrix it "
+                        "recycles.", elem_id="tr-title")
+        with gr.Column(scale=1, min_width=210):
+            ui["present"] = gr.Button(PRESENT_LABELS[0], size="sm", elem_id="tr-present")
+    with gr.Row(equal_height=False, elem_id="tr-top"):
+        with gr.Column(scale=5, min_width=420, elem_id="tr-left"):
             _chat_panel(ui)
-        with gr.Column(scale=6, min_width=520):
-            ui["meter"] = gr.HTML(meter_html(MeterView(note="Send a message to measure.")), elem_id="tr-meter-box")
-            ui["tree"] = gr.Plot(tree_figure(None, str), show_label=False, elem_id="tr-tree")
-            ui["story"] = gr.HTML(story_html(), elem_id="tr-story")
-    with gr.Row(equal_height=False):
+        with gr.Column(scale=6, min_width=520, elem_id="tr-right"):
+            _shown_step_panel(ui)
+    with gr.Row(equal_height=False, elem_id="tr-steps"):
         _step_panel(ui)
     _settings_panel(ui, studio)
     _model_panel(ui, studio)
-    with gr.Accordion("How it works", open=False):
+    with gr.Accordion("How it works", open=False, elem_id="tr-how"):
         diagram = ASSETS / "how_it_works.svg"
         if diagram.is_file():
             gr.HTML(f'<div style="max-width:980px;margin:auto">{diagram.read_text(encoding="utf-8")}</div>')
@@ -279,6 +300,55 @@ DOWNLOAD_JS = """() => { const el = document.querySelector('#tr-export-html-file
   const b = el && (el.tagName === 'BUTTON' ? el : el.querySelector('button'));
   if (b && !b.disabled) b.click(); }"""
 
+# The race runs in the browser from the timeline in the race panel (tr_core.race): no server time, no decoding.
+# Each frame shows what tr_core.race.race_frame gives at that time: the units (steps, tokens) ended by then.
+RACE_JS = """() => {
+  const box = document.querySelector('#tr-race-box .tr-race');
+  if (!box) return;
+  box.classList.add('tr-race-open');
+  const close = box.querySelector('.tr-race-close');
+  if (close) close.onclick = () => { box.classList.remove('tr-race-open'); window.trRaceRun = (window.trRaceRun || 0) + 1; };
+  box.scrollIntoView({block: 'nearest'});
+  const raw = box.getAttribute('data-timeline');
+  if (!raw) return;
+  const tl = JSON.parse(raw), text = Array.from(tl.text);
+  const run = window.trRaceRun = (window.trRaceRun || 0) + 1;
+  const ended = (times, t) => { let lo = 0, hi = times.length;
+    while (lo < hi) { const mid = (lo + hi) >> 1; if (times[mid] <= t) lo = mid + 1; else hi = mid; } return lo; };
+  const t0 = performance.now();
+  const frame = () => {
+    if (window.trRaceRun !== run || !box.isConnected) return;
+    const t = performance.now() - t0;
+    for (const key of ['tr', 'plain']) {
+      const side = tl[key], k = ended(side.times, t), pane = box.querySelector('#tr-race-' + key);
+      const shown = k ? text.slice(0, side.chars[k - 1]).join('') : '';
+      if (pane.textContent !== shown) { pane.textContent = shown; pane.scrollTop = pane.scrollHeight; }
+      box.querySelector('#tr-race-' + key + '-count').textContent = side.labels[k];
+      box.querySelector('.tr-lane-' + key).classList.toggle('tr-lane-done', k === side.times.length);
+    }
+    box.querySelector('#tr-race-clock').textContent = (Math.min(t, tl.total_ms) / 1000).toFixed(1) + ' s';
+    if (t <= tl.total_ms) setTimeout(frame, 50);  // about 20 frames a second
+  };
+  frame();
+}"""
+
+# Presentation view: a class on the page root (assets/studio.css lays the page out for a 1280x720 projector).
+PRESENT_LABELS = ("▣ Presentation view", "✕ Leave presentation view")
+PRESENT_JS = """(on) => {
+  const root = document.documentElement;
+  on = typeof on === 'boolean' ? on : !root.classList.contains('tr-present');
+  root.classList.toggle('tr-present', on);
+  const url = new URL(window.location.href);
+  if (on) url.searchParams.set('view', 'present'); else url.searchParams.delete('view');
+  window.history.replaceState(null, '', url);
+  const el = document.querySelector('#tr-present');
+  const b = el && (el.tagName === 'BUTTON' ? el : el.querySelector('button'));
+  if (b) b.textContent = on ? %s : %s;
+  window.dispatchEvent(new Event('resize'));  // plotly refits the figures to their new widths
+}""" % tuple(json.dumps(x) for x in reversed(PRESENT_LABELS))
+PRESENT_FROM_URL_JS = ("() => { if (new URLSearchParams(window.location.search).get('view') === 'present') "
+                       f"({PRESENT_JS})(true); }}")
+
 
 def _wire(demo: gr.Blocks, studio: h.Studio, registry: Registry, ui: dict) -> None:
     outs = [ui[k] for k in KEYS] + [ui["state"]]
@@ -308,6 +378,9 @@ def _wire(demo: gr.Blocks, studio: h.Studio, registry: Registry, ui: dict) -> No
                                      outputs=[ui["status"], ui["replay_html"], state], concurrency_limit=1,
                                      concurrency_id="export")  # a few seconds of CPU for a long answer: one at a time
     export.then(None, js=DOWNLOAD_JS, api_visibility="private")
+    ui["race_btn"].click(None, js=RACE_JS, api_visibility="private")
+    ui["present"].click(None, js=PRESENT_JS, api_visibility="private")
+    demo.load(None, js=PRESENT_FROM_URL_JS, api_visibility="private")
     ui["reset"].click(_simple(registry, ui, h.reset_matrix), inputs=state, outputs=outs, api_name="reset_matrix")
     ui["save"].click(_simple(registry, ui, h.save_matrix), inputs=state, outputs=outs, api_name="save_matrix")
     ui["matrix_upload"].upload(_simple(registry, ui, lambda s, f, k: h.load_matrix(studio, s, _file_path(f), k)),

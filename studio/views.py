@@ -6,11 +6,14 @@ views, so they can be tested without building the page.
 from __future__ import annotations
 
 import html
+import json
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from tr_core.events import StepEvent
-from tr_core.figures import (MatrixTracker, MeterView, accepted_chart, coloured_markdown, heatmap_figure, meter_html,
-                             safe_markdown, tree_figure)
+from tr_core.figures import (MatrixTracker, MeterView, accepted_chart_explained, coloured_markdown, heatmap_figure,
+                             marked_markdown, meter_html, ratio_class, safe_markdown, tree_figure)
+from tr_core.race import NoRace, race_timeline
 from tr_core.speed import SpeedEstimate
 from tr_core.story import matrix_before, step_story
 from tr_core.trace import Trace, boundaries_from_texts
@@ -18,7 +21,7 @@ from tr_core.trace import Trace, boundaries_from_texts
 # Every output a handler may set, in the order of the endpoints' outputs (the API's documented order: new names
 # go at the end). "replay_html" (the HTML replay's download) is an output of its own endpoint only.
 KEYS = ("chat", "msg", "status", "meter", "tree", "heat", "chart", "matrix", "replay", "trace_file", "matrix_file",
-        "model", "story")
+        "model", "story", "cost", "race")
 STORY_PLACEHOLDER = "What each step drafted, accepted and recycled is told here, step by step."
 
 
@@ -27,11 +30,25 @@ def message(role: str, text: str) -> dict[str, str]:
     return {"role": role, "content": safe_markdown(text)}
 
 
-def coloured_answer(trace: Trace, upto: int | None = None, colour: bool = True) -> str:
-    """The answer's markdown with alternating colours per step (up to a step, for replay); always escaped."""
+def coloured_answer(trace: Trace, upto: int | None = None, colour: bool = True, mark: int | None = None) -> str:
+    """The answer's markdown with alternating colours per step (up to a step, for replay); always escaped.
+
+    mark: a step whose run is also outlined (the step the replay shows), with or without the colours.
+    """
     texts = trace.step_texts if upto is None else trace.step_texts[: upto + 1]
     text = "".join(texts)
+    if mark is not None:
+        return marked_markdown(text, boundaries_from_texts(texts), mark, colour=colour)
     return coloured_markdown(text, boundaries_from_texts(texts)) if colour else safe_markdown(text)
+
+
+def marked_chat(display: list[dict[str, str]], trace: Trace, step: int, colour: bool,
+                upto: int | None = None) -> list[dict[str, str]]:
+    """The chat as shown, its last answer redrawn (up to step `upto`, for replay) with step `step`'s run outlined."""
+    chat = list(display)
+    if chat and chat[-1]["role"] == "assistant":
+        chat[-1] = {"role": "assistant", "content": coloured_answer(trace, upto=upto, colour=colour, mark=step)}
+    return chat
 
 
 def story_html(text: str = STORY_PLACEHOLDER) -> str:
@@ -45,8 +62,8 @@ def step_story_view(ev: StepEvent, token_text: Callable[[int], str], before: dic
     return story_html(step_story(ev, token_text, before))
 
 
-def step_views(trace: Trace, step: int) -> dict[str, Any]:
-    """Tree, heatmap, chart and story of one recorded step (0-based), from the trace alone."""
+def step_views(trace: Trace, step: int, cost: CostCurve | None = None) -> dict[str, Any]:
+    """Tree, heatmap, chart, story and cost panel of one recorded step (0-based), from the trace (and a cost curve)."""
     step = max(0, min(step, len(trace.steps) - 1))
     tracker = MatrixTracker()
     for ev in trace.steps[:step]:
@@ -55,8 +72,88 @@ def step_views(trace: Trace, step: int) -> dict[str, Any]:
     before = matrix_before(tracker, ev)
     tracker.update(ev)
     return {"tree": tree_figure(ev, trace.token_text), "heat": heatmap_figure(tracker, ev, trace.token_text),
-            "chart": accepted_chart(trace.steps, current=step),
-            "story": step_story_view(ev, trace.token_text, before)}
+            "chart": accepted_chart_explained(trace.steps, current=step),
+            "story": step_story_view(ev, trace.token_text, before), "cost": cost_html(ev, cost)}
+
+
+# ------------------------------------------------------------------------------------------ cost panel
+
+COST_PLACEHOLDER = ("What the shown step's forward cost on this machine, against what it gained, is worked out here: "
+                    "speedup ≈ tokens gained per step ÷ the cost of the step's forward.")
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """This machine's measured cost of one forward of n tokens relative to a one-token forward, or why there is none."""
+
+    relative: Callable[[int], float] | None  # n -> t(n) / t(1); None: not measured
+    why: str = ""  # why it could not be measured (when `relative` is None)
+    source: str = ""  # what measured it, in words
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token{'' if n == 1 else 's'}"
+
+
+def cost_text(ev: StepEvent, curve: CostCurve | None) -> tuple[str, str, str]:
+    """(what the step cost against what it gained, its colour class up/par/down/none, the rule it illustrates)."""
+    n, gained = len(ev.tokens), len(ev.emitted)
+    rule = ("Speedup ≈ tokens gained per step ÷ t(N)/t(1), the cost of the step's forward of N tokens relative to a "
+            "one-token forward.")
+    if n <= 1:
+        return (f"This step drafted nothing: one one-token forward gained {_tokens(gained)}, plain decoding's own pace "
+                f"({gained:.2f}×).", "par", rule)
+    if curve is None or curve.relative is None:
+        why = curve.why if curve is not None else "no cost curve is known here"
+        return (f"This step verified {n} tokens in one forward and gained {_tokens(gained)}. What a {n}-token forward "
+                f"costs against a one-token forward could not be measured here: {why}.", "none", rule)
+    c = max(curve.relative(n), 1e-9)
+    speed = gained / c
+    if curve.source:
+        rule = rule[:-1] + f"; t measured by {curve.source}."
+    return (f"This step verified {n} tokens in one forward (the last token and {n - 1} drafted): on this machine that "
+            f"costs {c:.2f}× a one-token forward. It gained {_tokens(gained)}, so this step ran at {gained} ÷ {c:.2f} = "
+            f"{speed:.2f}× plain speed.", ratio_class(speed), rule)
+
+
+def cost_html(ev: StepEvent | None, curve: CostCurve | None) -> str:
+    """The cost panel: t(N)/t(1) on this machine beside the step's gain, so speedup ≈ gained ÷ cost; all escaped."""
+    if ev is None:
+        return f'<div class="tr-cost tr-cost-none">{html.escape(COST_PLACEHOLDER)}</div>'
+    main, cls, rule = cost_text(ev, curve)
+    return (f'<div class="tr-cost tr-cost-{cls}"><span class="tr-cost-head">Cost of this step:</span> '
+            f'{html.escape(main)}<div class="tr-cost-rule">{html.escape(rule)}</div></div>')
+
+
+# ------------------------------------------------------------------------------------------------ race
+
+RACE_WAIT = "the speedup is still being measured; the race is ready once the meter shows its figure"
+
+
+def race_html(trace: Trace | None, wait: str = "") -> str:
+    """The race panel (hidden until the Race button opens it): the timeline as data for the page's animation, or
+    why there is no race. `wait`: a reason to show instead (e.g. while the meter measures). All text escaped."""
+    reason = wait
+    if not reason:
+        try:
+            timeline = race_timeline(trace)
+        except NoRace as exc:
+            reason = str(exc)
+    if reason:
+        return (f'<div class="tr-race tr-race-none"><div class="tr-race-msg">No race for this answer: '
+                f'{html.escape(reason)}.</div></div>')
+    data = html.escape(json.dumps(timeline.to_dict(), ensure_ascii=False, separators=(",", ":")), quote=True)
+    lanes = "".join(
+        f'<div class="tr-lane tr-lane-{key}"><div class="tr-lane-head"><span class="tr-lane-name">{name}</span>'
+        f'<span class="tr-race-count" id="tr-race-{key}-count">{html.escape(side.labels[0])}</span></div>'
+        f'<div class="tr-lane-text" id="tr-race-{key}"></div></div>'
+        for key, name, side in (("tr", "♻ Token Recycling", timeline.tr), ("plain", "Plain decoding", timeline.plain)))
+    return (f'<div class="tr-race" data-timeline="{data}"><div class="tr-race-top">'
+            '<span class="tr-race-title">⚑ Race: the same answer, each side at its recorded pace</span>'
+            '<span class="tr-race-clock" id="tr-race-clock">0.0 s</span>'
+            '<button type="button" class="tr-race-close" title="close the race">✕</button></div>'
+            f'<div class="tr-race-lanes">{lanes}</div>'
+            f'<div class="tr-race-caption" id="tr-race-caption">{html.escape(timeline.caption)}</div></div>')
 
 
 def best_step(trace: Trace) -> int:

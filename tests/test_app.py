@@ -290,6 +290,97 @@ def test_export_replay_writes_one_html_file_for_the_last_answer():
     assert '<script id="tr-plotly">' in page and "Step 2 drafted" in page
 
 
+def race_data(race: str) -> dict:
+    """The timeline the race panel carries for the page's animation."""
+    import html as html_lib
+
+    match = re.search(r'data-timeline="([^"]*)"', race)
+    assert match, race[:300]
+    return json.loads(html_lib.unescape(match.group(1)))
+
+
+def test_the_race_panel_carries_the_timeline_of_a_measured_answer_only():
+    from studio.views import race_html
+    from tr_core.race import race_timeline
+
+    studio = studio_for()
+    session = Session(engine=FakeEngine(steps=4), k=8)
+    views = run(studio, session, "hello")
+    races = [v["race"] for v in views if "race" in v]
+    assert "still being written" in races[0] and "still being measured" in races[1]  # answering, then measuring
+    final = merged(views)
+    data = race_data(final["race"])
+    speed_of_last = session.trace.speed
+    assert data == race_timeline(session.trace).to_dict() and data["mode"] == "measured"
+    # the fake's steps take 12 ms for 2 tokens; the meter measured 1.67x, so plain decoding finishes 1.67x later
+    assert data["tr"]["times"] == [12.0, 24.0, 36.0, 48.0] and data["plain"]["times"][-1] == pytest.approx(80.0)
+    assert "1.67× ± 0.00" in data["caption"] and 'id="tr-race-tr"' in final["race"]
+    unmeasured = merged(run(studio, session, "again", compare=False))["race"]
+    assert "data-timeline" not in unmeasured
+    assert "No race for this answer: this answer was not measured against plain decoding" in unmeasured
+    assert "no answer to race yet" in h.new_chat(session)["race"]
+    session.trace.speed = speed_of_last  # text from a model or a shared trace is escaped, in the data and the caption
+    session.trace.step_texts[0] = "<script>alert(1)</script>"
+    shown = race_html(session.trace)
+    assert "<script>" not in shown and race_data(shown)["text"].startswith("<script>alert(1)</script>")
+
+
+def test_the_cost_panel_puts_the_measured_cost_beside_the_gain_or_says_it_was_not_measured(tmp_path):
+    from types import SimpleNamespace
+
+    from tr_core.cost import ForwardCost
+
+    studio = studio_for()
+    session = Session(engine=FakeEngine(steps=3), k=8)
+    views = run(studio, session, "hello", compare=False)
+    live = [v["cost"] for v in views if "tree" in v and "cost" in v]
+    assert live and all("could not be measured here" in c for c in live)  # a static tree never times forwards
+    assert "the static trees never do" in h.replay(session, 1, True)["cost"]
+    cost = ForwardCost()
+    cost.set_measured({1: [10.0], 2: [15.0], 3: [20.0], 4: [25.0]}, max_tokens=4)
+    session.engine.adaptive = SimpleNamespace(cost=cost)
+    shown = h.replay(session, 2, True)["cost"]
+    assert ("This step verified 3 tokens in one forward (the last token and 2 drafted): on this machine that costs "
+            "2.00× a one-token forward. It gained 2 tokens, so this step ran at 2 ÷ 2.00 = 1.00× plain speed.") in shown
+    assert "tr-cost-par" in shown and "Speedup ≈ tokens gained per step ÷ t(N)/t(1)" in shown
+    cost.set_measured({1: [10.0], 2: [11.0], 3: [12.0], 4: [13.0]}, max_tokens=4)
+    assert "2 ÷ 1.20 = 1.67× plain speed" in h.replay(session, 1, True)["cost"]
+    other = Session(engine=FakeEngine(), k=8)  # a trace recorded with another model: this machine's curve is not its
+    session.trace.model = "someone <b>else</b>"
+    view = h.load_trace(studio, other, str(session.trace.save(tmp_path / "t.json")))
+    assert "recorded with another model (someone &lt;b&gt;else&lt;/b&gt;)" in view["cost"]
+    assert "no model has answered in this tab yet" in h.load_trace(studio, Session(), str(tmp_path / "t.json"))["cost"]
+
+
+def test_the_shown_steps_run_is_outlined_in_the_chat():
+    studio = studio_for()
+    session = Session(engine=FakeEngine(steps=3), k=8)
+    final = merged(run(studio, session, "hello", compare=False))
+    answer = final["chat"][-1]["content"]
+    assert answer.count("tr-run-current") == 1  # the best step (the latest of ties: the third) is outlined
+    assert answer.rindex('class="tr-run-a tr-run-current"') > answer.rindex('class="tr-run-b"')
+    assert "tr-run-current" not in session.display[-1]["content"]  # the stored conversation is left unmarked
+    replayed = h.replay(session, 2, True)["chat"][-1]["content"]
+    assert replayed.count('class="tr-run-b tr-run-current"') == 1 and replayed.count("<span") == 2  # steps 1-2 only
+    plain = h.replay(session, 1, False)["chat"][-1]["content"]
+    assert plain.count('<span class="tr-run-current">') == 1 and "tr-run-a" not in plain  # colours off: outline only
+
+
+def test_presentation_view_is_a_class_on_the_page_root_from_the_toggle_or_the_url():
+    from studio.page import CSS, PRESENT_FROM_URL_JS, PRESENT_JS, RACE_JS, build_demo
+
+    demo = build_demo(studio_for())
+    config = demo.get_config_file()
+    ids = {c.get("props", {}).get("elem_id") for c in config["components"]}
+    hidden = ("tr-title-col", "tr-examples", "tr-settings", "tr-model-panel", "tr-how")
+    assert {"tr-present", "tr-race", "tr-race-box", "tr-cost", "tr-left", "tr-right", *hidden} <= ids
+    assert all(f".tr-present #{i}" in CSS for i in hidden) and "display: none" in CSS
+    scripts = {d.get("js") for d in config["dependencies"]}
+    assert {PRESENT_JS, PRESENT_FROM_URL_JS, RACE_JS} <= scripts  # browser-side: no server time, no endpoint
+    assert "get('view') === 'present'" in PRESENT_FROM_URL_JS and "classList.toggle('tr-present', on)" in PRESENT_JS
+    assert not any(d.get("api_name") in ("race", "present") for d in config["dependencies"])
+
+
 def test_trim_to_context_drops_oldest_turns_first():
     def encode(msgs):  # 10 tokens per message
         return [0] * (10 * len(msgs))
@@ -411,7 +502,7 @@ def client():
 def test_message_streams_answer_with_measured_speedup_and_marked_tree(client):
     job = chat(client, "Translate to French: I like green apples.")
     final = job.result(timeout=300)
-    chat_out, _, status, meter, tree, heat, chart, matrix_md, replay, trace_path, _, _, story = final
+    chat_out, _, status, meter, tree, heat, chart, matrix_md, replay, trace_path, _, _, story, cost, race = final
     assert len(job.outputs()) >= 3, "expected a streamed answer"
     assert chat_out[-1]["role"] == "assistant" and len(text_of(chat_out[-1])) > 5
     assert 'class="tr-run-a"' in text_of(chat_out[-1])  # accepted runs coloured
@@ -428,6 +519,8 @@ def test_message_streams_answer_with_measured_speedup_and_marked_tree(client):
     assert trace.speed is not None and trace.speed["identical"] is True
     assert replay["maximum"] == max(len(trace.steps), 2) and 0 < trace.summary.new_tokens <= 24
     assert "drafted 80 tokens" in story and 'class="tr-story"' in story  # the story of the step shown (13th output)
+    assert "Cost of this step" in cost and "verified 81 tokens in one forward" in cost  # 14th: the cost panel
+    assert 'class="tr-race"' in race and "data-timeline=" in race  # 15th: the race, from the recorded measurement
 
 
 def test_replay_bad_inputs_and_a_missing_model_keep_the_session_working(client):

@@ -353,3 +353,118 @@ def test_malformed_trace_is_refused_and_the_session_goes_on(app_browser, tmp_pat
         assert [u for u in outside if LEAK_HOST in u] == []
     finally:
         context.close()
+
+
+# ------------------------------------------------------------------------ presentation view and the race
+
+PROJECTOR = {"width": 1280, "height": 720}
+RECT_JS = ("(s) => { const r = document.querySelector(s).getBoundingClientRect();"
+           " return {top: r.top, bottom: r.bottom, left: r.left, right: r.right, width: r.width}; }")
+FONT_JS = "(s) => parseFloat(getComputedStyle(document.querySelector(s)).fontSize)"
+PRESENTING_JS = "() => document.documentElement.classList.contains('tr-present')"
+NOT_PRESENTING_JS = "() => !document.documentElement.classList.contains('tr-present')"
+
+
+def test_presentation_view_shows_meter_tree_and_story_on_one_projector_screen(app_browser, tmp_path):
+    """?view=present at 1280x720: settings hidden; after an answer the meter, the tree and the story are all on the
+    first screen, in larger type; the toggle leaves and re-enters. Saves $TR_PRESENT_SCREENSHOT if set."""
+    url, browser = app_browser
+    shot = Path(os.environ.get("TR_PRESENT_SCREENSHOT") or tmp_path / "presentation.png")
+    context = browser.new_context(viewport=PROJECTOR, device_scale_factor=1)
+    page = context.new_page()
+    try:
+        page.goto(url + "?view=present", wait_until="load", timeout=60_000)
+        page.wait_for_selector("#tr-present", timeout=60_000)
+        page.wait_for_function(PRESENTING_JS, timeout=30_000)
+        assert not page.locator("#tr-settings").is_visible() and not page.locator("#tr-examples").is_visible()
+        big_story = page.evaluate(FONT_JS, "#tr-story .tr-story")
+        page.locator("#tr-present").click()  # leave: the settings come back, the address loses ?view=present
+        page.wait_for_function(NOT_PRESENTING_JS, timeout=10_000)
+        assert page.locator("#tr-settings").is_visible() and "view=present" not in page.url
+        assert page.evaluate(FONT_JS, "#tr-story .tr-story") < big_story  # presenting enlarges the story
+        page.locator("#tr-present").click()
+        page.wait_for_function(PRESENTING_JS, timeout=10_000)
+        assert "view=present" in page.url
+        box = page.locator("#tr-msg textarea, textarea#tr-msg, #tr-msg input").first
+        box.fill("Translate to French: The weather is nice today, so we are going to the beach.")
+        box.press("Enter")
+        wait_meter_final(page, timeout=300_000)
+        check_meter(page)
+        page.wait_for_function("() => document.querySelectorAll('#tr-tree .scatterlayer .point').length >= 2",
+                               timeout=30_000)
+        page.wait_for_timeout(800)
+        assert page.evaluate("() => window.scrollY") == 0
+        for selector in ("#tr-meter-box", "#tr-tree", "#tr-story"):
+            r = page.evaluate(RECT_JS, selector)
+            inside = r["top"] >= 0 and r["bottom"] <= PROJECTOR["height"] and r["right"] <= PROJECTOR["width"]
+            assert inside, (selector, r)
+        assert page.evaluate(RECT_JS, "#tr-tree")["width"] >= 640  # the tree's labels are placed for 640 px or more
+        story = page.locator("#tr-story").inner_text()
+        assert story.startswith("This step:") and ("drafted" in story or "Plain step" in story), story
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        page.mouse.move(640, 715)  # no hover label or plotly toolbar in the picture
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(shot))  # the projector's screen, as the room sees it
+        no_error_toast(page)
+    finally:
+        context.close()
+    assert shot.stat().st_size > 10_000
+
+
+def race_trace(steps: int = 8, step_ms: float = 250.0) -> Trace:
+    """A trace measured at 1.5x whose answer carries markup: 8 steps of 3 tokens, 250 ms each (plain: 3 s)."""
+    from dataclasses import asdict
+
+    from tr_core.speed import SpeedEstimate
+
+    trace = Trace(model="tiny", settings={"template": "tiny", "k": 2}, messages=[{"role": "user", "content": "go"}])
+    vocab = {t: f" w{t}" for t in range(10)}
+    for i in range(steps):
+        ev = _step(i)
+        ev.timings = dict(TIMINGS, total=step_ms)
+        trace.add_step(ev, vocab.__getitem__)
+    trace.step_texts = [f" run{i} <img src=\"http://{LEAK_HOST}/leak{i}.png\">" for i in range(steps)]
+    trace.speed = asdict(SpeedEstimate(ratio=1.5, error=0.04, tr_tps=12.0, plain_tps=8.0, mean_accepted=3.0,
+                                       tokens=3 * steps, pairs=5, trusted=True, identical=True, covered=3 * steps))
+    return trace
+
+
+RACE_STATE_JS = """() => ({tr: document.querySelector('#tr-race-tr').textContent,
+  plain: document.querySelector('#tr-race-plain').textContent,
+  trCount: document.querySelector('#tr-race-tr-count').textContent,
+  plainCount: document.querySelector('#tr-race-plain-count').textContent})"""
+
+
+def test_race_fills_both_panes_at_their_recorded_pace_and_ends_complete(app_browser, tmp_path):
+    url, browser = app_browser
+    trace = race_trace()
+    answer = "".join(trace.step_texts)
+    context, page, seen, outside = open_page(browser, url)
+    try:
+        upload_trace(page, trace.save(tmp_path / "race.json"))
+        wait_status(page, "Loaded a trace")
+        assert not page.locator("#tr-race-tr").is_visible()  # the race opens on the button
+        page.locator("#tr-race").click()
+        page.wait_for_selector("#tr-race-tr", state="visible", timeout=10_000)
+        t0 = page.evaluate("() => performance.now()")
+        samples = []
+        while True:
+            state = page.evaluate(RACE_STATE_JS)
+            samples.append((page.evaluate("() => performance.now()") - t0, state))
+            if state["plain"] == answer or samples[-1][0] > 15_000:
+                break
+            page.wait_for_timeout(80)
+        trs, plains = [len(s["tr"]) for _, s in samples], [len(s["plain"]) for _, s in samples]
+        assert trs == sorted(trs) and plains == sorted(plains), samples  # text only grows
+        assert any(0 < n < len(answer) for n in trs) and any(0 < n < len(answer) for n in plains)  # in real time
+        assert any(s["tr"] == answer and s["plain"] != answer for _, s in samples)  # 2.0 s against 3.0 s: TR first
+        final = page.evaluate(RACE_STATE_JS)
+        assert final["tr"] == answer and final["plain"] == answer, final  # complete, markup shown as text
+        assert final["trCount"].endswith("step 8 of 8 · 24 tokens · done in 2.00 s"), final
+        assert final["plainCount"].endswith("token 24 of 24 · done in 3.00 s"), final
+        assert "1.50× ± 0.04" in page.locator("#tr-race-caption").inner_text()
+        assert page.locator("#tr-race-box img").count() == 0 and page.evaluate(DOM_LEAK_JS) == []
+        assert leaks(seen, outside) == []
+        no_error_toast(page)
+    finally:
+        context.close()

@@ -388,6 +388,35 @@ def test_coloured_markdown_keeps_code_and_block_markers_plain():
     assert "&lt;" in plain and "&amp;" in plain
 
 
+def test_marked_markdown_outlines_only_the_shown_steps_run():
+    from tr_core.figures import marked_markdown, safe_markdown
+
+    text = "Here:\n```python\nprint('x')\n```\n- item `a<b`\n# Title <b>"
+    bounds = [3, 20, 35, len(text)]
+    assert marked_markdown(text, bounds, current=-1) == coloured_markdown(text, bounds)  # nothing marked: the same
+    assert marked_markdown(text, bounds, current=-1, colour=False) == safe_markdown(text)
+    out = marked_markdown(text, bounds, current=3)
+    assert out.count("tr-run-current") == out.count('class="tr-run-b tr-run-current"') > 0  # step 3 alone
+    assert out.replace(" tr-run-current", "") == coloured_markdown(text, bounds)  # same text, spans and escaping
+    bare = marked_markdown(text, bounds, current=0, colour=False)
+    assert bare.startswith('<span class="tr-run-current">Her</span>') and "tr-run-a" not in bare and "<b>" not in bare
+
+
+def test_accepted_chart_explained_has_a_legend_for_each_colour():
+    from tr_core.figures import accepted_chart_explained
+
+    events = [make_event(i) for i in range(3)]
+    fig = accepted_chart_explained(events, current=1)
+    legend = {t["name"]: t["marker"]["color"] for t in fig.traces if t.get("showlegend")}
+    assert legend == {"tokens a step gained (accepted drafts + bonus)": ACCEPTED_COLOUR,
+                      "step 2: the step shown in the tree": BONUS_COLOUR}
+    assert fig.traces[0]["marker"]["color"] == accepted_chart(events, current=1).traces[0]["marker"]["color"]
+    assert fig.layout["showlegend"] and fig.to_plotly()  # valid plotly
+    live = accepted_chart_explained(events)  # while streaming no step is singled out: no amber entry
+    assert [t["name"] for t in live.traces if t.get("showlegend")] == ["tokens a step gained (accepted drafts + bonus)"]
+    assert accepted_chart_explained([]).traces == []
+
+
 def test_display_token_shows_whitespace():
     assert display_token(" a\n") == "␣a↵" and display_token("") == "∅" and display_token("abcdefghijkl", 5) == "abcd…"
 

@@ -183,3 +183,16 @@ def test_a_decode_waits_for_the_slot_and_gives_up_when_stopped():
     threading.Timer(0.3, stop.set).start()
     assert list(live) == [] and engine.running == 0  # never started: the slot was busy until it was stopped
     slot.release()
+
+
+def test_a_single_pair_has_no_error_and_its_trace_still_loads(tmp_path):
+    """One chunk pair has no spread: the error is unknown (None, not inf, which JSON cannot hold)."""
+    import dataclasses
+
+    from tr_core.trace import Trace
+
+    est = estimate([ChunkPair(tokens=12, tr_ms=100.0, tr_steps=6, plain_ms=150.0)])
+    assert est.error is None and not est.trusted and "too short" in est.reason
+    trace = Trace(model="tiny", speed=dataclasses.asdict(est))
+    back = Trace.load(trace.save(tmp_path / "t.json"))
+    assert back.speed["error"] is None and back.speed["reason"] == est.reason

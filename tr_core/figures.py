@@ -30,6 +30,7 @@ EDGE_COLOUR = "#cbd5e1"
 PROB_SCALE = [[0.0, "#f7fbff"], [0.2, "#deebf7"], [0.4, "#9ecae1"], [0.6, "#4292c6"], [0.8, "#2171b5"], [1.0, "#08306b"]]
 # Soft background colours that alternate between the accepted runs of consecutive steps in the chat.
 RUN_CLASSES = ("tr-run-a", "tr-run-b")
+CURRENT_RUN_CLASS = "tr-run-current"  # the run of the step shown by the replay (outlined in the chat)
 
 
 def visible_token(text: str, max_len: int = 10) -> str:
@@ -589,6 +590,23 @@ def accepted_chart(events: list[StepEvent], current: int | None = None, height: 
     return fig
 
 
+def accepted_chart_explained(events: list[StepEvent], current: int | None = None, height: int = 240) -> Figure:
+    """`accepted_chart` with a legend for its colours: green bars = tokens each step gained, amber = the step shown."""
+    fig = accepted_chart(events, current, height)
+    if not events:
+        return fig
+    entries = [(ACCEPTED_COLOUR, "tokens a step gained (accepted drafts + bonus)")]
+    if current is not None and 0 <= current < len(events):
+        entries.append((BONUS_COLOUR, f"step {current + 1}: the step shown in the tree"))
+    for colour, name in entries:  # legend-only markers: the bars themselves stay one trace without a legend
+        fig.add(type="scatter", mode="markers", x=[None], y=[None], name=name, showlegend=True, hoverinfo="skip",
+                marker=dict(symbol="square", size=12, color=colour))
+    fig.layout["showlegend"] = True
+    fig.layout["legend"] = dict(orientation="h", x=0.0, xanchor="left", y=1.0, yanchor="bottom", font=dict(size=12))
+    fig.layout["margin"]["t"] = 34
+    return fig
+
+
 class Figure(dict):
     """A plotly figure as plain JSON data: {"data": [trace dicts], "layout": {...}}.
 
@@ -768,6 +786,20 @@ def coloured_markdown(text: str, boundaries: list[int], colour: bool = True) -> 
     so the text can carry no live HTML and no images (it may come from a visitor, a model or a shared trace).
     colour=False: the same escaping, no spans.
     """
+    return run_markdown(text, boundaries, (lambda step: RUN_CLASSES[step % 2]) if colour else (lambda step: ""))
+
+
+def marked_markdown(text: str, boundaries: list[int], current: int, colour: bool = True) -> str:
+    """`coloured_markdown` with step `current`'s run also marked (class "tr-run-current": the step shown in replay)."""
+    def span_class(step: int) -> str:
+        cls = RUN_CLASSES[step % 2] if colour else ""
+        return f"{cls} {CURRENT_RUN_CLASS}".strip() if step == current else cls
+
+    return run_markdown(text, boundaries, span_class)
+
+
+def run_markdown(text: str, boundaries: list[int], span_class: Callable[[int], str]) -> str:
+    """Escaped markdown with step i's run in spans of class `span_class(i)` ("" = no span); see coloured_markdown."""
     zones = _code_zones(text)
     in_code = [False] * (len(text) + 1)
     for a, b in zones:
@@ -779,7 +811,7 @@ def coloured_markdown(text: str, boundaries: list[int], colour: bool = True) -> 
         end = min(end, len(text))
         if end <= start:
             continue
-        cls = RUN_CLASSES[step % 2]
+        cls = span_class(step)
         i = start
         while i < end:
             j = i
@@ -811,7 +843,7 @@ def coloured_markdown(text: str, boundaries: list[int], colour: bool = True) -> 
                     lead = piece[: lead_len + len(marker)]
                     piece = piece[lead_len + len(marker):]
                 body = _inert(piece)
-                out.append(lead + (f'<span class="{cls}">{body}</span>' if piece.strip() and colour else body))
+                out.append(lead + (f'<span class="{cls}">{body}</span>' if piece.strip() and cls else body))
             i = j
         start = end
     out.append(_inert(text[start:]) if start < len(text) else "")

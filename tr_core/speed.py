@@ -150,6 +150,7 @@ def estimate(pairs: list[ChunkPair], identical: bool | None = None) -> SpeedEsti
     tr_s, plain_s = sum(p.tr_ms for p in pairs) / 1e3, sum(p.plain_ms for p in pairs) / 1e3
     mean_acc = tokens / max(sum(p.tr_steps for p in pairs), 1)
     reason = _distrust(pairs, ratio, error, median_ratio, mean_acc)
+    error = error if math.isfinite(error) else None  # one pair has no spread: unknown (and JSON has no inf)
     return SpeedEstimate(ratio=ratio, error=error, tr_tps=tokens / tr_s, plain_tps=tokens / plain_s,
                          mean_accepted=mean_acc, tokens=tokens, pairs=len(pairs), trusted=not reason,
                          reason=reason, identical=identical, covered=covered, left_out=left_out)
