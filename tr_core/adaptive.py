@@ -217,7 +217,7 @@ class AdaptiveDrafter:
             return Draft(name=ADAPTIVE, tokens=grown.tokens[:1], parents=zero, depths=zero, ranks=zero,
                          tree_mask=torch.ones(1, 1, dtype=torch.bool, device=device), size=1, levels=max_depth + 1,
                          node_probs=grown.scores[:1], extras={"bins": grown.bins[:1]})
-        best = torch.topk(grown.scores[1:], m).indices + 1 if m > 0 else torch.zeros(0, dtype=torch.long, device=device)
+        best = torch.topk(grown.scores[1:], m).indices + 1
         keep = torch.cat([torch.zeros(1, dtype=torch.long, device=device), torch.sort(best).values])  # parents first
         remap = torch.zeros(grown.tokens.shape[0], dtype=torch.long, device=device)
         remap[keep] = torch.arange(m + 1, device=device)

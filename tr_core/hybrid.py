@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .adaptive import N_BINS, AdaptiveDrafter, GrownTree, ancestor_mask
+from .adaptive import N_BINS, AdaptiveDrafter, ancestor_mask
 from .context import MAX_MATCH, ContextIndex, Match
 from .drafters import Draft, DraftContext, StepResult
 from .matrix import AdjacencyMatrix
@@ -60,16 +60,19 @@ class Plan:
     origins: list[str]  # where a retrieved node was copied from ("" for matrix nodes)
     scores: list[float]  # estimated probability that each node is accepted (root: 1)
 
-    def best(self, m: int) -> list[int]:
-        """The root and the best m nodes by score, in index order (so parents come first)."""
-        order = sorted(range(1, len(self.tokens)), key=lambda i: (-self.scores[i], i))
-        return [0, *sorted(order[:m])]
+    def ranked(self) -> list[int]:
+        """The draft nodes best first (ties: lower index first, so a parent precedes its children)."""
+        return sorted(range(1, len(self.tokens)), key=lambda i: (-self.scores[i], i))
 
-    def expected(self) -> list[float]:
+    def best(self, m: int, ranked: list[int] | None = None) -> list[int]:
+        """The root and the best m nodes by score, in index order (so parents come first)."""
+        return [0, *sorted((ranked if ranked is not None else self.ranked())[:m])]
+
+    def expected(self, ranked: list[int] | None = None) -> list[float]:
         """Expected accepted draft tokens using the best m nodes, m = 0..len - 1."""
         out = [0.0]
-        for s in sorted(self.scores[1:], reverse=True):
-            out.append(out[-1] + s)
+        for i in ranked if ranked is not None else self.ranked():
+            out.append(out[-1] + self.scores[i])
         return out
 
 
@@ -111,10 +114,11 @@ class HybridDrafter(AdaptiveDrafter):
             grown = self.grow(matrix.table, matrix.probs, root, self.budget, self.matrix_depth)
             self.plan = self.merge({name: getattr(grown, name).tolist() for name in _GROWN}, self.index.lookup(
                 MAX_MATCHES, RETRIEVAL_DEPTH))
-        curve = self.plan.expected()
+        ranked = self.plan.ranked()  # sorted once: the size choice and the draft read the same order
+        curve = self.plan.expected(ranked)
         size = self.choose_size(curve, self.budget) if self.sized_by_cost else min(self.budget, len(curve) - 1)
         self.next_size, self.predicted = size, curve[size]
-        return self.take_plan(self.plan, size)
+        return self.take_plan(self.plan, size, ranked)
 
     def lookahead(self, bonus: torch.Tensor, matrix: AdjacencyMatrix) -> dict[str, torch.Tensor]:
         """Grow the next matrix tree from the bonus token on the device; it rides the step's sync."""
@@ -172,9 +176,9 @@ class HybridDrafter(AdaptiveDrafter):
             plan.scores[i] = plan.scores[plan.parents[i]] * rate[plan.keys[i]]
         return plan
 
-    def take_plan(self, plan: Plan, m: int) -> Draft:
-        """The root and the best m nodes of a plan as a Draft on the device."""
-        keep = plan.best(min(m, len(plan.tokens) - 1))
+    def take_plan(self, plan: Plan, m: int, ranked: list[int] | None = None) -> Draft:
+        """The root and the best m nodes of a plan (`ranked`: its nodes best first, if known) as a Draft."""
+        keep = plan.best(min(m, len(plan.tokens) - 1), ranked)
         remap = {old: new for new, old in enumerate(keep)}
         parents = [remap[plan.parents[i]] if i else 0 for i in keep]
         depths = [plan.depths[i] for i in keep]
@@ -189,4 +193,4 @@ class HybridDrafter(AdaptiveDrafter):
                      sources=tuple(plan.sources[i] for i in keep), origins=tuple(plan.origins[i] for i in keep))
 
 
-__all__ = ["HybridDrafter", "Plan", "GrownTree", "context_key"]
+__all__ = ["HybridDrafter", "Plan", "context_key"]
