@@ -117,7 +117,7 @@ def test_merge_shares_nodes_where_sources_agree_and_scores_follow_the_path():
     assert plan.scores[5] == pytest.approx(rate[plan.keys[1]] * rate[plan.keys[4]] * rate[plan.keys[5]])
     keep = plan.best(3)
     assert all(plan.parents[i] in keep for i in keep[1:])  # any prefix by score is a tree
-    draft = d.take_plan(plan, 3)
+    draft = d.take_plan(plan, keep)
     assert draft.size == 4 and draft.sources[0] == "root"
     tokens = draft.tokens.tolist()
     assert len(set(zip(draft.parents.tolist()[1:], tokens[1:]))) == 3  # siblings distinct
@@ -131,6 +131,27 @@ def test_calibration_learns_per_source():
         d.learn([-1, 0], [0, key], [0])
     assert d.rate_host[key] < before / 3
     assert d.rate_host[BOTH_KEY] == pytest.approx(_prior(d, BOTH_KEY))
+
+
+def test_calibration_learns_from_candidates_left_out_of_the_draft():
+    """A zero-draft step still tests the plan's first level against the emitted token (greedy's verdict)."""
+    from tr_core.drafters import StepResult
+
+    d = HybridDrafter(torch.device("cpu"))
+    ix = ContextIndex()
+    ix.extend([1, 2, 3, 1])  # suffix "1" was followed by 2 3
+    grown = _grown([1, 9, 8], [0, 0, 0], [0, 15, 3])  # the matrix proposes 9 and 8 after the root
+    d.plan = d.merge(grown, ix.lookup(3, 4))
+    d.kept = [0]  # a plain step: only the root was verified
+    ctx = d.plan.keys[d.plan.tokens.index(2)]
+    trials, hits = d.trials.clone(), d.hits.clone()
+    d.learn_verified(StepResult(parents=[-1], accepted=[0], emitted=[2], forward_tokens=1, forward_ms=1.0,
+                                step_ms=1.0, extras={"bins": [0]}))
+    assert d.trials[ctx] == trials[ctx] + 1 and d.hits[ctx] == hits[ctx] + 1  # the copy was right
+    assert d.trials[15] == trials[15] + 1 and d.hits[15] == hits[15]  # the matrix's 9 was not
+    assert d.trials[3] == trials[3] + 1 and d.hits[3] == hits[3]
+    depth2 = d.plan.tokens.index(3)  # under the copied 2: untested, its parent was never verified as accepted
+    assert d.trials[d.plan.keys[depth2]] == trials[d.plan.keys[depth2]]
 
 
 def _prior(d, key):

@@ -67,6 +67,31 @@ def test_forward_cost_probe_learning_and_a_cheaper_larger_forward():
     assert drafter.choose_size([0.0, 0.55, 1.0, 1.4, 1.5], budget=4) == 3  # 3 drafts + root = a 4-token forward
 
 
+def test_tested_candidates_count_the_whole_tree_not_only_the_draft():
+    from tr_core.adaptive import tested_candidates
+
+    # root 0 -> 1 (-> 3), 2; drafted: root and node 1; node 1 accepted, then the bonus 77
+    tokens, parents, depths, keys = [5, 10, 11, 12], [0, 0, 0, 1], [0, 1, 1, 2], [0, 4, 5, 6]
+    keys_hits = tested_candidates(tokens, parents, depths, keys, kept=[0, 1], accepted=[0, 1], emitted=[10, 77])
+    assert keys_hits == ([4, 5, 6], [True, False, False])  # 2 lost to 1 at depth 1; 3 (left out) is not 77
+    keys_hits = tested_candidates(tokens, parents, depths, keys, kept=[0, 1], accepted=[0, 1], emitted=[10, 12])
+    assert keys_hits == ([4, 5, 6], [True, False, True])  # greedy would have accepted the left-out 3
+    keys_hits = tested_candidates(tokens, parents, depths, keys, kept=[0], accepted=[0], emitted=[11])
+    assert keys_hits == ([4, 5], [False, True])  # a zero-draft step tests the first level; 3's parent was not run
+
+
+def test_adaptive_zero_draft_steps_still_calibrate(monkeypatch):
+    """With every step forced plain, verified-only learning would learn nothing; the whole tree teaches."""
+    from tr_core.adaptive import AdaptiveDrafter
+
+    engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
+    monkeypatch.setattr(AdaptiveDrafter, "choose_size", lambda self, expected, budget: 0)
+    trials = engine.adaptive.trials.sum().item()
+    tokens = tokens_of(engine, PROMPTS[1], template="adaptive", max_new_tokens=24)
+    assert engine.adaptive.trials.sum().item() > trials + 24
+    assert tokens == tokens_of(engine, PROMPTS[1], plain=True, max_new_tokens=24)
+
+
 def test_step_clock_names_every_phase_and_its_total():
     clock = StepClock(torch.device("cpu"))
     for phase in ("draft", "forward", "verify", "update", "sync", "commit", "learn"):

@@ -21,7 +21,7 @@ from .drafters import Draft, DraftContext, StepResult
 from .matrix import AdjacencyMatrix
 from .tree import ADAPTIVE, SIZED_BY_COST
 
-N_BINS = 16  # calibration bins over the stored candidate probability (uint8 0..255)
+N_BINS = 16  # calibration bins over the stored candidate probability (uint8 0..255), finer where it is small
 DRAFT_MARGIN = 1.03  # draft only where the predicted rate beats a plain step by 3% (estimates are noisy; ties lose)
 TRUST_PRIOR = 2.0  # pseudo-tokens behind the trust factor's start at 1.0
 TRUST_DECAY = 0.97  # per drafting step: the trust factor follows about the last 30 drafts
@@ -29,11 +29,22 @@ TRUST_FORGET = 0.98  # per zero-draft step: the trust drifts back towards 1, so 
 
 
 def stored_bin(stored: torch.Tensor) -> torch.Tensor:
-    """The calibration bin (long) of stored candidate probabilities (uint8 0..255)."""
-    return stored.long() * N_BINS // 256
+    """The calibration bin (long) of stored candidate probabilities (uint8 0..255, p = stored / 255).
+
+    Bins are even in sqrt(p): bin b holds p in [(b/16)^2, ((b+1)/16)^2), so 0.4%, 1.6%, 3.5%, 6.3%, ... 88%.
+    Most of a tree's candidates are unlikely ones; with even bins in p, the first bin (p < 6%) would pool the
+    p = 0.1% candidates with the p = 5% ones the drafts take, and the calibration learned from every tested
+    candidate (`tested_candidates`) would rate the latter by the former."""
+    return (torch.sqrt(stored.float() / 256) * N_BINS).long().clamp(max=N_BINS - 1)
+
+
+def bin_centers() -> torch.Tensor:
+    """[N_BINS] float64: the probability at the middle of each bin (a calibrated model's rate there)."""
+    return ((torch.arange(N_BINS, dtype=torch.float64) + 0.5) / N_BINS) ** 2
 
 
 _BIN_OF_STORED = stored_bin(torch.arange(256))  # the bin of every possible stored value
+GROWN = ("tokens", "parents", "depths", "bins")  # the grown tree's fields synced for learning (and merging)
 
 
 @dataclass
@@ -61,13 +72,14 @@ class AdaptiveDrafter:
         self.budget, self.max_depth, self.sized_by_cost = 80, 8, True  # this answer's settings (see begin)
         self.matrix_depth = self.max_depth
         # Acceptance rate per bin starts at the bin's own stored probability (a calibrated model), weight `prior`.
-        centers = (torch.arange(N_BINS, dtype=torch.float64) + 0.5) / N_BINS
-        self.hits = centers * prior
+        self.hits = bin_centers() * prior
         self.trials = torch.full((N_BINS,), prior, dtype=torch.float64)
         self._refresh()
         self.pending: GrownTree | None = None  # the tree grown for the next step, from the bonus token
         self.next_size = 0  # draft nodes for the next step (an answer starts where the last one ended)
         self.expected_next: list[float] | None = None  # the next tree's expected-acceptance curve (host)
+        self.host_tree: dict[str, list[int]] | None = None  # the pending tree's shape on the host (for learning)
+        self.drafting_tree: dict[str, list[int]] | None = None  # the host copy of the tree drafted this step
         # Trust: realised / predicted accepted tokens of the drafts actually verified. The size that maximises an
         # estimate is the one it overestimates most (the winner's curse), so the raw calibration drafts too much.
         self.trust, self._predicted_sum, self._realised_sum = 1.0, 0.0, 0.0
@@ -86,7 +98,7 @@ class AdaptiveDrafter:
     def begin(self, ctx: DraftContext) -> None:
         """Take the answer's settings; measure the forward cost on this device once (about a second on a CPU)."""
         cfg = ctx.cfg
-        self.pending = None
+        self.pending, self.host_tree = None, None
         self.budget, self.max_depth = cfg.node_budget, cfg.max_depth
         self.matrix_depth = cfg.max_depth  # levels grown over the matrix (the hybrid's retrieved runs go deeper)
         self.sized_by_cost = cfg.hardware_aware and cfg.template in SIZED_BY_COST  # *-fixed: the full budget
@@ -98,6 +110,8 @@ class AdaptiveDrafter:
         if self.pending is None:  # an answer's first step: no look-ahead yet, so no host-known curve
             self.pending, self.expected_next = self.grow(matrix.table, matrix.probs, root, self.budget,
                                                          self.matrix_depth), None
+            self.host_tree = None
+        self.drafting_tree = self.host_tree
         size = min(self.next_size if self.sized_by_cost else self.budget, self.pending.tokens.shape[0] - 1)
         curve = self.expected_next
         self.predicted = curve[size] if curve is not None and size < len(curve) else 0.0
@@ -107,7 +121,7 @@ class AdaptiveDrafter:
         """Grow the next step's tree from the bonus token now; its expected-acceptance curve rides the sync."""
         budget, depth = self.growth()
         self.pending = self.grow(matrix.table, matrix.probs, bonus, budget, depth)
-        return {"expected": self.pending.expected}
+        return {"expected": self.pending.expected, **{f"grown.{name}": getattr(self.pending, name) for name in GROWN}}
 
     def growth(self) -> tuple[int, int]:
         """(nodes, levels) to grow the next tree to: all of them for fixed trees; sized trees grow to about twice
@@ -124,10 +138,11 @@ class AdaptiveDrafter:
         if "expected" in result.extras:
             self.expected_next = result.extras["expected"]
             self.next_size = self.choose_size(self.expected_next, self.budget)
+            self.host_tree = {name: [int(v) for v in result.extras[f"grown.{name}"]] for name in GROWN}
 
     def learn_step(self, result: StepResult) -> None:
         """What every verified step teaches: per-bin calibration, the trust factor, the cost of the step."""
-        self.learn(result.parents, [int(b) for b in result.extras["bins"]], result.accepted)
+        self.learn_verified(result)
         self.track_trust(len(result.accepted) - 1)
         self.cost.observe(result.forward_tokens, result.step_ms)
 
@@ -216,7 +231,7 @@ class AdaptiveDrafter:
             zero = grown.parents[:1]
             return Draft(name=ADAPTIVE, tokens=grown.tokens[:1], parents=zero, depths=zero, ranks=zero,
                          tree_mask=torch.ones(1, 1, dtype=torch.bool, device=device), size=1, levels=max_depth + 1,
-                         node_probs=grown.scores[:1], extras={"bins": grown.bins[:1]})
+                         node_probs=grown.scores[:1], extras={"bins": grown.bins[:1], "node": zero})
         best = torch.topk(grown.scores[1:], m).indices + 1
         keep = torch.cat([torch.zeros(1, dtype=torch.long, device=device), torch.sort(best).values])  # parents first
         remap = torch.zeros(grown.tokens.shape[0], dtype=torch.long, device=device)
@@ -224,19 +239,54 @@ class AdaptiveDrafter:
         parents = remap[grown.parents[keep]]
         return Draft(name=ADAPTIVE, tokens=grown.tokens[keep], parents=parents, depths=grown.depths[keep],
                      ranks=grown.ranks[keep], tree_mask=ancestor_mask(parents, max_depth), size=m + 1,
-                     levels=max_depth + 1, node_probs=grown.scores[keep], extras={"bins": grown.bins[keep]})
+                     levels=max_depth + 1, node_probs=grown.scores[keep],
+                     extras={"bins": grown.bins[keep], "node": keep})
 
     # -- learning ---------------------------------------------------------------------------------------------
+    def learn_verified(self, result: StepResult) -> None:
+        """The calibration's lesson of one step, from the whole grown tree when its host copy is known (every
+        step but an answer's first), else from the verified nodes alone (see `tested_candidates`)."""
+        tree, nodes = self.drafting_tree, result.extras.get("node")
+        if tree is None or nodes is None or len(nodes) != len(result.parents):
+            return self.learn(result.parents, [int(b) for b in result.extras["bins"]], result.accepted)
+        self.count(*tested_candidates(tree["tokens"], tree["parents"], tree["depths"], tree["bins"],
+                                      [int(n) for n in nodes], result.accepted, result.emitted))
+
+    def count(self, keys: list[int], hits: list[bool]) -> None:
+        """Add tested candidates (their calibration keys, and whether each was accepted) to the rates."""
+        if keys:
+            index = torch.tensor(keys, dtype=torch.long)
+            self.trials.index_add_(0, index, torch.ones(len(keys), dtype=torch.float64))
+            self.hits.index_add_(0, index, torch.tensor(hits, dtype=torch.float64))
+            self._refresh()
+
     def learn(self, parents: list[int], bins: list[int], accepted: list[int]) -> None:
         """Learn from one verified tree: a node whose parent was accepted was tested; did the model agree?"""
         on_path = set(accepted)
-        for node in range(1, len(parents)):
-            if parents[node] in on_path:
-                b = bins[node]
-                self.trials[b] += 1
-                self.hits[b] += node in on_path
-        if len(parents) > 1:
-            self._refresh()
+        tested = [node for node in range(1, len(parents)) if parents[node] in on_path]
+        self.count([bins[node] for node in tested], [node in on_path for node in tested])
+
+
+def tested_candidates(tokens: list[int], parents: list[int], depths: list[int], keys: list[int], kept: list[int],
+                      accepted: list[int], emitted: list[int]) -> tuple[list[int], list[bool]]:
+    """The calibration keys of every candidate a step tested, and whether each passed, over a whole tree of which
+    only the nodes `kept` (root first, in draft order) were drafted; `accepted` indexes the draft.
+
+    A candidate was tested when its parent was accepted, drafted or not. A drafted one passed if verification
+    accepted it; one left out (all of them on a zero-draft step) would have passed if its token is the one the
+    model emitted after its parent, which is what greedy verification decides. So candidates the size choice
+    keeps out still teach their rates: without them a source that starts too pessimistic never drafts, so never
+    learns (a copy from the prompt in a translation), and one too optimistic learns only from what it drafted."""
+    path = [kept[a] for a in accepted]  # tree nodes of the accepted path; path[d] is at depth d
+    on_path, drafted = set(path), set(kept)
+    out_keys, hits = [], []
+    for node in range(1, len(tokens)):
+        parent = parents[node]
+        depth = depths[parent]
+        if parent in on_path and depth < len(emitted):
+            out_keys.append(keys[node])
+            hits.append(node in on_path if node in drafted else tokens[node] == emitted[depth])
+    return out_keys, hits
 
 
 def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
