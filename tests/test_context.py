@@ -37,6 +37,7 @@ def test_lookup_finds_the_longest_match_first_and_names_its_segment():
     assert found[0].where == "the prompt" and found[0].offset == 4
     assert found[0].describe(2) == "copied from the prompt, tokens 5-6 (after a 3-token match)"
     assert found[1].tokens[0] == 7 and found[1].match_len == 2  # "2 3" matched, then 7 followed
+    assert not found[0].contested and found[1].contested  # "2 3" was followed by 4 and by 7
     assert len({m.tokens[0] for m in found}) == len(found)  # one match per first token
 
 
@@ -53,8 +54,11 @@ def test_lookup_agrees_with_brute_force(seed):
         found = ix.lookup(max_matches=100, max_len=3)
         assert {m.tokens[0] for m in found} == set(truth)
         for m in found:
-            assert min(m.match_len, 3) == truth[m.tokens[0]]
+            n = truth[m.tokens[0]]
+            assert min(m.match_len, 3) == n
             assert list(m.tokens) == stream[m.position : m.position + 3]
+            followers = {stream[e + 1] for e in range(n - 1, len(stream) - 1) if stream[e - n + 1 : e + 1] == stream[-n:]}
+            assert m.contested == (len(followers) > 1)  # the matched n-gram had other continuations
         lengths = [min(m.match_len, 3) for m in found]
         assert lengths == sorted(lengths, reverse=True)  # longest n-gram first
 
@@ -194,19 +198,27 @@ def test_hybrid_drafts_from_the_context_and_indexes_prompts_and_answers():
     assert len(engine.hybrid.index) == 0 and engine.matrix.rows_filled == 0
 
 
-def test_trust_shrinks_when_drafts_are_overestimated_and_recovers_without_drafts():
+def test_trust_shrinks_per_size_class_when_drafts_are_overestimated_and_recovers_without_drafts():
+    from tr_core.adaptive import size_class
+
+    assert [size_class(m) for m in (1, 2, 3, 5, 6, 11, 12, 23, 24, 80)] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
     d = HybridDrafter(torch.device("cpu"))
     d.cost.ms = {n: 10.0 + n for n in d.cost.ms}  # drafting pays if expected accepted > (t(m+1) - t(1)) / t(1)
     curve = [0.0, 0.5, 0.9, 1.2, 1.4]
     assert d.choose_size(curve, budget=4) == 4
-    for _ in range(40):  # the drafter predicted 1.4 accepted tokens, the model accepted none
+    for _ in range(40):  # drafts of 4 nodes: the drafter predicted 1.4 accepted tokens, the model accepted none
         d.predicted = 1.4
-        d.track_trust(0)
-    assert d.trust < 0.15 and d.choose_size(curve, budget=4) == 0
+        d.track_trust(0, 4)
+    assert d.trust[size_class(4)] < 0.15 and d.trust[size_class(2)] > 0.4
+    assert d.choose_size(curve, budget=4) == 2  # the sizes of the overestimated class are avoided, not every size
+    for _ in range(40):
+        d.predicted = 0.9
+        d.track_trust(0, 2)
+    assert d.choose_size(curve, budget=4) == 0
     for _ in range(300):  # zero-draft steps: trust drifts back, so drafting is retried
         d.predicted = 0.0
-        d.track_trust(0)
-    assert d.trust > 0.8 and d.choose_size(curve, budget=4) == 4
+        d.track_trust(0, 0)
+    assert min(d.trust) > 0.8 and d.choose_size(curve, budget=4) == 4
 
 
 def test_costs_never_observed_follow_the_observed_scale():

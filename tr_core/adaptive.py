@@ -12,6 +12,7 @@ along in the step's single sync, so the host can pick the size for the next step
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import torch
@@ -23,9 +24,10 @@ from .tree import ADAPTIVE, SIZED_BY_COST
 
 N_BINS = 16  # calibration bins over the stored candidate probability (uint8 0..255), finer where it is small
 DRAFT_MARGIN = 1.03  # draft only where the predicted rate beats a plain step by 3% (estimates are noisy; ties lose)
-TRUST_PRIOR = 2.0  # pseudo-tokens behind the trust factor's start at 1.0
-TRUST_DECAY = 0.97  # per drafting step: the trust factor follows about the last 30 drafts
-TRUST_FORGET = 0.98  # per zero-draft step: the trust drifts back towards 1, so a drafter that stopped drafting retries
+TRUST_PRIOR = 2.0  # pseudo-tokens behind each trust factor's start at 1.0
+TRUST_DECAY = 0.97  # per draft of its size class: a trust factor follows about its last 30 drafts
+TRUST_FORGET = 0.98  # per step without a draft of its class: the trust drifts back towards 1, so the size is retried
+TRUST_SIZES = (1, 3, 6, 12, 24)  # the trust's size classes (draft nodes): 1-2, 3-5, 6-11, 12-23, 24+
 
 
 def stored_bin(stored: torch.Tensor) -> torch.Tensor:
@@ -60,6 +62,11 @@ class GrownTree:
     expected: torch.Tensor  # [B+1] float, expected accepted draft tokens using the first n nodes (n = 0..B)
 
 
+def size_class(m: int) -> int:
+    """The trust's size class of a draft of m >= 1 nodes (TRUST_SIZES)."""
+    return bisect.bisect_right(TRUST_SIZES, m) - 1
+
+
 class AdaptiveDrafter:
     """Grows best-first trees, picks their size from the cost model, and learns its calibration online."""
 
@@ -82,7 +89,8 @@ class AdaptiveDrafter:
         self.drafting_tree: dict[str, list[int]] | None = None  # the host copy of the tree drafted this step
         # Trust: realised / predicted accepted tokens of the drafts actually verified. The size that maximises an
         # estimate is the one it overestimates most (the winner's curse), so the raw calibration drafts too much.
-        self.trust, self._predicted_sum, self._realised_sum = 1.0, 0.0, 0.0
+        classes = len(TRUST_SIZES)
+        self.trust, self._predicted_sum, self._realised_sum = [1.0] * classes, [0.0] * classes, [0.0] * classes
         self.predicted = 0.0  # expected accepted tokens of the draft being verified (0: nothing drafted)
         self._index_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -143,18 +151,23 @@ class AdaptiveDrafter:
     def learn_step(self, result: StepResult) -> None:
         """What every verified step teaches: per-bin calibration, the trust factor, the cost of the step."""
         self.learn_verified(result)
-        self.track_trust(len(result.accepted) - 1)
+        self.track_trust(len(result.accepted) - 1, len(result.parents) - 1)
         self.cost.observe(result.forward_tokens, result.step_ms)
 
-    def track_trust(self, realised: int) -> None:
-        """Fold one step into trust = (realised + prior) / (predicted + prior), over about the last 30 drafts."""
-        if self.predicted > 0:
-            self._predicted_sum = TRUST_DECAY * self._predicted_sum + self.predicted
-            self._realised_sum = TRUST_DECAY * self._realised_sum + realised
-        else:
-            self._predicted_sum *= TRUST_FORGET
-            self._realised_sum *= TRUST_FORGET
-        self.trust = min(1.5, (self._realised_sum + TRUST_PRIOR) / (self._predicted_sum + TRUST_PRIOR))
+    def track_trust(self, realised: int, size: int) -> None:
+        """Fold one step into its size class's trust = (realised + prior) / (predicted + prior), over about the
+        last 30 drafts of that class; the other classes drift back towards 1. Per class, because the estimates
+        flatter large trees more than small ones (deep matrix paths): one factor for all would either let the
+        large trees lose or keep the small ones that pay from being drafted."""
+        drafted = size_class(size) if self.predicted > 0 and size > 0 else -1
+        for c in range(len(TRUST_SIZES)):
+            if c == drafted:
+                self._predicted_sum[c] = TRUST_DECAY * self._predicted_sum[c] + self.predicted
+                self._realised_sum[c] = TRUST_DECAY * self._realised_sum[c] + realised
+            else:
+                self._predicted_sum[c] *= TRUST_FORGET
+                self._realised_sum[c] *= TRUST_FORGET
+            self.trust[c] = min(1.5, (self._realised_sum[c] + TRUST_PRIOR) / (self._predicted_sum[c] + TRUST_PRIOR))
 
     # -- growing ----------------------------------------------------------------------------------------------
     def grow(self, table: torch.Tensor, probs: torch.Tensor, root: torch.Tensor, budget: int, max_depth: int) -> GrownTree:
@@ -212,13 +225,13 @@ class AdaptiveDrafter:
         return self._index_cache[key]
 
     def choose_size(self, expected: list[float], budget: int) -> int:
-        """Draft nodes to verify next: argmax over m of (trust * expected[m] + 1) / t(m + 1); 0 means a plain step.
+        """Draft nodes to verify next: argmax over m of (trust(m) * expected[m] + 1) / t(m + 1); 0 means a plain step.
 
         t is the measured cost of a whole step (forward and the engine's work) of m + 1 tokens; a draft must beat
         the plain step by DRAFT_MARGIN."""
         best_m, best_rate = 0, DRAFT_MARGIN / self.cost(1)
         for m in range(1, min(budget, len(expected) - 1) + 1):
-            rate = (self.trust * expected[m] + 1.0) / self.cost(m + 1)
+            rate = (self.trust[size_class(m)] * expected[m] + 1.0) / self.cost(m + 1)
             if rate > best_rate:
                 best_m, best_rate = m, rate
         return best_m

@@ -44,6 +44,7 @@ class Match:
     position: int  # global position of the continuation's first token
     where: str  # the segment's label
     offset: int  # the continuation's first token within its segment (0-based)
+    contested: bool = False  # earlier occurrences of the matched n-gram were followed by different tokens
 
     def describe(self, used: int) -> str:
         """Hover text for the first `used` tokens of the continuation (1-based token numbers, as people count)."""
@@ -129,25 +130,36 @@ class ContextIndex:
         """Continuations of the stream's own suffix, best first: longest matched n-gram, then most recent.
 
         At most one match per distinct first token (they become sibling branches of the draft tree); a match
-        whose continuation would be empty (the suffix itself) is skipped.
+        whose continuation would be empty (the suffix itself) is skipped. A match is `contested` when the
+        n-gram it matched was followed by different tokens before (a common word, unlike a rare name).
         """
         found: list[Match] = []
         firsts: set[int] = set()
         size = len(self.stream)
         for n in range(min(self.max_n, size), 0, -1):
-            gram = tuple(self.stream[size - n :])
-            pos, links = self.head[n].get(gram, -1), 0
-            while pos >= self.base and links < self.chain and len(found) < max_matches:
-                local = pos - self.base
-                if local + 1 < size and self.stream[local + 1] not in firsts:
+            ends = self._occurrences(tuple(self.stream[size - n :]))
+            contested = len({self.stream[local + 1] for local in ends}) > 1
+            for local in ends:
+                if len(found) < max_matches and self.stream[local + 1] not in firsts:
                     firsts.add(self.stream[local + 1])
-                    found.append(self._match(local, n, max_len))
-                pos, links = self.prev[n][local], links + 1
+                    found.append(self._match(local, n, max_len, contested))
             if len(found) >= max_matches:
                 break
         return found
 
-    def _match(self, local: int, n: int, max_len: int) -> Match:
+    def _occurrences(self, gram: tuple[int, ...]) -> list[int]:
+        """Local indices where `gram` ended before the stream's end (not the suffix itself), newest first, at
+        most `chain` of them."""
+        n, size = len(gram), len(self.stream)
+        pos, links, ends = self.head[n].get(gram, -1), 0, []
+        while pos >= self.base and links < self.chain:
+            local = pos - self.base
+            if local + 1 < size:
+                ends.append(local)
+            pos, links = self.prev[n][local], links + 1
+        return ends
+
+    def _match(self, local: int, n: int, max_len: int, contested: bool) -> Match:
         """The match ending at local index `local` (n tokens known to agree), extended backwards."""
         size = len(self.stream)
         length = n
@@ -156,7 +168,8 @@ class ContextIndex:
         start = local + 1
         tokens = tuple(self.stream[start : start + max_len])
         where, offset = self._where(self.base + start)
-        return Match(tokens=tokens, match_len=length, position=self.base + start, where=where, offset=offset)
+        return Match(tokens=tokens, match_len=length, position=self.base + start, where=where, offset=offset,
+                     contested=contested)
 
     def _where(self, pos: int) -> tuple[str, int]:
         """(segment label, offset within the segment as first added) of a global position."""
