@@ -33,11 +33,12 @@ TRUST_SIZES = (1, 3, 6, 12, 24)  # the trust's size classes (draft nodes): 1-2, 
 def stored_bin(stored: torch.Tensor) -> torch.Tensor:
     """The calibration bin (long) of stored candidate probabilities (uint8 0..255, p = stored / 255).
 
-    Bins are even in sqrt(p): bin b holds p in [(b/16)^2, ((b+1)/16)^2), so 0.4%, 1.6%, 3.5%, 6.3%, ... 88%.
+    Bins are even in sqrt(p): bin b holds stored values s with sqrt(s / 256) in [b/16, (b+1)/16), so p up to
+    about 0.4%, 1.6%, 3.5%, 6.3%, ... 88% and 100%.
     Most of a tree's candidates are unlikely ones; with even bins in p, the first bin (p < 6%) would pool the
     p = 0.1% candidates with the p = 5% ones the drafts take, and the calibration learned from every tested
     candidate (`tested_candidates`) would rate the latter by the former."""
-    return (torch.sqrt(stored.float() / 256) * N_BINS).long().clamp(max=N_BINS - 1)
+    return (torch.sqrt(stored.float() / 256) * N_BINS).long()
 
 
 def bin_centers() -> torch.Tensor:

@@ -11,8 +11,9 @@ itself). Each step:
    root: where the matrix already proposes the same token the node is shared, elsewhere new nodes are added;
 3. every node's score is the product along its path of calibrated acceptance probabilities, learned online per
    source: matrix candidates by their stored probability (16 bins, even in its square root), retrieved ones by
-   the length of the match they extend (1..16 tokens), and shared ones (both sources agree) by match length
-   too; every candidate whose parent was accepted counts, drafted or not;
+   the length of the match they extend (1..16 tokens) and whether the matched n-gram was contested (followed
+   by different tokens before), and shared ones (both sources agree) by match length; every candidate whose
+   parent was accepted counts, drafted or not;
 4. the best nodes by score form the next draft, sized like `adaptive` by the measured forward cost, zero-draft
    steps included (`hybrid`), or always the full node budget (`hybrid-fixed`).
 """
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .adaptive import N_BINS, AdaptiveDrafter, bin_centers, ancestor_mask, tested_candidates
+from .adaptive import GROWN, N_BINS, AdaptiveDrafter, ancestor_mask, bin_centers, tested_candidates
 from .context import MAX_MATCH, ContextIndex, Match
 from .drafters import Draft, DraftContext, StepResult
 from .matrix import AdjacencyMatrix
@@ -35,7 +36,7 @@ CTX_KEY = N_BINS
 CONTESTED_KEY = N_BINS + MAX_MATCH
 BOTH_KEY = N_BINS + 2 * MAX_MATCH
 N_KEYS = N_BINS + 3 * MAX_MATCH
-_GROWN = ("tokens", "parents", "depths", "ranks", "bins")  # the matrix tree's fields synced for the merge
+_GROWN = (*GROWN, "ranks")  # the matrix tree's fields synced for the merge
 
 
 def context_key(match_len: int, shared: bool, contested: bool = False) -> int:
