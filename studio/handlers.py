@@ -18,7 +18,6 @@ from tr_core.config import DecodeConfig
 from tr_core.events import StepEvent, SummaryEvent
 from tr_core.figures import MatrixTracker, accepted_chart_explained, heatmap_figure, tree_figure
 from tr_core.speed import SpeedEstimate, forked, interleave
-from tr_core.story import matrix_before
 from tr_core.trace import Trace, TraceError, record_live
 
 from .config import StudioConfig
@@ -260,8 +259,7 @@ def _stream(studio: Studio, s: Session, engine: Any, ids: list[int], cfg: Decode
             if s.conversation != conversation:  # New chat: stop this answer (closing record_live stops the engine)
                 break
             for ev in new_steps:
-                before = matrix_before(tracker, ev)  # the last step's story compares its rows with these
-                tracker.update(ev)
+                before = tracker.update(ev)  # the last step's story compares its rows with these
             last = trace.steps[-1]
             shown = coloured_answer(trace, colour=settings.colour)
             yield {"chat": pending[:-1] + [{"role": "assistant", "content": shown + " ▌"}],

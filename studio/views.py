@@ -15,7 +15,7 @@ from tr_core.figures import (MatrixTracker, MeterView, accepted_chart_explained,
                              marked_markdown, meter_html, ratio_class, safe_markdown, tree_figure)
 from tr_core.race import NoRace, race_timeline
 from tr_core.speed import SpeedEstimate
-from tr_core.story import matrix_before, step_story
+from tr_core.story import step_story
 from tr_core.trace import Trace, boundaries_from_texts
 
 # Every output a handler may set, in the order of the endpoints' outputs (the API's documented order: new names
@@ -69,8 +69,7 @@ def step_views(trace: Trace, step: int, cost: CostCurve | None = None) -> dict[s
     for ev in trace.steps[:step]:
         tracker.update(ev)
     ev = trace.steps[step]
-    before = matrix_before(tracker, ev)
-    tracker.update(ev)
+    before = tracker.update(ev)
     return {"tree": tree_figure(ev, trace.token_text), "heat": heatmap_figure(tracker, ev, trace.token_text),
             "chart": accepted_chart_explained(trace.steps, current=step),
             "story": step_story_view(ev, trace.token_text, before), "cost": cost_html(ev, cost)}

@@ -285,13 +285,21 @@ def test_tree_explains_its_symbols_only_when_a_label_shows_them():
         assert tree_legend_names(ev) == legend_names(tree_figure(ev, text_of))
 
 
-def test_heatmap_says_it_shows_the_matrix_after_the_step_and_why_these_rows():
+def _second_step_rewrites_row_9(accepted: list[int] | None = None):
+    """A tracker after two steps, the second rewriting only row 9 (and accepting `accepted`, if given)."""
     tracker = MatrixTracker()
     first = make_event(0)
     tracker.update(first)
     later = make_event(1)
     later.matrix_rows, later.matrix_values, later.matrix_probs = [9], [[1, 2]], [[0.5, 0.5]]
+    if accepted is not None:
+        later.accepted = accepted
     tracker.update(later)
+    return tracker, first, later
+
+
+def test_heatmap_says_it_shows_the_matrix_after_the_step_and_why_these_rows():
+    tracker, first, later = _second_step_rewrites_row_9()
     title = heatmap_figure(tracker, later, text_of).layout["title"]["text"]
     assert "Adjacency matrix after step 2" in title
     assert "● rows this step rewrote (accepted path first)" in title and "others: most hits so far" in title
@@ -328,13 +336,7 @@ def test_heatmap_labels_are_unique_and_rows_touched_this_step_come_first():
 
 
 def test_heatmap_keeps_most_hit_rows_from_earlier_steps():
-    tracker = MatrixTracker()
-    first = make_event(0)
-    tracker.update(first)
-    later = make_event(1)
-    later.matrix_rows, later.matrix_values, later.matrix_probs = [9], [[1, 2]], [[0.5, 0.5]]
-    later.accepted = [0]
-    tracker.update(later)
+    tracker, _, later = _second_step_rewrites_row_9(accepted=[0])
     rows = tracker.window(later, max_rows=4)
     assert rows[0] == 9 and set(rows[1:]) <= {0, 1, 2, 4}
 

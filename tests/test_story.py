@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from tr_core.events import StepEvent
 from tr_core.figures import MatrixTracker
-from tr_core.story import matrix_before, quoted, step_story
+from tr_core.story import quoted, step_story
 
 VOCAB = {0: "<root>", 1: " the", 2: " cat", 3: " sat", 4: " dog", 5: "the", 6: "\n", 7: " on", 8: " mat", 9: "!"}
 
@@ -68,16 +68,17 @@ def test_story_compares_rewritten_rows_with_the_matrix_before_the_step():
     first, second = make_event(0), make_event(1, matrix_values=[[4, 1], [2, 5], [8, 3], [7, 9]])
     second.matrix_rows, second.matrix_values = [0, 1, 2, 9], [[4, 1], [2, 5], [8, 3], [1, 2]]
     second.matrix_probs = [[0.5, 0.5]] * 4
-    tracker = MatrixTracker()
-    assert matrix_before(tracker, first) == {}
-    assert "(4 new); the row of '<root>' now starts with '␣the'." in step_story(first, text_of, matrix_before(tracker, first))
-    tracker.update(first)
-    before = matrix_before(tracker, second)
+    tracker, other = MatrixTracker(), MatrixTracker()
+    before_first = tracker.update(first)
+    assert before_first == {}
+    assert "(4 new); the row of '<root>' now starts with '␣the'." in step_story(first, text_of, before_first)
+    other.update(first)
+    before = tracker.update(second)
     assert before == {0: [1, 4], 1: [2, 5], 2: [8, 3]}  # row 9 is new
     story = step_story(second, text_of, before)
     assert "(1 new); the row of '<root>' now starts with '␣dog' (it started with '␣the' before)." in story
     same = make_event(2)
-    assert "now starts with '␣the' (as before)" in step_story(same, text_of, matrix_before(tracker, same))
+    assert "now starts with '␣the' (as before)" in step_story(same, text_of, other.update(same))
 
 
 def test_story_quotes_long_lists_and_odd_tokens_as_text():

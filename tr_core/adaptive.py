@@ -86,8 +86,8 @@ class AdaptiveDrafter:
         self.pending: GrownTree | None = None  # the tree grown for the next step, from the bonus token
         self.next_size = 0  # draft nodes for the next step (an answer starts where the last one ended)
         self.expected_next: list[float] | None = None  # the next tree's expected-acceptance curve (host)
-        self.host_tree: dict[str, list[int]] | None = None  # the pending tree's shape on the host (for learning)
-        self.drafting_tree: dict[str, list[int]] | None = None  # the host copy of the tree drafted this step
+        # the pending tree's shape on the host: learning reads it before `observe` replaces it with the next one's
+        self.host_tree: dict[str, list[int]] | None = None
         # Trust: realised / predicted accepted tokens of the drafts actually verified. The size that maximises an
         # estimate is the one it overestimates most (the winner's curse), so the raw calibration drafts too much.
         classes = len(TRUST_SIZES)
@@ -119,8 +119,6 @@ class AdaptiveDrafter:
         if self.pending is None:  # an answer's first step: no look-ahead yet, so no host-known curve
             self.pending, self.expected_next = self.grow(matrix.table, matrix.probs, root, self.budget,
                                                          self.matrix_depth), None
-            self.host_tree = None
-        self.drafting_tree = self.host_tree
         size = min(self.next_size if self.sized_by_cost else self.budget, self.pending.tokens.shape[0] - 1)
         curve = self.expected_next
         self.predicted = curve[size] if curve is not None and size < len(curve) else 0.0
@@ -260,9 +258,9 @@ class AdaptiveDrafter:
     def learn_verified(self, result: StepResult) -> None:
         """The calibration's lesson of one step, from the whole grown tree when its host copy is known (every
         step but an answer's first), else from the verified nodes alone (see `tested_candidates`)."""
-        tree, nodes = self.drafting_tree, result.extras.get("node")
+        tree, nodes = self.host_tree, result.extras.get("node")
         if tree is None or nodes is None or len(nodes) != len(result.parents):
-            return self.learn(result.parents, [int(b) for b in result.extras["bins"]], result.accepted)
+            return self.learn_drafted(result)
         self.count(*tested_candidates(tree["tokens"], tree["parents"], tree["depths"], tree["bins"],
                                       [int(n) for n in nodes], result.accepted, result.emitted))
 
@@ -273,6 +271,10 @@ class AdaptiveDrafter:
             self.trials.index_add_(0, index, torch.ones(len(keys), dtype=torch.float64))
             self.hits.index_add_(0, index, torch.tensor(hits, dtype=torch.float64))
             self._refresh()
+
+    def learn_drafted(self, result: StepResult) -> None:
+        """The calibration's lesson from the verified nodes alone (when the whole tree is not known on the host)."""
+        self.learn(result.parents, [int(b) for b in result.extras["bins"]], result.accepted)
 
     def learn(self, parents: list[int], bins: list[int], accepted: list[int]) -> None:
         """Learn from one verified tree: a node whose parent was accepted was tested; did the model agree?"""

@@ -472,8 +472,10 @@ class MatrixTracker:
     hits: Counter = field(default_factory=Counter)
     writes: Counter = field(default_factory=Counter)
 
-    def update(self, ev: StepEvent) -> None:
-        """Fold one step into the tracker: its accepted rows' hits and the rows it rewrote."""
+    def update(self, ev: StepEvent) -> dict[int, list[int]]:
+        """Fold one step into the tracker: its accepted rows' hits and the rows it rewrote. Returns the candidates
+        the rewritten rows held before (rows seen earlier only), which the step story compares with."""
+        before = {row: self.values[row] for row in ev.matrix_rows if row in self.values}
         for i in ev.accepted[1:]:
             if node_source(ev, i) != "context":  # a token copied from the context is no candidate of the row
                 self.hits[ev.tokens[ev.parents[i]]] += 1
@@ -482,6 +484,7 @@ class MatrixTracker:
             if j < len(ev.matrix_probs):
                 self.probs[row] = list(ev.matrix_probs[j])
             self.writes[row] += 1
+        return before
 
     def window(self, ev: StepEvent | None, max_rows: int = 12, step_rows: int = 6) -> list[int]:
         """Rows to show: those of this step's accepted path (rewritten now), then the most-hit rows."""
@@ -786,11 +789,12 @@ def coloured_markdown(text: str, boundaries: list[int], colour: bool = True) -> 
     so the text can carry no live HTML and no images (it may come from a visitor, a model or a shared trace).
     colour=False: the same escaping, no spans.
     """
-    return run_markdown(text, boundaries, (lambda step: RUN_CLASSES[step % 2]) if colour else (lambda step: ""))
+    return marked_markdown(text, boundaries, None, colour)
 
 
-def marked_markdown(text: str, boundaries: list[int], current: int, colour: bool = True) -> str:
-    """`coloured_markdown` with step `current`'s run also marked (class "tr-run-current": the step shown in replay)."""
+def marked_markdown(text: str, boundaries: list[int], current: int | None, colour: bool = True) -> str:
+    """`coloured_markdown` with step `current`'s run also marked (class "tr-run-current": the step shown in replay;
+    None marks none)."""
     def span_class(step: int) -> str:
         cls = RUN_CLASSES[step % 2] if colour else ""
         return f"{cls} {CURRENT_RUN_CLASS}".strip() if step == current else cls

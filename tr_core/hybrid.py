@@ -158,7 +158,7 @@ class HybridDrafter(AdaptiveDrafter):
         """Calibrate on the whole plan, not only its drafted part (adaptive.tested_candidates)."""
         plan, kept = self.plan, self.kept
         if plan is None or len(kept) != len(result.parents):
-            return self.learn(result.parents, [int(b) for b in result.extras["bins"]], result.accepted)
+            return self.learn_drafted(result)
         self.count(*tested_candidates(plan.tokens, plan.parents, plan.depths, plan.keys, kept, result.accepted,
                                       result.emitted))
 

@@ -13,7 +13,7 @@ import json
 from typing import Any, Callable
 
 from .figures import MatrixTracker, heatmap_figure, tree_figure
-from .story import matrix_before, step_story
+from .story import step_story
 from .trace import Trace
 
 TokenText = Callable[[int], str]
@@ -28,8 +28,7 @@ def replay_steps(trace: Trace, token_text: TokenText) -> list[dict[str, Any]]:
     tracker = MatrixTracker()
     out = []
     for ev in trace.steps:
-        before = matrix_before(tracker, ev)
-        tracker.update(ev)
+        before = tracker.update(ev)
         out.append({"tree": tree_figure(ev, token_text), "heat": heatmap_figure(tracker, ev, token_text),
                     "story": step_story(ev, token_text, before), "emitted": len(ev.emitted)})
     return out

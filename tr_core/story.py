@@ -10,7 +10,7 @@ import html
 from typing import Callable
 
 from .events import StepEvent
-from .figures import MatrixTracker, display_token, node_source
+from .figures import display_token, node_source
 
 TokenText = Callable[[int], str]
 MAX_QUOTED = 6  # accepted tokens quoted one by one; more are counted
@@ -27,16 +27,12 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def matrix_before(tracker: MatrixTracker, ev: StepEvent) -> dict[int, list[int]]:
-    """The candidates the rows `ev` rewrites held before it, from a tracker not yet updated with `ev`."""
-    return {row: tracker.values[row] for row in ev.matrix_rows if row in tracker.values}
-
-
 def step_story(ev: StepEvent, token_text: TokenText, matrix_before: dict[int, list[int]] | None = None) -> str:
     """Two or three sentences on one step: the draft, what the model accepted and the bonus, the matrix write-back.
 
-    `matrix_before` (row token -> its candidates before this step, see `matrix_before`) lets the last sentence say
-    which rows are new and what a rewritten row started with before; without it the story says what it can.
+    `matrix_before` (row token -> its candidates before this step, as `MatrixTracker.update` returns them) lets the
+    last sentence say which rows are new and what a rewritten row started with before; without it the story says
+    what it can.
     """
     if len(ev.tokens) <= 1:
         parts = [_plain_sentence(ev, token_text)]
