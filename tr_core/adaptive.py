@@ -93,7 +93,7 @@ class AdaptiveDrafter:
         classes = len(TRUST_SIZES)
         self.trust, self._predicted_sum, self._realised_sum = [1.0] * classes, [0.0] * classes, [0.0] * classes
         self.predicted = 0.0  # expected accepted tokens of the draft being verified (0: nothing drafted)
-        self._index_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._cache: dict[tuple, object] = {}  # small index tensors, by size and device (see _level_index)
 
     def _rates(self) -> torch.Tensor:
         return (self.hits / self.trials).clamp(1e-3, 0.98).float()
@@ -178,50 +178,65 @@ class AdaptiveDrafter:
         device = table.device
         k = table.shape[1]
         lut = self.rate_lut  # [256] calibrated acceptance rate of a stored probability
+        zero = self._zero(device)
         level_tok, level_score = root.view(1), torch.ones(1, device=device)
-        toks, scores, tops, sizes = [level_tok], [level_score], [], [1]
+        toks, scores, tops, raws, sizes = [level_tok], [level_score], [zero], [zero], [1]
         for _ in range(max_depth):
             cand = table[level_tok].view(-1)  # [F*k]
-            cprob = probs[level_tok].view(-1)  # [F*k] uint8
-            cscore = (level_score[:, None] * lut[cprob.long()].view(-1, k)).view(-1)
+            cprob = probs[level_tok].view(-1).long()  # [F*k] stored probabilities 0..255
+            cscore = (level_score[:, None] * lut[cprob].view(-1, k)).view(-1)
             level_score, top = torch.topk(cscore, min(budget, cscore.shape[0]))
             level_tok = cand[top]  # int32 ids index as well as long ones
             toks.append(level_tok)
             scores.append(level_score)
             tops.append(top)
+            raws.append(cprob[top])
             sizes.append(top.shape[0])
         # parents and ranks of all levels at once: candidate j of a level is child j // k of the previous level
+        # (the root's entry 0 gives it parent 0 and rank 0)
         level_start, dep = self._level_index(tuple(sizes), device)
         top_all = torch.cat(tops)
-        par = torch.cat([torch.zeros(1, dtype=torch.long, device=device), level_start + top_all // k])
-        rnk = torch.cat([torch.zeros(1, dtype=torch.long, device=device), top_all % k])
+        par, rnk = level_start + top_all // k, top_all % k
         tok, score = torch.cat(toks), torch.cat(scores)  # promoted to long by the root
-        raw = probs[tok[par], rnk]  # each node's stored probability: its parent's row, its rank (root: unused)
-        n = min(budget, tok.shape[0] - 1)
-        # Root first, then the best n candidates by score; a child scores below its parent, so parents are kept.
-        # Sorting the kept global ids keeps parents before children (levels are stored in order).
-        order = torch.cat([torch.zeros(1, dtype=torch.long, device=device),
-                           torch.sort(torch.topk(score[1:], n).indices + 1).values])
+        # The root (score 1) and the best n candidates; every rate is below 1, so a child scores below its parent
+        # and parents are kept. topk's values come best first: their running sum is the expected-acceptance curve.
+        best, order = torch.topk(score, min(budget, tok.shape[0] - 1) + 1)
+        expected = best.cumsum(0) - 1.0  # expected accepted draft tokens using the best m nodes, m = 0..n
+        order = torch.sort(order).values  # index order: parents before children (levels are stored in order)
         new_index = torch.zeros(tok.shape[0], dtype=torch.long, device=device)
-        new_index[order] = torch.arange(n + 1, device=device)
-        s = score[order]
-        best_first = torch.sort(s[1:], descending=True).values
-        expected = torch.cat([torch.zeros(1, device=device), best_first.cumsum(0)])  # expected accepted, best m nodes
+        new_index[order] = self._arange(order.shape[0], device)
         return GrownTree(tokens=tok[order], parents=new_index[par[order]], depths=dep[order], ranks=rnk[order],
-                         scores=s, bins=stored_bin(raw[order]), expected=expected)
+                         scores=score[order], bins=self._bin_of(device)[torch.cat(raws)[order]], expected=expected)
 
     def _level_index(self, sizes: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """For level sizes (root level first): the first node index of each candidate's previous level [sum - 1],
-        and every node's depth [sum]. They depend on the sizes only, which repeat: built once, then cached."""
+        """For level sizes (root level first): every node's previous level's first node index (root: 0) and
+        every node's depth, both [sum]. They depend on the sizes only, which repeat: built once, then cached."""
         key = (sizes, str(device))
-        if key not in self._index_cache:
-            starts = [0]
-            for size in sizes[:-1]:
+        if key not in self._cache:
+            starts = [0, 0]  # the root's (itself), then the level before each level's
+            for size in sizes[:-2]:
                 starts.append(starts[-1] + size)
-            level_start = torch.repeat_interleave(torch.tensor(starts[:-1]), torch.tensor(sizes[1:])).to(device)
+            level_start = torch.repeat_interleave(torch.tensor(starts), torch.tensor(sizes)).to(device)
             dep = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(device)
-            self._index_cache[key] = (level_start, dep)
-        return self._index_cache[key]
+            self._cache[key] = (level_start, dep)
+        return self._cache[key]
+
+    def _zero(self, device: torch.device) -> torch.Tensor:
+        """[1] long zero on the device (cached: a step's small tensors are many, each costs an allocation)."""
+        return self._cached(("zero", str(device)), lambda: torch.zeros(1, dtype=torch.long, device=device))
+
+    def _arange(self, n: int, device: torch.device) -> torch.Tensor:
+        """0..n-1 on the device (cached per n)."""
+        return self._cached(("arange", n, str(device)), lambda: torch.arange(n, device=device))
+
+    def _bin_of(self, device: torch.device) -> torch.Tensor:
+        """[256] long: the calibration bin of every stored probability, on the device."""
+        return self._cached(("bins", str(device)), lambda: _BIN_OF_STORED.to(device))
+
+    def _cached(self, key: tuple, make) -> torch.Tensor:
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
 
     def choose_size(self, expected: list[float], budget: int) -> int:
         """Draft nodes to verify next: argmax over m of (trust(m) * expected[m] + 1) / t(m + 1); 0 means a plain step.

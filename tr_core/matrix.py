@@ -52,15 +52,18 @@ class AdjacencyMatrix:
         top_logits = top_logits.float()
         scratch = consume or logits.dtype != torch.float32  # .float() of other dtypes is a fresh copy anyway
         top_probs = (top_logits - log_normalizer(logits.float(), top_logits[:, :1], overwrite=scratch)).exp()
-        same = tokens[:, None] == tokens[None, :]  # [N, N]
-        first = same.int().argmax(dim=1)  # index of the first node with the same token
-        top_ids = top_ids[first]
-        top_probs = top_probs[first]
+        if tokens.shape[0] == 1:  # one node (a plain or zero-draft step): nothing to deduplicate
+            is_first = torch.ones(1, dtype=torch.bool, device=tokens.device)
+        else:
+            same = tokens[:, None] == tokens[None, :]  # [N, N]
+            first = same.int().argmax(dim=1)  # index of the first node with the same token
+            top_ids, top_probs = top_ids[first], top_probs[first]
+            is_first = first == torch.arange(tokens.shape[0], device=tokens.device)
         self.table[tokens] = top_ids.to(torch.int32)
         self.probs[tokens] = (top_probs * 255).round_().to(torch.uint8)
         self.filled[tokens] = True
         self.stamps[tokens] = stamp
-        return first == torch.arange(tokens.shape[0], device=tokens.device), top_ids, top_probs
+        return is_first, top_ids, top_probs
 
     def seed_from_text(self, ids: list[int], prob: float = 0.5, stamp: int = -1) -> int:
         """Put each token's successor in `ids` first in its row (the last occurrence wins); returns rows changed.

@@ -7,6 +7,9 @@ from __future__ import annotations
 import torch
 
 
+_EMPTY: dict[str, torch.Tensor] = {}
+
+
 class SyncPacket:
     """Collects named device tensors; `sync()` returns {name: list} with one device-to-host copy."""
 
@@ -34,10 +37,18 @@ class SyncPacket:
         """The one host sync: {name: list of ints (integer tensors) or floats}."""
         if not self._parts:
             return {}
-        flat = torch.cat([p.to(torch.float64) for p in self._parts]).tolist()
+        # cat promotes every part to float64 itself (the empty float64 part sets the type): no per-part copies
+        flat = torch.cat([*self._parts, self._float64(self._parts[0].device)]).tolist()
         out, start = {}, 0
         for name, part, integer in zip(self._names, self._parts, self._integer):
             values = flat[start : start + part.numel()]
             out[name] = [int(v) for v in values] if integer else values
             start += part.numel()
         return out
+
+    @staticmethod
+    def _float64(device: torch.device) -> torch.Tensor:
+        key = str(device)
+        if key not in _EMPTY:
+            _EMPTY[key] = torch.empty(0, dtype=torch.float64, device=device)
+        return _EMPTY[key]

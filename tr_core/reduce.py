@@ -11,7 +11,8 @@ the step together. Reading the row in chunks is faster: one vectorised `amax` pe
   k-th largest were left out, the k chunks taken would each hold such a value instead). Values are exact;
   among equal values at the k-th place, which token ids are kept is as unspecified as in `torch.topk`.
 
-On CUDA the library kernels are already fast and are used as they are.
+On CUDA the library kernels are already fast and are used as they are; so they are for a single row (measured
+in a real step, after the forward has cooled the caches: 0.22 ms against 0.33 ms chunked; at 4 rows 0.53 vs 0.40).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ CHUNK = 256  # values per chunk: measured fastest on the 2-core CPU (128: 0.58 m
 def top_rows(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(argmax [N] long, top-k values [N, k], top-k ids [N, k] long) of each row of logits [N, V], values descending."""
     n, v = logits.shape
-    if logits.is_cuda or v < 2 * k:
+    if logits.is_cuda or v < 2 * k or n == 1:  # one row (a plain or zero-draft step): two library calls are faster
         values, ids = torch.topk(logits, k, dim=-1)
         return logits.argmax(dim=-1), values, ids
     size = max(1, min(CHUNK, v // k))
