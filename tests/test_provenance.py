@@ -62,6 +62,19 @@ def test_every_drafted_node_names_the_step_that_wrote_it(template):
         "the second answer drafts candidates written during the first"
 
 
+def test_a_step_that_drafts_nothing_shows_the_root_alone_and_plain_steps_show_no_provenance():
+    engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
+    engine.adaptive.choose_size = lambda expected, budget: 0  # every step a zero-draft one
+    prompt = [5, 9, 14, 22, 9, 14, 30, 31]
+    events = [ev for ev in engine.generate(prompt, DecodeConfig(template="adaptive", max_new_tokens=8))
+              if isinstance(ev, StepEvent)]
+    assert events and all(len(ev.tokens) == 1 for ev in events)
+    assert all(ev.written == [[-1, -1]] and ev.candidate_probs == [0.0] and ev.matrix_rows for ev in events)
+    plain = [ev for ev in engine.generate(prompt, DecodeConfig(plain=True, max_new_tokens=4))
+             if isinstance(ev, StepEvent)]
+    assert all(ev.written is None and ev.candidate_probs is None for ev in plain)
+
+
 def test_provenance_survives_a_trace_round_trip_and_bad_values_are_refused(tmp_path):
     import json
 

@@ -321,8 +321,9 @@ class Engine:
             packet.add("node_probs", draft.node_probs)
         packet.update({f"drafter.{k}": v for k, v in draft.extras.items()})
         if drafter.recycles:
-            stamps, probs = self.matrix.origins(draft.tokens, draft.parents, draft.ranks)  # before rows are rewritten
-            packet.update({"origin_stamps": stamps, "origin_probs": probs})
+            if draft.size > 1:  # the root alone has no origin to show
+                stamps, probs = self.matrix.origins(draft.tokens, draft.parents, draft.ranks)  # before the rewrite
+                packet.update({"origin_stamps": stamps, "origin_probs": probs})
             first, row_ids, row_probs = self.matrix.update(draft.tokens, logits, top=top[1:], consume=True,
                                                            stamp=self.clock)
             packet.update({"first": first, "row_ids": row_ids, "row_probs": row_probs})
@@ -376,8 +377,8 @@ class Engine:
         """Per node: [answer, step] of the step whose logits wrote its candidate (step -1: that answer's prompt
         seeding; [-1, -1]: the root, a token copied from the context, or unknown) and the candidate's probability
         then. None for plain steps."""
-        if "origin_stamps" not in host:
-            return None, None
+        if "origin_stamps" not in host:  # a plain step; or a recycling one that drafted nothing (the root's origin)
+            return (None, None) if "first" not in host else ([[-1, -1]], [0.0])
         sources = draft.sources or ()
         written, probs = [[-1, -1]], [0.0]
         for i in range(1, len(host["origin_stamps"])):
