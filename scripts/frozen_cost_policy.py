@@ -1,0 +1,93 @@
+"""Compare settings of the cost-sized trees' policy without timing noise: the cost curve is frozen.
+
+    python scripts/frozen_cost_policy.py FORGETS TEMPLATES PER_TASK [MS_PER_TOKENS]
+    python scripts/frozen_cost_policy.py 0.96,0.98,1.0 adaptive,hybrid 2
+
+A real run's size choices follow the measured step times, so two runs of one engine drift apart and a policy change
+worth 2-3% drowns in the noise. Here every engine shares one frozen ForwardCost (the curve below, or a JSON
+{tokens: ms} file), so its choices depend on the model's outputs alone and repeat exactly. Each setting of
+TRUST_FORGET (the trust's drift back towards 1 on steps without a draft of its size class) gets its own engine;
+every engine answers the first turn of the first PER_TASK development questions of each task, 128 new tokens.
+Printed per task: the modelled speedup, plain decoding's cost of the emitted tokens, tokens x t(1), over the cost of
+the steps taken, sum of t(N). It leaves the engine's own overhead out, and is only as true as the curve: measure
+the curve on the machine in question (the default is this AMD EPYC with 1 thread, whole steps, 2026-11-30).
+README, "Hybrid drafting", reports the scan this was written for.
+"""
+import collections
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+import tr_core.adaptive as adaptive  # noqa: E402
+from step_diagnostics import questions  # noqa: E402
+from tr_core import DecodeConfig, Engine, StepEvent  # noqa: E402
+from tr_core.cost import ForwardCost  # noqa: E402
+from tr_core.models import load_model  # noqa: E402
+
+# whole-step ms by tokens verified, observed by the adaptive drafter on MBPP answers (AMD EPYC, 1 thread)
+EPYC_1T = {1: 57.8, 2: 93.7, 3: 90.0, 4: 88.0, 6: 94.0, 8: 99.2, 12: 111.7, 16: 122.8, 24: 150.0, 32: 190.0,
+           48: 270.0, 64: 320.0, 81: 385.0, 96: 450.0, 128: 530.0}
+
+
+def frozen_curve(points: dict[int, float]) -> ForwardCost:
+    """A ForwardCost that ignores observations."""
+    curve = ForwardCost()
+    curve.ms, curve.probed, curve.measured = dict(points), dict(points), True
+    curve.observe = lambda n, ms, alpha=0.1: None
+    return curve
+
+
+def with_forget(drafter, forget: float) -> None:
+    """Make this drafter's trust drift with `forget` (the module constant is shared, so it is swapped per call)."""
+    track = drafter.track_trust
+
+    def tracked(realised: int, size: int) -> None:
+        saved, adaptive.TRUST_FORGET = adaptive.TRUST_FORGET, forget
+        try:
+            track(realised, size)
+        finally:
+            adaptive.TRUST_FORGET = saved
+
+    drafter.track_trust = tracked
+
+
+def run(forgets: list[float], templates: list[str], per_task: int, points: dict[int, float]) -> None:
+    torch.set_num_threads(1)
+    model, tok = load_model(None)
+    curve = frozen_curve(points)
+    engines = {}
+    for template in templates:
+        for forget in forgets:
+            engine = Engine(model, tok)
+            for drafter in (engine.adaptive, engine.hybrid):
+                drafter.cost = curve
+                with_forget(drafter, forget)
+            engines[f"{template}@{forget}"] = (engine, template)
+    totals = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0.0]))  # task -> run -> [tokens, ms]
+    for task, items in questions(per_task).items():
+        for q in items:
+            for name, (engine, template) in engines.items():
+                ids = engine.encode_chat([{"role": "user", "content": q.turns[0]}])
+                for ev in engine.generate(ids, DecodeConfig(max_new_tokens=128, template=template)):
+                    if isinstance(ev, StepEvent):
+                        totals[task][name][0] += len(ev.emitted)
+                        totals[task][name][1] += curve(len(ev.tokens))
+    overall = collections.defaultdict(lambda: [0, 0.0])
+    for task, runs in totals.items():
+        print(f"{task[:14]:<15}", " ".join(f"{n}={v[0] * curve(1) / v[1]:.3f}" for n, v in runs.items()))
+        for n, v in runs.items():
+            overall[n][0] += v[0]
+            overall[n][1] += v[1]
+    print(f"{'overall':<15}", " ".join(f"{n}={v[0] * curve(1) / v[1]:.3f}" for n, v in overall.items()))
+
+
+if __name__ == "__main__":
+    points = EPYC_1T
+    if len(sys.argv) > 4:
+        points = {int(n): float(ms) for n, ms in json.loads(Path(sys.argv[4]).read_text()).items()}
+    run([float(x) for x in sys.argv[1].split(",")], sys.argv[2].split(","), int(sys.argv[3]), points)
