@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -48,6 +49,38 @@ def bin_centers() -> torch.Tensor:
 
 _BIN_OF_STORED = stored_bin(torch.arange(256))  # the bin of every possible stored value
 GROWN = ("tokens", "parents", "depths", "bins")  # the grown tree's fields synced for learning (and merging)
+
+
+# Small constant tensors of `grow`, by size and device: a step's small tensors are many, each an allocation. They
+# depend on their arguments only (and are never written to), so they are built once.
+@lru_cache(maxsize=256)
+def _level_index(sizes: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """For level sizes (root level first): every node's previous level's first node index (root: 0) and every
+    node's depth, both [sum]."""
+    starts = [0, 0]  # the root's (itself), then the level before each level's
+    for size in sizes[:-2]:
+        starts.append(starts[-1] + size)
+    level_start = torch.repeat_interleave(torch.tensor(starts), torch.tensor(sizes)).to(device)
+    dep = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(device)
+    return level_start, dep
+
+
+@lru_cache(maxsize=8)
+def _zero(device: torch.device) -> torch.Tensor:
+    """[1] long zero on the device."""
+    return torch.zeros(1, dtype=torch.long, device=device)
+
+
+@lru_cache(maxsize=256)
+def _arange(n: int, device: torch.device) -> torch.Tensor:
+    """0..n-1 on the device."""
+    return torch.arange(n, device=device)
+
+
+@lru_cache(maxsize=8)
+def _bin_of(device: torch.device) -> torch.Tensor:
+    """[256] long: the calibration bin of every stored probability, on the device."""
+    return _BIN_OF_STORED.to(device)
 
 
 @dataclass
@@ -93,7 +126,6 @@ class AdaptiveDrafter:
         classes = len(TRUST_SIZES)
         self.trust, self._predicted_sum, self._realised_sum = [1.0] * classes, [0.0] * classes, [0.0] * classes
         self.predicted = 0.0  # expected accepted tokens of the draft being verified (0: nothing drafted)
-        self._cache: dict[tuple, object] = {}  # small index tensors, by size and device (see _level_index)
 
     def _rates(self) -> torch.Tensor:
         return (self.hits / self.trials).clamp(1e-3, 0.98).float()
@@ -178,7 +210,7 @@ class AdaptiveDrafter:
         device = table.device
         k = table.shape[1]
         lut = self.rate_lut  # [256] calibrated acceptance rate of a stored probability
-        zero = self._zero(device)
+        zero = _zero(device)
         level_tok, level_score = root.view(1), torch.ones(1, device=device)
         toks, scores, tops, raws, sizes = [level_tok], [level_score], [zero], [zero], [1]
         for _ in range(max_depth):
@@ -194,7 +226,7 @@ class AdaptiveDrafter:
             sizes.append(top.shape[0])
         # parents and ranks of all levels at once: candidate j of a level is child j // k of the previous level
         # (the root's entry 0 gives it parent 0 and rank 0)
-        level_start, dep = self._level_index(tuple(sizes), device)
+        level_start, dep = _level_index(tuple(sizes), device)
         top_all = torch.cat(tops)
         par, rnk = level_start + top_all // k, top_all % k
         tok, score = torch.cat(toks), torch.cat(scores)  # promoted to long by the root
@@ -204,39 +236,9 @@ class AdaptiveDrafter:
         expected = best.cumsum(0) - 1.0  # expected accepted draft tokens using the best m nodes, m = 0..n
         order = torch.sort(order).values  # index order: parents before children (levels are stored in order)
         new_index = torch.zeros(tok.shape[0], dtype=torch.long, device=device)
-        new_index[order] = self._arange(order.shape[0], device)
+        new_index[order] = _arange(order.shape[0], device)
         return GrownTree(tokens=tok[order], parents=new_index[par[order]], depths=dep[order], ranks=rnk[order],
-                         scores=score[order], bins=self._bin_of(device)[torch.cat(raws)[order]], expected=expected)
-
-    def _level_index(self, sizes: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """For level sizes (root level first): every node's previous level's first node index (root: 0) and
-        every node's depth, both [sum]. They depend on the sizes only, which repeat: built once, then cached."""
-        key = (sizes, str(device))
-        if key not in self._cache:
-            starts = [0, 0]  # the root's (itself), then the level before each level's
-            for size in sizes[:-2]:
-                starts.append(starts[-1] + size)
-            level_start = torch.repeat_interleave(torch.tensor(starts), torch.tensor(sizes)).to(device)
-            dep = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(device)
-            self._cache[key] = (level_start, dep)
-        return self._cache[key]
-
-    def _zero(self, device: torch.device) -> torch.Tensor:
-        """[1] long zero on the device (cached: a step's small tensors are many, each costs an allocation)."""
-        return self._cached(("zero", str(device)), lambda: torch.zeros(1, dtype=torch.long, device=device))
-
-    def _arange(self, n: int, device: torch.device) -> torch.Tensor:
-        """0..n-1 on the device (cached per n)."""
-        return self._cached(("arange", n, str(device)), lambda: torch.arange(n, device=device))
-
-    def _bin_of(self, device: torch.device) -> torch.Tensor:
-        """[256] long: the calibration bin of every stored probability, on the device."""
-        return self._cached(("bins", str(device)), lambda: _BIN_OF_STORED.to(device))
-
-    def _cached(self, key: tuple, make) -> torch.Tensor:
-        if key not in self._cache:
-            self._cache[key] = make()
-        return self._cache[key]
+                         scores=score[order], bins=_bin_of(device)[torch.cat(raws)[order]], expected=expected)
 
     def choose_size(self, expected: list[float], budget: int) -> int:
         """Draft nodes to verify next: argmax over m of (trust(m) * expected[m] + 1) / t(m + 1); 0 means a plain step.

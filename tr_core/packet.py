@@ -4,10 +4,15 @@ float64 carries every token id (< 2^53) and every float32 probability exactly, s
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 
-_EMPTY: dict[str, torch.Tensor] = {}
+@lru_cache(maxsize=8)
+def _empty_float64(device: torch.device) -> torch.Tensor:
+    """An empty float64 tensor on the device: the part that makes `cat` promote every other part to float64."""
+    return torch.empty(0, dtype=torch.float64, device=device)
 
 
 class SyncPacket:
@@ -38,7 +43,7 @@ class SyncPacket:
         if not self._parts:
             return {}
         # cat promotes every part to float64 itself (the empty float64 part sets the type): no per-part copies
-        flat = torch.cat([*self._parts, self._float64(self._parts[0].device)]).tolist()
+        flat = torch.cat([*self._parts, _empty_float64(self._parts[0].device)]).tolist()
         out, start = {}, 0
         for name, part, integer in zip(self._names, self._parts, self._integer):
             values = flat[start : start + part.numel()]
@@ -46,9 +51,3 @@ class SyncPacket:
             start += part.numel()
         return out
 
-    @staticmethod
-    def _float64(device: torch.device) -> torch.Tensor:
-        key = str(device)
-        if key not in _EMPTY:
-            _EMPTY[key] = torch.empty(0, dtype=torch.float64, device=device)
-        return _EMPTY[key]
