@@ -86,8 +86,24 @@ def run(forgets: list[float], templates: list[str], per_task: int, points: dict[
     print(f"{'overall':<15}", " ".join(f"{n}={v[0] * curve(1) / v[1]:.3f}" for n, v in overall.items()))
 
 
+def parse(argv: list[str]) -> tuple[list[float], list[str], int, dict[int, float]]:
+    """The command line, or SystemExit with the usage line."""
+    usage = "usage: python scripts/frozen_cost_policy.py FORGETS TEMPLATES PER_TASK [MS_PER_TOKENS.json]"
+    try:
+        forgets = [float(x) for x in argv[0].split(",")]
+        templates = argv[1].split(",")
+        per_task = int(argv[2])
+        points = EPYC_1T
+        if len(argv) > 3:
+            points = {int(n): float(ms) for n, ms in json.loads(Path(argv[3]).read_text()).items()}
+    except (IndexError, ValueError, OSError, AttributeError) as exc:
+        raise SystemExit(f"{usage}\nerror: {exc}") from None
+    if not all(0 < f <= 1 for f in forgets) or per_task < 1 or 1 not in points:
+        raise SystemExit(f"{usage}\nerror: FORGETS in (0, 1], PER_TASK >= 1, and the curve needs a point at 1 token")
+    if not set(templates) <= {"adaptive", "hybrid", "adaptive-fixed", "hybrid-fixed"}:
+        raise SystemExit(f"{usage}\nerror: TEMPLATES are adaptive, hybrid, adaptive-fixed or hybrid-fixed")
+    return forgets, templates, per_task, points
+
+
 if __name__ == "__main__":
-    points = EPYC_1T
-    if len(sys.argv) > 4:
-        points = {int(n): float(ms) for n, ms in json.loads(Path(sys.argv[4]).read_text()).items()}
-    run([float(x) for x in sys.argv[1].split(",")], sys.argv[2].split(","), int(sys.argv[3]), points)
+    run(*parse(sys.argv[1:]))
