@@ -242,7 +242,8 @@ class Engine:
             context[: len(prompt)] = torch.tensor(prompt, dtype=torch.long)
         stop_ids = sorted(set(cfg.stop_token_ids if cfg.stop_token_ids is not None else self.stop_token_ids))
         return DecodeState(prompt_len=len(prompt), cache=cache, stop_ids=set(stop_ids),
-                           stop_tensor=torch.tensor(stop_ids, dtype=torch.long, device=self.device), past=len(prompt) - 1, budget=budget, context=context, committed=len(prompt),
+                           stop_tensor=torch.tensor(stop_ids, dtype=torch.long, device=self.device),
+                           past=len(prompt) - 1, budget=budget, context=context, committed=len(prompt),
                            root=torch.tensor([prompt[-1]], dtype=torch.long, device=self.device), out=[])
 
     def _step(self, state: DecodeState, cfg: DecodeConfig, drafter: Drafter, processors) -> tuple[StepEvent, bool]:
@@ -263,15 +264,16 @@ class Engine:
         accepted, emitted, bonus, finished = self._commit(state, draft, host)
         clock.mark("commit")
         so_far = clock.timings()
-        active.observe(StepResult(parents=host["parents"], accepted=accepted, emitted=emitted, forward_tokens=draft.size,
-                                  forward_ms=so_far["forward"], step_ms=so_far["total"], extras=_drafter_part(host)))
+        active.observe(StepResult(parents=host["parents"], accepted=accepted, emitted=emitted,
+                                  forward_tokens=draft.size, forward_ms=so_far["forward"], step_ms=so_far["total"],
+                                  extras=_drafter_part(host)))
         clock.mark("learn")
         self.clock += 1
         timings = clock.timings()
         state.forward_ms += timings["forward"]
         state.overhead_ms += timings["total"] - timings["forward"]
         state.steps += 1
-        event = self._event(state.steps - 1, position, draft, host, accepted, emitted, bonus, timings)
+        event = self._event(state.steps - 1, position, draft, host, accepted, emitted, bonus, timings, active.recycles)
         return event, finished
 
     def _forward(self, state: DecodeState, draft: Draft, clock: StepClock) -> torch.Tensor:
@@ -331,7 +333,8 @@ class Engine:
             packet.update({f"drafter.{k}": v for k, v in ahead.items()})
         return packet
 
-    def _commit(self, state: DecodeState, draft: Draft, host: dict[str, list]) -> tuple[list[int], list[int], int | None, bool]:
+    def _commit(self, state: DecodeState, draft: Draft,
+                host: dict[str, list]) -> tuple[list[int], list[int], int | None, bool]:
         """Emit the accepted path and the bonus (EOS and length checked inside it); keep their KV entries."""
         best = host["best"][0]
         host["parents"][0], host["ranks"][0] = -1, -1
@@ -354,8 +357,8 @@ class Engine:
         return accepted, emitted, bonus, finished
 
     def _event(self, step: int, position: int, draft: Draft, host: dict[str, list], accepted: list[int],
-               emitted: list[int], bonus: int | None, timings: dict[str, float]) -> StepEvent:
-        """The step as plain data."""
+               emitted: list[int], bonus: int | None, timings: dict[str, float], recycles: bool) -> StepEvent:
+        """The step as plain data (`recycles`: the step's drafter recycles the matrix, so its nodes have origins)."""
         rows, values, probs = [], [], []
         k = self.matrix.k
         for j, first in enumerate(host.get("first", [])):
@@ -364,7 +367,7 @@ class Engine:
                 values.append(host["row_ids"][j * k : (j + 1) * k])
                 probs.append([round(p, EVENT_DIGITS) for p in host["row_probs"][j * k : (j + 1) * k]])
         node_probs = [round(p, EVENT_DIGITS) for p in host["node_probs"]] if "node_probs" in host else None
-        written, candidate_probs = self._provenance(draft, host)
+        written, candidate_probs = self._provenance(draft, host) if recycles else (None, None)
         return StepEvent(step=step, position=position, tokens=host["tokens"], parents=host["parents"],
                          depths=host["depths"], ranks=host["ranks"], accepted=accepted, emitted=emitted, bonus=bonus,
                          timings=timings, matrix_rows=rows, matrix_values=values, matrix_probs=probs,
@@ -373,12 +376,12 @@ class Engine:
                          origins=list(draft.origins) if draft.origins is not None else None,
                          answer=len(self.answer_starts) - 1, written=written, candidate_probs=candidate_probs)
 
-    def _provenance(self, draft: Draft, host: dict[str, list]) -> tuple[list[list[int]] | None, list[float] | None]:
+    def _provenance(self, draft: Draft, host: dict[str, list]) -> tuple[list[list[int]], list[float]]:
         """Per node: [answer, step] of the step whose logits wrote its candidate (step -1: that answer's prompt
         seeding; [-1, -1]: the root, a token copied from the context, or unknown) and the candidate's probability
-        then. None for plain steps."""
-        if "origin_stamps" not in host:  # a plain step; or a recycling one that drafted nothing (the root's origin)
-            return (None, None) if "first" not in host else ([[-1, -1]], [0.0])
+        then. Only for steps of a recycling drafter."""
+        if "origin_stamps" not in host:  # it drafted nothing: the root alone
+            return [[-1, -1]], [0.0]
         sources = draft.sources or ()
         written, probs = [[-1, -1]], [0.0]
         for i in range(1, len(host["origin_stamps"])):
