@@ -117,7 +117,7 @@ class AdaptiveDrafter:
         self.trials = torch.full((N_BINS,), prior, dtype=torch.float64)
         self._refresh()
         self.pending: GrownTree | None = None  # the tree grown for the next step, from the bonus token
-        self.next_size = 0  # draft nodes for the next step (an answer starts where the last one ended)
+        self.next_size = 0  # draft nodes for the next step (an answer's first step drafts none)
         self.expected_next: list[float] | None = None  # the next tree's expected-acceptance curve (host)
         # the pending tree's shape on the host: learning reads it before `observe` replaces it with the next one's
         self.host_tree: dict[str, list[int]] | None = None
@@ -145,12 +145,16 @@ class AdaptiveDrafter:
         self.sized_by_cost = cfg.hardware_aware and cfg.template in SIZED_BY_COST  # *-fixed: the full budget
         if self.sized_by_cost and not self.cost.measured:
             self.cost.probe(ctx.runner, ctx.prompt, max_tokens=cfg.node_budget + 1)
+        # An answer's first step has no look-ahead, so no curve on the host: it verifies the root alone. Drafting
+        # the last answer's size there is a draft no prediction stands behind, which no trust can judge; sizing it
+        # from its own tree (one more sync) did worse still. Under the frozen cost curve
+        # (scripts/frozen_cost_policy.py), a plain first step raised the lowest task on both question slices.
+        self.next_size = 0
 
     def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
         """The best `next_size` nodes (the full budget when not sized by cost) of the tree grown from `root`."""
         if self.pending is None:  # an answer's first step: no look-ahead yet, so no host-known curve
-            self.pending, self.expected_next = self.grow(matrix.table, matrix.probs, root, self.budget,
-                                                         self.matrix_depth), None
+            self.pending, self.expected_next = self.grow(matrix.table, matrix.probs, root, *self.growth()), None
         size = min(self.next_size if self.sized_by_cost else self.budget, self.pending.tokens.shape[0] - 1)
         curve = self.expected_next
         self.predicted = curve[size] if curve is not None and size < len(curve) else 0.0
