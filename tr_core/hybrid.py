@@ -124,14 +124,22 @@ class HybridDrafter(AdaptiveDrafter):
         self.plan, self._answering = None, False
 
     def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
-        """The best nodes of the merged tree (grown now on the first step of an answer)."""
-        if self.plan is None:
+        """The best nodes of the merged tree (grown now on the first step of an answer).
+
+        Sized by cost, an answer's first step verifies the root alone, as `adaptive`'s does: its tree hangs off the
+        chat template's last token, whose long context matches are the starts of earlier answers, which rarely
+        continue the same way (their calibration is learned from the whole tree all the same)."""
+        first = self.plan is None
+        if first:
             grown = self.grow(matrix.table, matrix.probs, root, self.budget, self.matrix_depth)
             self.plan = self.merge({name: getattr(grown, name).tolist() for name in _GROWN}, self.index.lookup(
                 MAX_MATCHES, RETRIEVAL_DEPTH))
         ranked = self.plan.ranked()  # sorted once: the size choice and the draft read the same order
         curve = self.plan.expected(ranked)
-        size = self.choose_size(curve, self.budget) if self.sized_by_cost else min(self.budget, len(curve) - 1)
+        if self.sized_by_cost:
+            size = 0 if first else self.choose_size(curve, self.budget)
+        else:
+            size = min(self.budget, len(curve) - 1)
         self.next_size, self.predicted = size, curve[size]
         self.kept = self.plan.best(min(size, len(self.plan.tokens) - 1), ranked)
         return self.take_plan(self.plan, self.kept)
