@@ -93,16 +93,17 @@ def test_adaptive_zero_draft_steps_still_calibrate(monkeypatch):
 
 
 
-def test_adaptive_answers_start_with_a_plain_step_then_draft(monkeypatch):
+@pytest.mark.parametrize("template", ["adaptive", "hybrid"])
+def test_cost_sized_answers_start_with_a_plain_step_then_draft(monkeypatch, template):
     """An answer's first step has no look-ahead curve to size a draft by: it verifies the root alone, whatever size
     the last answer ended with; the next steps are sized by their curves again."""
     from tr_core.adaptive import AdaptiveDrafter
 
     engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
-    tokens_of(engine, PROMPTS[0], template="adaptive", max_new_tokens=8)  # measures the cost, fills the matrix
+    tokens_of(engine, PROMPTS[0], template=template, max_new_tokens=8)  # measures the cost, fills the matrix
     monkeypatch.setattr(AdaptiveDrafter, "choose_size", lambda self, expected, budget: min(3, len(expected) - 1))
-    engine.adaptive.next_size = 30  # what a previous answer might have left
-    events = list(engine.generate(PROMPTS[1], DecodeConfig(template="adaptive", max_new_tokens=8)))
+    engine.adaptive.next_size = engine.hybrid.next_size = 30  # what a previous answer might have left
+    events = list(engine.generate(PROMPTS[1], DecodeConfig(template=template, max_new_tokens=8)))
     assert len(events[0].tokens) == 1
     assert len(events[1].tokens) == 4  # the second step drafts what its curve chose
     assert events[-1].tokens == tokens_of(engine, PROMPTS[1], plain=True, max_new_tokens=8)
