@@ -92,7 +92,6 @@ def test_adaptive_zero_draft_steps_still_calibrate(monkeypatch):
     assert tokens == tokens_of(engine, PROMPTS[1], plain=True, max_new_tokens=24)
 
 
-
 @pytest.mark.parametrize("template", ["adaptive", "hybrid"])
 def test_cost_sized_answers_start_with_a_plain_step_then_draft(monkeypatch, template):
     """An answer's first step has no look-ahead curve to size a draft by: it verifies the root alone, whatever size

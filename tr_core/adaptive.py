@@ -148,7 +148,7 @@ class AdaptiveDrafter:
         # An answer's first step has no look-ahead, so no curve on the host: it verifies the root alone. Drafting
         # the last answer's size there is a draft no prediction stands behind, which no trust can judge; sizing it
         # from its own tree (one more sync) did worse still. Under the frozen cost curve
-        # (scripts/frozen_cost_policy.py), a plain first step raised the lowest task on both question slices.
+        # (scripts/frozen_cost_policy.py), a plain first step raised the lowest task on each of three question slices.
         self.next_size = 0
 
     def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:

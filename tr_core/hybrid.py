@@ -127,8 +127,8 @@ class HybridDrafter(AdaptiveDrafter):
         """The best nodes of the merged tree (grown now on the first step of an answer).
 
         Sized by cost, an answer's first step verifies the root alone, as `adaptive`'s does: its tree hangs off the
-        chat template's last token, whose long context matches are the starts of earlier answers, which rarely
-        continue the same way (their calibration is learned from the whole tree all the same)."""
+        chat template's last token, and drafts there mostly failed (README, item 8). The whole first plan still
+        teaches the calibration."""
         first = self.plan is None
         if first:
             grown = self.grow(matrix.table, matrix.probs, root, self.budget, self.matrix_depth)
