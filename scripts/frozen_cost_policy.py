@@ -1,13 +1,14 @@
 """Compare settings of the cost-sized trees' policy without timing noise: the cost curve is frozen.
 
-    python scripts/frozen_cost_policy.py FORGETS TEMPLATES PER_TASK [MS_PER_TOKENS]
-    python scripts/frozen_cost_policy.py 0.96,0.98,1.0 adaptive,hybrid 2
+    python scripts/frozen_cost_policy.py DECAYS TEMPLATES PER_TASK [SKIP] [MS_PER_TOKENS.json]
+    python scripts/frozen_cost_policy.py 0.9,0.97,0.99 adaptive,hybrid 2 2
 
 A real run's size choices follow the measured step times, so two runs of one engine drift apart and a policy change
 worth 2-3% drowns in the noise. Here every engine shares one frozen ForwardCost (the curve below, or a JSON
-{tokens: ms} file), so its choices depend on the model's outputs alone and repeat exactly. Each setting of
-TRUST_FORGET (the trust's drift back towards 1 on steps without a draft of its size class) gets its own engine;
-every engine answers the first turn of the first PER_TASK development questions of each task, 128 new tokens.
+{tokens: ms} file), so its choices depend on the model's outputs alone and repeat exactly. Each setting of the
+trust's decay (tr_core/trust.py: per tree judged, the weight left to the trees before it) gets its own engine;
+every engine answers the first turn of PER_TASK development questions of each task after its first SKIP, 128 new
+tokens.
 Printed per task: the modelled speedup, plain decoding's cost of the emitted tokens, tokens x t(1), over the cost of
 the steps taken, sum of t(N). It leaves the engine's own overhead out, and is only as true as the curve: measure
 the curve on the machine in question (the default is this AMD EPYC with 1 thread, whole steps, 2026-11-30).
@@ -23,8 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-import tr_core.adaptive as adaptive  # noqa: E402
-from step_diagnostics import questions  # noqa: E402
+from step_diagnostics import DATA, load_questions, task_of  # noqa: E402
 from tr_core import DecodeConfig, Engine, StepEvent  # noqa: E402
 from tr_core.cost import ForwardCost  # noqa: E402
 from tr_core.models import load_model  # noqa: E402
@@ -42,34 +42,32 @@ def frozen_curve(points: dict[int, float]) -> ForwardCost:
     return curve
 
 
-def with_forget(drafter, forget: float) -> None:
-    """Make this drafter's trust drift with `forget` (the module constant is shared, so it is swapped per call)."""
-    track = drafter.track_trust
-
-    def tracked(realised: int, size: int) -> None:
-        saved, adaptive.TRUST_FORGET = adaptive.TRUST_FORGET, forget
-        try:
-            track(realised, size)
-        finally:
-            adaptive.TRUST_FORGET = saved
-
-    drafter.track_trust = tracked
+def questions(per_task: int, skip: int) -> dict:
+    """task -> its development questions number skip + 1 .. skip + per_task (Spec-Bench, then MBPP)."""
+    by_task, seen = collections.defaultdict(list), collections.Counter()
+    for name in ("spec_bench_dev.jsonl", "mbpp_dev.jsonl"):
+        for q in load_questions(DATA / name):
+            task = task_of(q.category)
+            seen[task] += 1
+            if skip < seen[task] <= skip + per_task:
+                by_task[task].append(q)
+    return by_task
 
 
-def run(forgets: list[float], templates: list[str], per_task: int, points: dict[int, float]) -> None:
+def run(decays: list[float], templates: list[str], per_task: int, skip: int, points: dict[int, float]) -> None:
     torch.set_num_threads(1)
     model, tok = load_model(None)
     curve = frozen_curve(points)
     engines = {}
     for template in templates:
-        for forget in forgets:
+        for decay in decays:
             engine = Engine(model, tok)
             for drafter in (engine.adaptive, engine.hybrid):
                 drafter.cost = curve
-                with_forget(drafter, forget)
-            engines[f"{template}@{forget}"] = (engine, template)
+                drafter.trust.decay = decay
+            engines[f"{template}@{decay}"] = (engine, template)
     totals = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0.0]))  # task -> run -> [tokens, ms]
-    for task, items in questions(per_task).items():
+    for task, items in questions(per_task, skip).items():
         for q in items:
             for name, (engine, template) in engines.items():
                 ids = engine.encode_chat([{"role": "user", "content": q.turns[0]}])
@@ -86,23 +84,25 @@ def run(forgets: list[float], templates: list[str], per_task: int, points: dict[
     print(f"{'overall':<15}", " ".join(f"{n}={v[0] * curve(1) / v[1]:.3f}" for n, v in overall.items()))
 
 
-def parse(argv: list[str]) -> tuple[list[float], list[str], int, dict[int, float]]:
+def parse(argv: list[str]) -> tuple[list[float], list[str], int, int, dict[int, float]]:
     """The command line, or SystemExit with the usage line."""
-    usage = "usage: python scripts/frozen_cost_policy.py FORGETS TEMPLATES PER_TASK [MS_PER_TOKENS.json]"
+    usage = "usage: python scripts/frozen_cost_policy.py DECAYS TEMPLATES PER_TASK [SKIP] [MS_PER_TOKENS.json]"
     try:
-        forgets = [float(x) for x in argv[0].split(",")]
+        decays = [float(x) for x in argv[0].split(",")]
         templates = argv[1].split(",")
         per_task = int(argv[2])
+        skip = int(argv[3]) if len(argv) > 3 else 0
         points = EPYC_1T
-        if len(argv) > 3:
-            points = {int(n): float(ms) for n, ms in json.loads(Path(argv[3]).read_text()).items()}
+        if len(argv) > 4:
+            points = {int(n): float(ms) for n, ms in json.loads(Path(argv[4]).read_text()).items()}
     except (IndexError, ValueError, OSError, AttributeError) as exc:
         raise SystemExit(f"{usage}\nerror: {exc}") from None
-    if not all(0 < f <= 1 for f in forgets) or per_task < 1 or 1 not in points:
-        raise SystemExit(f"{usage}\nerror: FORGETS in (0, 1], PER_TASK >= 1, and the curve needs a point at 1 token")
+    if not all(0 < d <= 1 for d in decays) or per_task < 1 or skip < 0 or 1 not in points:
+        raise SystemExit(f"{usage}\nerror: DECAYS in (0, 1], PER_TASK >= 1, SKIP >= 0, and the curve needs a point "
+                         "at 1 token")
     if not set(templates) <= {"adaptive", "hybrid", "adaptive-fixed", "hybrid-fixed"}:
         raise SystemExit(f"{usage}\nerror: TEMPLATES are adaptive, hybrid, adaptive-fixed or hybrid-fixed")
-    return forgets, templates, per_task, points
+    return decays, templates, per_task, skip, points
 
 
 if __name__ == "__main__":

@@ -198,29 +198,6 @@ def test_hybrid_drafts_from_the_context_and_indexes_prompts_and_answers():
     assert len(engine.hybrid.index) == 0 and engine.matrix.rows_filled == 0
 
 
-def test_trust_shrinks_per_size_class_when_drafts_are_overestimated_and_recovers_without_drafts():
-    from tr_core.adaptive import size_class
-
-    assert [size_class(m) for m in (1, 2, 3, 5, 6, 11, 12, 23, 24, 80)] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
-    d = HybridDrafter(torch.device("cpu"))
-    d.cost.ms = {n: 10.0 + n for n in d.cost.ms}  # drafting pays if expected accepted > (t(m+1) - t(1)) / t(1)
-    curve = [0.0, 0.5, 0.9, 1.2, 1.4]
-    assert d.choose_size(curve, budget=4) == 4
-    for _ in range(40):  # drafts of 4 nodes: the drafter predicted 1.4 accepted tokens, the model accepted none
-        d.predicted = 1.4
-        d.track_trust(0, 4)
-    assert d.trust[size_class(4)] < 0.15 and d.trust[size_class(2)] > 0.4
-    assert d.choose_size(curve, budget=4) == 2  # the sizes of the overestimated class are avoided, not every size
-    for _ in range(40):
-        d.predicted = 0.9
-        d.track_trust(0, 2)
-    assert d.choose_size(curve, budget=4) == 0
-    for _ in range(300):  # zero-draft steps: trust drifts back, so drafting is retried
-        d.predicted = 0.0
-        d.track_trust(0, 0)
-    assert min(d.trust) > 0.8 and d.choose_size(curve, budget=4) == 4
-
-
 def test_costs_never_observed_follow_the_observed_scale():
     from tr_core.cost import ForwardCost
 

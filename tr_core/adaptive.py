@@ -12,7 +12,6 @@ along in the step's single sync, so the host can pick the size for the next step
 """
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -22,13 +21,10 @@ from .cost import ForwardCost
 from .drafters import Draft, DraftContext, StepResult
 from .matrix import AdjacencyMatrix
 from .tree import ADAPTIVE, SIZED_BY_COST
+from .trust import HindsightTrust, size_class
 
 N_BINS = 16  # calibration bins over the stored candidate probability (uint8 0..255), finer where it is small
 DRAFT_MARGIN = 1.03  # draft only where the predicted rate beats a plain step by 3% (estimates are noisy; ties lose)
-TRUST_PRIOR = 2.0  # pseudo-tokens behind each trust factor's start at 1.0
-TRUST_DECAY = 0.97  # per draft of its size class: a trust factor follows about its last 30 drafts
-TRUST_FORGET = 0.98  # per step without a draft of its class: the trust drifts back towards 1, so the size is retried
-TRUST_SIZES = (1, 3, 6, 12, 24)  # the trust's size classes (draft nodes): 1-2, 3-5, 6-11, 12-23, 24+
 
 
 def stored_bin(stored: torch.Tensor) -> torch.Tensor:
@@ -96,11 +92,6 @@ class GrownTree:
     expected: torch.Tensor  # [B+1] float, expected accepted draft tokens using the first n nodes (n = 0..B)
 
 
-def size_class(m: int) -> int:
-    """The trust's size class of a draft of m >= 1 nodes (TRUST_SIZES)."""
-    return bisect.bisect_right(TRUST_SIZES, m) - 1
-
-
 class AdaptiveDrafter:
     """Grows best-first trees, picks their size from the cost model, and learns its calibration online."""
 
@@ -121,11 +112,9 @@ class AdaptiveDrafter:
         self.expected_next: list[float] | None = None  # the next tree's expected-acceptance curve (host)
         # the pending tree's shape on the host: learning reads it before `observe` replaces it with the next one's
         self.host_tree: dict[str, list[int]] | None = None
-        # Trust: realised / predicted accepted tokens of the drafts actually verified. The size that maximises an
-        # estimate is the one it overestimates most (the winner's curse), so the raw calibration drafts too much.
-        classes = len(TRUST_SIZES)
-        self.trust, self._predicted_sum, self._realised_sum = [1.0] * classes, [0.0] * classes, [0.0] * classes
-        self.predicted = 0.0  # expected accepted tokens of the draft being verified (0: nothing drafted)
+        self.host_scores: list[float] = []  # its nodes' scores (the order of its best-first drafts)
+        # Trust: realised / predicted accepted tokens per size class, judged in hindsight on every step's tree
+        self.trust = HindsightTrust()
 
     def _rates(self) -> torch.Tensor:
         return (self.hits / self.trials).clamp(1e-3, 0.98).float()
@@ -140,6 +129,7 @@ class AdaptiveDrafter:
         """Take the answer's settings; measure the forward cost on this device once (about a second on a CPU)."""
         cfg = ctx.cfg
         self.pending, self.host_tree = None, None
+        self.trust.start_answer()
         self.budget, self.max_depth = cfg.node_budget, cfg.max_depth
         self.matrix_depth = cfg.max_depth  # levels grown over the matrix (the hybrid's retrieved runs go deeper)
         self.sized_by_cost = cfg.hardware_aware and cfg.template in SIZED_BY_COST  # *-fixed: the full budget
@@ -156,15 +146,18 @@ class AdaptiveDrafter:
         if self.pending is None:  # an answer's first step: no look-ahead yet, so no host-known curve
             self.pending, self.expected_next = self.grow(matrix.table, matrix.probs, root, *self.growth()), None
         size = min(self.next_size if self.sized_by_cost else self.budget, self.pending.tokens.shape[0] - 1)
-        curve = self.expected_next
-        self.predicted = curve[size] if curve is not None and size < len(curve) else 0.0
+        if self.host_tree is not None and self.expected_next is not None:
+            tree, scores = self.host_tree, self.host_scores
+            order = sorted(range(1, len(scores)), key=lambda i: (-scores[i], i))
+            self.trust.watch(tree["tokens"], tree["parents"], order, self.expected_next)
         return self.take(self.pending, size, self.max_depth)
 
     def lookahead(self, bonus: torch.Tensor, matrix: AdjacencyMatrix) -> dict[str, torch.Tensor]:
         """Grow the next step's tree from the bonus token now; its expected-acceptance curve rides the sync."""
         budget, depth = self.growth()
         self.pending = self.grow(matrix.table, matrix.probs, bonus, budget, depth)
-        return {"expected": self.pending.expected, **{f"grown.{name}": getattr(self.pending, name) for name in GROWN}}
+        return {"expected": self.pending.expected, "grown.scores": self.pending.scores,
+                **{f"grown.{name}": getattr(self.pending, name) for name in GROWN}}
 
     def growth(self) -> tuple[int, int]:
         """(nodes, levels) to grow the next tree to: all of them for fixed trees; sized trees grow to about twice
@@ -182,27 +175,13 @@ class AdaptiveDrafter:
             self.expected_next = result.extras["expected"]
             self.next_size = self.choose_size(self.expected_next, self.budget)
             self.host_tree = {name: [int(v) for v in result.extras[f"grown.{name}"]] for name in GROWN}
+            self.host_scores = result.extras["grown.scores"]
 
     def learn_step(self, result: StepResult) -> None:
         """What every verified step teaches: per-bin calibration, the trust factor, the cost of the step."""
         self.learn_verified(result)
-        self.track_trust(len(result.accepted) - 1, len(result.parents) - 1)
+        self.trust.extend(result.emitted)
         self.cost.observe(result.forward_tokens, result.step_ms)
-
-    def track_trust(self, realised: int, size: int) -> None:
-        """Fold one step into its size class's trust = (realised + prior) / (predicted + prior), over about the
-        last 30 drafts of that class; the other classes drift back towards 1. Per class, because the estimates
-        flatter large trees more than small ones (deep matrix paths): one factor for all would either let the
-        large trees lose or keep the small ones that pay from being drafted."""
-        drafted = size_class(size) if self.predicted > 0 and size > 0 else -1
-        for c in range(len(TRUST_SIZES)):
-            if c == drafted:
-                self._predicted_sum[c] = TRUST_DECAY * self._predicted_sum[c] + self.predicted
-                self._realised_sum[c] = TRUST_DECAY * self._realised_sum[c] + realised
-            else:
-                self._predicted_sum[c] *= TRUST_FORGET
-                self._realised_sum[c] *= TRUST_FORGET
-            self.trust[c] = min(1.5, (self._realised_sum[c] + TRUST_PRIOR) / (self._predicted_sum[c] + TRUST_PRIOR))
 
     # -- growing ----------------------------------------------------------------------------------------------
     def grow(self, table: torch.Tensor, probs: torch.Tensor, root: torch.Tensor, budget: int, max_depth: int) -> GrownTree:

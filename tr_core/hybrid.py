@@ -140,7 +140,8 @@ class HybridDrafter(AdaptiveDrafter):
             size = 0 if first else self.choose_size(curve, self.budget)
         else:
             size = min(self.budget, len(curve) - 1)
-        self.next_size, self.predicted = size, curve[size]
+        self.next_size = size
+        self.trust.watch(self.plan.tokens, self.plan.parents, ranked, curve)
         self.kept = self.plan.best(min(size, len(self.plan.tokens) - 1), ranked)
         return self.take_plan(self.plan, self.kept)
 

@@ -1,0 +1,137 @@
+"""The trust factor of a cost-sized tree: how much of its predicted acceptance the tree really gets, per size.
+
+A size choice maximises (trust * expected[m] + 1) / t(m + 1). The expected curve comes from calibrated rates,
+which are global (learned over all answers) and flatter the sizes they choose (the winner's curse), so the
+trust scales them to this answer: realised / predicted accepted tokens, per size class.
+
+It is learned in hindsight from every step's tree, drafted or not. Under greedy verification a tree accepts
+the longest path that matches the tokens the answer goes on to emit, whichever part of it was drafted, so once
+those tokens are known, every size m of the tree (its best m nodes) has a known outcome: the accepted tokens a
+draft of that size would have given. A step that drafts nothing therefore still tells whether drafting would
+have paid, so the trust needs no drafts that fail to learn that drafting fails, nor retries to learn that it
+pays again. The same holds under seeded sampling, whose draw at each position is fixed by (seed, position)
+(sampling.py), whatever was drafted.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+TRUST_PRIOR = 2.0  # pseudo-tokens behind each trust factor's start at 1.0
+TRUST_DECAY = 0.97  # per tree judged: a trust factor follows about the last 30 steps
+TRUST_FORGET = 0.98  # per tree too small to judge a size class: that class drifts back towards 1
+TRUST_MAX = 1.5
+TRUST_SIZES = (1, 3, 6, 12, 24)  # the trust's size classes (draft nodes): 1-2, 3-5, 6-11, 12-23, 24+
+
+
+def size_class(m: int) -> int:
+    """The trust's size class of a draft of m >= 1 nodes (TRUST_SIZES)."""
+    return bisect.bisect_right(TRUST_SIZES, m) - 1
+
+
+def class_sizes(c: int, largest: int) -> range:
+    """The draft sizes of size class c that a tree of `largest` draft nodes holds."""
+    hi = TRUST_SIZES[c + 1] - 1 if c + 1 < len(TRUST_SIZES) else largest
+    return range(TRUST_SIZES[c], min(hi, largest) + 1)
+
+
+@dataclass
+class Watched:
+    """A tree waiting for the tokens that judge it: its shape, its nodes' best-first ranks and its curve."""
+
+    start: int  # stream position of the first token its root predicts (its root is the token before)
+    children: dict[tuple[int, int], list[int]]  # (parent, token) -> nodes (a matrix row may repeat a token)
+    rank: list[int]  # node -> position in best-first order, 1-based (a draft of m nodes holds ranks 1..m)
+    expected: list[float]  # expected accepted tokens of a draft of m nodes, m = 0..len - 1
+    path: list[int] = field(default_factory=list)  # per depth matched so far, the lowest rank of a matching node
+    frontier: list[int] = field(default_factory=lambda: [0])  # the matching nodes at the deepest matched depth
+
+
+def realised_counts(path_ranks: list[int], largest: int) -> list[int]:
+    """Accepted draft tokens of every draft size m = 0..largest, given per matched depth the lowest rank of a node
+    that matches there.
+
+    Ranks rise along a path (a child never scores above its parent), so a draft of the best m nodes holds a
+    matching node at depth d, with its whole path, exactly when that depth's lowest rank is <= m."""
+    counts = [0] * (largest + 1)
+    for r in path_ranks:
+        if r <= largest:
+            counts[r] += 1
+    for m in range(1, largest + 1):
+        counts[m] += counts[m - 1]
+    return counts
+
+
+class HindsightTrust:
+    """Trust per size class, learned from every step's tree once the answer's next tokens are known."""
+
+    def __init__(self, decay: float = TRUST_DECAY) -> None:
+        classes = len(TRUST_SIZES)
+        self.decay = decay  # per tree judged, the weight left to the trees before it
+        self.factors = [1.0] * classes
+        self.predicted, self.realised = [0.0] * classes, [0.0] * classes  # decayed sums per class
+        self.stream: list[int] = []  # this answer's emitted tokens
+        self.watched: list[Watched] = []
+
+    def __getitem__(self, c: int) -> float:
+        return self.factors[c]
+
+    def start_answer(self) -> None:
+        """A new answer: the last one's trees still open are judged by its tokens so far (its end bounded what any
+        draft could accept); the factors carry over."""
+        for tree in self.watched:
+            self._fold(tree)
+        self.stream.clear()
+        self.watched.clear()
+
+    def watch(self, tokens: list[int], parents: list[int], order: list[int], expected: list[float]) -> None:
+        """Judge this tree (node 0 the root, parents before children) when the tokens after its root are known.
+
+        order: its draft nodes best first (a draft of m nodes is order[:m]); expected[m]: their predicted
+        accepted tokens."""
+        largest = min(len(order), len(expected) - 1)
+        if largest < 1:
+            return
+        rank = [0] * len(tokens)
+        for position, node in enumerate(order, 1):
+            rank[node] = position
+        children: dict[tuple[int, int], list[int]] = {}
+        for i in range(1, len(tokens)):
+            children.setdefault((parents[i], tokens[i]), []).append(i)
+        self.watched.append(Watched(len(self.stream), children, rank, list(expected[: largest + 1])))
+        self._advance(self.watched[-1])
+
+    def extend(self, emitted: list[int]) -> None:
+        """The step's emitted tokens: follow every watched tree's path, and fold those that are settled."""
+        self.stream.extend(emitted)
+        still = []
+        for tree in self.watched:
+            self._advance(tree)
+            if tree.frontier:
+                still.append(tree)
+            else:
+                self._fold(tree)
+        self.watched = still
+
+    def _advance(self, tree: Watched) -> None:
+        """Follow the tree's matching nodes along the known tokens; it is settled at the first token none of them
+        has a child for (the frontier is then empty)."""
+        while tree.frontier and tree.start + len(tree.path) < len(self.stream):
+            token = self.stream[tree.start + len(tree.path)]
+            tree.frontier = [c for node in tree.frontier for c in tree.children.get((node, token), ())]
+            if tree.frontier:
+                tree.path.append(min(tree.rank[c] for c in tree.frontier))
+
+    def _fold(self, tree: Watched) -> None:
+        """Add a settled tree's predicted and realised tokens, averaged over each class's sizes it holds."""
+        largest = len(tree.expected) - 1
+        realised = realised_counts(tree.path, largest)
+        for c in range(len(TRUST_SIZES)):
+            sizes = class_sizes(c, largest)
+            if sizes:
+                self.predicted[c] = self.decay * self.predicted[c] + sum(tree.expected[m] for m in sizes) / len(sizes)
+                self.realised[c] = self.decay * self.realised[c] + sum(realised[m] for m in sizes) / len(sizes)
+            else:
+                self.predicted[c] *= TRUST_FORGET
+                self.realised[c] *= TRUST_FORGET
+            self.factors[c] = min(TRUST_MAX, (self.realised[c] + TRUST_PRIOR) / (self.predicted[c] + TRUST_PRIOR))
