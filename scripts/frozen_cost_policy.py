@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-from step_diagnostics import DATA, load_questions, task_of  # noqa: E402
+from step_diagnostics import questions  # noqa: E402
 from tr_core import DecodeConfig, Engine, StepEvent  # noqa: E402
 from tr_core.cost import ForwardCost  # noqa: E402
 from tr_core.models import load_model  # noqa: E402
@@ -40,18 +40,6 @@ def frozen_curve(points: dict[int, float]) -> ForwardCost:
     curve.ms, curve.probed, curve.measured = dict(points), dict(points), True
     curve.observe = lambda n, ms, alpha=0.1: None
     return curve
-
-
-def questions(per_task: int, skip: int) -> dict:
-    """task -> its development questions number skip + 1 .. skip + per_task (Spec-Bench, then MBPP)."""
-    by_task, seen = collections.defaultdict(list), collections.Counter()
-    for name in ("spec_bench_dev.jsonl", "mbpp_dev.jsonl"):
-        for q in load_questions(DATA / name):
-            task = task_of(q.category)
-            seen[task] += 1
-            if skip < seen[task] <= skip + per_task:
-                by_task[task].append(q)
-    return by_task
 
 
 def run(decays: list[float], templates: list[str], per_task: int, skip: int, points: dict[int, float]) -> None:

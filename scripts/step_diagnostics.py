@@ -26,12 +26,15 @@ from tr_core.questions import load_questions, task_of  # noqa: E402
 DATA = ROOT.parent / "shared" / "data"
 
 
-def questions(per_task: int) -> dict:
-    by_task = collections.defaultdict(list)
+def questions(per_task: int, skip: int = 0) -> dict:
+    """task -> its development questions number skip + 1 .. skip + per_task (Spec-Bench, then MBPP)."""
+    by_task, seen = collections.defaultdict(list), collections.Counter()
     for name in ("spec_bench_dev.jsonl", "mbpp_dev.jsonl"):
         for q in load_questions(DATA / name):
-            if len(by_task[task_of(q.category)]) < per_task:
-                by_task[task_of(q.category)].append(q)
+            task = task_of(q.category)
+            seen[task] += 1
+            if skip < seen[task] <= skip + per_task:
+                by_task[task].append(q)
     return by_task
 
 

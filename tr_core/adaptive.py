@@ -146,7 +146,7 @@ class AdaptiveDrafter:
         if self.pending is None:  # an answer's first step: no look-ahead yet, so no host-known curve
             self.pending, self.expected_next = self.grow(matrix.table, matrix.probs, root, *self.growth()), None
         size = min(self.next_size if self.sized_by_cost else self.budget, self.pending.tokens.shape[0] - 1)
-        if self.host_tree is not None and self.expected_next is not None:
+        if self.host_tree is not None:  # known with its curve on every step but an answer's first
             tree, scores = self.host_tree, self.host_scores
             order = sorted(range(1, len(scores)), key=lambda i: (-scores[i], i))
             self.trust.watch(tree["tokens"], tree["parents"], order, self.expected_next)
