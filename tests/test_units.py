@@ -269,12 +269,11 @@ def test_sampled_token_follows_the_distribution():
 
 def test_adaptive_tree_is_best_first_and_prefix_closed():
     drafter = AdaptiveDrafter(torch.device("cpu"))
-    table = torch.zeros(10, 2, dtype=torch.int32)
-    probs = torch.zeros(10, 2, dtype=torch.uint8)
-    table[7] = torch.tensor([3, 4]); probs[7] = torch.tensor([250, 3])
-    table[3] = torch.tensor([5, 6]); probs[3] = torch.tensor([240, 10])
-    table[5] = torch.tensor([9, 8]); probs[5] = torch.tensor([200, 50])
-    grown = drafter.grow(table, probs, torch.tensor([7]), budget=4, max_depth=3)
+    matrix = AdjacencyMatrix(10, k=2)
+    matrix.table[7] = torch.tensor([3, 4]); matrix.probs[7] = torch.tensor([250, 3])
+    matrix.table[3] = torch.tensor([5, 6]); matrix.probs[3] = torch.tensor([240, 10])
+    matrix.table[5] = torch.tensor([9, 8]); matrix.probs[5] = torch.tensor([200, 50])
+    grown = drafter.grow(matrix, torch.tensor([7]), budget=4, max_depth=3)
     tree = drafter.take(grown, 3, max_depth=3)
     assert tree.tokens.tolist() == [7, 3, 5, 9]  # the confident chain, not the unlikely siblings
     assert tree.size == 4 and tree.extras["bins"].shape == (4,) and tree.node_probs.shape == (4,)
@@ -283,6 +282,52 @@ def test_adaptive_tree_is_best_first_and_prefix_closed():
                                        [True, True, True, False], [True, True, True, True]]
     expected = grown.expected.tolist()
     assert expected[0] == 0 and all(b >= a for a, b in zip(expected, expected[1:]))
+
+
+def test_candidates_of_rows_written_before_the_answer_are_calibrated_apart():
+    """A row recycled in an earlier answer (another question's context) keys its candidates N_BINS higher, so their
+    acceptance is learned apart from rows this answer wrote; the tree ranks them by their own rates."""
+    from tr_core.adaptive import MATRIX_KEYS, N_BINS, stored_bin
+
+    drafter = AdaptiveDrafter(torch.device("cpu"))
+    matrix = AdjacencyMatrix(10, k=2)
+    matrix.table[7] = torch.tensor([3, 4]); matrix.probs[7] = torch.tensor([200, 200])
+    matrix.table[3] = torch.tensor([5, 6]); matrix.probs[3] = torch.tensor([200, 200])
+    matrix.table[4] = torch.tensor([8, 9]); matrix.probs[4] = torch.tensor([200, 200])
+    matrix.stamps[7], matrix.stamps[3], matrix.stamps[4] = 12, 12, 4  # 7 and 3 in this answer, 4 before it
+    drafter.answer_start = 10
+    grown = drafter.grow(matrix, torch.tensor([7]), budget=6, max_depth=2)
+    key = {tok: b for tok, b in zip(grown.tokens.tolist(), grown.bins.tolist())}
+    fresh = int(stored_bin(torch.tensor(200)))
+    assert key[3] == key[4] == key[5] == fresh and key[8] == key[9] == fresh + N_BINS
+    # older rows' candidates fail: their rate drops, this answer's rows keep theirs
+    before = drafter.rate.clone()
+    assert before[fresh + N_BINS] == before[fresh]  # untested, an older row's bin takes this answer's rate
+    drafter.count([fresh + N_BINS] * 40, [False] * 40)
+    assert drafter.rate[fresh + N_BINS] < 0.1 and drafter.rate[fresh] == before[fresh]
+    assert drafter.rate.shape == (MATRIX_KEYS,)
+    regrown = drafter.grow(matrix, torch.tensor([7]), budget=6, max_depth=2)
+    order = regrown.tokens[torch.argsort(regrown.scores, descending=True)].tolist()
+    assert order.index(5) < order.index(8) and order.index(6) < order.index(9)  # same stored p, older ranks lower
+
+
+def test_the_engine_tells_the_drafter_when_the_answer_began():
+    """The second answer's trees meet rows the first answer wrote: those candidates are learned under the older keys."""
+    from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
+
+    from tr_core import Engine
+    from tr_core.adaptive import MATRIX_KEYS, N_BINS
+
+    engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
+    cfg = DecodeConfig(template="adaptive-fixed", max_new_tokens=24)
+    drafter = engine.drafter_for(cfg)
+    older = slice(N_BINS + 1, MATRIX_KEYS)  # older rows' keys above bin 0 (never-written rows: stored p = 0)
+    start = drafter.trials[older].sum().item()
+    list(engine.generate([11, 12, 13, 14, 15], cfg))
+    assert drafter.answer_start == 0 and drafter.trials[older].sum().item() == start
+    list(engine.generate([15, 14, 13, 12, 11], cfg))
+    assert drafter.answer_start == engine.answer_starts[-1] > 0
+    assert drafter.trials[older].sum().item() > start
 
 
 def test_adaptive_size_choice_follows_the_cost_curve():

@@ -2,8 +2,8 @@
 
 Each step the tree is grown best-first from the root over the adjacency matrix: a node's score is the
 product, along its path, of calibrated acceptance probabilities of its candidates. The calibration maps
-the probability stored with a candidate (matrix.probs) to how often such candidates were really accepted,
-learned online. The tree size is chosen each step to maximise expected tokens per second,
+the probability stored with a candidate (matrix.probs), and whether its row was written in this answer or
+before it, to how often such candidates were really accepted, learned online. The tree size is chosen each step to maximise expected tokens per second,
 (expected accepted + 1) / t(N), with t(N) the measured cost of a forward of N tokens on this device.
 
 Everything up to the forward runs on the device without host syncs: the next step's tree is grown right
@@ -24,6 +24,9 @@ from .tree import ADAPTIVE, SIZED_BY_COST
 from .trust import HindsightTrust, size_class
 
 N_BINS = 16  # calibration bins over the stored candidate probability (uint8 0..255), finer where it is small
+# Matrix calibration keys: bin, plus N_BINS when the candidate's row was written before this answer began (a row
+# recycled from another question's context, rather than from this answer's or its prompt's)
+MATRIX_KEYS = 2 * N_BINS
 DRAFT_MARGIN = 1.03  # draft only where the predicted rate beats a plain step by 3% (estimates are noisy; ties lose)
 
 
@@ -43,7 +46,16 @@ def bin_centers() -> torch.Tensor:
     return ((torch.arange(N_BINS, dtype=torch.float64) + 0.5) / N_BINS) ** 2
 
 
-_BIN_OF_STORED = stored_bin(torch.arange(256))  # the bin of every possible stored value
+def matrix_prior(prior: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Starting (hits, trials) [MATRIX_KEYS] of the matrix keys: this answer's bins at their own stored probability,
+    weight `prior`; older rows' bins empty, as their rate leans on this answer's bin (AdaptiveDrafter._rates)."""
+    hits = torch.cat([bin_centers() * prior, torch.zeros(N_BINS, dtype=torch.float64)])
+    trials = torch.cat([torch.full((N_BINS,), prior, dtype=torch.float64), torch.zeros(N_BINS, dtype=torch.float64)])
+    return hits, trials
+
+
+# the calibration key of every stored value (0..255) of a row of this answer, then (256..511) of an older row
+_BIN_OF_STORED = torch.cat([stored_bin(torch.arange(256)), stored_bin(torch.arange(256)) + N_BINS])
 GROWN = ("tokens", "parents", "depths", "bins")  # the grown tree's fields synced for learning (and merging)
 
 
@@ -103,9 +115,10 @@ class AdaptiveDrafter:
         self.cost = ForwardCost()
         self.budget, self.max_depth, self.sized_by_cost = 80, 8, True  # this answer's settings (see begin)
         self.matrix_depth = self.max_depth
-        # Acceptance rate per bin starts at the bin's own stored probability (a calibrated model), weight `prior`.
-        self.hits = bin_centers() * prior
-        self.trials = torch.full((N_BINS,), prior, dtype=torch.float64)
+        # Acceptance rate per key: a bin starts at its own stored probability (a calibrated model), weight `prior`;
+        # an older row's bin at this answer's rate for the bin (_rates)
+        self.prior = prior
+        self.hits, self.trials = matrix_prior(prior)
         self._refresh()
         self.pending: GrownTree | None = None  # the tree grown for the next step, from the bonus token
         self.next_size = 0  # draft nodes for the next step (an answer's first step drafts none)
@@ -115,9 +128,16 @@ class AdaptiveDrafter:
         self.host_scores: list[float] = []  # its nodes' scores (the order of its best-first drafts)
         # Trust: realised / predicted accepted tokens per size class, judged in hindsight on every step's tree
         self.trust = HindsightTrust()
+        self.answer_start = -1  # the matrix clock when this answer began (rows stamped before it are older)
 
     def _rates(self) -> torch.Tensor:
-        return (self.hits / self.trials).clamp(1e-3, 0.98).float()
+        """Acceptance rate per calibration key. An older row's bin is its own tests plus `prior` pseudo-trials at the
+        rate of the same bin in this answer's rows: it starts there and parts from it only as far as it is tested
+        (on a few questions, few older candidates are tested beyond bin 0)."""
+        rates = self.hits / self.trials.clamp(min=1e-9)
+        older = slice(N_BINS, MATRIX_KEYS)
+        rates[older] = (self.hits[older] + self.prior * rates[:N_BINS]) / (self.trials[older] + self.prior)
+        return rates.clamp(1e-3, 0.98).float()
 
     def _refresh(self) -> None:
         """Recompute the per-bin rates and the lookup table from stored probability (0..255) to rate."""
@@ -130,6 +150,7 @@ class AdaptiveDrafter:
         cfg = ctx.cfg
         self.pending, self.host_tree = None, None
         self.trust.start_answer()
+        self.answer_start = ctx.answer_start
         self.budget, self.max_depth = cfg.node_budget, cfg.max_depth
         self.matrix_depth = cfg.max_depth  # levels grown over the matrix (the hybrid's retrieved runs go deeper)
         self.sized_by_cost = cfg.hardware_aware and cfg.template in SIZED_BY_COST  # *-fixed: the full budget
@@ -144,7 +165,7 @@ class AdaptiveDrafter:
     def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
         """The best `next_size` nodes (the full budget when not sized by cost) of the tree grown from `root`."""
         if self.pending is None:  # an answer's first step: no look-ahead yet, so no host-known curve
-            self.pending, self.expected_next = self.grow(matrix.table, matrix.probs, root, *self.growth()), None
+            self.pending, self.expected_next = self.grow(matrix, root, *self.growth()), None
         size = min(self.next_size if self.sized_by_cost else self.budget, self.pending.tokens.shape[0] - 1)
         if self.host_tree is not None:  # known with its curve on every step but an answer's first
             tree, scores = self.host_tree, self.host_scores
@@ -155,7 +176,7 @@ class AdaptiveDrafter:
     def lookahead(self, bonus: torch.Tensor, matrix: AdjacencyMatrix) -> dict[str, torch.Tensor]:
         """Grow the next step's tree from the bonus token now; its expected-acceptance curve rides the sync."""
         budget, depth = self.growth()
-        self.pending = self.grow(matrix.table, matrix.probs, bonus, budget, depth)
+        self.pending = self.grow(matrix, bonus, budget, depth)
         return {"expected": self.pending.expected, "grown.scores": self.pending.scores,
                 **{f"grown.{name}": getattr(self.pending, name) for name in GROWN}}
 
@@ -184,21 +205,24 @@ class AdaptiveDrafter:
         self.cost.observe(result.forward_tokens, result.step_ms)
 
     # -- growing ----------------------------------------------------------------------------------------------
-    def grow(self, table: torch.Tensor, probs: torch.Tensor, root: torch.Tensor, budget: int, max_depth: int) -> GrownTree:
+    def grow(self, matrix: AdjacencyMatrix, root: torch.Tensor, budget: int, max_depth: int) -> GrownTree:
         """Best-first tree of up to `budget` draft nodes under `root` ([1] long), one gather per depth, no sync.
 
-        table, probs: [V, k] candidate ids and their stored probabilities (uint8). Each level keeps its best
-        `budget` candidates by path score; then the best `budget` nodes over all levels form the tree.
+        A candidate's calibration key is its stored probability's bin and whether its row (its parent's token's)
+        was written before this answer began. Each level keeps its best `budget` candidates by path score; then
+        the best `budget` nodes over all levels form the tree.
         """
+        table, probs, stamps = matrix.table, matrix.probs, matrix.stamps
         device = table.device
         k = table.shape[1]
-        lut = self.rate_lut  # [256] calibrated acceptance rate of a stored probability
+        lut = self.rate_lut  # [512] calibrated acceptance rate of a stored probability, by the row's age
         zero = _zero(device)
         level_tok, level_score = root.view(1), torch.ones(1, device=device)
         toks, scores, tops, raws, sizes = [level_tok], [level_score], [zero], [zero], [1]
         for _ in range(max_depth):
             cand = table[level_tok].view(-1)  # [F*k]
-            cprob = probs[level_tok].view(-1).long()  # [F*k] stored probabilities 0..255
+            older = (stamps[level_tok] < self.answer_start).long() * 256  # [F] 256 where the row is older
+            cprob = (probs[level_tok].long() + older[:, None]).view(-1)  # [F*k] stored probabilities (+256: older)
             cscore = (level_score[:, None] * lut[cprob].view(-1, k)).view(-1)
             level_score, top = torch.topk(cscore, min(budget, cscore.shape[0]))
             level_tok = cand[top]  # int32 ids index as well as long ones

@@ -57,6 +57,7 @@ class DraftContext:
     cfg: DecodeConfig  # the answer's settings
     matrix: AdjacencyMatrix  # the engine's adjacency matrix
     runner: Any  # tr_core.runner.ModelRunner, to measure forward costs
+    answer_start: int = -1  # the matrix clock at this answer's start: rows stamped before it were written earlier
 
 
 class Drafter(Protocol):

@@ -231,7 +231,8 @@ class Engine:
         if seeding and drafter.recycles:
             self.matrix.seed_from_text(prompt, stamp=self.clock)
         self.clock += 1
-        drafter.begin(DraftContext(prompt=prompt, cfg=cfg, matrix=self.matrix, runner=self.runner))
+        drafter.begin(DraftContext(prompt=prompt, cfg=cfg, matrix=self.matrix, runner=self.runner,
+                                   answer_start=self.answer_starts[-1]))
         cache = TreeKVCache()
         self.runner.prefill(prompt[:-1], cache)
         sync(self.device)

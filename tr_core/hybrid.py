@@ -10,10 +10,10 @@ itself). Each step:
    of the current suffix (`ContextIndex.lookup`); each continuation is walked down the matrix tree from the
    root: where the matrix already proposes the same token the node is shared, elsewhere new nodes are added;
 3. every node's score is the product along its path of calibrated acceptance probabilities, learned online per
-   source: matrix candidates by their stored probability (16 bins, even in its square root), retrieved ones by
-   the length of the match they extend (1..16 tokens) and whether the matched n-gram was contested (followed
-   by different tokens before), and shared ones (both sources agree) by match length; every candidate whose
-   parent was accepted counts, drafted or not;
+   source: matrix candidates by their stored probability (16 bins, even in its square root) and the age of their
+   row (written in this answer, or before it), retrieved ones by the length of the match they extend (1..16
+   tokens) and whether the matched n-gram was contested (followed by different tokens before), and shared ones
+   (both sources agree) by match length; every candidate whose parent was accepted counts, drafted or not;
 4. the best nodes by score form the next draft, sized like `adaptive` by the measured forward cost, zero-draft
    steps included (`hybrid`), or always the full node budget (`hybrid-fixed`).
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .adaptive import GROWN, N_BINS, AdaptiveDrafter, ancestor_mask, bin_centers, tested_candidates
+from .adaptive import GROWN, MATRIX_KEYS, AdaptiveDrafter, ancestor_mask, matrix_prior, tested_candidates
 from .context import MAX_MATCH, ContextIndex, Match
 from .drafters import Draft, DraftContext, StepResult
 from .matrix import AdjacencyMatrix
@@ -31,11 +31,12 @@ from .tree import HYBRID
 
 RETRIEVAL_DEPTH = 16  # longest run copied from the context in one draft (PLD's default is 10)
 MAX_MATCHES = 3  # retrieved continuations per step, one per distinct next token
-# Calibration keys: matrix bins 0..15; context-only by match length, uncontested then contested; shared by length
-CTX_KEY = N_BINS
-CONTESTED_KEY = N_BINS + MAX_MATCH
-BOTH_KEY = N_BINS + 2 * MAX_MATCH
-N_KEYS = N_BINS + 3 * MAX_MATCH
+# Calibration keys: matrix bins 0..31 (adaptive.MATRIX_KEYS: this answer's rows, then older ones); context-only by
+# match length, uncontested then contested; shared by length
+CTX_KEY = MATRIX_KEYS
+CONTESTED_KEY = MATRIX_KEYS + MAX_MATCH
+BOTH_KEY = MATRIX_KEYS + 2 * MAX_MATCH
+N_KEYS = MATRIX_KEYS + 3 * MAX_MATCH
 _GROWN = (*GROWN, "ranks")  # the matrix tree's fields synced for the merge
 
 
@@ -46,19 +47,21 @@ def context_key(match_len: int, shared: bool, contested: bool = False) -> int:
     return base + min(max(match_len, 1), MAX_MATCH) - 1
 
 
-def _prior_rates() -> torch.Tensor:
-    """Starting acceptance rates: matrix bins at their stored probability; retrieved runs rise with match length.
+def _prior_counts(prior: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Starting (hits, trials) [N_KEYS]: the matrix keys as `adaptive`'s (adaptive.matrix_prior); retrieved runs'
+    rates rise with match length, each with the weight of `prior` trials.
 
     The shape is what the development run measured (bench/README). A continuation of a contested n-gram (one
     followed by different tokens before, like a common word) is right about 3% of the time after a 1-token
     match, 40% after 4 and 85% after 8 or more; an uncontested one (a rare name) about 15%, 70% and 85%; one
-    the matrix proposes too about 25%, 70% and 80-95%. Each starts with the weight of `prior` trials and is then
-    learned online."""
+    the matrix proposes too about 25%, 70% and 80-95%. All are then learned online."""
     gap = torch.arange(MAX_MATCH, dtype=torch.float64)  # match length - 1
     uncontested = 0.12 + 0.83 * (1 - torch.exp(-gap / 3.5))
     contested = 0.03 + 0.87 * (1 - torch.exp(-gap / 6))
     both = 0.25 + 0.65 * (1 - torch.exp(-gap / 2.5))
-    return torch.cat([bin_centers(), uncontested, contested, both])
+    hits, trials = matrix_prior(prior)
+    retrieved = torch.cat([uncontested, contested, both])
+    return torch.cat([hits, retrieved * prior]), torch.cat([trials, torch.full_like(retrieved, prior)])
 
 
 @dataclass
@@ -97,8 +100,7 @@ class HybridDrafter(AdaptiveDrafter):
 
     def __init__(self, device: torch.device, prior: float = 4.0) -> None:
         super().__init__(device, prior)
-        rates = _prior_rates()
-        self.hits, self.trials = rates * prior, torch.full((N_KEYS,), prior, dtype=torch.float64)
+        self.hits, self.trials = _prior_counts(prior)
         self._refresh()
         self.index = ContextIndex()
         self.plan: Plan | None = None  # the next step's merged tree
@@ -131,7 +133,7 @@ class HybridDrafter(AdaptiveDrafter):
         teaches the calibration."""
         first = self.plan is None
         if first:
-            grown = self.grow(matrix.table, matrix.probs, root, self.budget, self.matrix_depth)
+            grown = self.grow(matrix, root, self.budget, self.matrix_depth)
             self.plan = self.merge({name: getattr(grown, name).tolist() for name in _GROWN}, self.index.lookup(
                 MAX_MATCHES, RETRIEVAL_DEPTH))
         ranked = self.plan.ranked()  # sorted once: the size choice and the draft read the same order
@@ -148,7 +150,7 @@ class HybridDrafter(AdaptiveDrafter):
     def lookahead(self, bonus: torch.Tensor, matrix: AdjacencyMatrix) -> dict[str, torch.Tensor]:
         """Grow the next matrix tree from the bonus token on the device; it rides the step's sync."""
         budget, depth = self.growth()
-        grown = self.grow(matrix.table, matrix.probs, bonus, budget, depth)
+        grown = self.grow(matrix, bonus, budget, depth)
         return {f"grown.{name}": getattr(grown, name) for name in _GROWN}
 
     def observe(self, result: StepResult) -> None:
