@@ -12,7 +12,7 @@ import os
 import threading
 
 from studio.config import EMBEDDED, make_config, parse_models, wants_public
-from studio.handlers import Studio
+from studio.handlers import Studio, share_costs
 from studio.models import ModelCatalog
 from studio.page import CSS, build_demo
 from tr_core.cli import apply_threads, threads_option
@@ -49,6 +49,7 @@ def preload(studio: Studio) -> None:
                     DecodeConfig(max_new_tokens=8, plain=True)):
             for _ in engine.generate(ids, cfg):
                 pass
+        share_costs(studio, studio.config.default_model, engine)  # the forward costs it timed serve every session
     except Exception as exc:  # noqa: BLE001 - the first message will show the error in the page
         print(f"could not preload the model: {type(exc).__name__}: {exc}")
     finally:

@@ -6,6 +6,7 @@ belongs to the request that started it (closing the generator stops it within on
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import threading
 import time
@@ -42,6 +43,24 @@ class Studio:
     catalog: ModelCatalog
     default_template: str = "hybrid"  # the template a new page shows (app.py: the benchmark's winner on the device)
     warm: threading.Event = dataclasses.field(default_factory=lambda: _set_event())  # cleared during warm-up
+    # measured forward cost curves by (model, drafter): timed once on this machine, copied into every later engine
+    costs: dict[tuple[str, str], Any] = dataclasses.field(default_factory=dict)
+
+
+def share_costs(studio: Studio, model: str, engine: Any) -> None:
+    """One timing of this machine's forwards per model, for every session: an engine whose cost-sized drafters have
+    measured their curve leaves a copy with the studio, and a new engine starts from that copy (else each visitor's
+    first adaptive or hybrid answer would pause seconds to time the forwards again)."""
+    for name in ("adaptive", "hybrid"):
+        drafter = getattr(engine, name, None)
+        cost = getattr(drafter, "cost", None)
+        if cost is None:
+            continue
+        known = studio.costs.get((model, name))
+        if cost.measured and known is None:
+            studio.costs[(model, name)] = copy.deepcopy(cost)
+        elif not cost.measured and known is not None:
+            drafter.cost = copy.deepcopy(known)
 
 
 def _set_event() -> threading.Event:
@@ -142,7 +161,8 @@ def summary_from_steps(steps: list[StepEvent], prompt_tokens: int, template: str
 
 
 def ensure_engine(studio: Studio, s: Session, k: int, notes: list[str]) -> Any:
-    """The session's engine, created on first use or when k changed (a new k needs a new, empty matrix)."""
+    """The session's engine, created on first use or when k changed (a new k needs a new, empty matrix), with the
+    forward costs this machine already measured for the model."""
     from tr_core.engine import Engine
 
     if s.engine is None or k != s.k:
@@ -150,6 +170,7 @@ def ensure_engine(studio: Studio, s: Session, k: int, notes: list[str]) -> Any:
             notes.append(f"Candidates per row changed to k = {k}: the adjacency matrix starts empty.")
         model, tokenizer = studio.catalog.get(s.model)
         s.engine, s.k = Engine(model, tokenizer, topk_candidates=k), k
+        share_costs(studio, s.model, s.engine)
     return s.engine
 
 
@@ -206,6 +227,10 @@ def _error_text(studio: Studio, exc: BaseException) -> str:
     return f"✗ {type(exc).__name__}: {exc}"
 
 
+PROBING = ("Timing this machine's forwards of every size, once for this model (a few seconds on a CPU): the adaptive "
+           "and hybrid trees size each draft by what it costs here…")
+
+
 def _answer(studio: Studio, s: Session, text: str, settings: ChatSettings, notes: list[str],
             stop: threading.Event, conversation: int) -> Iterator[dict]:
     """The body of `respond`, once the session is marked as answering."""
@@ -218,9 +243,12 @@ def _answer(studio: Studio, s: Session, text: str, settings: ChatSettings, notes
     except Exception as exc:  # noqa: BLE001 - model load / settings errors are shown, the session goes on
         yield {"chat": s.display, "msg": text, "status": _error_text(studio, exc), "matrix": matrix_info(s.engine, s.k)}
         return
+    if engine.times_forwards_first(cfg):
+        yield {"status": PROBING}
     twin = forked(engine) if settings.compare else None  # the state this answer starts from, for the measurement
     trace = Trace(model=label(s.model), settings=dict(dataclasses.asdict(cfg), k=settings.k), messages=messages)
     error = yield from _stream(studio, s, engine, ids, cfg, trace, settings, stop, conversation, pending, notes)
+    share_costs(studio, s.model, engine)
     _finish_trace(trace, engine, ids, cfg, settings, error, notes)
     stopped = trace.summary is not None and trace.summary.stop_reason in ("stopped", "time limit")
     with s.lock:
@@ -309,7 +337,7 @@ def cost_curve(s: Session, trace: Trace | None) -> CostCurve:
         if cost is not None and getattr(cost, "measured", False) and cost(1) > 0:
             return CostCurve(lambda n, c=cost: c(n) / c(1), source=f"the {name} tree on this machine")
     return CostCurve(None, "only the adaptive and hybrid trees time forwards of every size (on their first answer, "
-                           "in about a second); the static trees never do, so ask once with one of them")
+                           "in a few seconds); the static trees never do, so ask once with one of them")
 
 
 def _final_view(s: Session, trace: Trace, settings: ChatSettings, notes: list[str], compared: bool) -> dict:

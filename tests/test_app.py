@@ -57,6 +57,9 @@ class FakeEngine:
     def encode_chat(self, messages):
         return [7] * (10 * len(messages))
 
+    def times_forwards_first(self, cfg):
+        return cfg.template == "adaptive" and not self.prompts  # the real engine: cost-sized, not yet timed
+
     def forget(self):
         self.matrix.reset()
 
@@ -231,6 +234,46 @@ def test_hybrid_templates_are_accepted():
         notes: list[str] = []
         assert template in TEMPLATE_NAMES  # so the page's dropdown offers it
         assert h.parse_settings(studio, dict(template=template), notes).template == template and not notes
+
+
+def test_the_first_cost_sized_answer_says_it_times_the_machine_first():
+    studio = studio_for()
+    session = Session(engine=FakeEngine(steps=2), k=8)
+    first = run(studio, session, "question 1", template="adaptive")
+    assert [v["status"] for v in first].count(h.PROBING) == 1
+    assert first.index({"status": h.PROBING}) < next(i for i, v in enumerate(first) if "tree" in v)  # before any step
+    second = run(studio, session, "question 2", template="adaptive")
+    assert all(v.get("status") != h.PROBING for v in second)
+
+
+def test_sessions_of_one_model_share_the_forward_costs_it_timed_once(monkeypatch):
+    from conftest import TinyTokenizer, tiny_model
+    from tr_core.config import DecodeConfig
+    from tr_core.cost import ForwardCost
+    from tr_core.engine import Engine
+
+    studio = studio_for()
+    model = tiny_model("llama")
+    first = Engine(model, TinyTokenizer(96), topk_candidates=4)
+    h.share_costs(studio, "m", first)
+    assert studio.costs == {}  # nothing measured yet: nothing to share
+    cfg = DecodeConfig(max_new_tokens=8, template="hybrid")
+    list(first.generate([3, 4, 5, 6, 7], cfg))
+    h.share_costs(studio, "m", first)
+    assert ("m", "hybrid") in studio.costs and ("m", "adaptive") not in studio.costs
+
+    def probe_again(*args, **kwargs):
+        raise AssertionError("a second session timed the forwards again")
+
+    monkeypatch.setattr(ForwardCost, "probe", probe_again)
+    later = Engine(model, TinyTokenizer(96), topk_candidates=4)
+    h.share_costs(studio, "m", later)
+    assert later.hybrid.cost.measured and later.hybrid.cost is not first.hybrid.cost  # a copy: sessions stay apart
+    assert not later.times_forwards_first(cfg) and later.times_forwards_first(cfg.with_(template="adaptive"))
+    list(later.generate([3, 4, 5, 6, 7], cfg))
+    other = Engine(model, TinyTokenizer(96), topk_candidates=4)
+    h.share_costs(studio, "another model", other)
+    assert not other.hybrid.cost.measured  # another model's forwards are timed for it
 
 
 def test_hybrid_steps_keep_their_sources_live_in_the_trace_and_in_replays(tmp_path):

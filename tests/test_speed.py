@@ -128,6 +128,26 @@ def test_a_forked_engine_measures_from_the_answers_starting_state_without_touchi
     assert twin.model is engine.model and twin.matrix is not engine.matrix
 
 
+def test_a_twin_taken_before_the_first_answer_reads_its_probe_instead_of_timing_forwards_again(monkeypatch):
+    engine = tiny_engine()
+    prompt = [3, 4, 5, 6, 7, 8, 9, 10]
+    cfg = DecodeConfig(max_new_tokens=16, template="adaptive")
+    twin = forked(engine)  # before the answer: nothing measured yet
+    assert not engine.adaptive.cost.measured
+    assert engine.times_forwards_first(cfg) and not engine.times_forwards_first(cfg.with_(template="small-16"))
+    list(engine.generate(prompt, cfg))  # the answer probes the machine once
+    assert engine.adaptive.cost.measured and twin.adaptive.cost.measured
+    assert not engine.times_forwards_first(cfg) and not twin.times_forwards_first(cfg)
+
+    def probe_again(*args, **kwargs):
+        raise AssertionError("the twin timed the forwards again")
+
+    monkeypatch.setattr(type(engine.adaptive.cost), "probe", probe_again)
+    est = measure_interleaved(twin.generate(prompt, cfg), twin.generate(prompt, cfg.with_(plain=True)), chunk_ms=5.0)
+    assert est.identical is True
+    assert twin.adaptive is not engine.adaptive and twin.adaptive.trust is not engine.adaptive.trust
+
+
 class SlowEngine:
     """A fake engine whose steps take `step_s`; counts live decodes."""
 

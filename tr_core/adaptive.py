@@ -145,8 +145,13 @@ class AdaptiveDrafter:
         self.rate_lut = self.rate[_BIN_OF_STORED].to(self.device)
 
     # -- the drafter seam -------------------------------------------------------------------------------------
+    def times_forwards(self, cfg) -> bool:
+        """True when this answer's tree is sized by cost and this device's forwards were never timed: `begin` then
+        probes them (about 6 s on a 2-core CPU for the embedded model; longer for larger models)."""
+        return cfg.hardware_aware and cfg.template in SIZED_BY_COST and not self.cost.measured
+
     def begin(self, ctx: DraftContext) -> None:
-        """Take the answer's settings; measure the forward cost on this device once (about a second on a CPU)."""
+        """Take the answer's settings; measure the forward cost on this device once (`times_forwards`)."""
         cfg = ctx.cfg
         self.pending, self.host_tree = None, None
         self.trust.start_answer()
@@ -154,7 +159,7 @@ class AdaptiveDrafter:
         self.budget, self.max_depth = cfg.node_budget, cfg.max_depth
         self.matrix_depth = cfg.max_depth  # levels grown over the matrix (the hybrid's retrieved runs go deeper)
         self.sized_by_cost = cfg.hardware_aware and cfg.template in SIZED_BY_COST  # *-fixed: the full budget
-        if self.sized_by_cost and not self.cost.measured:
+        if self.times_forwards(cfg):
             self.cost.probe(ctx.runner, ctx.prompt, max_tokens=cfg.node_budget + 1)
         # An answer's first step has no look-ahead, so no curve on the host: it verifies the root alone. Drafting
         # the last answer's size there is a draft no prediction stands behind, which no trust can judge; sizing it

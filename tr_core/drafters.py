@@ -70,6 +70,9 @@ class Drafter(Protocol):
     def begin(self, ctx: DraftContext) -> None:
         """Start an answer."""
 
+    def times_forwards(self, cfg: DecodeConfig) -> bool:
+        """True when `begin` will first time forwards of every size on this device (seconds on a CPU)."""
+
     def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
         """The draft tree under `root` ([1] long)."""
 
@@ -97,6 +100,10 @@ class PlainDrafter:
 
     def begin(self, ctx: DraftContext) -> None:
         """Nothing to prepare."""
+
+    def times_forwards(self, cfg: DecodeConfig) -> bool:
+        """Never: nothing is sized by cost."""
+        return False
 
     def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
         """The root alone."""

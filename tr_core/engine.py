@@ -183,6 +183,11 @@ class Engine:
             return self.adaptive
         return self._static_drafter(cfg.template)
 
+    def times_forwards_first(self, cfg: DecodeConfig) -> bool:
+        """True when an answer with `cfg` will first time this device's forwards (a pause of seconds before its first
+        step, once per engine): callers can say so."""
+        return self.drafter_for(cfg).times_forwards(cfg)
+
     # -- decoding ---------------------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompt_ids: list[int], cfg: DecodeConfig | None = None, stop: Callable[[], bool] | None = None,

@@ -223,7 +223,8 @@ def measure_interleaved(tr_events: Iterator[Any], plain_events: Iterator[Any], *
 
 
 def forked(engine: Any) -> Any:
-    """A copy of an engine sharing its model but with its own adjacency matrix and drafter state.
+    """A copy of an engine sharing its model (and its drafters' measured forward costs) but with its own adjacency
+    matrix and drafter state.
 
     Taken before an answer, it lets the speed measurement re-run Token Recycling from exactly the state
     the answer started from (the answer itself taught the live matrix its own text, which would flatter it).
@@ -231,6 +232,14 @@ def forked(engine: Any) -> Any:
     twin = copy.copy(engine)
     twin.matrix = engine.matrix.clone()
     twin.answer_starts = list(getattr(engine, "answer_starts", []))  # the twin's own clock history
-    twin.adaptive = copy.deepcopy(engine.adaptive)
-    twin.hybrid = copy.deepcopy(engine.hybrid)
+    twin.adaptive = _fork_drafter(engine.adaptive)
+    twin.hybrid = _fork_drafter(engine.hybrid)
     return twin
+
+
+def _fork_drafter(drafter: Any) -> Any:
+    """A deep copy of a drafter that shares its forward cost curve: the curve describes the machine, not the answer,
+    so a twin taken before the answer's start-up probe reads the probe's result instead of timing it again (seconds
+    that would come out of the measurement's time cap)."""
+    cost = getattr(drafter, "cost", None)
+    return copy.deepcopy(drafter, memo={} if cost is None else {id(cost): cost})
