@@ -49,8 +49,8 @@ class Studio:
 
 def share_costs(studio: Studio, model: str, engine: Any) -> None:
     """One timing of this machine's forwards per model, for every session: an engine whose cost-sized drafters have
-    measured their curve leaves a copy with the studio, and a new engine starts from that copy (else each visitor's
-    first adaptive or hybrid answer would pause seconds to time the forwards again)."""
+    measured their curve leaves a copy with the studio, and one that has not takes a copy before it answers (else
+    each visitor's first adaptive or hybrid answer would pause seconds to time the forwards again)."""
     for name in ("adaptive", "hybrid"):
         drafter = getattr(engine, name, None)
         cost = getattr(drafter, "cost", None)
@@ -161,8 +161,7 @@ def summary_from_steps(steps: list[StepEvent], prompt_tokens: int, template: str
 
 
 def ensure_engine(studio: Studio, s: Session, k: int, notes: list[str]) -> Any:
-    """The session's engine, created on first use or when k changed (a new k needs a new, empty matrix), with the
-    forward costs this machine already measured for the model."""
+    """The session's engine, created on first use or when k changed (a new k needs a new, empty matrix)."""
     from tr_core.engine import Engine
 
     if s.engine is None or k != s.k:
@@ -170,7 +169,6 @@ def ensure_engine(studio: Studio, s: Session, k: int, notes: list[str]) -> Any:
             notes.append(f"Candidates per row changed to k = {k}: the adjacency matrix starts empty.")
         model, tokenizer = studio.catalog.get(s.model)
         s.engine, s.k = Engine(model, tokenizer, topk_candidates=k), k
-        share_costs(studio, s.model, s.engine)
     return s.engine
 
 
@@ -240,15 +238,19 @@ def _answer(studio: Studio, s: Session, text: str, settings: ChatSettings, notes
     try:
         studio.warm.wait(timeout=300)
         engine, ids, messages, cfg = _prepare(studio, s, text, settings, notes)
+        share_costs(studio, s.model, engine)  # whatever engine, model or tree: the costs timed here already
+        probing = engine.times_forwards_first(cfg)
     except Exception as exc:  # noqa: BLE001 - model load / settings errors are shown, the session goes on
         yield {"chat": s.display, "msg": text, "status": _error_text(studio, exc), "matrix": matrix_info(s.engine, s.k)}
         return
-    if engine.times_forwards_first(cfg):
+    if probing:
         yield {"status": PROBING}
     twin = forked(engine) if settings.compare else None  # the state this answer starts from, for the measurement
     trace = Trace(model=label(s.model), settings=dict(dataclasses.asdict(cfg), k=settings.k), messages=messages)
-    error = yield from _stream(studio, s, engine, ids, cfg, trace, settings, stop, conversation, pending, notes)
-    share_costs(studio, s.model, engine)
+    try:
+        error = yield from _stream(studio, s, engine, ids, cfg, trace, settings, stop, conversation, pending, notes)
+    finally:  # a probe this answer ran serves every later engine, even when the visitor left mid-answer
+        share_costs(studio, s.model, engine)
     _finish_trace(trace, engine, ids, cfg, settings, error, notes)
     stopped = trace.summary is not None and trace.summary.stop_reason in ("stopped", "time limit")
     with s.lock:

@@ -276,6 +276,24 @@ def test_sessions_of_one_model_share_the_forward_costs_it_timed_once(monkeypatch
     assert not other.hybrid.cost.measured  # another model's forwards are timed for it
 
 
+def test_every_session_engine_takes_the_studios_costs_before_answering_and_bad_trees_still_fail_cleanly():
+    from conftest import TinyTokenizer, tiny_model
+    from tr_core.engine import Engine
+
+    studio = studio_for()
+    model = tiny_model("llama")
+    a = Session(engine=Engine(model, TinyTokenizer(96), topk_candidates=4), k=4)
+    views = run(studio, a, "hello there", template="adaptive", max_new_tokens=6, compare=False, k=4)
+    assert [v.get("status") for v in views].count(h.PROBING) == 1 and (a.model, "adaptive") in studio.costs
+    b = Session(engine=Engine(model, TinyTokenizer(96), topk_candidates=4), k=4)  # an engine made before a's probe
+    views = run(studio, b, "hello again", template="adaptive", max_new_tokens=6, compare=False, k=4)
+    assert all(v.get("status") != h.PROBING for v in views) and b.engine.adaptive.cost.measured
+    views = run(studio, b, "and now?", template="2.2.2", max_new_tokens=6, compare=False, k=4)  # needs k >= 8
+    final = merged(views)
+    assert final["status"].startswith("✗") and "TemplateError" in final["status"]
+    assert final["chat"] == b.display and b.display[-1]["content"] != "…" and not b.answering
+
+
 def test_hybrid_steps_keep_their_sources_live_in_the_trace_and_in_replays(tmp_path):
     studio = studio_for()
     session = Session(engine=FakeEngine(steps=3), k=8)
