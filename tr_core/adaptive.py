@@ -3,8 +3,9 @@
 Each step the tree is grown best-first from the root over the adjacency matrix: a node's score is the
 product, along its path, of calibrated acceptance probabilities of its candidates. The calibration maps
 the probability stored with a candidate (matrix.probs), and whether its row was written in this answer or
-before it, to how often such candidates were really accepted, learned online. The tree size is chosen each step to maximise expected tokens per second,
-(expected accepted + 1) / t(N), with t(N) the measured cost of a forward of N tokens on this device.
+before it, to how often such candidates were really accepted, learned online. The tree size is chosen each step
+to maximise expected tokens per second, (expected accepted + 1) / t(N), with t(N) the measured cost of a forward
+of N tokens on this device.
 
 Everything up to the forward runs on the device without host syncs: the next step's tree is grown right
 after verification (the bonus token is known on the device then), and its expected-acceptance curve rides
@@ -17,6 +18,7 @@ from functools import lru_cache
 
 import torch
 
+from .config import DecodeConfig
 from .cost import ForwardCost
 from .drafters import Draft, DraftContext, StepResult
 from .matrix import AdjacencyMatrix
@@ -44,6 +46,12 @@ def stored_bin(stored: torch.Tensor) -> torch.Tensor:
 def bin_centers() -> torch.Tensor:
     """[N_BINS] float64: the probability at the middle of each bin (a calibrated model's rate there)."""
     return ((torch.arange(N_BINS, dtype=torch.float64) + 0.5) / N_BINS) ** 2
+
+
+def sized_by_cost(cfg: DecodeConfig) -> bool:
+    """Whether an answer's tree is sized by the measured cost (`adaptive`, `hybrid`) or always the full budget
+    (`*-fixed`, or hardware awareness turned off)."""
+    return cfg.hardware_aware and cfg.template in SIZED_BY_COST
 
 
 def matrix_prior(prior: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,10 +153,10 @@ class AdaptiveDrafter:
         self.rate_lut = self.rate[_BIN_OF_STORED].to(self.device)
 
     # -- the drafter seam -------------------------------------------------------------------------------------
-    def times_forwards(self, cfg) -> bool:
+    def times_forwards(self, cfg: DecodeConfig) -> bool:
         """True when this answer's tree is sized by cost and this device's forwards were never timed: `begin` then
         probes them (about 6 s on a 2-core CPU for the embedded model; longer for larger models)."""
-        return cfg.hardware_aware and cfg.template in SIZED_BY_COST and not self.cost.measured
+        return sized_by_cost(cfg) and not self.cost.measured
 
     def begin(self, ctx: DraftContext) -> None:
         """Take the answer's settings; measure the forward cost on this device once (`times_forwards`)."""
@@ -158,7 +166,7 @@ class AdaptiveDrafter:
         self.answer_start = ctx.answer_start
         self.budget, self.max_depth = cfg.node_budget, cfg.max_depth
         self.matrix_depth = cfg.max_depth  # levels grown over the matrix (the hybrid's retrieved runs go deeper)
-        self.sized_by_cost = cfg.hardware_aware and cfg.template in SIZED_BY_COST  # *-fixed: the full budget
+        self.sized_by_cost = sized_by_cost(cfg)
         if self.times_forwards(cfg):
             self.cost.probe(ctx.runner, ctx.prompt, max_tokens=cfg.node_budget + 1)
         # An answer's first step has no look-ahead, so no curve on the host: it verifies the root alone. Drafting
