@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tr_core.context import MAX_MATCH, ContextIndex
-from tr_core.hybrid import BOTH_KEY, CTX_KEY, HybridDrafter, context_key
+from tr_core.hybrid import BOTH_KEY, CTX_KEY, HybridDrafter, Plan, context_key
 
 
 def brute_force(stream: list[int], max_n: int) -> dict[int, int]:
@@ -216,3 +216,17 @@ def test_zero_draft_steps_skip_the_tree_and_grow_a_small_one():
     assert d.growth() == (8, 3)
     d.next_size = 30
     assert d.growth() == (68, 8)
+
+
+def test_a_zero_draft_plan_drafts_the_root_alone_as_the_general_path_would():
+    """take_plan's shortcut for the root alone gives the Draft the general path builds, field for field."""
+    d = HybridDrafter(torch.device("cpu"))
+    plan = Plan(tokens=[5, 6, 7], parents=[0, 0, 1], depths=[0, 1, 2], ranks=[0, 0, 0], keys=[0, 3, 4],
+                sources=["root", "matrix", "matrix"], origins=["", "", ""], scores=[1.0, 0.5, 0.2])
+    fast, general = d.take_plan(plan, [0], torch.tensor([5])), d.take_plan(plan, [0])
+    for name in ("tokens", "parents", "depths", "ranks", "tree_mask", "node_probs"):
+        a, b = getattr(fast, name), getattr(general, name)
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    assert fast.extras.keys() == general.extras.keys() and torch.equal(fast.extras["bins"], general.extras["bins"])
+    assert (fast.size, fast.levels, fast.sources, fast.origins) == (general.size, general.levels, general.sources,
+                                                                  general.origins)

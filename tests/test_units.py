@@ -9,7 +9,7 @@ from tr_core.adaptive import AdaptiveDrafter, ancestor_mask
 from tr_core.cost import ForwardCost
 from tr_core.engine import path_to, verify_tree
 from tr_core.kv_cache import TreeKVCache
-from tr_core.reduce import log_normalizer, top_rows
+from tr_core.reduce import log_normalizer, row_argmax, top_rows
 from tr_core.sampling import build_processors, check_per_node, choose_tokens, gumbel_noise, node_prefixes, process
 from tr_core.tree import TEMPLATES, attention_bias, bfs_draft, resolve_template, tree_from_parents
 
@@ -124,6 +124,13 @@ def test_verify_rejects_a_match_below_a_mismatch():
     assert int(verify_tree(tokens, targets, tree.parents, tree.depths, tree.tree_mask)) == 0
 
 
+def test_verify_a_root_alone_accepts_nothing():
+    """A plain or zero-draft step verifies the root alone: its end of path is the root, a 0-d index like any other."""
+    best = verify_tree(torch.tensor([7]), torch.tensor([3]), torch.zeros(1, dtype=torch.long),
+                       torch.zeros(1, dtype=torch.long), torch.ones(1, 1, dtype=torch.bool))
+    assert best.shape == () and int(best) == 0
+
+
 def test_matrix_update_topk_and_duplicate_rule():
     m = AdjacencyMatrix(vocab_size=6, k=2)
     tokens = torch.tensor([4, 2, 4])  # token 4 at nodes 0 and 2: node 0 (first in BFS order) wins
@@ -148,14 +155,17 @@ def test_chunked_argmax_and_topk_equal_torch(vocab, k):
     rows = [torch.randn(40, vocab, generator=gen) * 4,
             torch.randint(0, 4, (40, vocab), generator=gen).float(),  # many ties, also across chunks
             torch.zeros(3, vocab)]  # every entry tied
+    rows += [r[:1] for r in rows] + [r[:2] for r in rows]  # one row (a plain or zero-draft step's) and two
     for logits in rows:
         argmax, values, ids = top_rows(logits, k)
         assert torch.equal(argmax, logits.argmax(dim=-1))
+        assert torch.equal(row_argmax(logits), logits.argmax(dim=-1))
         assert torch.equal(values, torch.topk(logits, k, dim=-1).values)
         assert torch.equal(logits.gather(1, ids), values)  # the ids carry those values
         assert all(len(set(r)) == k for r in ids.tolist())  # distinct tokens
     wide = torch.randn(5, vocab + 3, generator=gen)[:, :vocab]  # a non-contiguous slice, as the matrix takes
     assert torch.equal(top_rows(wide, k)[0], wide.argmax(dim=-1))
+    assert torch.equal(row_argmax(wide), wide.argmax(dim=-1)) and torch.equal(row_argmax(wide[:1]), wide[:1].argmax(-1))
     lse = log_normalizer(rows[0].clone(), rows[0].amax(-1, keepdim=True), overwrite=True)
     assert torch.allclose(lse, torch.logsumexp(rows[0], -1, keepdim=True), atol=1e-4)
 

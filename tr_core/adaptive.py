@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import torch
 
 from .config import DecodeConfig
@@ -64,6 +65,7 @@ def matrix_prior(prior: float) -> tuple[torch.Tensor, torch.Tensor]:
 
 # the calibration key of every stored value (0..255) of a row of this answer, then (256..511) of an older row
 _BIN_OF_STORED = torch.cat([stored_bin(torch.arange(256)), stored_bin(torch.arange(256)) + N_BINS])
+_BIN_OF_STORED_HOST = _BIN_OF_STORED.numpy()
 GROWN = ("tokens", "parents", "depths", "bins")  # the grown tree's fields synced for learning (and merging)
 
 
@@ -85,6 +87,22 @@ def _level_index(sizes: tuple[int, ...], device: torch.device) -> tuple[torch.Te
 def _zero(device: torch.device) -> torch.Tensor:
     """[1] long zero on the device."""
     return torch.zeros(1, dtype=torch.long, device=device)
+
+
+@lru_cache(maxsize=8)
+def _root_parts(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[1] long zero, [1] float one and the [1, 1] bool mask of a root alone, on the device (never written to)."""
+    return (torch.zeros(1, dtype=torch.long, device=device), torch.ones(1, device=device),
+            torch.ones(1, 1, dtype=torch.bool, device=device))
+
+
+def root_alone(name: str, root: torch.Tensor, levels: int, extras: tuple[str, ...] = ("bins",), **fields) -> Draft:
+    """The Draft of a zero-draft step, the root token [1] alone, from constant parts: in an answer the model accepts
+    little of, this is most steps, and building its tensors anew each step cost more than the rest of the draft.
+    `extras`: the drafter's per-node fields (all 0 at the root)."""
+    zero, one, mask = _root_parts(root.device)
+    return Draft(name=name, tokens=root.view(1), parents=zero, depths=zero, ranks=zero, tree_mask=mask, size=1,
+                 levels=levels, node_probs=one, extras={key: zero for key in extras}, **fields)
 
 
 @lru_cache(maxsize=256)
@@ -138,19 +156,23 @@ class AdaptiveDrafter:
         self.trust = HindsightTrust()
         self.answer_start = -1  # the matrix clock when this answer began (rows stamped before it are older)
 
-    def _rates(self) -> torch.Tensor:
-        """Acceptance rate per calibration key. An older row's bin is its own tests plus `prior` pseudo-trials at the
-        rate of the same bin in this answer's rows: it starts there and parts from it only as far as it is tested
-        (on a few questions, few older candidates are tested beyond bin 0)."""
-        rates = self.hits / self.trials.clamp(min=1e-9)
+    def _rates(self) -> np.ndarray:
+        """Acceptance rate per calibration key (float32). An older row's bin is its own tests plus `prior`
+        pseudo-trials at the rate of the same bin in this answer's rows: it starts there and parts from it only as
+        far as it is tested (on a few questions, few older candidates are tested beyond bin 0). In NumPy, on views
+        of the counts: this runs every step, and a torch call on 32 numbers costs several times a NumPy one."""
+        hits, trials = self.hits.numpy(), self.trials.numpy()
+        rates = hits / np.maximum(trials, 1e-9)
         older = slice(N_BINS, MATRIX_KEYS)
-        rates[older] = (self.hits[older] + self.prior * rates[:N_BINS]) / (self.trials[older] + self.prior)
-        return rates.clamp(1e-3, 0.98).float()
+        rates[older] = (hits[older] + self.prior * rates[:N_BINS]) / (trials[older] + self.prior)
+        return np.clip(rates, 1e-3, 0.98).astype(np.float32)
 
     def _refresh(self) -> None:
-        """Recompute the per-bin rates and the lookup table from stored probability (0..255) to rate."""
-        self.rate = self._rates()
-        self.rate_lut = self.rate[_BIN_OF_STORED].to(self.device)
+        """Recompute the per-key rates and the lookup table from stored probability (0..511 with the row's age) to
+        rate, on the device."""
+        rates = self._rates()
+        self.rate = torch.from_numpy(rates)
+        self.rate_lut = torch.from_numpy(rates[_BIN_OF_STORED_HOST]).to(self.device)
 
     # -- the drafter seam -------------------------------------------------------------------------------------
     def times_forwards(self, cfg: DecodeConfig) -> bool:
@@ -277,10 +299,7 @@ class AdaptiveDrafter:
         """The tree of the best m nodes by score, as a Draft on the device (tokens [m+1]). No sync."""
         device = grown.tokens.device
         if m == 0:  # a zero-draft step: the root alone (no sort, no mask to build)
-            zero = grown.parents[:1]
-            return Draft(name=ADAPTIVE, tokens=grown.tokens[:1], parents=zero, depths=zero, ranks=zero,
-                         tree_mask=torch.ones(1, 1, dtype=torch.bool, device=device), size=1, levels=max_depth + 1,
-                         node_probs=grown.scores[:1], extras={"bins": grown.bins[:1], "node": zero})
+            return root_alone(ADAPTIVE, grown.tokens[:1], max_depth + 1, extras=("bins", "node"))
         best = torch.topk(grown.scores[1:], m).indices + 1
         keep = torch.cat([torch.zeros(1, dtype=torch.long, device=device), torch.sort(best).values])  # parents first
         remap = torch.zeros(grown.tokens.shape[0], dtype=torch.long, device=device)
@@ -304,9 +323,10 @@ class AdaptiveDrafter:
     def count(self, keys: list[int], hits: list[bool]) -> None:
         """Add tested candidates (their calibration keys, and whether each was accepted) to the rates."""
         if keys:
-            index = torch.tensor(keys, dtype=torch.long)
-            self.trials.index_add_(0, index, torch.ones(len(keys), dtype=torch.float64))
-            self.hits.index_add_(0, index, torch.tensor(hits, dtype=torch.float64))
+            trials, passed = self.trials.numpy(), self.hits.numpy()  # views: a few keys a step, no torch call
+            for key, hit in zip(keys, hits):
+                trials[key] += 1.0
+                passed[key] += hit
             self._refresh()
 
     def learn_drafted(self, result: StepResult) -> None:

@@ -26,7 +26,7 @@ from .events import StepEvent, SummaryEvent
 from .kv_cache import TreeKVCache
 from .matrix import AdjacencyMatrix
 from .packet import SyncPacket
-from .reduce import top_rows
+from .reduce import row_argmax, top_rows
 from .runner import ModelRunner
 from .sampling import build_processors, choose_tokens, needs_prefix, node_prefixes, process
 from .tree import DYNAMIC, HYBRID, HYBRID_FIXED, DraftTree, build_tree, resolve_template
@@ -45,6 +45,8 @@ def verify_tree(tokens: torch.Tensor, targets: torch.Tensor, parents: torch.Tens
     every ancestor equal the model's choice at their parent. Siblings hold distinct candidates, so at most one
     child can match: this equals walking the tree from the root. Returns the node index [] (0 = nothing accepted).
     """
+    if tokens.shape[0] == 1:  # the root alone (a plain or zero-draft step): nothing to walk
+        return torch.zeros((), dtype=torch.long, device=tokens.device)
     ok = tokens == targets[parents]  # [N]; ok[i]: node i is what the model chose after its parent
     ok[0] = True
     accepted = ~(tree_mask & ~ok[None, :]).any(dim=1)  # [N]
@@ -297,7 +299,7 @@ class Engine:
         top = top_rows(logits, self.matrix.k) if recycles else None  # argmax and the matrix update's top-k
         early = len(state.out) < cfg.min_new_tokens
         if cfg.greedy and not processors and not early and state.scores_hook is None:
-            targets = top[0] if top is not None else logits.argmax(dim=-1)
+            targets = top[0] if top is not None else row_argmax(logits)
         else:
             scores = self._scores(state, cfg, draft, logits, processors)
             targets = choose_tokens(scores, cfg, state.past + 1, draft.depths, draft.levels)

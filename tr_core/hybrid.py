@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .adaptive import GROWN, MATRIX_KEYS, AdaptiveDrafter, ancestor_mask, matrix_prior, tested_candidates
+from .adaptive import (GROWN, MATRIX_KEYS, AdaptiveDrafter, ancestor_mask, matrix_prior, root_alone,
+                       tested_candidates)
 from .context import MAX_MATCH, ContextIndex, Match
 from .drafters import Draft, DraftContext, StepResult
 from .matrix import AdjacencyMatrix
@@ -145,7 +146,7 @@ class HybridDrafter(AdaptiveDrafter):
         self.next_size = size
         self.trust.watch(self.plan.tokens, self.plan.parents, ranked, curve)
         self.kept = self.plan.best(min(size, len(self.plan.tokens) - 1), ranked)
-        return self.take_plan(self.plan, self.kept)
+        return self.take_plan(self.plan, self.kept, root)
 
     def lookahead(self, bonus: torch.Tensor, matrix: AdjacencyMatrix) -> dict[str, torch.Tensor]:
         """Grow the next matrix tree from the bonus token on the device; it rides the step's sync."""
@@ -211,12 +212,15 @@ class HybridDrafter(AdaptiveDrafter):
             plan.scores[i] = plan.scores[plan.parents[i]] * rate[plan.keys[i]]
         return plan
 
-    def take_plan(self, plan: Plan, keep: list[int]) -> Draft:
-        """The plan's nodes `keep` (the root first, parents before children) as a Draft."""
+    def take_plan(self, plan: Plan, keep: list[int], root: torch.Tensor | None = None) -> Draft:
+        """The plan's nodes `keep` (the root first, parents before children) as a Draft (`root`: the root token
+        [1] long on the device, when the caller has it)."""
+        dev = self.device
+        if len(keep) == 1 and root is not None:  # a zero-draft step (most steps of an answer that accepts little)
+            return root_alone(self.name, root, self.max_depth + 1, sources=("root",), origins=("",))
         remap = {old: new for new, old in enumerate(keep)}
         parents = [remap[plan.parents[i]] if i else 0 for i in keep]
         depths = [plan.depths[i] for i in keep]
-        dev = self.device
         parents_t = torch.tensor(parents, dtype=torch.long, device=dev)
         return Draft(name=self.name, tokens=torch.tensor([plan.tokens[i] for i in keep], dtype=torch.long, device=dev),
                      parents=parents_t, depths=torch.tensor(depths, dtype=torch.long, device=dev),

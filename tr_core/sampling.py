@@ -16,6 +16,7 @@ from transformers import (LogitsProcessorList, MinPLogitsWarper, RepetitionPenal
                           TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from .config import DecodeConfig
+from .reduce import row_argmax
 
 _MASK32 = 0xFFFFFFFF
 
@@ -103,7 +104,7 @@ def choose_tokens(scores: torch.Tensor, cfg: DecodeConfig, first_position: int, 
     Greedy: argmax. Sampling: argmax(scores + Gumbel noise keyed by (seed, position)). Returns [N] long.
     """
     if cfg.greedy:
-        return scores.argmax(dim=-1)
+        return row_argmax(scores)
     positions = torch.arange(first_position, first_position + levels, device=scores.device)
     noise = gumbel_noise(cfg.seed, positions, scores.shape[-1])  # all nodes of one depth share their noise
-    return (scores + noise[depths]).argmax(dim=-1)
+    return row_argmax(scores + noise[depths])
