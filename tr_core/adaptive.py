@@ -90,17 +90,16 @@ def _zero(device: torch.device) -> torch.Tensor:
 
 
 @lru_cache(maxsize=8)
-def _root_parts(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[1] long zero, [1] float one and the [1, 1] bool mask of a root alone, on the device (never written to)."""
-    return (torch.zeros(1, dtype=torch.long, device=device), torch.ones(1, device=device),
-            torch.ones(1, 1, dtype=torch.bool, device=device))
+def _root_parts(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[1] float one (a root's score) and the [1, 1] bool mask of a root alone, on the device (never written to)."""
+    return torch.ones(1, device=device), torch.ones(1, 1, dtype=torch.bool, device=device)
 
 
 def root_alone(name: str, root: torch.Tensor, levels: int, extras: tuple[str, ...] = ("bins",), **fields) -> Draft:
     """The Draft of a zero-draft step, the root token [1] alone, from constant parts: in an answer the model accepts
     little of, this is most steps, and building its tensors anew each step cost more than the rest of the draft.
     `extras`: the drafter's per-node fields (all 0 at the root)."""
-    zero, one, mask = _root_parts(root.device)
+    zero, (one, mask) = _zero(root.device), _root_parts(root.device)
     return Draft(name=name, tokens=root.view(1), parents=zero, depths=zero, ranks=zero, tree_mask=mask, size=1,
                  levels=levels, node_probs=one, extras={key: zero for key in extras}, **fields)
 
