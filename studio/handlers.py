@@ -225,8 +225,8 @@ def _error_text(studio: Studio, exc: BaseException) -> str:
     return f"✗ {type(exc).__name__}: {exc}"
 
 
-PROBING = ("Timing this machine's forwards of every size, once for this model (a few seconds on a CPU): the adaptive "
-           "and hybrid trees size each draft by what it costs here…")
+PROBING = ("Timing this machine's forwards of every size, once for this model (a few seconds on a CPU): which matrix "
+           "product is faster here, and what each draft size costs for the adaptive and hybrid trees…")
 
 
 def _answer(studio: Studio, s: Session, text: str, settings: ChatSettings, notes: list[str],

@@ -190,7 +190,8 @@ class Runner:
         self.tokenizer = tokenizer
         self.args = args
         self.device = next(model.parameters()).device
-        self.engines = {s.name: Engine(model, tokenizer, topk_candidates=args.topk_candidates)
+        tune = getattr(args, "linear", "auto") == "auto"
+        self.engines = {s.name: Engine(model, tokenizer, topk_candidates=args.topk_candidates, tune_kernels=tune)
                         for s in specs if s.kind in ("vanilla", "recycling")}
         any_engine = next(iter(self.engines.values()))
         self.encoder = any_engine  # one chat template for every method
@@ -643,6 +644,10 @@ def run(args: argparse.Namespace) -> int:
     with tqdm(total=n_answers * len(specs), desc="bench", unit="answer", file=sys.stderr,
               disable=args.no_progress, mininterval=2.0) as bar:
         records = run_questions(runner, questions, specs, args, progress=bar)
+    from .kernels import describe_plan
+
+    meta["linear"] = describe_plan(model)
+    print(meta["linear"]["summary"], file=sys.stderr)
     result = build_result(records, specs, questions, meta)
     print(format_header(result))
     print()

@@ -56,6 +56,14 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="hub id, local folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)")
+    linear_option(p)
+
+
+def linear_option(p: argparse.ArgumentParser) -> None:
+    """`--linear auto|stock`: how linear layers multiply on a CPU (tr_core/kernels.py)."""
+    p.add_argument("--linear", choices=("auto", "stock"), default="auto",
+                   help="linear layers on a CPU: auto times the library's product and W @ x^T once per model and takes "
+                        "the faster for each number of tokens (default); stock keeps the library's")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -121,7 +129,7 @@ def _generate(args: argparse.Namespace) -> int:
     if loaded is None:
         return 1
     model, tokenizer = loaded
-    engine = Engine(model, tokenizer, topk_candidates=args.topk_candidates)
+    engine = Engine(model, tokenizer, topk_candidates=args.topk_candidates, tune_kernels=args.linear == "auto")
     if args.template is None:
         cfg = cfg.with_(template=default_template(engine.device))
     if args.load_matrix:

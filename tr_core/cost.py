@@ -40,36 +40,50 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@torch.no_grad()
-def measure_forward_costs(runner: ModelRunner, context: list[int], sizes: list[int], repeats: int = 2,
-                          warmup: int = 1) -> dict[int, list[float]]:
-    """Milliseconds of forwards of n tree tokens (a chain: the widest mask) after `context`, `repeats` times each
-    after `warmup` rounds.
+class ForwardTimer:
+    """Times forwards of n tree tokens (a chain: the widest mask) after a context prefilled once into a TreeKVCache;
+    each forward is cut back off the cache, like a rejected draft. Use as a context manager (no autograd)."""
 
-    The context is prefilled once into a TreeKVCache; every forward is cut back off it, like a rejected draft.
-    """
-    cache = TreeKVCache()
-    runner.prefill(context, cache)
-    past = len(context)
-    token = torch.tensor([context[-1] if context else 0], dtype=torch.long, device=runner.device)
+    def __init__(self, runner: ModelRunner, context: list[int]) -> None:
+        self.runner, self.context = runner, context
+        self._grad = torch.no_grad()
 
-    def forward(n: int) -> float:
+    def __enter__(self) -> "ForwardTimer":
+        self._grad.__enter__()
+        self.cache = TreeKVCache()
+        self.runner.prefill(self.context, self.cache)
+        self.past = len(self.context)
+        self.token = torch.tensor([self.context[-1] if self.context else 0], dtype=torch.long, device=self.runner.device)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._grad.__exit__(*exc)
+
+    def time(self, n: int) -> float:
+        """Milliseconds of one forward of n tokens."""
+        runner, past = self.runner, self.past
         tree = chain_tree(n, runner.device)
         sync(runner.device)
         t0 = time.perf_counter()
-        runner.forward(token.repeat(n)[None], (past + tree.depths)[None], runner.mask(tree.tree_mask, tree.depths, past),
-                       cache)
+        runner.forward(self.token.repeat(n)[None], (past + tree.depths)[None],
+                       runner.mask(tree.tree_mask, tree.depths, past), self.cache)
         sync(runner.device)
         ms = (time.perf_counter() - t0) * 1e3
-        cache.truncate(past)
+        self.cache.truncate(past)
         return ms
 
+
+def measure_forward_costs(runner: ModelRunner, context: list[int], sizes: list[int], repeats: int = 2,
+                          warmup: int = 1) -> dict[int, list[float]]:
+    """Milliseconds of forwards of n tree tokens after `context` (ForwardTimer), `repeats` times each after `warmup`
+    rounds; sizes interleaved within each round, so machine drift hits all alike."""
     times: dict[int, list[float]] = {n: [] for n in sizes}
-    for rep in range(warmup + repeats):  # sizes interleaved within each repeat: machine drift hits all alike
-        for n in sizes:
-            ms = forward(n)
-            if rep >= warmup:
-                times[n].append(ms)
+    with ForwardTimer(runner, context) as timer:
+        for rep in range(warmup + repeats):
+            for n in sizes:
+                ms = timer.time(n)
+                if rep >= warmup:
+                    times[n].append(ms)
     return times
 
 

@@ -27,6 +27,7 @@ from .kv_cache import TreeKVCache
 from .matrix import AdjacencyMatrix
 from .packet import SyncPacket
 from .reduce import row_argmax, top_rows
+from .kernels import ensure_tuned, needs_tuning
 from .runner import ModelRunner
 from .sampling import build_processors, choose_tokens, needs_prefix, node_prefixes, process
 from .tree import DYNAMIC, HYBRID, HYBRID_FIXED, DraftTree, build_tree, resolve_template
@@ -100,10 +101,11 @@ class DecodeState:
 class Engine:
     """Holds a model, its tokenizer, the adjacency matrix and the drafters' learned state across `generate` calls."""
 
-    def __init__(self, model, tokenizer, topk_candidates: int = 8):
+    def __init__(self, model, tokenizer, topk_candidates: int = 8, tune_kernels: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.runner = ModelRunner(model)
+        self.tune_kernels = tune_kernels  # on a CPU, time the linear layers' two products once per model (kernels.py)
         self.device, self.dtype = self.runner.device, self.runner.dtype
         self.vocab_size = self.runner.vocab_size()
         self.matrix = AdjacencyMatrix(self.vocab_size, topk_candidates, self.device)
@@ -188,7 +190,10 @@ class Engine:
     def times_forwards_first(self, cfg: DecodeConfig) -> bool:
         """True when an answer with `cfg` will first time this device's forwards (a pause of seconds before its first
         step, once per engine): callers can say so."""
-        return self.drafter_for(cfg).times_forwards(cfg)
+        return self._kernels_untuned() or self.drafter_for(cfg).times_forwards(cfg)
+
+    def _kernels_untuned(self) -> bool:
+        return self.tune_kernels and needs_tuning(self.model, self.device)
 
     # -- decoding ---------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -238,6 +243,8 @@ class Engine:
         if seeding and drafter.recycles:
             self.matrix.seed_from_text(prompt, stamp=self.clock)
         self.clock += 1
+        if self._kernels_untuned():
+            ensure_tuned(self.runner, prompt)
         drafter.begin(DraftContext(prompt=prompt, cfg=cfg, matrix=self.matrix, runner=self.runner,
                                    answer_start=self.answer_starts[-1]))
         cache = TreeKVCache()

@@ -108,6 +108,19 @@ def measure_curve(model, sizes: list[int], context: int, repeats: int, warmup: i
     return {n: [t / 1e3 for t in v] for n, v in ms.items()}
 
 
+def tune_linears(model, context: int, seed: int = 0) -> dict[str, Any]:
+    """Choose the linear layers' product on this machine (kernels.tune; CPU only) and describe the choice."""
+    import torch
+
+    from .kernels import describe_plan, ensure_tuned
+    from .runner import ModelRunner
+
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.config.vocab_size, (context,), generator=gen).tolist()
+    ensure_tuned(ModelRunner(model), prompt)
+    return describe_plan(model)
+
+
 def summarize(times: dict[int, list[float]]) -> dict[int, dict[str, float]]:
     """Median milliseconds per N and the ratio t(N)/t(1)."""
     med = {n: statistics.median(v) for n, v in times.items()}
@@ -135,7 +148,7 @@ def format_report(meta: dict[str, Any], curve: dict[int, dict[str, float]], rows
     lines = [f"Forward cost of N query tokens over a {meta['context']}-token KV cache: {meta['model']} on "
              f"{meta['device']} ({meta['machine']}, {meta['threads']} torch threads), {meta['dtype']}, "
              f"median of {meta['repeats']}, {meta['date']}",
-             "", "| N | ms | t(N)/t(1) |", "| ---: | ---: | ---: |"]
+             "", meta.get("linear", {}).get("summary", ""), "", "| N | ms | t(N)/t(1) |", "| ---: | ---: | ---: |"]
     lines += [f"| {n} | {c['ms']:.2f} | {c['ratio']:.2f} |" for n, c in curve.items()]
     if rows:
         lines += ["", "Projected speedup = mean accepted / (t(N)/t(1)) (upper bound: ignores drafting/verify overhead)",
@@ -148,7 +161,7 @@ def format_report(meta: dict[str, Any], curve: dict[int, dict[str, float]], rows
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the `profile` subcommand."""
-    from .cli import threads_option
+    from .cli import linear_option, threads_option
 
     p = subparsers.add_parser("profile", help="forward cost curve t(N)/t(1) and projected speedup",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -167,6 +180,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="draft tree size N for --mean-accepted (default 81: the 80-node 2.2.2 tree plus its root)")
     p.add_argument("--bench-json", default=None, metavar="FILE", help="take mean accepted and tree sizes from a bench JSON")
     threads_option(p, help="CPU threads for torch (default: torch's choice); 1 is far steadier on a busy small machine")
+    linear_option(p)
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the curve and projections as JSON")
     p.set_defaults(func=run)
     return p
@@ -245,6 +259,10 @@ def run(args: argparse.Namespace) -> int:
         return 2 if args.config else 1
     meta = _meta(args, model, name, device)
     print(f"profile: {meta['model']} on {meta['device']} ({meta['machine']}), {meta['dtype']}", file=sys.stderr)
+    from .kernels import describe_plan
+
+    meta["linear"] = tune_linears(model, args.context) if args.linear == "auto" else describe_plan(model)
+    print(meta["linear"]["summary"], file=sys.stderr)
     times = measure_curve(model, sizes, args.context, args.repeats, args.warmup)
     curve = summarize(times)
     rows = projections(curve, args.mean_accepted, bench, args.tree_nodes)

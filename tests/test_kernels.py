@@ -1,0 +1,159 @@
+"""The linear layers' product on a CPU (tr_core/kernels.py): the same numbers either way, lossless decoding with
+every row count routed to W @ x^T, one timed plan per model, and nothing routed where it must not be."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import ARCHS, TINY_VOCAB, TinyTokenizer, tiny_model
+
+from tr_core import DecodeConfig, Engine
+from tr_core import kernels
+from tr_core.kernels import STOCK, TRANSPOSED, LinearPlan
+
+EVERY_ROW = LinearPlan(transposed=tuple(range(1, 33)), limit=32)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 17])
+@pytest.mark.parametrize("bias", [True, False])
+def test_transposed_product_equals_the_library_product(rows, bias):
+    g = torch.Generator().manual_seed(rows)
+    layer = torch.nn.Linear(24, 40, bias=bias)
+    x = torch.randn(1, rows, 24, generator=g)
+    out = kernels.transposed_linear(x, layer.weight, layer.bias, rows)
+    assert out.shape == (1, rows, 40) and out.is_contiguous()
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_a_column_major_input_gives_the_same_numbers_and_a_row_major_output():
+    """An elementwise product of transposed results can arrive column-major; the output must still be row-major."""
+    layer = torch.nn.Linear(16, 8)
+    x = torch.randn(16, 3).t()  # [3, 16], strides (1, 3)
+    assert not x.is_contiguous()
+    out = kernels.transposed_linear(x, layer.weight, layer.bias, 3)
+    assert out.is_contiguous()
+    torch.testing.assert_close(out, layer(x))
+
+
+def test_routes_follow_the_nearest_timed_row_count():
+    ms = {STOCK: {n: 1.0 for n in (1, 2, 3, 4, 6, 8)}, TRANSPOSED: {}}
+    plan = LinearPlan(transposed=(1, 2, 4), limit=8, ms=ms)
+    routes = plan.routes()
+    assert len(routes) == 9 and routes[0] is False
+    assert [routes[m] for m in range(1, 9)] == [True, True, False, True, True, False, False, False]
+    assert kernels.choose({STOCK: {1: 5.0, 2: 3.0, 3: 4.0}, TRANSPOSED: {1: 4.0, 2: 3.0, 3: 1.0}}) == (1, 3)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_recycling_is_lossless_with_every_row_count_transposed(arch):
+    model = tiny_model(arch)
+    stock_logits = model(torch.tensor([[3, 4, 5, 6]])).logits
+    kernels.set_plan(model, EVERY_ROW)
+    routed = [m for m in model.modules() if "forward" in m.__dict__]
+    assert routed and len(routed) == kernels.plan_of(model).layers
+    torch.testing.assert_close(model(torch.tensor([[3, 4, 5, 6]])).logits, stock_logits, rtol=1e-4, atol=1e-5)
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB))
+    g = torch.Generator().manual_seed(7)
+    accepted = []
+    for i in range(3):
+        prompt = torch.randint(2, TINY_VOCAB, (5 + 7 * i,), generator=g).tolist()
+        plain = list(engine.generate(prompt, DecodeConfig(max_new_tokens=40, plain=True)))[-1]
+        for template in ("2.2.2", "adaptive-fixed", "hybrid", "hybrid-fixed"):
+            tr = list(engine.generate(prompt, DecodeConfig(max_new_tokens=40, template=template)))[-1]
+            assert tr.tokens == plain.tokens, f"{arch}/{template} diverged from plain decoding"
+            accepted.append(tr.mean_accepted)
+    assert max(accepted) > 2.0, "drafts must be accepted, or the comparison proves little"
+    assert kernels.plan_of(model).transposed == EVERY_ROW.transposed, "an existing plan is never re-timed"
+
+
+def test_one_timing_per_model_shared_by_every_engine(monkeypatch):
+    model = tiny_model("llama")
+    calls = []
+    real = kernels.tune
+    monkeypatch.setattr(kernels, "tune", lambda runner, context, **kw: calls.append(1) or real(runner, context, repeats=1))
+    first = Engine(model, TinyTokenizer(TINY_VOCAB))
+    assert first.times_forwards_first(DecodeConfig(plain=True)), "an untuned model's first answer times forwards"
+    list(first.generate([3, 4, 5], DecodeConfig(max_new_tokens=4, plain=True)))
+    second = Engine(model, TinyTokenizer(TINY_VOCAB))
+    list(second.generate([3, 4, 5], DecodeConfig(max_new_tokens=4, template="2.2.2")))
+    assert calls == [1]
+    plan = kernels.plan_of(model)
+    assert set(plan.ms) == {STOCK, TRANSPOSED} and set(plan.ms[STOCK]) == set(kernels.TUNE_SIZES)
+    assert plan.transposed == kernels.choose(plan.ms)
+    described = kernels.describe_plan(model)
+    assert described["transposed"] == list(plan.transposed) and "linear layers" in described["summary"]
+    assert not second.times_forwards_first(DecodeConfig(plain=True))
+
+
+def test_an_engine_told_not_to_tune_leaves_the_model_alone():
+    model = tiny_model("llama")
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB), tune_kernels=False)
+    list(engine.generate([3, 4, 5], DecodeConfig(max_new_tokens=4, plain=True)))
+    assert kernels.plan_of(model) is None
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert kernels.describe_plan(model)["transposed"] == []
+
+
+def test_uninstall_gives_the_library_forward_back():
+    model = tiny_model("llama")
+    kernels.set_plan(model, EVERY_ROW)
+    kernels.uninstall(model)
+    assert kernels.plan_of(model) is None
+    assert not any("forward" in m.__dict__ or "_tr_routes" in m.__dict__ for m in model.modules())
+
+
+def test_a_deep_copy_routes_its_own_weights():
+    model = tiny_model("llama")
+    kernels.set_plan(model, EVERY_ROW)
+    twin = copy.deepcopy(model)
+    ids = torch.tensor([[3, 4, 5]])
+    before = model(ids).logits.clone()
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(0.5)
+    assert not torch.allclose(twin(ids).logits, before)
+    torch.testing.assert_close(model(ids).logits, before)
+
+
+def test_only_plain_linear_layers_on_a_cpu_are_routed():
+    class Quantized(torch.nn.Linear):  # a subclass (e.g. a quantized layer) keeps its own forward
+        pass
+
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), Quantized(8, 8))
+    assert kernels.linear_layers(net) == [net[0]]
+    assert kernels.needs_tuning(net, torch.device("cpu"))
+    assert not kernels.needs_tuning(net, torch.device("cuda"))
+    assert not kernels.needs_tuning(torch.nn.Sequential(torch.nn.ReLU()), torch.device("cpu"))
+    kernels.set_plan(net, EVERY_ROW)
+    assert "forward" in net[0].__dict__ and "forward" not in net[1].__dict__
+    x = torch.randn(2, 8, dtype=torch.float64)  # another dtype than the weights: the library's path (and its error)
+    with pytest.raises(RuntimeError):
+        net[0](x)
+
+
+def test_the_cli_refuses_an_unknown_linear_choice(capsys):
+    from tr_core.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--prompt", "hi", "--linear", "fast"])
+    assert exc.value.code == 2
+    assert "--linear" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("choice", ["auto", "stock"])
+def test_profile_reports_how_the_linear_layers_multiply(tmp_path, capsys, choice):
+    import json
+
+    from tr_core.cli import main
+
+    out = tmp_path / "curve.json"
+    code = main(["profile", "--config", "llama-tiny", "--device", "cpu", "--sizes", "1,2,4", "--repeats", "1",
+                 "--warmup", "0", "--context", "16", "--linear", choice, "--json", str(out)])
+    assert code == 0
+    linear = json.loads(out.read_text())["linear"]
+    assert linear["summary"] in capsys.readouterr().out
+    if choice == "auto":
+        assert set(linear["ms"]) == {STOCK, TRANSPOSED} and "W @ x^T" in linear["summary"]
+    else:
+        assert linear["transposed"] == [] and "not tuned" in linear["summary"]
