@@ -10,18 +10,26 @@ from conftest import ARCHS, TINY_VOCAB, TinyTokenizer, tiny_model
 
 from tr_core import DecodeConfig, Engine
 from tr_core import kernels
-from tr_core.kernels import STOCK, TRANSPOSED, LinearPlan
+from tr_core.kernels import ONEDNN, STOCK, TRANSPOSED, LinearPlan
 
-EVERY_ROW = LinearPlan(transposed=tuple(range(1, 33)), limit=32)
+WAYS_HERE = kernels.available_ways()
 
 
+def every_row(way: str) -> LinearPlan:
+    return LinearPlan({m: way for m in range(1, 33)}, limit=32)
+
+
+EVERY_ROW = every_row(TRANSPOSED)
+
+
+@pytest.mark.parametrize("way", WAYS_HERE[1:])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 17])
 @pytest.mark.parametrize("bias", [True, False])
-def test_transposed_product_equals_the_library_product(rows, bias):
+def test_each_product_equals_the_library_product(way, rows, bias):
     g = torch.Generator().manual_seed(rows)
     layer = torch.nn.Linear(24, 40, bias=bias)
     x = torch.randn(1, rows, 24, generator=g)
-    out = kernels.transposed_linear(x, layer.weight, layer.bias, rows)
+    out = kernels._PRODUCTS[way](x, layer.weight, layer.bias, rows)
     assert out.shape == (1, rows, 40) and out.is_contiguous()
     torch.testing.assert_close(out, torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
 
@@ -37,19 +45,23 @@ def test_a_column_major_input_gives_the_same_numbers_and_a_row_major_output():
 
 
 def test_routes_follow_the_nearest_timed_row_count():
-    ms = {STOCK: {n: 1.0 for n in (1, 2, 3, 4, 6, 8)}, TRANSPOSED: {}}
-    plan = LinearPlan(transposed=(1, 2, 4), limit=8, ms=ms)
+    plan = LinearPlan({1: TRANSPOSED, 2: TRANSPOSED, 3: STOCK, 4: TRANSPOSED, 6: STOCK, 8: ONEDNN}, limit=9)
     routes = plan.routes()
-    assert len(routes) == 9 and routes[0] is False
-    assert [routes[m] for m in range(1, 9)] == [True, True, False, True, True, False, False, False]
-    assert kernels.choose({STOCK: {1: 5.0, 2: 3.0, 3: 4.0}, TRANSPOSED: {1: 4.0, 2: 3.0, 3: 1.0}}) == (1, 3)
+    assert len(routes) == 10 and routes[0] == 0
+    t, s, o = (kernels.WAYS.index(w) for w in (TRANSPOSED, STOCK, ONEDNN))
+    assert list(routes[1:]) == [t, t, s, t, t, s, s, o, o]
+    assert LinearPlan({}, limit=4).routes() == ()
+    ms = {STOCK: {1: 5.0, 2: 3.0, 3: 4.0}, TRANSPOSED: {1: 4.0, 2: 3.0, 3: 1.0}, ONEDNN: {1: 4.5, 2: 2.0}}
+    assert kernels.choose(ms) == {1: TRANSPOSED, 2: ONEDNN}, "the fastest way per size timed every way"
+    assert kernels.choose({STOCK: {1: 3.0}, TRANSPOSED: {1: 3.0}}) == {1: STOCK}, "a tie keeps the library's"
 
 
+@pytest.mark.parametrize("way", WAYS_HERE[1:])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_recycling_is_lossless_with_every_row_count_transposed(arch):
+def test_greedy_recycling_is_lossless_with_every_row_count_routed_one_way(arch, way):
     model = tiny_model(arch)
     stock_logits = model(torch.tensor([[3, 4, 5, 6]])).logits
-    kernels.set_plan(model, EVERY_ROW)
+    kernels.set_plan(model, every_row(way))
     routed = [m for m in model.modules() if "forward" in m.__dict__]
     assert routed and len(routed) == kernels.plan_of(model).layers
     torch.testing.assert_close(model(torch.tensor([[3, 4, 5, 6]])).logits, stock_logits, rtol=1e-4, atol=1e-5)
@@ -64,7 +76,7 @@ def test_greedy_recycling_is_lossless_with_every_row_count_transposed(arch):
             assert tr.tokens == plain.tokens, f"{arch}/{template} diverged from plain decoding"
             accepted.append(tr.mean_accepted)
     assert max(accepted) > 2.0, "drafts must be accepted, or the comparison proves little"
-    assert kernels.plan_of(model).transposed == EVERY_ROW.transposed, "an existing plan is never re-timed"
+    assert set(kernels.plan_of(model).ways.values()) == {way}, "an existing plan is never re-timed"
 
 
 def test_one_timing_per_model_shared_by_every_engine(monkeypatch):
@@ -79,10 +91,10 @@ def test_one_timing_per_model_shared_by_every_engine(monkeypatch):
     list(second.generate([3, 4, 5], DecodeConfig(max_new_tokens=4, template="2.2.2")))
     assert calls == [1]
     plan = kernels.plan_of(model)
-    assert set(plan.ms) == {STOCK, TRANSPOSED} and set(plan.ms[STOCK]) == set(kernels.TUNE_SIZES)
-    assert plan.transposed == kernels.choose(plan.ms)
+    assert set(plan.ms) == set(WAYS_HERE) and set(plan.ms[STOCK]) == set(kernels.TUNE_SIZES)
+    assert plan.ways == kernels.choose(plan.ms)
     described = kernels.describe_plan(model)
-    assert described["transposed"] == list(plan.transposed) and "linear layers" in described["summary"]
+    assert described["ways"] == {str(n): w for n, w in plan.ways.items()} and "linear layers" in described["summary"]
     assert not second.times_forwards_first(DecodeConfig(plain=True))
 
 
@@ -92,7 +104,7 @@ def test_an_engine_told_not_to_tune_leaves_the_model_alone():
     list(engine.generate([3, 4, 5], DecodeConfig(max_new_tokens=4, plain=True)))
     assert kernels.plan_of(model) is None
     assert not any("forward" in m.__dict__ for m in model.modules())
-    assert kernels.describe_plan(model)["transposed"] == []
+    assert kernels.describe_plan(model)["ways"] == {}
 
 
 def test_uninstall_gives_the_library_forward_back():
@@ -154,6 +166,19 @@ def test_profile_reports_how_the_linear_layers_multiply(tmp_path, capsys, choice
     linear = json.loads(out.read_text())["linear"]
     assert linear["summary"] in capsys.readouterr().out
     if choice == "auto":
-        assert set(linear["ms"]) == {STOCK, TRANSPOSED} and "W @ x^T" in linear["summary"]
+        assert set(linear["ms"]) == set(WAYS_HERE) and "by row count" in linear["summary"]
+        assert set(linear["ways"]) == {str(n) for n in kernels.TUNE_SIZES}
     else:
-        assert linear["transposed"] == [] and "not tuned" in linear["summary"]
+        assert linear["ways"] == {} and "not tuned" in linear["summary"]
+
+
+def test_a_build_without_onednn_tunes_the_other_two_ways(monkeypatch):
+    def missing(*args):
+        raise RuntimeError("no mkldnn in this build")
+
+    monkeypatch.setattr(kernels, "onednn_linear", missing)
+    assert kernels.available_ways() == (STOCK, TRANSPOSED)
+    model = tiny_model("llama")
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB))
+    list(engine.generate([3, 4, 5], DecodeConfig(max_new_tokens=3, plain=True)))
+    assert set(kernels.plan_of(model).ms) == {STOCK, TRANSPOSED}

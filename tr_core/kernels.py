@@ -4,15 +4,21 @@ A decoding step multiplies a handful of rows (1 for plain decoding, N for a draf
 matrix of the model. `F.linear` hands that to the BLAS as x @ W^T, and for a few rows the BLAS may take a slow path:
 on a 2-core AMD EPYC with torch 2.13's MKL, two or three rows cost 2-3x one row (the weights are read once per
 row), so the forward of a 2-token tree cost 1.7x that of one token and a draft token had to be accepted 70% of the
-time just to break even. The same product written as W @ x^T (the weight matrix streamed once for all rows, with a
-one-row input padded to two) cut the embedded model's forward from 62 to 34 ms for one token and from 101 to 38 ms
-for two, with 2 threads. Other CPUs and BLAS builds differ, so nothing is assumed: `tune` times whole forwards
-both ways at each tracked size on this machine, and `install` routes each row count to the faster one.
+time just to break even. Two other ways to compute the same product are tried:
 
-Both ways compute the same products; only the order of the floating-point sums may differ, as it already does
-between a one-token forward and a tree forward. A model keeps one choice (`plan_of`), shared by every engine and
-by plain decoding, so the speedup is measured against plain decoding at its own best. Only plain `nn.Linear`
-layers on a CPU are routed; GPUs and other layer kinds keep their own path.
+- `transposed`: W @ x^T, the weight matrix streamed once for all rows, a one-row input padded to two (a
+  one-column product is the matrix-vector path). It cut the embedded model's forward from 62 to 34 ms for one
+  token and from 101 to 38 ms for two, with 2 threads.
+- `onednn`: oneDNN's matrix product (`torch.ops.mkldnn._linear_pointwise`, where the torch build has it), which
+  was faster than both from about 8 rows in isolated timings on the same CPU.
+
+Other CPUs and BLAS builds differ, so nothing is assumed: `tune` times whole forwards every available way at each
+row count of TUNE_SIZES on this machine, and `set_plan` routes each row count to the fastest way.
+
+Every way computes the same products; only the order of the floating-point sums may differ, as it already does
+between a one-token forward and a tree forward. A model keeps one plan (`plan_of`), shared by every engine and by
+plain decoding, so the speedup is measured against plain decoding at its own best. Only plain `nn.Linear` layers
+on a CPU are routed; GPUs and other layer kinds keep their own path.
 """
 from __future__ import annotations
 
@@ -24,40 +30,45 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-STOCK, TRANSPOSED = "stock", "transposed"
-TUNE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)  # row counts timed; others follow the nearest one timed
+STOCK, TRANSPOSED, ONEDNN = "stock", "transposed", "onednn"
+WAYS = (STOCK, TRANSPOSED, ONEDNN)  # a route is an index into this tuple
+TUNE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # row counts timed; others follow the nearest one timed, beyond: stock
 _ATTR = "_tr_linear_plan"  # where a model keeps its plan
 _LOCK = threading.Lock()  # one tuning at a time in a process (the app's sessions share models)
 
 
 @dataclass(frozen=True)
 class LinearPlan:
-    """Which row counts take the transposed product, and the whole-forward times that chose them (plain data).
+    """The way each timed row count multiplies, and the whole-forward times that chose it (plain data).
 
-    `ms[strategy][n]`: median milliseconds of a forward of n tree tokens; `transposed`: the row counts routed to
-    W @ x^T (every count up to `limit`; beyond it, and for counts not timed, the nearest timed count decides).
+    `ways[n]`: the way for n rows; `ms[way][n]`: the fastest of the timed forwards of n tree tokens that way. Row
+    counts up to `limit` that were not timed follow the nearest timed count (the lower on a tie); larger ones, and
+    row counts no plan covers, take the library's product.
     """
 
-    transposed: tuple[int, ...]
+    ways: dict[int, str]
     limit: int
     ms: dict[str, dict[int, float]] = field(default_factory=dict)
     layers: int = 0
 
-    def routes(self) -> tuple[bool, ...]:
-        """routes()[m]: whether m rows take the transposed product, for m in 0..limit."""
-        timed = sorted(set(self.ms.get(STOCK, {})) | set(self.transposed)) or [1]
-        chosen = set(self.transposed)
-        return tuple(m > 0 and min(timed, key=lambda t: (abs(t - m), t)) in chosen for m in range(self.limit + 1))
+    def routes(self) -> tuple[int, ...]:
+        """routes()[m]: the index in WAYS of the way m rows take, for m in 0..limit."""
+        timed = sorted(self.ways)
+        if not timed:
+            return ()
+        return (0,) + tuple(WAYS.index(self.ways[min(timed, key=lambda t: (abs(t - m), t))])
+                            for m in range(1, self.limit + 1))
 
     def summary(self) -> str:
-        """One line: the sizes routed each way and the forward times at one and two tokens."""
+        """One line: the row counts each way took and the forward times at one and two tokens."""
         if not self.layers:
             return "linear layers: the library's own product (nothing to route on this model or device)"
-        stock, fast = self.ms.get(STOCK, {}), self.ms.get(TRANSPOSED, {})
-        pairs = ", ".join(f"N={n}: {stock[n]:.1f} -> {min(stock[n], fast[n]):.1f} ms" for n in (1, 2)
-                          if n in stock and n in fast)
-        way = ",".join(map(str, self.transposed)) or "none"
-        return f"linear layers: W @ x^T for row counts {way} of those timed ({self.layers} layers; {pairs})"
+        stock = self.ms.get(STOCK, {})
+        pairs = ", ".join(f"N={n}: {stock[n]:.1f} -> {self.ms[self.ways[n]][n]:.1f} ms" for n in (1, 2)
+                          if n in stock and n in self.ways)
+        taken = "; ".join(f"{way} for {','.join(str(n) for n in sorted(self.ways) if self.ways[n] == way)}"
+                          for way in WAYS if way in self.ways.values())
+        return f"linear layers by row count: {taken} ({self.layers} layers; {pairs})"
 
 
 def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
@@ -74,13 +85,35 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """F.linear(x, weight, bias) through oneDNN's matrix product (the op torch's own CPU compiler emits)."""
+    out = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), weight, bias, "none", [], "")
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+_PRODUCTS = {TRANSPOSED: transposed_linear, ONEDNN: onednn_linear}
+
+
+def available_ways() -> tuple[str, ...]:
+    """The ways this torch build can multiply: oneDNN's only where its op exists and agrees with F.linear."""
+    ways = [STOCK, TRANSPOSED]
+    try:
+        g = torch.Generator().manual_seed(0)
+        w, b, x = (torch.randn(*s, generator=g) for s in ((6, 5), (6,), (1, 3, 5)))
+        if torch.allclose(onednn_linear(x, w, b, 3), F.linear(x, w, b), rtol=1e-4, atol=1e-5):
+            ways.append(ONEDNN)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        pass
+    return tuple(ways)
+
+
 def _routed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """A linear layer's forward that sends row counts m with self._tr_routes[m] to the transposed product (CPU
-    tensors only). Bound to the layer as a method, so a deep copy of the model routes its own weights."""
+    """A linear layer's forward that sends m rows the way self._tr_routes[m] names (CPU tensors of the weight's
+    dtype only). Bound to the layer as a method, so a deep copy of the model routes its own weights."""
     routes, d = self._tr_routes, x.shape[-1]
     rows = x.numel() // d if d else 0
     if rows < len(routes) and routes[rows] and x.device.type == "cpu" and x.dtype == self.weight.dtype:
-        return transposed_linear(x, self.weight, self.bias, rows)
+        return _PRODUCTS[WAYS[routes[rows]]](x, self.weight, self.bias, rows)
     return F.linear(x, self.weight, self.bias)
 
 
@@ -89,7 +122,7 @@ def linear_layers(model: Any) -> list[torch.nn.Linear]:
     return [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dim() == 2]
 
 
-def install(model: Any, routes: tuple[bool, ...]) -> int:
+def install(model: Any, routes: tuple[int, ...]) -> int:
     """Route every linear layer of `model` by `routes` (see LinearPlan.routes); returns the number of layers."""
     layers = linear_layers(model)
     for layer in layers:
@@ -116,15 +149,16 @@ def plan_of(model: Any) -> LinearPlan | None:
 def set_plan(model: Any, plan: LinearPlan) -> None:
     """Install `plan` on `model` and keep it there (one plan per model, shared by every engine)."""
     layers = install(model, plan.routes())
-    model.__dict__[_ATTR] = LinearPlan(plan.transposed, plan.limit, plan.ms, layers)
+    model.__dict__[_ATTR] = LinearPlan(dict(plan.ways), plan.limit, plan.ms, layers)
 
 
 def describe_plan(model: Any) -> dict[str, Any]:
-    """JSON-ready: how `model`'s linear layers multiply (the plan's sizes and timings, or the library's product)."""
+    """JSON-ready: how `model`'s linear layers multiply (the plan's ways and timings, or the library's product)."""
     plan = plan_of(model)
     if plan is None:
-        return {"summary": "linear layers: the library's own product (not tuned)", "transposed": []}
-    return {"summary": plan.summary(), "transposed": list(plan.transposed), "layers": plan.layers,
+        return {"summary": "linear layers: the library's own product (not tuned)", "ways": {}}
+    return {"summary": plan.summary(), "ways": {str(n): way for n, way in sorted(plan.ways.items())},
+            "layers": plan.layers,
             "ms": {way: {str(n): round(v, 3) for n, v in per.items()} for way, per in plan.ms.items()}}
 
 
@@ -133,32 +167,33 @@ def needs_tuning(model: Any, device: torch.device) -> bool:
     return device.type == "cpu" and plan_of(model) is None and bool(linear_layers(model))
 
 
-def choose(ms: dict[str, dict[int, float]]) -> tuple[int, ...]:
-    """The timed row counts whose transposed forward was faster than the library's."""
-    stock, fast = ms.get(STOCK, {}), ms.get(TRANSPOSED, {})
-    return tuple(n for n in sorted(stock) if n in fast and fast[n] < stock[n])
+def choose(ms: dict[str, dict[int, float]]) -> dict[int, str]:
+    """The fastest way for each row count timed every way (the library's product on a tie)."""
+    sizes = set.intersection(*(set(per) for per in ms.values())) if ms else set()
+    return {n: min((way for way in WAYS if way in ms), key=lambda way: (ms[way][n], way != STOCK))
+            for n in sorted(sizes)}
 
 
 def tune(runner: Any, context: list[int], sizes: tuple[int, ...] = TUNE_SIZES, repeats: int = 2) -> LinearPlan:
-    """Time whole forwards of each size both ways on this machine (interleaved), install the faster per size and
-    return the plan. About 3-5 s on a 2-core CPU for the embedded model."""
+    """Time whole forwards of each size every available way on this machine (interleaved; the fastest of `repeats`
+    rounds after one warm-up round), install the fastest way per size and return the plan. About 7 s with 2
+    threads on a 2-core CPU for the embedded model."""
     from .cost import ForwardTimer
 
-    model = runner.model
-    all_rows = tuple(True for _ in range(max(sizes) + 1))
-    times: dict[str, dict[int, list[float]]] = {STOCK: {n: [] for n in sizes}, TRANSPOSED: {n: [] for n in sizes}}
+    model, ways = runner.model, available_ways()
+    every = {way: (0,) + (WAYS.index(way),) * max(sizes) for way in ways}
+    times: dict[str, dict[int, list[float]]] = {way: {n: [] for n in sizes} for way in ways}
     with ForwardTimer(runner, context[-256:]) as timer:
-        for rep in range(repeats + 1):  # the first round warms both ways up and is not kept
-            for n in sizes:
-                order = (STOCK, TRANSPOSED) if (rep + n) % 2 else (TRANSPOSED, STOCK)
-                for way in order:
-                    install(model, all_rows if way == TRANSPOSED else ())
+        for rep in range(repeats + 1):
+            for i, n in enumerate(sizes):
+                turn = (rep + i) % len(ways)  # rotate which way goes first
+                for way in ways[turn:] + ways[:turn]:
+                    install(model, every[way])
                     ms = timer.time(n)
                     if rep:
                         times[way][n].append(ms)
     best = {way: {n: min(v) for n, v in per.items()} for way, per in times.items()}  # the least disturbed run
-    plan = LinearPlan(choose(best), max(sizes), best)
-    set_plan(model, plan)
+    set_plan(model, LinearPlan(choose(best), max(sizes), best))
     return plan_of(model)
 
 
