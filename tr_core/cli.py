@@ -62,8 +62,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 def linear_option(p: argparse.ArgumentParser) -> None:
     """`--linear auto|stock`: how linear layers multiply on a CPU (tr_core/kernels.py)."""
     p.add_argument("--linear", choices=("auto", "stock"), default="auto",
-                   help="linear layers on a CPU: auto times the library's product and W @ x^T once per model and takes "
-                        "the faster for each number of tokens (default); stock keeps the library's")
+                   help="linear layers on a CPU: auto times the library's product, W @ x^T and oneDNN's once per model "
+                        "and takes the fastest for each number of tokens (default); stock keeps the library's")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:

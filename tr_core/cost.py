@@ -53,7 +53,8 @@ class ForwardTimer:
         self.cache = TreeKVCache()
         self.runner.prefill(self.context, self.cache)
         self.past = len(self.context)
-        self.token = torch.tensor([self.context[-1] if self.context else 0], dtype=torch.long, device=self.runner.device)
+        last = self.context[-1] if self.context else 0
+        self.token = torch.tensor([last], dtype=torch.long, device=self.runner.device)
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -23,11 +23,11 @@ from .config import DecodeConfig
 from .cost import StepClock, sync
 from .drafters import Draft, DraftContext, Drafter, PlainDrafter, StaticTreeDrafter, StepResult
 from .events import StepEvent, SummaryEvent
+from .kernels import ensure_tuned, needs_tuning
 from .kv_cache import TreeKVCache
 from .matrix import AdjacencyMatrix
 from .packet import SyncPacket
 from .reduce import row_argmax, top_rows
-from .kernels import ensure_tuned, needs_tuning
 from .runner import ModelRunner
 from .sampling import build_processors, choose_tokens, needs_prefix, node_prefixes, process
 from .tree import DYNAMIC, HYBRID, HYBRID_FIXED, DraftTree, build_tree, resolve_template
@@ -105,7 +105,7 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.runner = ModelRunner(model)
-        self.tune_kernels = tune_kernels  # on a CPU, time the linear layers' two products once per model (kernels.py)
+        self.tune_kernels = tune_kernels  # on a CPU: each linear layer's product chosen by timing (kernels.py)
         self.device, self.dtype = self.runner.device, self.runner.dtype
         self.vocab_size = self.runner.vocab_size()
         self.matrix = AdjacencyMatrix(self.vocab_size, topk_candidates, self.device)
