@@ -243,8 +243,8 @@ class Engine:
         if seeding and drafter.recycles:
             self.matrix.seed_from_text(prompt, stamp=self.clock)
         self.clock += 1
-        if self._kernels_untuned():
-            ensure_tuned(self.runner, prompt)
+        if self.tune_kernels:
+            ensure_tuned(self.runner, prompt)  # once per model: a no-op when tuned, on a GPU or without linear layers
         drafter.begin(DraftContext(prompt=prompt, cfg=cfg, matrix=self.matrix, runner=self.runner,
                                    answer_start=self.answer_starts[-1]))
         cache = TreeKVCache()

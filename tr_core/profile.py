@@ -90,6 +90,14 @@ def build_random_model(name: str, device, dtype):
     return model.to(device=device, dtype=dtype).eval()
 
 
+def random_context(model, context: int, seed: int = 0) -> list[int]:
+    """`context` random token ids of the model's vocabulary (seeded): what the profiler's forwards attend over."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, model.config.vocab_size, (context,), generator=gen).tolist()
+
+
 def measure_curve(model, sizes: list[int], context: int, repeats: int, warmup: int, seed: int = 0) -> dict[int, list[float]]:
     """Seconds of one forward of N tree tokens over a `context`-token KV cache, `repeats` times per N.
 
@@ -101,23 +109,17 @@ def measure_curve(model, sizes: list[int], context: int, repeats: int, warmup: i
     from .cost import measure_forward_costs
     from .runner import ModelRunner
 
-    gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, model.config.vocab_size, (context,), generator=gen).tolist()
     with torch.inference_mode():
-        ms = measure_forward_costs(ModelRunner(model), prompt, sizes, repeats, warmup)
+        ms = measure_forward_costs(ModelRunner(model), random_context(model, context, seed), sizes, repeats, warmup)
     return {n: [t / 1e3 for t in v] for n, v in ms.items()}
 
 
 def tune_linears(model, context: int, seed: int = 0) -> dict[str, Any]:
     """Choose the linear layers' product on this machine (kernels.tune; CPU only) and describe the choice."""
-    import torch
-
     from .kernels import describe_plan, ensure_tuned
     from .runner import ModelRunner
 
-    gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, model.config.vocab_size, (context,), generator=gen).tolist()
-    ensure_tuned(ModelRunner(model), prompt)
+    ensure_tuned(ModelRunner(model), random_context(model, context, seed))
     return describe_plan(model)
 
 
