@@ -182,3 +182,26 @@ def test_a_build_without_onednn_tunes_the_other_two_ways(monkeypatch):
     engine = Engine(model, TinyTokenizer(TINY_VOCAB))
     list(engine.generate([3, 4, 5], DecodeConfig(max_new_tokens=3, plain=True)))
     assert set(kernels.plan_of(model).ms) == {STOCK, TRANSPOSED}
+
+
+def test_the_cost_probe_takes_the_tuned_forwards_and_times_only_the_larger_sizes(monkeypatch):
+    """After tuning on a CPU, the adaptive tree's start-up probe reuses the plan's timings of 1-32 tokens (the same
+    whole forwards, timed the way they now run) and times only the grid sizes past them."""
+    from tr_core import cost as cost_mod
+
+    model = tiny_model("llama")
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB))
+    timed: list[list[int]] = []
+    real = cost_mod.measure_forward_costs
+    monkeypatch.setattr(cost_mod, "measure_forward_costs",
+                        lambda runner, context, sizes, repeats=2, warmup=1: timed.append(list(sizes)) or
+                        real(runner, context, sizes, repeats=1, warmup=0))
+    list(engine.generate([3, 4, 5, 6], DecodeConfig(max_new_tokens=4, template="adaptive")))
+    plan = kernels.plan_of(model)
+    assert plan is not None and timed == [[48, 64, 81]]
+    known = kernels.timed_costs(model)
+    assert set(known) == set(kernels.TUNE_SIZES)
+    assert all(known[n] == plan.ms[plan.ways[n]][n] for n in known)
+    curve = engine.adaptive.cost
+    assert all(curve.probed[n] == known[n] for n in kernels.TUNE_SIZES) and curve.probed[81] > 0
+    assert kernels.timed_costs(tiny_model("llama")) == {}  # never tuned: nothing known, the probe times every size

@@ -22,6 +22,7 @@ import torch
 from .config import DecodeConfig
 from .cost import ForwardCost
 from .drafters import Draft, DraftContext, StepResult
+from .kernels import timed_costs
 from .matrix import AdjacencyMatrix
 from .tree import ADAPTIVE, SIZED_BY_COST
 from .trust import HindsightTrust, size_class
@@ -176,7 +177,8 @@ class AdaptiveDrafter:
     # -- the drafter seam -------------------------------------------------------------------------------------
     def times_forwards(self, cfg: DecodeConfig) -> bool:
         """True when this answer's tree is sized by cost and this device's forwards were never timed: `begin` then
-        probes them (about 6 s on a 2-core CPU for the embedded model; longer for larger models)."""
+        probes them (on a CPU it reuses the linear layers' tuning timings of 1-32 tokens and times 48, 64 and 81: about
+        2-3 s on a 2-core CPU for the embedded model; 4-6 s where nothing was tuned; longer for larger models)."""
         return sized_by_cost(cfg) and not self.cost.measured
 
     def begin(self, ctx: DraftContext) -> None:
@@ -189,7 +191,8 @@ class AdaptiveDrafter:
         self.matrix_depth = cfg.max_depth  # levels grown over the matrix (the hybrid's retrieved runs go deeper)
         self.sized_by_cost = sized_by_cost(cfg)
         if self.times_forwards(cfg):
-            self.cost.probe(ctx.runner, ctx.prompt, max_tokens=cfg.node_budget + 1)
+            self.cost.probe(ctx.runner, ctx.prompt, max_tokens=cfg.node_budget + 1,
+                            known=timed_costs(getattr(ctx.runner, "model", None)))
         # An answer's first step has no look-ahead, so no curve on the host: it verifies the root alone. Drafting
         # the last answer's size there is a draft no prediction stands behind, which no trust can judge; sizing it
         # from its own tree (one more sync) did worse still. Under the frozen cost curve

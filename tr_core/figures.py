@@ -722,7 +722,7 @@ def meter_html(v: MeterView) -> str:
     else:
         flag = '<span class="tr-flag tr-flag-bad">✗ outputs differ from plain decoding</span>'
     live = ' <span class="tr-live">live</span>' if v.state == "live" else ""
-    note = f'<div class="tr-note">{html.escape(v.note)}</div>' if v.note else ""
+    note = f'<div class="tr-note" title="{html.escape(v.note)}">{html.escape(v.note)}</div>' if v.note else ""
     return (
         f'<div class="tr-meter tr-meter-{cls}" id="tr-meter">'
         f'<div class="tr-big"><span class="tr-ratio tr-ratio-{cls}" id="tr-ratio">{html.escape(ratio_text)}</span>'

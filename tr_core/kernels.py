@@ -162,6 +162,16 @@ def describe_plan(model: Any) -> dict[str, Any]:
             "ms": {way: {str(n): round(v, 3) for n, v in per.items()} for way, per in plan.ms.items()}}
 
 
+def timed_costs(model: Any) -> dict[int, float]:
+    """Milliseconds of a whole forward of n tokens, for every row count n the installed plan timed, the way the plan
+    runs it (its tuning's fastest round); empty when `model` was never tuned. The cost-sized trees' start-up probe
+    takes these instead of timing the same forwards again."""
+    plan = plan_of(model) if model is not None else None
+    if plan is None:
+        return {}
+    return {n: plan.ms[way][n] for n, way in plan.ways.items() if n in plan.ms.get(way, {})}
+
+
 def needs_tuning(model: Any, device: torch.device) -> bool:
     """True when `model` runs on a CPU, has linear layers to route and was never tuned."""
     return device.type == "cpu" and plan_of(model) is None and bool(linear_layers(model))
