@@ -205,3 +205,34 @@ def test_the_cost_probe_takes_the_tuned_forwards_and_times_only_the_larger_sizes
     curve = engine.adaptive.cost
     assert all(curve.probed[n] == known[n] for n in kernels.TUNE_SIZES) and curve.probed[81] > 0
     assert kernels.timed_costs(tiny_model("llama")) == {}  # never tuned: nothing known, the probe times every size
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_weights_on_a_cpu_tune_only_the_ways_that_run(dtype):
+    """oneDNN has no float16 product on most CPUs: the tuner must leave it out, not crash the first answer."""
+    model = tiny_model("llama").to(dtype)
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB))
+    plain = list(engine.generate([3, 4, 5], DecodeConfig(max_new_tokens=10, plain=True)))[-1].tokens
+    hybrid = list(engine.generate([3, 4, 5], DecodeConfig(max_new_tokens=10, template="hybrid")))[-1].tokens
+    plan = kernels.plan_of(model)
+    assert set(plan.ms) == set(kernels.available_ways(dtype)) and STOCK in plan.ms
+    assert plain and hybrid == plain
+
+
+def test_a_way_that_fails_on_the_real_model_is_dropped_from_the_plan(monkeypatch):
+    """The small agreement check passes, but the way raises on the model's own shapes: the tuning goes on without it."""
+    way = WAYS_HERE[-1]
+    real = kernels._PRODUCTS[way]
+
+    def fails_from_four_rows(x, weight, bias, rows):
+        if rows >= 4:
+            raise RuntimeError("could not create a primitive descriptor")
+        return real(x, weight, bias, rows)
+
+    monkeypatch.setitem(kernels._PRODUCTS, way, fails_from_four_rows)
+    model = tiny_model("llama")
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB))
+    out = list(engine.generate([3, 4, 5], DecodeConfig(max_new_tokens=6, template="adaptive")))
+    assert len(out[-1].tokens) == 6
+    plan = kernels.plan_of(model)
+    assert way not in plan.ms and way not in plan.ways.values() and STOCK in plan.ms

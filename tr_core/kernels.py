@@ -94,16 +94,20 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 _PRODUCTS = {TRANSPOSED: transposed_linear, ONEDNN: onednn_linear}
 
 
-def available_ways() -> tuple[str, ...]:
-    """The ways this torch build can multiply: oneDNN's only where its op exists and agrees with F.linear."""
-    ways = [STOCK, TRANSPOSED]
-    try:
-        g = torch.Generator().manual_seed(0)
-        w, b, x = (torch.randn(*s, generator=g) for s in ((6, 5), (6,), (1, 3, 5)))
-        if torch.allclose(onednn_linear(x, w, b, 3), F.linear(x, w, b), rtol=1e-4, atol=1e-5):
-            ways.append(ONEDNN)
-    except (AttributeError, RuntimeError, NotImplementedError):
-        pass
+def available_ways(dtype: torch.dtype = torch.float32) -> tuple[str, ...]:
+    """The ways this torch build can multiply weights of `dtype` on a CPU: the library's product, then each other way
+    only where it runs and agrees with F.linear (oneDNN has no float16 product on most CPUs, for one)."""
+    g = torch.Generator().manual_seed(0)
+    w, b, x = (torch.randn(*s, generator=g).to(dtype) for s in ((6, 5), (6,), (1, 3, 5)))
+    rtol, atol = (1e-4, 1e-5) if dtype == torch.float32 else (2e-2, 2e-2)
+    ways = [STOCK]
+    for way in (TRANSPOSED, ONEDNN):
+        try:
+            got = (transposed_linear if way == TRANSPOSED else onednn_linear)(x, w, b, 3)
+            if torch.allclose(got.float(), F.linear(x, w, b).float(), rtol=rtol, atol=atol):
+                ways.append(way)
+        except (AttributeError, RuntimeError, NotImplementedError, TypeError):
+            pass
     return tuple(ways)
 
 
@@ -115,6 +119,12 @@ def _routed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if rows < len(routes) and routes[rows] and x.device.type == "cpu" and x.dtype == self.weight.dtype:
         return _PRODUCTS[WAYS[routes[rows]]](x, self.weight, self.bias, rows)
     return F.linear(x, self.weight, self.bias)
+
+
+def weight_dtype(model: Any) -> torch.dtype:
+    """The dtype of `model`'s routable linear layers' weights (float32 when it has none)."""
+    layers = linear_layers(model)
+    return layers[0].weight.dtype if layers else torch.float32
 
 
 def linear_layers(model: Any) -> list[torch.nn.Linear]:
@@ -190,19 +200,32 @@ def tune(runner: Any, context: list[int], sizes: tuple[int, ...] = TUNE_SIZES, r
     threads on a 2-core CPU for the embedded model."""
     from .cost import ForwardTimer
 
-    model, ways = runner.model, available_ways()
+    model = runner.model
+    ways = available_ways(weight_dtype(model))
     every = {way: (0,) + (WAYS.index(way),) * max(sizes) for way in ways}
     times: dict[str, dict[int, list[float]]] = {way: {n: [] for n in sizes} for way in ways}
+    failed: set[str] = set()  # ways that raised on this model (a shape or dtype the small check did not cover)
     with ForwardTimer(runner, context[-256:]) as timer:
         for rep in range(repeats + 1):
             for i, n in enumerate(sizes):
                 turn = (rep + i) % len(ways)  # rotate which way goes first
                 for way in ways[turn:] + ways[:turn]:
+                    if way in failed:
+                        continue
                     install(model, every[way])
-                    ms = timer.time(n)
+                    try:
+                        ms = timer.time(n)
+                    except (RuntimeError, NotImplementedError):
+                        if way == STOCK:
+                            install(model, ())
+                            raise
+                        failed.add(way)
+                        timer.cache.truncate(timer.past)  # layers that ran before the failure wrote entries
+                        continue
                     if rep:
                         times[way][n].append(ms)
-    best = {way: {n: min(v) for n, v in per.items()} for way, per in times.items()}  # the least disturbed run
+    best = {way: {n: min(v) for n, v in per.items()} for way, per in times.items()  # the least disturbed run
+            if way not in failed}
     set_plan(model, LinearPlan(choose(best), max(sizes), best))
     return plan_of(model)
 
