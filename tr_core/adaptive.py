@@ -192,7 +192,7 @@ class AdaptiveDrafter:
         self.sized_by_cost = sized_by_cost(cfg)
         if self.times_forwards(cfg):
             self.cost.probe(ctx.runner, ctx.prompt, max_tokens=cfg.node_budget + 1,
-                            known=timed_costs(getattr(ctx.runner, "model", None)))
+                            known=timed_costs(ctx.runner.model))
         # An answer's first step has no look-ahead, so no curve on the host: it verifies the root alone. Drafting
         # the last answer's size there is a draft no prediction stands behind, which no trust can judge; sizing it
         # from its own tree (one more sync) did worse still. Under the frozen cost curve
