@@ -160,6 +160,7 @@ def test_bad_input_exits_before_loading_a_model(tmp_path, capsys, monkeypatch):
     for extra, message in [(["--methods", "vanilla,foo"], "unknown method 'foo'"),
                            (["--template", "zzz"], "unknown template 'zzz'"),
                            (["--max-new-tokens", "0"], "--max-new-tokens"),
+                           (["--repeats", "0"], "--repeats must be >= 1"),
                            (["--json", str(tmp_path / "no" / "x.json")], "does not exist")]:
         args = _parser().parse_args(["bench", "--questions", str(good), *extra])
         assert args.func(args) == 2
@@ -360,3 +361,34 @@ def test_json_contract_on_tiny_model(tmp_path):
     assert data["methods"]["recycling[adaptive-fixed]"]["mean_tree_nodes"] > 40
     assert len(data["records"]) == 4 * 6
     assert out_html.stat().st_size > 1_000_000
+
+
+def test_repeats_keep_the_fastest_of_identical_decodings(tmp_path, monkeypatch):
+    """`--repeats 3`: each answer is decoded three times from the same learned state (the same tokens, tree by tree
+    on the first step), the record keeps the fastest time and lists all three."""
+    from tr_core.engine import Engine
+
+    folder = _tiny_model_folder(tmp_path / "tiny")
+    qfile = _write(tmp_path, "q.jsonl", [
+        '{"question_id": 1, "category": "writing", "turns": ["Write a poem about the sea.", "Shorter, please."]}',
+        '{"question_id": 3, "category": "code", "turns": ["def add(a, b):\\n    return a + b\\nprint(add(1, 2))"]}',
+    ])
+    restores = []
+    original = Engine.restore
+    monkeypatch.setattr(Engine, "restore", lambda self, snap: (restores.append(snap["clock"]), original(self, snap)))
+    out_json = tmp_path / "r.json"
+    args = _parser().parse_args([
+        "bench", "--questions", str(qfile), "--model", str(folder), "--device", "cpu", "--max-new-tokens", "16",
+        "--methods", "vanilla,recycling,pld", "--template", "hybrid", "--repeats", "3", "--warmup", "0",
+        "--no-progress", "--json", str(out_json)])
+    assert args.func(args) == 0
+    data = json.loads(out_json.read_text())
+    assert data["repeats"] == 3
+    assert len(data["records"]) == 3 * 3  # 3 answers (turns) x 3 methods, one record each
+    for rec in data["records"]:
+        assert len(rec["seconds_all"]) == 3 and rec["seconds"] == min(rec["seconds_all"])
+    for name in ("recycling", "pld"):
+        m = data["methods"][name]
+        assert m["identical"] == m["compared"] == 3, name
+    # two engines (vanilla, hybrid) x 3 answers x 2 restores; each answer restarts from the clock it began at
+    assert len(restores) == 2 * 3 * 2 and restores[0] == restores[1]

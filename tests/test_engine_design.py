@@ -222,3 +222,23 @@ def test_cache_invariant_is_an_error_even_under_python_O():
             "try:\n    c.require_length(3)\nexcept CacheInvariantError:\n    print('raised')\n")
     out = subprocess.run([sys.executable, "-O", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "raised", out.stderr
+
+
+def test_snapshot_and_restore_return_to_the_same_learned_state():
+    """What answers teach the engine (matrix, calibration, trust, costs, context index, clock) is restored by
+    `restore`, and the snapshot stays usable: the same answer decoded again starts with the same first tree."""
+    engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
+    cfg = DecodeConfig(max_new_tokens=24, template="hybrid")
+    list(engine.generate(PROMPTS[0], cfg))
+    snap = engine.snapshot()
+    table, rates, clock = engine.matrix.table.clone(), engine.hybrid.rate.clone(), engine.clock
+    matrix = engine.matrix
+    first = list(engine.generate(PROMPTS[1], cfg))
+    assert engine.clock > clock and not torch.equal(engine.hybrid.rate, rates)
+    for _ in range(2):  # twice from the same snapshot
+        engine.restore(snap)
+        assert engine.matrix is matrix and torch.equal(engine.matrix.table, table)  # copied in place
+        assert torch.equal(engine.hybrid.rate, rates) and engine.clock == clock
+        again = list(engine.generate(PROMPTS[1], cfg))
+        assert again[-1].tokens == first[-1].tokens
+        assert again[0].tokens == first[0].tokens and again[1].tokens == first[1].tokens

@@ -11,7 +11,8 @@ so that machine drift hits all alike. Methods and their names in tables and JSON
 - `hf`: transformers' `model.generate` (greedy, or the same sampling settings).
 - `pld`: transformers' prompt lookup decoding (`generate(prompt_lookup_num_tokens=...)`).
 
-Definitions (as Spec-Bench): time is wall time per answer, prefill included; speedup is vanilla's total
+Definitions (as Spec-Bench): time is wall time per answer, prefill included (with `--repeats R`, the fastest
+of R decodings of the answer from the same learned state, every method alike); speedup is vanilla's total
 seconds over the method's on the same answers; mean accepted tokens is emitted tokens per decoding
 forward (the engine's steps; for hf/pld every forward of the model, the first of which also reads the
 prompt, so plain decoding scores 1.00 either way). Answers are cut after the first stop token (or at
@@ -66,11 +67,12 @@ class TurnRecord:
     turn: int  # 0-based turn index
     prompt_tokens: int  # prompt length in tokens
     tokens: int  # emitted tokens (stop token included, cut at max_new_tokens)
-    seconds: float  # wall time of the answer, prefill included
+    seconds: float  # wall time of the answer, prefill included (the fastest of its repeats)
     steps: int | None  # decoding forwards (None when unknown)
     answer_ids: list[int] = field(default_factory=list)  # token ids before the first stop token
     accepted_lengths: list[int] = field(default_factory=list)  # tokens emitted by each step (engine methods)
     tree_nodes: int = 0  # draft tree nodes verified, summed over steps, root included (engine methods; 0 = unknown)
+    seconds_all: list[float] = field(default_factory=list)  # every repeat's wall time, in the order run
 
 
 # ----------------------------------------------------------------------------- input validation
@@ -145,6 +147,8 @@ def validate_args(args: argparse.Namespace) -> tuple[list[Question], list[Method
         raise BenchInputError(f"--max-minutes must be > 0, got {args.max_minutes}")
     if args.warmup < 0:
         raise BenchInputError(f"--warmup must be >= 0, got {args.warmup}")
+    if getattr(args, "repeats", 1) < 1:
+        raise BenchInputError(f"--repeats must be >= 1, got {args.repeats}")
     if args.pld_tokens < 1 or args.pld_ngram < 1:
         raise BenchInputError("--pld-tokens and --pld-ngram must be >= 1")
     if args.topk_candidates < 1:
@@ -215,12 +219,24 @@ class Runner:
         return self.encoder.decode(ids)
 
     def answer(self, name: str, ids: list[int], max_new_tokens: int | None = None, seed_offset: int = 0) -> dict:
-        """Answer one prompt with method `name`; returns emitted/answer ids, seconds, steps and accepted lengths."""
+        """Answer one prompt with method `name`, `--repeats` times from the same start (an engine's learned state is
+        restored before each repeat, and the last repeat's is kept); returns the first repeat's emitted/answer ids,
+        steps and accepted lengths, the fastest repeat's seconds and every repeat's (`seconds_all`)."""
         spec = self.specs[name]
         max_new = max_new_tokens or self.args.max_new_tokens
-        if spec.kind in ("vanilla", "recycling"):
-            return self._engine_answer(name, ids, max_new)
-        return self._hf_answer(spec.kind, ids, max_new, seed_offset)
+        engine = self.engines.get(name)
+        repeats = getattr(self.args, "repeats", 1)
+        start = engine.snapshot() if engine is not None and repeats > 1 else None
+        runs = []
+        for r in range(repeats):
+            if r and start is not None:
+                engine.restore(start)
+            if spec.kind in ("vanilla", "recycling"):
+                runs.append(self._engine_answer(name, ids, max_new))
+            else:
+                runs.append(self._hf_answer(spec.kind, ids, max_new, seed_offset))
+        seconds = [run["seconds"] for run in runs]
+        return {**runs[0], "seconds": min(seconds), "seconds_all": seconds}
 
     def _engine_answer(self, name: str, ids: list[int], max_new: int) -> dict:
         from .events import StepEvent, SummaryEvent
@@ -307,6 +323,7 @@ def run_questions(runner: Runner, questions: list[Question], specs: list[MethodS
                     method=name, question=q.key, category=q.category, task=q.task, turn=ti, prompt_tokens=len(ids),
                     tokens=len(out["emitted"]), seconds=out["seconds"], steps=out["steps"],
                     answer_ids=out["answer"], accepted_lengths=out["accepted"], tree_nodes=out["tree_nodes"],
+                    seconds_all=out.get("seconds_all", [out["seconds"]]),
                 ))
                 history.append({"role": "assistant", "content": runner.decode(out["answer"])})
                 if progress is not None:
@@ -451,7 +468,8 @@ def format_header(result: dict[str, Any]) -> str:
             f"{result['questions']} questions ({result['answers']} answers) · max_new_tokens {result['max_new_tokens']}"
             f" · temperature {result['temperature']} · template {result['template']}"
             f" · matrix {'fresh per question' if result.get('fresh_matrix') else 'kept across questions'}"
-            f" · torch threads {result.get('threads', '?')}\n"
+            f" · torch threads {result.get('threads', '?')}"
+            f"{' · fastest of %d repeats per answer' % result['repeats'] if result.get('repeats', 1) > 1 else ''}\n"
             f"command: {result.get('command', '')}")
 
 
@@ -549,6 +567,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--pld-tokens", type=int, default=10, help="pld: prompt_lookup_num_tokens")
     p.add_argument("--pld-ngram", type=int, default=2, help="pld: max_matching_ngram_size")
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up questions (short answers, discarded)")
+    p.add_argument("--repeats", type=int, default=1, metavar="R",
+                   help="decode every answer R times from the same learned state and keep the fastest time "
+                        "(every method alike): a busy machine's slow spells then hit few answers")
     threads_option(p)
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the results as JSON")
     p.add_argument("--html", default=None, metavar="OUT.html", help="write a self-contained plotly report")
@@ -613,6 +634,7 @@ def run_meta(args: argparse.Namespace, model, device) -> dict[str, Any]:
         "topk_candidates": args.topk_candidates,
         "pld_tokens": args.pld_tokens,
         "pld_ngram": args.pld_ngram,
+        "repeats": getattr(args, "repeats", 1),
         "threads": torch.get_num_threads(),
         "commit": _git_commit(),
         "command": ("python -m tr_core " + shlex.join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py")

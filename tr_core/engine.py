@@ -10,6 +10,7 @@ Which tree is drafted is the drafter's business (drafters.py, adaptive.py): the 
 from __future__ import annotations
 
 import bisect
+import copy
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -142,6 +143,21 @@ class Engine:
         self.matrix.reset()
         self.hybrid.index.clear()
         self.clock, self.answer_starts = 0, []
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy of all that answers teach this engine: the matrix, the drafters' calibration, trust, forward costs
+        and context index, and the matrix clock. `restore` returns to it, e.g. to decode the same answer again from
+        the same start (the benchmark's `--repeats`)."""
+        return copy.deepcopy({"matrix": self.matrix, "adaptive": self.adaptive, "hybrid": self.hybrid,
+                              "clock": self.clock, "answer_starts": self.answer_starts})
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Return to a `snapshot` (which stays as it was, for further restores). The matrix is copied in place."""
+        state = copy.deepcopy(snapshot)
+        for name in ("table", "probs", "filled", "stamps"):
+            getattr(self.matrix, name).copy_(getattr(state["matrix"], name))
+        self.adaptive, self.hybrid = state["adaptive"], state["hybrid"]
+        self.clock, self.answer_starts = state["clock"], state["answer_starts"]
 
     # -- chat helpers -----------------------------------------------------------------------------------------
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
