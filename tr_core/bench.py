@@ -12,7 +12,7 @@ so that machine drift hits all alike. Methods and their names in tables and JSON
 - `pld`: transformers' prompt lookup decoding (`generate(prompt_lookup_num_tokens=...)`).
 
 Definitions (as Spec-Bench): time is wall time per answer, prefill included (with `--repeats R`, the fastest
-of R decodings of the answer from the same learned state, every method alike); speedup is vanilla's total
+of R rounds of all methods, each round from the same learned state); speedup is vanilla's total
 seconds over the method's on the same answers; mean accepted tokens is emitted tokens per decoding
 forward (the engine's steps; for hf/pld every forward of the model, the first of which also reads the
 prompt, so plain decoding scores 1.00 either way). Answers are cut after the first stop token (or at
@@ -219,24 +219,22 @@ class Runner:
         return self.encoder.decode(ids)
 
     def answer(self, name: str, ids: list[int], max_new_tokens: int | None = None, seed_offset: int = 0) -> dict:
-        """Answer one prompt with method `name`, `--repeats` times from the same start (an engine's learned state is
-        restored before each repeat, and the last repeat's is kept); returns the first repeat's emitted/answer ids,
-        steps and accepted lengths, the fastest repeat's seconds and every repeat's (`seconds_all`)."""
+        """Answer one prompt with method `name`; returns emitted/answer ids, seconds, steps and accepted lengths."""
         spec = self.specs[name]
         max_new = max_new_tokens or self.args.max_new_tokens
+        if spec.kind in ("vanilla", "recycling"):
+            return self._engine_answer(name, ids, max_new)
+        return self._hf_answer(spec.kind, ids, max_new, seed_offset)
+
+    def snapshot(self, name: str) -> dict | None:
+        """What method `name` has learned so far (an engine's `snapshot`; None for the stateless hf and pld)."""
         engine = self.engines.get(name)
-        repeats = getattr(self.args, "repeats", 1)
-        start = engine.snapshot() if engine is not None and repeats > 1 else None
-        runs = []
-        for r in range(repeats):
-            if r and start is not None:
-                engine.restore(start)
-            if spec.kind in ("vanilla", "recycling"):
-                runs.append(self._engine_answer(name, ids, max_new))
-            else:
-                runs.append(self._hf_answer(spec.kind, ids, max_new, seed_offset))
-        seconds = [run["seconds"] for run in runs]
-        return {**runs[0], "seconds": min(seconds), "seconds_all": seconds}
+        return engine.snapshot() if engine is not None else None
+
+    def restore(self, name: str, snapshot: dict | None) -> None:
+        """Return method `name` to a `snapshot` of it."""
+        if snapshot is not None:
+            self.engines[name].restore(snapshot)
 
     def _engine_answer(self, name: str, ids: list[int], max_new: int) -> dict:
         from .events import StepEvent, SummaryEvent
@@ -296,10 +294,13 @@ class Runner:
 
 def run_questions(runner: Runner, questions: list[Question], specs: list[MethodSpec], args: argparse.Namespace,
                   progress=None) -> list[TurnRecord]:
-    """Answer every question with every method, interleaved per question; returns one record per turn and method.
+    """Answer every question with every method, interleaved per turn; returns one record per turn and method.
 
     The method order rotates from question to question so no method always runs first (after another's cache
-    traffic). Each method keeps its own conversation history for multi-turn questions.
+    traffic). Each method keeps its own conversation history for multi-turn questions. With `--repeats R` every
+    turn is answered in R rounds of all methods, each method restarting from what it had learned before the turn
+    (`Runner.snapshot`), so that the rounds of all methods share the machine's slow and fast spells; a record keeps
+    the first round's answer, the fastest round's time and every round's.
     """
     records: list[TurnRecord] = []
     names = [s.name for s in specs]
@@ -313,23 +314,45 @@ def run_questions(runner: Runner, questions: list[Question], specs: list[MethodS
         if args.fresh_matrix:
             runner.reset_matrices()
         r = qi % len(names)
-        for name in names[r:] + names[:r]:
-            history: list[dict[str, str]] = []
-            for ti, turn in enumerate(q.turns):
-                history.append({"role": "user", "content": turn})
-                ids = runner.encode(history)
-                out = runner.answer(name, ids, seed_offset=qi * 16 + ti)
+        order = names[r:] + names[:r]
+        histories: dict[str, list[dict[str, str]]] = {name: [] for name in order}
+        for ti, turn in enumerate(q.turns):
+            prompts = {}
+            for name in order:
+                histories[name].append({"role": "user", "content": turn})
+                prompts[name] = runner.encode(histories[name])
+            outs = _rounds(runner, order, prompts, getattr(args, "repeats", 1), seed_offset=qi * 16 + ti)
+            for name in order:
+                out, ids = outs[name], prompts[name]
                 records.append(TurnRecord(
                     method=name, question=q.key, category=q.category, task=q.task, turn=ti, prompt_tokens=len(ids),
                     tokens=len(out["emitted"]), seconds=out["seconds"], steps=out["steps"],
                     answer_ids=out["answer"], accepted_lengths=out["accepted"], tree_nodes=out["tree_nodes"],
-                    seconds_all=out.get("seconds_all", [out["seconds"]]),
+                    seconds_all=out["seconds_all"],
                 ))
-                history.append({"role": "assistant", "content": runner.decode(out["answer"])})
+                histories[name].append({"role": "assistant", "content": runner.decode(out["answer"])})
                 if progress is not None:
                     progress.update(1)
                     progress.set_postfix_str(f"{q.task[:14]} {name}", refresh=False)
     return records
+
+
+def _rounds(runner: Runner, order: list[str], prompts: dict[str, list[int]], repeats: int,
+            seed_offset: int) -> dict[str, dict]:
+    """Each method's answer to its prompt in `repeats` rounds of all methods (each restored to its state before the
+    first round): the first round's output with the fastest round's `seconds` and every round's `seconds_all`."""
+    starts = {name: runner.snapshot(name) for name in order} if repeats > 1 else {}
+    runs: dict[str, list[dict]] = {name: [] for name in order}
+    for rnd in range(repeats):
+        for name in order:
+            if rnd:
+                runner.restore(name, starts[name])
+            runs[name].append(runner.answer(name, prompts[name], seed_offset=seed_offset))
+    out = {}
+    for name, done in runs.items():
+        seconds = [run["seconds"] for run in done]
+        out[name] = {**done[0], "seconds": min(seconds), "seconds_all": seconds}
+    return out
 
 
 def warm_up(runner: Runner, questions: list[Question], specs: list[MethodSpec], turns: int) -> None:
@@ -568,8 +591,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--pld-ngram", type=int, default=2, help="pld: max_matching_ngram_size")
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up questions (short answers, discarded)")
     p.add_argument("--repeats", type=int, default=1, metavar="R",
-                   help="decode every answer R times from the same learned state and keep the fastest time "
-                        "(every method alike): a busy machine's slow spells then hit few answers")
+                   help="answer every turn in R rounds of all methods, each from the same learned state, and keep "
+                        "each method's fastest time: a busy machine's slow spells then hit few answers")
     threads_option(p)
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the results as JSON")
     p.add_argument("--html", default=None, metavar="OUT.html", help="write a self-contained plotly report")
