@@ -148,16 +148,14 @@ class Engine:
         """A copy of all that answers teach this engine: the matrix, the drafters' calibration, trust, forward costs
         and context index, and the matrix clock. `restore` returns to it, e.g. to decode the same answer again from
         the same start (the benchmark's `--repeats`)."""
-        return copy.deepcopy({"matrix": self.matrix, "adaptive": self.adaptive, "hybrid": self.hybrid,
-                              "clock": self.clock, "answer_starts": self.answer_starts})
+        return {"matrix": self.matrix.clone(), "drafters": copy.deepcopy((self.adaptive, self.hybrid)),
+                "clock": self.clock, "answer_starts": list(self.answer_starts)}
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Return to a `snapshot` (which stays as it was, for further restores). The matrix is copied in place."""
-        state = copy.deepcopy(snapshot)
-        for name in ("table", "probs", "filled", "stamps"):
-            getattr(self.matrix, name).copy_(getattr(state["matrix"], name))
-        self.adaptive, self.hybrid = state["adaptive"], state["hybrid"]
-        self.clock, self.answer_starts = state["clock"], state["answer_starts"]
+        self.matrix.copy_from(snapshot["matrix"])
+        self.adaptive, self.hybrid = copy.deepcopy(snapshot["drafters"])
+        self.clock, self.answer_starts = snapshot["clock"], list(snapshot["answer_starts"])
 
     # -- chat helpers -----------------------------------------------------------------------------------------
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:

@@ -14,6 +14,8 @@ _FORMAT = "token-recycling-adjacency-matrix/1"
 class AdjacencyMatrix:
     """[V, k] candidate tokens with their probabilities; starts empty, learns online, persists across turns."""
 
+    TENSORS = ("table", "probs", "filled", "stamps")  # everything it has learned
+
     def __init__(self, vocab_size: int, k: int = 8, device: torch.device | str = "cpu"):
         if vocab_size < 2 or k < 1:
             raise ValueError(f"need vocab_size >= 2 and k >= 1, got {vocab_size}, {k}")
@@ -109,7 +111,7 @@ class AdjacencyMatrix:
     @property
     def size_mb(self) -> float:
         """Memory of the matrix (candidate ids, their probabilities, the filled flags and write stamps) in MB."""
-        return sum(t.numel() * t.element_size() for t in (self.table, self.probs, self.filled, self.stamps)) / 1e6
+        return sum(t.numel() * t.element_size() for t in map(self.__getattribute__, self.TENSORS)) / 1e6
 
     def get_probs(self) -> torch.Tensor:
         """[V, k] float32 candidate probabilities."""
@@ -130,9 +132,14 @@ class AdjacencyMatrix:
         """An independent copy (same rows, own memory)."""
         twin = AdjacencyMatrix.__new__(AdjacencyMatrix)
         twin.vocab_size, twin.k, twin.device = self.vocab_size, self.k, self.device
-        twin.table, twin.probs, twin.filled = self.table.clone(), self.probs.clone(), self.filled.clone()
-        twin.stamps = self.stamps.clone()
+        for name in self.TENSORS:
+            setattr(twin, name, getattr(self, name).clone())
         return twin
+
+    def copy_from(self, other: "AdjacencyMatrix") -> None:
+        """Take `other`'s rows (same vocabulary and k) into this matrix's own tensors."""
+        for name in self.TENSORS:
+            getattr(self, name).copy_(getattr(other, name))
 
     def reset(self) -> None:
         """Forget everything learned."""
