@@ -226,9 +226,10 @@ def test_cache_invariant_is_an_error_even_under_python_O():
 
 def test_snapshot_and_restore_return_to_the_same_learned_state():
     """What answers teach the engine (matrix, calibration, trust, costs, context index, clock) is restored by
-    `restore`, and the snapshot stays usable: the same answer decoded again starts with the same first tree."""
+    `restore`, and the snapshot stays usable: the same answer decoded again drafts the same trees. (`hybrid-fixed`:
+    a cost-sized tree's sizes also follow the step times measured during the answer, which differ run to run.)"""
     engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
-    cfg = DecodeConfig(max_new_tokens=24, template="hybrid")
+    cfg = DecodeConfig(max_new_tokens=24, template="hybrid-fixed")
     list(engine.generate(PROMPTS[0], cfg))
     snap = engine.snapshot()
     table, rates, clock = engine.matrix.table.clone(), engine.hybrid.rate.clone(), engine.clock
@@ -241,4 +242,4 @@ def test_snapshot_and_restore_return_to_the_same_learned_state():
         assert torch.equal(engine.hybrid.rate, rates) and engine.clock == clock
         again = list(engine.generate(PROMPTS[1], cfg))
         assert again[-1].tokens == first[-1].tokens
-        assert again[0].tokens == first[0].tokens and again[1].tokens == first[1].tokens
+        assert [e.tokens for e in again[:-1]] == [e.tokens for e in first[:-1]]  # every step's tree
