@@ -29,7 +29,8 @@ def test_each_product_equals_the_library_product(way, rows, bias):
     g = torch.Generator().manual_seed(rows)
     layer = torch.nn.Linear(24, 40, bias=bias)
     x = torch.randn(1, rows, 24, generator=g)
-    out = kernels._PRODUCTS[way](x, layer.weight, layer.bias, rows)
+    with torch.no_grad():  # decoding's setting (the packed oneDNN product has no gradient)
+        out = kernels._PRODUCTS[way](x, layer.weight, layer.bias, rows)
     assert out.shape == (1, rows, 40) and out.is_contiguous()
     torch.testing.assert_close(out, torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
 
@@ -115,17 +116,50 @@ def test_uninstall_gives_the_library_forward_back():
     assert not any("forward" in m.__dict__ or "_tr_routes" in m.__dict__ for m in model.modules())
 
 
-def test_a_deep_copy_routes_its_own_weights():
+@pytest.mark.parametrize("way", WAYS_HERE[1:])
+@torch.no_grad()
+def test_a_deep_copy_routes_its_own_weights(way):
     model = tiny_model("llama")
-    kernels.set_plan(model, EVERY_ROW)
-    twin = copy.deepcopy(model)
+    kernels.set_plan(model, every_row(way))
     ids = torch.tensor([[3, 4, 5]])
     before = model(ids).logits.clone()
-    with torch.no_grad():
-        for p in twin.parameters():
-            p.mul_(0.5)
+    twin = copy.deepcopy(model)  # after a forward: oneDNN's packed weights exist and must not be shared
+    for p in twin.parameters():
+        p.mul_(0.5)
     assert not torch.allclose(twin(ids).logits, before)
     torch.testing.assert_close(model(ids).logits, before)
+
+
+@pytest.mark.skipif(ONEDNN not in WAYS_HERE, reason="this torch build has no oneDNN product")
+def test_onednn_packs_each_weight_once_and_again_after_it_changes():
+    layer = torch.nn.Linear(24, 40)
+    x = torch.randn(4, 24)
+    with torch.no_grad():
+        first = kernels.packed_weight(layer.weight)
+        assert kernels.packed_weight(layer.weight) is first, "packed once, then reused"
+        layer.weight.mul_(2.0)  # an in-place change (a loaded state dict, a fine-tune step)
+        out = kernels.onednn_linear(x, layer.weight, layer.bias, 4)
+        assert kernels.packed_weight(layer.weight) is not first
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    out = kernels.onednn_linear(x, layer.weight, layer.bias, 4)  # autograd on: the library's product, differentiable
+    out.sum().backward()
+    assert layer.weight.grad is not None and layer.weight.grad.shape == layer.weight.shape
+
+
+@pytest.mark.skipif(ONEDNN not in WAYS_HERE, reason="this torch build has no oneDNN product")
+@torch.no_grad()
+def test_packed_weights_are_freed_when_no_row_count_takes_onednn():
+    model = tiny_model("llama")
+    weights = [layer.weight for layer in kernels.linear_layers(model)]
+    kernels.set_plan(model, every_row(ONEDNN))
+    model(torch.tensor([[3, 4, 5]]))
+    assert all(w in kernels._PACKS for w in weights), "every routed layer multiplies its packed weight"
+    kernels.set_plan(model, EVERY_ROW)  # transposed everywhere: the packed copies are dead weight
+    assert not any(w in kernels._PACKS for w in weights)
+    kernels.set_plan(model, every_row(ONEDNN))
+    model(torch.tensor([[3, 4, 5]]))
+    kernels.uninstall(model)
+    assert not any(w in kernels._PACKS for w in weights)
 
 
 def test_only_plain_linear_layers_on_a_cpu_are_routed():

@@ -9,8 +9,12 @@ time just to break even. Two other ways to compute the same product are tried:
 - `transposed`: W @ x^T, the weight matrix streamed once for all rows, a one-row input padded to two (a
   one-column product is the matrix-vector path). It cut the embedded model's forward from 62 to 34 ms for one
   token and from 101 to 38 ms for two, with 2 threads.
-- `onednn`: oneDNN's matrix product (`torch.ops.mkldnn._linear_pointwise`, where the torch build has it), which
-  was faster than both from about 8 rows in isolated timings on the same CPU.
+- `onednn`: oneDNN's matrix product (`torch.ops.mkldnn._linear_pointwise`, where the torch build has it) on a copy
+  of each weight packed once into oneDNN's own layout (`torch.ops.mkldnn._reorder_linear_weight`), the path torch's
+  CPU compiler takes for frozen weights. Unpacked, oneDNN reorders the weight on every call: on the same CPU with 1
+  thread a 4-token forward then cost 88-94 ms against 57-61 ms packed, 1.1-1.2x a 1-token forward instead of
+  1.4-1.9x (session 15, `bench/README.md`). The packed copies cost the linear weights' memory once more; they
+  are made when first used and dropped when the plan routes no row count this way (`drop_packs`).
 
 Other CPUs and BLAS builds differ, so nothing is assumed: `tune` times whole forwards every available way at each
 row count of TUNE_SIZES on this machine, and `set_plan` routes each row count to the fastest way.
@@ -29,6 +33,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 STOCK, TRANSPOSED, ONEDNN = "stock", "transposed", "onednn"
 WAYS = (STOCK, TRANSPOSED, ONEDNN)  # a route is an index into this tuple
@@ -85,9 +90,33 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
+# weight -> (its data pointer and version when packed, the oneDNN-packed copy): one pack per weight tensor, dropped
+# with the tensor (a deep-copied model packs its own weights), made again if the weight is changed in place
+_PACKS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def packed_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` packed into oneDNN's layout (an opaque tensor), made once and kept while the weight is unchanged."""
+    stamp = (weight.data_ptr(), weight._version)
+    held = _PACKS.get(weight)
+    if held is None or held[0] != stamp:
+        held = _PACKS[weight] = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
+    return held[1]
+
+
+def drop_packs(model: Any) -> None:
+    """Free the packed copies of `model`'s linear weights (the plan no longer routes any row count to oneDNN)."""
+    for layer in linear_layers(model):
+        _PACKS.pop(layer.weight, None)
+
+
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
-    """F.linear(x, weight, bias) through oneDNN's matrix product (the op torch's own CPU compiler emits)."""
-    out = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), weight, bias, "none", [], "")
+    """F.linear(x, weight, bias) through oneDNN's matrix product on the packed weight (what torch's own CPU compiler
+    emits for frozen weights). Where autograd needs a gradient, which the packed product has not, the library's."""
+    if torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad):
+        return F.linear(x, weight, bias)
+    flat = x.reshape(rows, x.shape[-1])
+    out = torch.ops.mkldnn._linear_pointwise(flat, packed_weight(weight), bias, "none", [], "")
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -148,6 +177,7 @@ def install(model: Any, routes: tuple[int, ...]) -> int:
 def uninstall(model: Any) -> None:
     """Give every linear layer its library forward back and forget the plan."""
     install(model, ())
+    drop_packs(model)
     model.__dict__.pop(_ATTR, None)
 
 
@@ -159,6 +189,8 @@ def plan_of(model: Any) -> LinearPlan | None:
 def set_plan(model: Any, plan: LinearPlan) -> None:
     """Install `plan` on `model` and keep it there (one plan per model, shared by every engine)."""
     layers = install(model, plan.routes())
+    if ONEDNN not in plan.ways.values():
+        drop_packs(model)
     model.__dict__[_ATTR] = LinearPlan(dict(plan.ways), plan.limit, plan.ms, layers)
 
 
