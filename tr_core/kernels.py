@@ -13,7 +13,7 @@ time just to break even. Two other ways to compute the same product are tried:
   of each weight packed once into oneDNN's own layout (`torch.ops.mkldnn._reorder_linear_weight`), the path torch's
   CPU compiler takes for frozen weights. Unpacked, oneDNN reorders the weight on every call: on the same CPU with 1
   thread a 4-token forward then cost 88-94 ms against 57-61 ms packed, 1.1-1.2x a 1-token forward instead of
-  1.4-1.9x (session 15, `bench/README.md`). The packed copies cost the linear weights' memory once more; they
+  1.4-1.9x (README: "The matrix product on a CPU"). The packed copies cost the linear weights' memory once more; they
   are made when first used and dropped when the plan routes no row count this way (`drop_packs`).
 
 Other CPUs and BLAS builds differ, so nothing is assumed: `tune` times whole forwards every available way at each
