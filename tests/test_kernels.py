@@ -141,8 +141,9 @@ def test_onednn_packs_each_weight_once_and_again_after_it_changes():
         out = kernels.onednn_linear(x, layer.weight, layer.bias, 4)
         assert kernels.packed_weight(layer.weight) is not first
     torch.testing.assert_close(out, torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
-    out = kernels.onednn_linear(x, layer.weight, layer.bias, 4)  # autograd on: the library's product, differentiable
-    out.sum().backward()
+    with torch.enable_grad():  # autograd on (whatever another test left): the library's product, differentiable
+        out = kernels.onednn_linear(x, layer.weight, layer.bias, 4)
+        out.sum().backward()
     assert layer.weight.grad is not None and layer.weight.grad.shape == layer.weight.shape
 
 
