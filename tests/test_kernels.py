@@ -3,6 +3,7 @@ every row count routed to W @ x^T, one timed plan per model, and nothing routed 
 from __future__ import annotations
 
 import copy
+import gc
 
 import pytest
 import torch
@@ -154,13 +155,48 @@ def test_packed_weights_are_freed_when_no_row_count_takes_onednn():
     weights = [layer.weight for layer in kernels.linear_layers(model)]
     kernels.set_plan(model, every_row(ONEDNN))
     model(torch.tensor([[3, 4, 5]]))
-    assert all(w in kernels._PACKS for w in weights), "every routed layer multiplies its packed weight"
+    assert all(kernels.is_packed(w) for w in weights), "every routed layer multiplies its packed weight"
     kernels.set_plan(model, EVERY_ROW)  # transposed everywhere: the packed copies are dead weight
-    assert not any(w in kernels._PACKS for w in weights)
+    assert not any(kernels.is_packed(w) for w in weights)
     kernels.set_plan(model, every_row(ONEDNN))
     model(torch.tensor([[3, 4, 5]]))
     kernels.uninstall(model)
-    assert not any(w in kernels._PACKS for w in weights)
+    assert not any(kernels.is_packed(w) for w in weights)
+
+
+@pytest.mark.skipif(ONEDNN not in WAYS_HERE, reason="this torch build has no oneDNN product")
+@torch.no_grad()
+def test_a_weight_that_dies_takes_its_pack_with_it():
+    layer = torch.nn.Linear(24, 40)
+    kernels.packed_weight(layer.weight)
+    key = id(layer.weight)
+    assert kernels.is_packed(layer.weight) and key in kernels._PACKS
+    del layer
+    gc.collect()
+    assert key not in kernels._PACKS, "the pack of a freed weight is freed too"
+
+
+def test_packs_are_made_only_where_free_memory_holds_them_twice_over():
+    model = tiny_model("llama")
+    need = sum(layer.weight.numel() * layer.weight.element_size() for layer in kernels.linear_layers(model))
+    assert kernels.no_room_for_packs(model, free=2 * need) == ""
+    note = kernels.no_room_for_packs(model, free=2 * need - 1)
+    assert "packed" in note and "GiB" in note
+    free = kernels.free_memory()
+    assert free is None or free > 0  # this machine's own reading (Linux: /proc/meminfo and the control group)
+
+
+@pytest.mark.skipif(ONEDNN not in WAYS_HERE, reason="this torch build has no oneDNN product")
+def test_a_machine_without_room_for_the_packs_tunes_without_onednn(monkeypatch):
+    monkeypatch.setattr(kernels, "free_memory", lambda: 1024)
+    model = tiny_model("llama")
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB))
+    plain = list(engine.generate([3, 4, 5], DecodeConfig(max_new_tokens=6, plain=True)))[-1].tokens
+    plan = kernels.plan_of(model)
+    assert ONEDNN not in plan.ms and STOCK in plan.ms
+    assert "packed product not tried" in plan.summary() and kernels.describe_plan(model)["note"] == plan.note
+    assert not any(kernels.is_packed(layer.weight) for layer in kernels.linear_layers(model))
+    assert list(engine.generate([3, 4, 5], DecodeConfig(max_new_tokens=6, template="hybrid")))[-1].tokens == plain
 
 
 def test_only_plain_linear_layers_on_a_cpu_are_routed():

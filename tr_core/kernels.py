@@ -14,7 +14,8 @@ time just to break even. Two other ways to compute the same product are tried:
   CPU compiler takes for frozen weights. Unpacked, oneDNN reorders the weight on every call: on the same CPU with 1
   thread a 4-token forward then cost 88-94 ms against 57-61 ms packed, 1.1-1.2x a 1-token forward instead of
   1.4-1.9x (README: "The matrix product on a CPU"). The packed copies cost the linear weights' memory once more; they
-  are made when first used and dropped when the plan routes no row count this way (`drop_packs`).
+  are made when first used and dropped when the plan routes no row count this way (`drop_packs`); where free memory
+  would not hold them twice over, this way is not tried (`no_room_for_packs`).
 
 Other CPUs and BLAS builds differ, so nothing is assumed: `tune` times whole forwards every available way at each
 row count of TUNE_SIZES on this machine, and `set_plan` routes each row count to the fastest way.
@@ -28,17 +29,18 @@ from __future__ import annotations
 
 import threading
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils.weak import WeakIdKeyDictionary
 
 STOCK, TRANSPOSED, ONEDNN = "stock", "transposed", "onednn"
 WAYS = (STOCK, TRANSPOSED, ONEDNN)  # a route is an index into this tuple
 TUNE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # row counts timed; others follow the nearest one timed, beyond: stock
 _ATTR = "_tr_linear_plan"  # where a model keeps its plan
+PACK_ROOM = 2.0  # oneDNN's packed weights are made only where free memory holds them this many times over
 _LOCK = threading.Lock()  # one tuning at a time in a process (the app's sessions share models)
 
 
@@ -55,6 +57,7 @@ class LinearPlan:
     limit: int
     ms: dict[str, dict[int, float]] = field(default_factory=dict)
     layers: int = 0
+    note: str = ""  # why a way was not tried (no room for oneDNN's packed weights), for the summary
 
     def routes(self) -> tuple[int, ...]:
         """routes()[m]: the index in WAYS of the way m rows take, for m in 0..limit."""
@@ -73,7 +76,8 @@ class LinearPlan:
                           if n in stock and n in self.ways)
         taken = "; ".join(f"{way} for {','.join(str(n) for n in sorted(self.ways) if self.ways[n] == way)}"
                           for way in WAYS if way in self.ways.values())
-        return f"linear layers by row count: {taken} ({self.layers} layers; {pairs})"
+        note = f"; {self.note}" if self.note else ""
+        return f"linear layers by row count: {taken} ({self.layers} layers; {pairs}){note}"
 
 
 def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
@@ -90,24 +94,82 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-# weight -> (its data pointer and version when packed, the oneDNN-packed copy): one pack per weight tensor, dropped
-# with the tensor (a deep-copied model packs its own weights), made again if the weight is changed in place
-_PACKS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+# id(weight) -> (a weak reference to the weight, its data pointer and version when packed, the oneDNN-packed copy):
+# one pack per weight tensor, dropped with the tensor (a deep-copied model packs its own weights), made again if the
+# weight is changed in place. Keyed by id with the weight's own weak reference checked, not a WeakIdKeyDictionary:
+# this runs for every layer of every forward, and that dictionary's lookup cost 1.7 us against 0.3 us here.
+_PACKS: dict[int, tuple[weakref.ref, tuple[int, int], torch.Tensor]] = {}
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     """`weight` packed into oneDNN's layout (an opaque tensor), made once and kept while the weight is unchanged."""
+    held = _PACKS.get(id(weight))
     stamp = (weight.data_ptr(), weight._version)
-    held = _PACKS.get(weight)
-    if held is None or held[0] != stamp:
-        held = _PACKS[weight] = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
-    return held[1]
+    if held is None or held[0]() is not weight or held[1] != stamp:
+        held = _pack(weight, stamp)
+    return held[2]
+
+
+def _pack(weight: torch.Tensor, stamp: tuple[int, int]) -> tuple[weakref.ref, tuple[int, int], torch.Tensor]:
+    key = id(weight)
+
+    def forget(ref: weakref.ref) -> None:  # the weight died: free its pack (unless its id was reused since)
+        entry = _PACKS.get(key)
+        if entry is not None and entry[0] is ref:
+            del _PACKS[key]
+
+    held = _PACKS[key] = (weakref.ref(weight, forget), stamp,
+                          torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
+    return held
+
+
+def is_packed(weight: torch.Tensor) -> bool:
+    """True when a packed copy of `weight` is held."""
+    held = _PACKS.get(id(weight))
+    return held is not None and held[0]() is weight
+
+
+def no_room_for_packs(model: Any, free: int | None = None) -> str:
+    """Why oneDNN's packed copies of `model`'s linear weights must not be made ("" when they may): they take the
+    weights' memory once more, and are made only where free memory (`free_memory()` unless given) holds them
+    PACK_ROOM times over, so a large model on a small machine keeps its memory rather than run out of it."""
+    need = sum(layer.weight.numel() * layer.weight.element_size() for layer in linear_layers(model))
+    free = free_memory() if free is None else free
+    if free is None or free >= PACK_ROOM * need:
+        return ""
+    return (f"oneDNN's packed product not tried: its copies of the weights ({need / 2**30:.1f} GiB) need "
+            f"{PACK_ROOM * need / 2**30:.1f} GiB free, {free / 2**30:.1f} GiB is")
+
+
+def free_memory() -> int | None:
+    """Bytes this process may still take: the smaller of the system's available memory and the room left under its
+    control group's limit (a container's); None where neither can be read (not Linux)."""
+    found = []
+    meminfo = _read_text("/proc/meminfo")
+    for line in meminfo.splitlines():
+        if line.startswith("MemAvailable:") and line.split()[1].isdigit():
+            found.append(int(line.split()[1]) * 1024)
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2, then v1
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        cap, used = _read_text(limit).strip(), _read_text(usage).strip()
+        if cap.isdigit() and used.isdigit():  # "max": no limit
+            found.append(int(cap) - int(used))
+    return min(found) if found else None
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read()
+    except (OSError, ValueError):
+        return ""
 
 
 def drop_packs(model: Any) -> None:
     """Free the packed copies of `model`'s linear weights (the plan no longer routes any row count to oneDNN)."""
     for layer in linear_layers(model):
-        _PACKS.pop(layer.weight, None)
+        if is_packed(layer.weight):
+            del _PACKS[id(layer.weight)]
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
@@ -191,7 +253,7 @@ def set_plan(model: Any, plan: LinearPlan) -> None:
     layers = install(model, plan.routes())
     if ONEDNN not in plan.ways.values():
         drop_packs(model)
-    model.__dict__[_ATTR] = LinearPlan(dict(plan.ways), plan.limit, plan.ms, layers)
+    model.__dict__[_ATTR] = LinearPlan(dict(plan.ways), plan.limit, plan.ms, layers, plan.note)
 
 
 def describe_plan(model: Any) -> dict[str, Any]:
@@ -200,7 +262,7 @@ def describe_plan(model: Any) -> dict[str, Any]:
     if plan is None:
         return {"summary": "linear layers: the library's own product (not tuned)", "ways": {}}
     return {"summary": plan.summary(), "ways": {str(n): way for n, way in sorted(plan.ways.items())},
-            "layers": plan.layers,
+            "layers": plan.layers, "note": plan.note,
             "ms": {way: {str(n): round(v, 3) for n, v in per.items()} for way, per in plan.ms.items()}}
 
 
@@ -234,6 +296,9 @@ def tune(runner: Any, context: list[int], sizes: tuple[int, ...] = TUNE_SIZES, r
 
     model = runner.model
     ways = available_ways(weight_dtype(model))
+    note = no_room_for_packs(model) if ONEDNN in ways else ""
+    if note:
+        ways = tuple(way for way in ways if way != ONEDNN)
     every = {way: (0,) + (WAYS.index(way),) * max(sizes) for way in ways}
     times: dict[str, dict[int, list[float]]] = {way: {n: [] for n in sizes} for way in ways}
     failed: set[str] = set()  # ways that raised on this model (a shape or dtype the small check did not cover)
@@ -258,7 +323,7 @@ def tune(runner: Any, context: list[int], sizes: tuple[int, ...] = TUNE_SIZES, r
                         times[way][n].append(ms)
     best = {way: {n: min(v) for n, v in per.items()} for way, per in times.items()  # the least disturbed run
             if way not in failed}
-    set_plan(model, LinearPlan(choose(best), max(sizes), best))
+    set_plan(model, LinearPlan(choose(best), max(sizes), best, note=note))
     return plan_of(model)
 
 
