@@ -116,7 +116,7 @@ def _pack(weight: torch.Tensor, stamp: tuple[int, int]) -> tuple[weakref.ref, tu
     def forget(ref: weakref.ref) -> None:  # the weight died: free its pack (unless its id was reused since)
         entry = _PACKS.get(key)
         if entry is not None and entry[0] is ref:
-            del _PACKS[key]
+            _PACKS.pop(key, None)
 
     held = _PACKS[key] = (weakref.ref(weight, forget), stamp,
                           torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
@@ -169,7 +169,7 @@ def drop_packs(model: Any) -> None:
     """Free the packed copies of `model`'s linear weights (the plan no longer routes any row count to oneDNN)."""
     for layer in linear_layers(model):
         if is_packed(layer.weight):
-            del _PACKS[id(layer.weight)]
+            _PACKS.pop(id(layer.weight), None)
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
