@@ -177,7 +177,7 @@ class AdaptiveDrafter:
     # -- the drafter seam -------------------------------------------------------------------------------------
     def times_forwards(self, cfg: DecodeConfig) -> bool:
         """True when this answer's tree is sized by cost and this device's forwards were never timed: `begin` then
-        probes them (on a CPU it reuses the linear layers' tuning timings of 1-32 tokens and times 48, 64 and 81: about
+        probes them (on a CPU it reuses the linear layers' tuning timings of 1-32 and 64 tokens and times 48 and 81: about
         2-3 s on a 2-core CPU for the embedded model; 4-6 s where nothing was tuned; longer for larger models)."""
         return sized_by_cost(cfg) and not self.cost.measured
 

@@ -135,8 +135,8 @@ class ForwardCost:
               known: dict[int, float] | None = None) -> None:
         """Measure the grid up to `max_tokens` on this device: 3 rounds of every size (6 s on a 2-core Xeon, 1 thread,
         for the embedded model, sizes up to 81). Sizes in `known` (ms, e.g. kernels.timed_costs: the CPU's linear
-        layers were just tuned on whole forwards of 1-32 tokens) are taken as they are, and only the others timed
-        (48, 64 and 81 tokens then: about 2 s instead of 4-6)."""
+        layers were just tuned on whole forwards of 1-32 and 64 tokens) are taken as they are, and only the others
+        timed (48 and 81 tokens then: about 2 s instead of 4-6)."""
         known = {n: ms for n, ms in (known or {}).items() if n in COST_GRID and n <= max(max_tokens, 1)}
         sizes = [n for n in COST_GRID if n <= max(max_tokens, 1) and n not in known]
         times = measure_forward_costs(runner, context[-256:], sizes, repeats) if sizes else {}

@@ -38,7 +38,8 @@ import torch.nn.functional as F
 
 STOCK, TRANSPOSED, ONEDNN = "stock", "transposed", "onednn"
 WAYS = (STOCK, TRANSPOSED, ONEDNN)  # a route is an index into this tuple
-TUNE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # row counts timed; others follow the nearest one timed, beyond: stock
+# row counts timed; others follow the nearest one timed, and more than the largest (long prompts) follow the largest
+TUNE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 _ATTR = "_tr_linear_plan"  # where a model keeps its plan
 PACK_ROOM = 2.0  # oneDNN's packed weights are made only where free memory holds them this many times over
 _LOCK = threading.Lock()  # one tuning at a time in a process (the app's sessions share models)
@@ -49,8 +50,8 @@ class LinearPlan:
     """The way each timed row count multiplies, and the whole-forward times that chose it (plain data).
 
     `ways[n]`: the way for n rows; `ms[way][n]`: the fastest of the timed forwards of n tree tokens that way. Row
-    counts up to `limit` that were not timed follow the nearest timed count (the lower on a tie); larger ones, and
-    row counts no plan covers, take the library's product.
+    counts up to `limit` that were not timed follow the nearest timed count (the lower on a tie); larger ones (a
+    long prompt's prefill) follow the way of `limit` rows.
     """
 
     ways: dict[int, str]
@@ -207,8 +208,9 @@ def _routed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     dtype only). Bound to the layer as a method, so a deep copy of the model routes its own weights."""
     routes, d = self._tr_routes, x.shape[-1]
     rows = x.numel() // d if d else 0
-    if rows < len(routes) and routes[rows] and x.device.type == "cpu" and x.dtype == self.weight.dtype:
-        return _PRODUCTS[WAYS[routes[rows]]](x, self.weight, self.bias, rows)
+    way = routes[rows] if rows < len(routes) else routes[-1]  # past the largest timed count: its way
+    if way and rows and x.device.type == "cpu" and x.dtype == self.weight.dtype:
+        return _PRODUCTS[WAYS[way]](x, self.weight, self.bias, rows)
     return F.linear(x, self.weight, self.bias)
 
 
@@ -290,7 +292,7 @@ def choose(ms: dict[str, dict[int, float]]) -> dict[int, str]:
 
 def tune(runner: Any, context: list[int], sizes: tuple[int, ...] = TUNE_SIZES, repeats: int = 2) -> LinearPlan:
     """Time whole forwards of each size every available way on this machine (interleaved; the fastest of `repeats`
-    rounds after one warm-up round), install the fastest way per size and return the plan. About 7 s with 2
+    rounds after one warm-up round), install the fastest way per size and return the plan. 12-15 s with 2
     threads on a 2-core CPU for the embedded model."""
     from .cost import ForwardTimer
 
