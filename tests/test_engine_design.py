@@ -1,6 +1,7 @@
 """The engine's seams and invariants: drafters, the sync packet, forward costs, logits processors, cache invariants."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 import torch
 from conftest import ARCHS, TINY_VOCAB, TinyTokenizer, tiny_model
 
-from tr_core import DecodeConfig, Engine, SummaryEvent
+from tr_core import DecodeConfig, Engine, SummaryEvent, build_tree, resolve_template
 from tr_core.cost import COST_GRID, ForwardCost, StepClock, measure_forward_costs
 from tr_core.drafters import PlainDrafter, StaticTreeDrafter
 from tr_core.kv_cache import CacheInvariantError, TreeKVCache
@@ -132,6 +133,36 @@ def test_attention_kinds_that_cannot_take_a_tree_mask_are_refused():
             ModelRunner(Fake(_attn_implementation=attn))
     with pytest.raises(ValueError, match="chunked-attention"):
         ModelRunner(Fake(_attn_implementation="sdpa", layer_types=["chunked_attention", "full_attention"]))
+
+
+def test_grouped_key_value_heads_are_shared_on_a_cpu_unless_the_user_says_otherwise(monkeypatch):
+    from tr_core.runner import GQA_SWITCH, share_kv_heads
+
+    grouped, plain = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2), SimpleNamespace(num_attention_heads=4)
+    monkeypatch.delenv(GQA_SWITCH, raising=False)
+    assert not share_kv_heads(plain, torch.device("cpu")) and GQA_SWITCH not in os.environ
+    assert not share_kv_heads(grouped, torch.device("meta")) and GQA_SWITCH not in os.environ  # not a CPU
+    assert share_kv_heads(grouped, torch.device("cpu")) and os.environ[GQA_SWITCH] == "1"
+    monkeypatch.setenv(GQA_SWITCH, "0")  # the user's choice stands
+    assert not share_kv_heads(grouped, torch.device("cpu")) and os.environ[GQA_SWITCH] == "0"
+
+
+def test_a_tree_forward_gives_bitwise_the_same_logits_with_shared_key_value_heads(monkeypatch):
+    from tr_core.runner import GQA_SWITCH
+
+    runner = ModelRunner(tiny_model("llama"))  # 4 query heads share 2 key/value heads
+    cache = TreeKVCache()
+    runner.prefill(list(range(2, 60)), cache)
+    tree = build_tree(*resolve_template("2.2.2", 8))
+    tokens = torch.randint(2, TINY_VOCAB, (1, tree.size))
+    out = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv(GQA_SWITCH, switch)
+        with torch.no_grad():
+            out[switch] = runner.forward(tokens, (58 + tree.depths)[None], runner.mask(tree.tree_mask, tree.depths, 58),
+                                         cache)
+        cache.truncate(58)
+    assert torch.equal(out["0"], out["1"])
 
 
 def test_duplicate_siblings_from_half_filled_rows_stay_lossless():
