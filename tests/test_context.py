@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tr_core.context import MAX_MATCH, ContextIndex
-from tr_core.hybrid import BOTH_KEY, CTX_KEY, HybridDrafter, Plan, context_key
+from tr_core.hybrid import BOTH_KEY, CTX_KEY, EARLIER, EARLIER_ANSWER, EARLIER_WEIGHT, HybridDrafter, Plan, context_key
 
 
 def brute_force(stream: list[int], max_n: int) -> dict[int, int]:
@@ -125,6 +125,20 @@ def test_merge_shares_nodes_where_sources_agree_and_scores_follow_the_path():
     assert draft.size == 4 and draft.sources[0] == "root"
     tokens = draft.tokens.tolist()
     assert len(set(zip(draft.parents.tolist()[1:], tokens[1:]))) == 3  # siblings distinct
+
+
+def test_runs_found_in_an_earlier_conversation_are_calibrated_apart():
+    d = HybridDrafter(torch.device("cpu"))
+    ix = ContextIndex()
+    ix.start_segment(EARLIER_ANSWER)
+    ix.extend([1, 2, 3, 4])
+    ix.start_segment("the prompt")
+    ix.extend([7, 1, 2])  # the suffix "1 2" was followed by 3 4 in an earlier answer
+    plan = d.merge(_grown([2, 9], [0, 0], [0, 3]), ix.lookup(3, 4))
+    node = plan.tokens.index(3)
+    assert plan.sources[node] == "context" and plan.origins[node].startswith("copied from an earlier answer")
+    assert plan.keys[node] == context_key(2, shared=False, earlier=True) == CTX_KEY + EARLIER + 1
+    assert d.rate_host[plan.keys[node]] == pytest.approx(EARLIER_WEIGHT * d.rate_host[CTX_KEY + 1])
 
 
 def test_calibration_learns_per_source():
