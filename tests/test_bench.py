@@ -334,6 +334,7 @@ def test_json_contract_on_tiny_model(tmp_path):
                 "template", "questions", "methods"):
         assert key in data, key
     assert data["questions"] == 3 and data["max_new_tokens"] == 24 and data["device"] == "cpu"
+    assert data["sdpa_shared_kv_heads"] is True  # the tiny model's 4 query heads share 2 key/value heads, on a CPU
     assert list(data["methods"]) == ["vanilla", "recycling[2.2.2]", "recycling[adaptive]", "recycling[adaptive-fixed]",
                                      "hf", "pld"]
     assert data["template"] == "2.2.2,adaptive,adaptive-fixed"

@@ -635,6 +635,8 @@ def run_meta(args: argparse.Namespace, model, device) -> dict[str, Any]:
     import torch
     import transformers
 
+    from .runner import GQA_SWITCH
+
     dev = str(device)
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else _machine()
     name = Path(args.model).name if args.model else "SmolLM2-135M-Instruct (embedded, Q4_1 GGUF dequantised)"
@@ -659,6 +661,7 @@ def run_meta(args: argparse.Namespace, model, device) -> dict[str, Any]:
         "pld_ngram": args.pld_ngram,
         "repeats": getattr(args, "repeats", 1),
         "threads": torch.get_num_threads(),
+        "sdpa_shared_kv_heads": os.environ.get(GQA_SWITCH) == "1",  # masked attention reads grouped heads (runner.py)
         "commit": _git_commit(),
         "command": ("python -m tr_core " + shlex.join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py")
                     else shlex.join(sys.argv)),
