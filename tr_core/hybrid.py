@@ -70,7 +70,7 @@ def _prior_counts(prior: float) -> tuple[torch.Tensor, torch.Tensor]:
     the matrix proposes too about 25%, 70% and 80-95%. A run found in an earlier conversation starts at
     EARLIER_WEIGHT of these: on the first 4 development questions of each task (2 threads, 2026-12-02) the top match
     of a 2-token uncontested n-gram agreed with the answer for 3.3 tokens on average when it lay in this prompt,
-    1.8 in this answer, and 0.0-0.1 in an earlier question's prompt or answer. All are then learned online."""
+    1.6 in this answer, and 0.1-0.2 in an earlier question's prompt or answer. All are then learned online."""
     gap = torch.arange(MAX_MATCH, dtype=torch.float64)  # match length - 1
     uncontested = 0.12 + 0.83 * (1 - torch.exp(-gap / 3.5))
     contested = 0.03 + 0.87 * (1 - torch.exp(-gap / 6))
