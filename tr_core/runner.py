@@ -60,7 +60,8 @@ class ModelRunner:
         params = inspect.signature(model.forward).parameters
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
         self.has_logits_to_keep = "logits_to_keep" in params
-        self.shared_kv_heads = attn == "sdpa" and share_kv_heads(config, self.device)
+        if attn == "sdpa":
+            share_kv_heads(config, self.device)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: Any, cache: TreeKVCache,
                 last_only: bool = False) -> torch.Tensor:
