@@ -294,6 +294,43 @@ def test_adaptive_tree_is_best_first_and_prefix_closed():
     assert expected[0] == 0 and all(b >= a for a, b in zip(expected, expected[1:]))
 
 
+@pytest.mark.parametrize("budget,depth", [(1, 1), (8, 3), (20, 9), (80, 8), (300, 4)])
+def test_host_grown_tree_equals_the_device_one(budget, depth):
+    """On a CPU the tree is grown best-first in plain Python (`grow_lists`); it must keep the nodes the torch growth
+    (`grow_on_device`, used on GPUs) keeps: the same expected-acceptance curve, a valid tree whose every score is its
+    parent's times its key's rate, and the same nodes where no two scores tie."""
+    from tr_core.adaptive import _BIN_OF_STORED_LIST, grow_lists, grow_on_device, stored_bin
+
+    gen = torch.Generator().manual_seed(budget * 31 + depth)
+    drafter = AdaptiveDrafter(torch.device("cpu"))
+    drafter.count(list(range(32)), [bool(b) for b in torch.randint(0, 2, (32,), generator=gen)])
+    matrix = AdjacencyMatrix(50, k=4)
+    matrix.table[:] = torch.randint(0, 50, (50, 4), generator=gen, dtype=torch.int32)
+    matrix.probs[:] = torch.randint(0, 256, (50, 4), generator=gen, dtype=torch.uint8)
+    matrix.stamps[:] = torch.randint(0, 6, (50,), generator=gen, dtype=matrix.stamps.dtype)
+    drafter.answer_start = 3
+    lut = torch.tensor([drafter.rate_host[b] for b in _BIN_OF_STORED_LIST], dtype=torch.float32)
+    device = grow_on_device(matrix, torch.tensor([7]), lut, 3, budget, depth)
+    host = grow_lists(matrix, 7, drafter.rate_host, 3, budget, depth)
+    assert host["expected"] == pytest.approx(device.expected.tolist(), rel=1e-5)
+    n = len(host["tokens"])
+    assert n == device.tokens.shape[0] and host["tokens"][0] == 7 and host["parents"][0] == 0
+    for i in range(1, n):
+        parent = host["parents"][i]
+        assert parent < i and host["depths"][i] == host["depths"][parent] + 1 <= depth
+        row, stored = host["tokens"][parent], int(matrix.probs[host["tokens"][parent], host["ranks"][i]])
+        assert host["tokens"][i] == int(matrix.table[row, host["ranks"][i]])
+        key = host["bins"][i]
+        assert key == int(stored_bin(torch.tensor(stored))) + (16 if int(matrix.stamps[row]) < 3 else 0)
+        assert host["scores"][i] == pytest.approx(host["scores"][parent] * drafter.rate_host[key])
+    scores = sorted(host["scores"])
+    if all(b > a * (1 + 1e-6) for a, b in zip(scores, scores[1:])):
+        paths = lambda t: sorted(tuple(t["tokens"][j] for j in path_to(t["parents"], i)) for i in range(len(t["tokens"])))
+        assert paths(host) == paths({name: getattr(device, name).tolist() for name in ("tokens", "parents")})
+    grown = drafter.grow(matrix, torch.tensor([7]), budget, depth)  # the drafter's CPU path is the host one
+    assert grown.tokens.tolist() == host["tokens"] and grown.expected.tolist() == pytest.approx(host["expected"])
+
+
 def test_candidates_of_rows_written_before_the_answer_are_calibrated_apart():
     """A row recycled in an earlier answer (another question's context) keys its candidates N_BINS higher, so their
     acceptance is learned apart from rows this answer wrote; the tree ranks them by their own rates."""

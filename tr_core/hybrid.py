@@ -42,7 +42,8 @@ BOTH_KEY = MATRIX_KEYS + 2 * MAX_MATCH
 # answer), which are right far less often than runs of this conversation's own prompt or answer
 EARLIER = 3 * MAX_MATCH
 N_KEYS = MATRIX_KEYS + 6 * MAX_MATCH
-EARLIER_PROMPT, EARLIER_ANSWER = "an earlier prompt", "an earlier answer"  # the index's labels of earlier segments
+THIS_PROMPT, THIS_ANSWER = "the prompt", "this answer"  # the index's labels of this conversation's segments
+EARLIER_PROMPT, EARLIER_ANSWER = "an earlier prompt", "an earlier answer"  # ... and of earlier ones
 EARLIER_WEIGHT = 0.4  # prior rates of an earlier conversation's runs, relative to this conversation's
 _GROWN = (*GROWN, "ranks")  # the matrix tree's fields synced for the merge
 
@@ -121,14 +122,11 @@ class HybridDrafter(AdaptiveDrafter):
         self._refresh()
         self.index = ContextIndex()
         self.plan: Plan | None = None  # the next step's merged tree
+        self.grown: dict[str, list] | None = None  # on a CPU, the matrix tree `lookahead` grew for the next step
         self.kept: list[int] = []  # the plan nodes drafted this step (root first, in draft order)
         self.name = HYBRID
         self.k = 8
         self._answering = False  # emitted tokens of this answer are being indexed
-
-    def _refresh(self) -> None:
-        super()._refresh()
-        self.rate_host = self.rate.tolist()
 
     # -- the drafter seam -------------------------------------------------------------------------------------
     def begin(self, ctx: DraftContext) -> None:
@@ -136,11 +134,11 @@ class HybridDrafter(AdaptiveDrafter):
         super().begin(ctx)
         self.name, self.k = ctx.cfg.template, ctx.matrix.k
         self.max_depth = max(ctx.cfg.max_depth, RETRIEVAL_DEPTH)
-        self.index.relabel("the prompt", EARLIER_PROMPT)
-        self.index.relabel("this answer", EARLIER_ANSWER)
-        self.index.start_segment("the prompt")
+        self.index.relabel(THIS_PROMPT, EARLIER_PROMPT)
+        self.index.relabel(THIS_ANSWER, EARLIER_ANSWER)
+        self.index.start_segment(THIS_PROMPT)
         self.index.extend(ctx.prompt)
-        self.plan, self._answering = None, False
+        self.plan, self.grown, self._answering = None, None, False
 
     def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
         """The best nodes of the merged tree (grown now on the first step of an answer).
@@ -150,9 +148,8 @@ class HybridDrafter(AdaptiveDrafter):
         teaches the calibration."""
         first = self.plan is None
         if first:
-            grown = self.grow(matrix, root, self.budget, self.matrix_depth)
-            self.plan = self.merge({name: getattr(grown, name).tolist() for name in _GROWN}, self.index.lookup(
-                MAX_MATCHES, RETRIEVAL_DEPTH))
+            self.plan = self.merge(self.grow_host(matrix, root, self.budget, self.matrix_depth),
+                                   self.index.lookup(MAX_MATCHES, RETRIEVAL_DEPTH))
         ranked = self.plan.ranked()  # sorted once: the size choice and the draft read the same order
         curve = self.plan.expected(ranked)
         if self.sized_by_cost:
@@ -164,9 +161,20 @@ class HybridDrafter(AdaptiveDrafter):
         self.kept = self.plan.best(min(size, len(self.plan.tokens) - 1), ranked)
         return self.take_plan(self.plan, self.kept, root)
 
+    def grow_host(self, matrix: AdjacencyMatrix, root: torch.Tensor, budget: int, depth: int) -> dict[str, list]:
+        """The matrix tree grown from `root` ([1] long) as host lists, now (on a GPU: with a sync)."""
+        if self.on_host:
+            return self.grow_lists(matrix, int(root), budget, depth)
+        grown = self.grow(matrix, root, budget, depth)
+        return {name: getattr(grown, name).tolist() for name in _GROWN}
+
     def lookahead(self, bonus: torch.Tensor, matrix: AdjacencyMatrix) -> dict[str, torch.Tensor]:
-        """Grow the next matrix tree from the bonus token on the device; it rides the step's sync."""
+        """Grow the next matrix tree from the bonus token: on a CPU now, in plain Python (kept for `observe`); on a
+        GPU on the device, riding the step's sync."""
         budget, depth = self.growth()
+        if self.on_host:
+            self.grown = self.grow_lists(matrix, int(bonus), budget, depth)
+            return {}
         grown = self.grow(matrix, bonus, budget, depth)
         return {f"grown.{name}": getattr(grown, name) for name in _GROWN}
 
@@ -174,12 +182,13 @@ class HybridDrafter(AdaptiveDrafter):
         """Learn calibration, trust and cost; index the emitted tokens; merge the next step's tree."""
         self.learn_step(result)
         if not self._answering:
-            self.index.start_segment("this answer")
+            self.index.start_segment(THIS_ANSWER)
             self._answering = True
         self.index.extend(result.emitted)
-        self.plan = None
+        self.plan, grown, self.grown = None, self.grown, None
         if "grown.tokens" in result.extras:
             grown = {name: [int(v) for v in result.extras[f"grown.{name}"]] for name in _GROWN}
+        if grown is not None:
             self.plan = self.merge(grown, self.index.lookup(MAX_MATCHES, RETRIEVAL_DEPTH))
 
     def learn_verified(self, result: StepResult) -> None:
