@@ -7,9 +7,11 @@ before it, to how often such candidates were really accepted, learned online. Th
 to maximise expected tokens per second, (expected accepted + 1) / t(N), with t(N) the measured cost of a forward
 of N tokens on this device.
 
-Everything up to the forward runs on the device without host syncs: the next step's tree is grown right
+On a GPU everything up to the forward runs on the device without host syncs: the next step's tree is grown right
 after verification (the bonus token is known on the device then), and its expected-acceptance curve rides
-along in the step's single sync, so the host can pick the size for the next step.
+along in the step's single sync, so the host can pick the size for the next step. On a CPU there is no sync to
+save, and the tree is grown in plain Python (`grow_lists`): right after a forward every distinct torch or NumPy
+call starts cold, and the plain-Python growth cost a third of the torch one there.
 """
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ import itertools
 from dataclasses import dataclass
 from functools import lru_cache
 
-import numpy as np
 import torch
 
 from .config import DecodeConfig

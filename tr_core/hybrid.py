@@ -4,8 +4,8 @@ The matrix remembers one step of history per token (what followed it last time);
 (context.py) remembers whole runs (that the answer is copying a phrase from the prompt, an earlier turn or
 itself). Each step:
 
-1. the matrix tree is grown best-first on the device from the bonus token (adaptive.py, `lookahead`), and rides
-   the step's one host sync;
+1. the matrix tree is grown best-first from the bonus token (adaptive.py, `lookahead`): on a GPU on the device,
+   riding the step's one host sync; on a CPU in plain Python on the host (`adaptive.grow_lists`);
 2. on the host, the context index is extended with the step's emitted tokens and searched for the continuations
    of the current suffix (`ContextIndex.lookup`); each continuation is walked down the matrix tree from the
    root: where the matrix already proposes the same token the node is shared, elsewhere new nodes are added;
