@@ -415,6 +415,7 @@ def grown_tensors(tree: dict[str, list]) -> GrownTree:
     return GrownTree(**{name: torch.tensor(tree[name], dtype=torch.float32 if name in ("scores", "expected")
                                            else torch.long) for name in GrownTree.__dataclass_fields__})
 
+
 def tested_candidates(tokens: list[int], parents: list[int], depths: list[int], keys: list[int], kept: list[int],
                       accepted: list[int], emitted: list[int]) -> tuple[list[int], list[bool]]:
     """The calibration keys of every candidate a step tested, and whether each passed, over a whole tree of which
