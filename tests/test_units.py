@@ -299,7 +299,7 @@ def test_host_grown_tree_equals_the_device_one(budget, depth):
     """On a CPU the tree is grown best-first in plain Python (`grow_lists`); it must keep the nodes the torch growth
     (`grow_on_device`, used on GPUs) keeps: the same expected-acceptance curve, a valid tree whose every score is its
     parent's times its key's rate, and the same nodes where no two scores tie."""
-    from tr_core.adaptive import _BIN_OF_STORED_LIST, grow_lists, grow_on_device, stored_bin
+    from tr_core.adaptive import _BIN_OF_STORED_LIST, N_BINS, grow_lists, grow_on_device, stored_bin
 
     gen = torch.Generator().manual_seed(budget * 31 + depth)
     drafter = AdaptiveDrafter(torch.device("cpu"))
@@ -321,7 +321,7 @@ def test_host_grown_tree_equals_the_device_one(budget, depth):
         row, stored = host["tokens"][parent], int(matrix.probs[host["tokens"][parent], host["ranks"][i]])
         assert host["tokens"][i] == int(matrix.table[row, host["ranks"][i]])
         key = host["bins"][i]
-        assert key == int(stored_bin(torch.tensor(stored))) + (16 if int(matrix.stamps[row]) < 3 else 0)
+        assert key == int(stored_bin(torch.tensor(stored))) + (N_BINS if int(matrix.stamps[row]) < 3 else 0)
         assert host["scores"][i] == pytest.approx(host["scores"][parent] * drafter.rate_host[key])
     scores = sorted(host["scores"])
     if all(b > a * (1 + 1e-6) for a, b in zip(scores, scores[1:])):
