@@ -331,6 +331,36 @@ def test_host_grown_tree_equals_the_device_one(budget, depth):
     assert grown.tokens.tolist() == host["tokens"] and grown.expected.tolist() == pytest.approx(host["expected"])
 
 
+@pytest.mark.parametrize("size", [0, 1, 3, 8, 20])
+def test_host_draft_keeps_the_nodes_the_device_take_keeps(size):
+    """On a CPU `draft` takes the first m nodes of the host tree, which `grow_lists` yields best first; they must be
+    the m nodes the device path's `take` picks by score from the same tree, in a valid tree of the same shape."""
+    from tr_core.adaptive import grown_tensors
+
+    gen = torch.Generator().manual_seed(size + 5)
+    drafter = AdaptiveDrafter(torch.device("cpu"))
+    drafter.count(list(range(32)), [bool(b) for b in torch.randint(0, 2, (32,), generator=gen)])
+    matrix = AdjacencyMatrix(60, k=4)
+    matrix.table[:] = torch.randint(0, 60, (60, 4), generator=gen, dtype=torch.int32)
+    matrix.probs[:] = torch.randint(0, 256, (60, 4), generator=gen, dtype=torch.uint8)
+    drafter.next_size = size
+    draft = drafter.draft(torch.tensor([7]), matrix)
+    tree = drafter.grown  # the tree the draft was taken from, grown now (an answer's first step)
+    assert draft.size == size + 1 and draft.tokens[0].item() == 7
+    assert draft.extras["node"].tolist() == list(range(size + 1)) and draft.extras["bins"].shape == (size + 1,)
+    reference = drafter.take(grown_tensors(tree), size, drafter.max_depth)
+    paths = lambda d: sorted(tuple(d.tokens[j].item() for j in path_to(d.parents.tolist(), i)) for i in range(d.size))
+    kept_scores = sorted(draft.node_probs.tolist())
+    assert kept_scores == pytest.approx(sorted(reference.node_probs.tolist()))
+    scores = sorted(tree["scores"])
+    if all(b > a * (1 + 1e-6) for a, b in zip(scores, scores[1:])):  # no ties: the very same nodes
+        assert paths(draft) == paths(reference)
+    parents = draft.parents.tolist()
+    assert all(parents[i] < i for i in range(1, draft.size))
+    ancestors = [set(path_to(parents, i)) for i in range(draft.size)]
+    assert draft.tree_mask.tolist() == [[j in ancestors[i] for j in range(draft.size)] for i in range(draft.size)]
+
+
 def test_candidates_of_rows_written_before_the_answer_are_calibrated_apart():
     """A row recycled in an earlier answer (another question's context) keys its candidates N_BINS higher, so their
     acceptance is learned apart from rows this answer wrote; the tree ranks them by their own rates."""

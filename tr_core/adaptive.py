@@ -10,8 +10,9 @@ of N tokens on this device.
 On a GPU everything up to the forward runs on the device without host syncs: the next step's tree is grown right
 after verification (the bonus token is known on the device then), and its expected-acceptance curve rides
 along in the step's single sync, so the host can pick the size for the next step. On a CPU there is no sync to
-save, and the tree is grown in plain Python (`grow_lists`): right after a forward every distinct torch or NumPy
-call starts cold, and the plain-Python growth cost a third of the torch one there.
+save, and the tree is grown in plain Python (`grow_lists`) and drafted from those lists, which never leave the host:
+right after a forward every distinct torch or NumPy call starts cold, and the plain-Python growth cost a third of
+the torch one there.
 """
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ def matrix_prior(prior: float) -> tuple[torch.Tensor, torch.Tensor]:
 _BIN_OF_STORED = torch.cat([stored_bin(torch.arange(256)), stored_bin(torch.arange(256)) + N_BINS])
 _BIN_OF_STORED_LIST = _BIN_OF_STORED.tolist()
 GROWN = ("tokens", "parents", "depths", "bins")  # the grown tree's fields synced for learning (and merging)
+_DRAFTED = ("tokens", "parents", "depths", "ranks", "scores", "bins")  # a host tree's fields a Draft is built from
 
 
 # Small constant tensors of `grow`, by size and device: a step's small tensors are many, each an allocation. They
@@ -150,7 +152,8 @@ class AdaptiveDrafter:
         self.prior = prior
         self.hits, self.trials = matrix_prior(prior)
         self._refresh()
-        self.pending: GrownTree | None = None  # the tree grown for the next step, from the bonus token
+        self.pending: GrownTree | None = None  # on a GPU, the tree grown for the next step, from the bonus token
+        self.grown: dict[str, list] | None = None  # on a CPU, the same as host lists (`grow_lists`)
         self.next_size = 0  # draft nodes for the next step (an answer's first step drafts none)
         self.expected_next: list[float] | None = None  # the next tree's expected-acceptance curve (host)
         # the pending tree's shape on the host: learning reads it before `observe` replaces it with the next one's
@@ -201,7 +204,7 @@ class AdaptiveDrafter:
     def begin(self, ctx: DraftContext) -> None:
         """Take the answer's settings; measure the forward cost on this device once (`times_forwards`)."""
         cfg = ctx.cfg
-        self.pending, self.host_tree = None, None
+        self.pending, self.grown, self.host_tree = None, None, None
         self.trust.start_answer()
         self.answer_start = ctx.answer_start
         self.budget, self.max_depth = cfg.node_budget, cfg.max_depth
@@ -218,6 +221,8 @@ class AdaptiveDrafter:
 
     def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
         """The best `next_size` nodes (the full budget when not sized by cost) of the tree grown from `root`."""
+        if self.on_host:
+            return self.draft_host(root, matrix)
         if self.pending is None:  # an answer's first step: no look-ahead yet, so no host-known curve
             self.pending, self.expected_next = self.grow(matrix, root, *self.growth()), None
         size = min(self.next_size if self.sized_by_cost else self.budget, self.pending.tokens.shape[0] - 1)
@@ -227,9 +232,32 @@ class AdaptiveDrafter:
             self.trust.watch(tree["tokens"], tree["parents"], order, self.expected_next)
         return self.take(self.pending, size, self.max_depth)
 
+    def draft_host(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
+        """`draft` on a CPU, from the host lists: their nodes come best first, so the best m are the first m."""
+        if self.grown is None:  # an answer's first step: no look-ahead yet, so no curve
+            self.grown, self.expected_next = self.grow_lists(matrix, int(root), *self.growth()), None
+        tree = self.grown
+        size = min(self.next_size if self.sized_by_cost else self.budget, len(tree["tokens"]) - 1)
+        if self.host_tree is not None:
+            self.trust.watch(tree["tokens"], tree["parents"], list(range(1, len(tree["tokens"]))), self.expected_next)
+        if size == 0:
+            return root_alone(ADAPTIVE, root, self.max_depth + 1, extras=("bins", "node"))
+        n = size + 1
+        return host_draft(ADAPTIVE, {name: tree[name][:n] for name in _DRAFTED}, self.max_depth + 1, root.device,
+                          extras={"node": list(range(n))})
+
     def lookahead(self, bonus: torch.Tensor, matrix: AdjacencyMatrix) -> dict[str, torch.Tensor]:
-        """Grow the next step's tree from the bonus token now; its expected-acceptance curve rides the sync."""
+        """Grow the next step's tree from the bonus token now: on a CPU in plain Python, kept on the host for
+        `observe`; on a GPU on the device, its expected-acceptance curve riding the sync (`lookahead_on_device`)."""
         budget, depth = self.growth()
+        if self.on_host:
+            self.grown = self.grow_lists(matrix, int(bonus), budget, depth)
+            return {}
+        return self.lookahead_on_device(bonus, matrix, budget, depth)
+
+    def lookahead_on_device(self, bonus: torch.Tensor, matrix: AdjacencyMatrix, budget: int,
+                            depth: int) -> dict[str, torch.Tensor]:
+        """The next tree grown on the device; the tensors the host needs of it, for the sync."""
         self.pending = self.grow(matrix, bonus, budget, depth)
         return {"expected": self.pending.expected, "grown.scores": self.pending.scores,
                 **{f"grown.{name}": getattr(self.pending, name) for name in GROWN}}
@@ -246,7 +274,12 @@ class AdaptiveDrafter:
     def observe(self, result: StepResult) -> None:
         """Learn the calibration, the trust and the step's cost; choose the next step's size."""
         self.learn_step(result)
-        if "expected" in result.extras:
+        if self.on_host:
+            if self.grown is not None:  # the next tree, grown by `lookahead`: it stays on the host
+                tree = self.host_tree = self.grown
+                self.host_scores, self.expected_next = tree["scores"], tree["expected"]
+                self.next_size = self.choose_size(self.expected_next, self.budget)
+        elif "expected" in result.extras:
             self.expected_next = result.extras["expected"]
             self.next_size = self.choose_size(self.expected_next, self.budget)
             self.host_tree = {name: [int(v) for v in result.extras[f"grown.{name}"]] for name in GROWN}
@@ -408,6 +441,19 @@ def grow_lists(matrix: AdjacencyMatrix, root: int, rates: list[float], answer_st
             expand(len(tree["tokens"]) - 1)
     tree["expected"] = list(itertools.accumulate(tree["scores"][1:], initial=0.0))
     return tree
+
+
+def host_draft(name: str, nodes: dict[str, list], levels: int, device: torch.device,
+               extras: dict[str, list[int]] | None = None, **fields) -> Draft:
+    """A Draft from host lists `nodes` (_DRAFTED: tokens, parents, depths, ranks, scores, bins; the root first,
+    parents before children), with the drafter's per-node `extras` (sent back through the sync) and Draft `fields`."""
+    parents = torch.tensor(nodes["parents"], dtype=torch.long, device=device)
+    longs = {key: torch.tensor(nodes[key], dtype=torch.long, device=device) for key in ("tokens", "depths", "ranks")}
+    extras = {"bins": nodes["bins"], **(extras or {})}
+    return Draft(name=name, parents=parents, tree_mask=ancestor_mask(parents, max(nodes["depths"])),
+                 size=len(nodes["tokens"]), levels=levels, node_probs=torch.tensor(nodes["scores"], device=device),
+                 extras={key: torch.tensor(value, dtype=torch.long, device=device) for key, value in extras.items()},
+                 **longs, **fields)
 
 
 def grown_tensors(tree: dict[str, list]) -> GrownTree:

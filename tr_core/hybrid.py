@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .adaptive import (GROWN, MATRIX_KEYS, AdaptiveDrafter, ancestor_mask, matrix_prior, root_alone,
+from .adaptive import (GROWN, MATRIX_KEYS, AdaptiveDrafter, host_draft, matrix_prior, root_alone,
                        tested_candidates)
 from .context import MAX_MATCH, ContextIndex, Match
 from .drafters import Draft, DraftContext, StepResult
@@ -122,7 +122,6 @@ class HybridDrafter(AdaptiveDrafter):
         self._refresh()
         self.index = ContextIndex()
         self.plan: Plan | None = None  # the next step's merged tree
-        self.grown: dict[str, list] | None = None  # on a CPU, the matrix tree `lookahead` grew for the next step
         self.kept: list[int] = []  # the plan nodes drafted this step (root first, in draft order)
         self.name = HYBRID
         self.k = 8
@@ -168,13 +167,10 @@ class HybridDrafter(AdaptiveDrafter):
         grown = self.grow(matrix, root, budget, depth)
         return {name: getattr(grown, name).tolist() for name in _GROWN}
 
-    def lookahead(self, bonus: torch.Tensor, matrix: AdjacencyMatrix) -> dict[str, torch.Tensor]:
-        """Grow the next matrix tree from the bonus token: on a CPU now, in plain Python (kept for `observe`); on a
-        GPU on the device, riding the step's sync."""
-        budget, depth = self.growth()
-        if self.on_host:
-            self.grown = self.grow_lists(matrix, int(bonus), budget, depth)
-            return {}
+    def lookahead_on_device(self, bonus: torch.Tensor, matrix: AdjacencyMatrix, budget: int,
+                            depth: int) -> dict[str, torch.Tensor]:
+        """On a GPU the next matrix tree rides the step's sync, to be merged on the host in `observe` (on a CPU
+        `lookahead` grows it on the host)."""
         grown = self.grow(matrix, bonus, budget, depth)
         return {f"grown.{name}": getattr(grown, name) for name in _GROWN}
 
@@ -240,20 +236,15 @@ class HybridDrafter(AdaptiveDrafter):
     def take_plan(self, plan: Plan, keep: list[int], root: torch.Tensor | None = None) -> Draft:
         """The plan's nodes `keep` (the root first, parents before children) as a Draft (`root`: the root token
         [1] long on the device, when the caller has it)."""
-        dev = self.device
         if len(keep) == 1 and root is not None:  # a zero-draft step (most steps of an answer that accepts little)
             return root_alone(self.name, root, self.max_depth + 1, sources=("root",), origins=("",))
         remap = {old: new for new, old in enumerate(keep)}
-        parents = [remap[plan.parents[i]] if i else 0 for i in keep]
-        depths = [plan.depths[i] for i in keep]
-        parents_t = torch.tensor(parents, dtype=torch.long, device=dev)
-        return Draft(name=self.name, tokens=torch.tensor([plan.tokens[i] for i in keep], dtype=torch.long, device=dev),
-                     parents=parents_t, depths=torch.tensor(depths, dtype=torch.long, device=dev),
-                     ranks=torch.tensor([plan.ranks[i] for i in keep], dtype=torch.long, device=dev),
-                     tree_mask=ancestor_mask(parents_t, max(depths)), size=len(keep), levels=self.max_depth + 1,
-                     node_probs=torch.tensor([plan.scores[i] for i in keep], device=dev),
-                     extras={"bins": torch.tensor([plan.keys[i] for i in keep], dtype=torch.long, device=dev)},
-                     sources=tuple(plan.sources[i] for i in keep), origins=tuple(plan.origins[i] for i in keep))
+        nodes = {"tokens": [plan.tokens[i] for i in keep], "depths": [plan.depths[i] for i in keep],
+                 "parents": [remap[plan.parents[i]] if i else 0 for i in keep],
+                 "ranks": [plan.ranks[i] for i in keep], "scores": [plan.scores[i] for i in keep],
+                 "bins": [plan.keys[i] for i in keep]}
+        return host_draft(self.name, nodes, self.max_depth + 1, self.device,
+                          sources=tuple(plan.sources[i] for i in keep), origins=tuple(plan.origins[i] for i in keep))
 
 
 __all__ = ["HybridDrafter", "Plan", "context_key"]
