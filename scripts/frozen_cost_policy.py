@@ -13,6 +13,10 @@ Printed per task: the modelled speedup, plain decoding's cost of the emitted tok
 the steps taken, sum of t(N). It leaves the engine's own overhead out, and is only as true as the curve: measure
 the curve on the machine in question (the default is this AMD EPYC with 1 thread, whole steps, 2026-11-30).
 README, "Hybrid drafting", reports the scan this was written for.
+
+The last column, `pld`, is prompt lookup decoding (the benchmark's PLD: 10 tokens after a 2- or 1-token match)
+replayed exactly on the same greedy answers (`pld_draft`, tested against transformers' own candidate generator),
+its steps priced on the same curve: the two policies compared at equal step costs, with no timing noise.
 """
 import collections
 import json
@@ -42,6 +46,36 @@ def frozen_curve(points: dict[int, float]) -> ForwardCost:
     return curve
 
 
+PLD_TOKENS, PLD_NGRAM = 10, 2  # the benchmark's PLD settings (bench --pld-tokens, --pld-ngram)
+
+
+def pld_draft(seq: list[int], ngram: int = PLD_NGRAM, num: int = PLD_TOKENS) -> list[int]:
+    """The draft prompt lookup decoding makes after `seq` (transformers' PromptLookupCandidateGenerator, without
+    logits processors): for match lengths `ngram` down to 1, the leftmost earlier occurrence of the last n tokens that
+    has a continuation; its next `num` tokens (or fewer, at the end of `seq`). No match: no draft."""
+    n = len(seq)
+    for size in range(min(ngram, n - 1), 0, -1):
+        tail = seq[n - size :]
+        for i in range(n - size):
+            if seq[i : i + size] == tail:
+                return seq[i + size : i + size + num]
+    return []
+
+
+def pld_forwards(prompt: list[int], answer: list[int]) -> list[int]:
+    """Tokens of each forward prompt lookup decoding makes to emit `answer` greedily after `prompt` (1 + its draft):
+    a draft is accepted as far as it agrees with the answer, then one token more."""
+    pos, sizes = 0, []
+    while pos < len(answer):
+        draft = pld_draft(prompt + answer[:pos])
+        agree = 0
+        while agree < len(draft) and pos + agree < len(answer) and draft[agree] == answer[pos + agree]:
+            agree += 1
+        sizes.append(1 + len(draft))
+        pos += agree + 1
+    return sizes
+
+
 def run(decays: list[float], templates: list[str], per_task: int, skip: int, points: dict[int, float]) -> None:
     torch.set_num_threads(1)
     model, tok = load_model(None)
@@ -59,10 +93,14 @@ def run(decays: list[float], templates: list[str], per_task: int, skip: int, poi
         for q in items:
             for name, (engine, template) in engines.items():
                 ids = engine.encode_chat([{"role": "user", "content": q.turns[0]}])
+                answer: list[int] = []
                 for ev in engine.generate(ids, DecodeConfig(max_new_tokens=128, template=template)):
                     if isinstance(ev, StepEvent):
                         totals[task][name][0] += len(ev.emitted)
                         totals[task][name][1] += curve(len(ev.tokens))
+                        answer += ev.emitted
+            totals[task]["pld"][0] += len(answer)  # greedy: every engine's answer is the same
+            totals[task]["pld"][1] += sum(curve(n) for n in pld_forwards(ids, answer))
     overall = collections.defaultdict(lambda: [0, 0.0])
     for task, runs in totals.items():
         print(f"{task[:14]:<15}", " ".join(f"{n}={v[0] * curve(1) / v[1]:.3f}" for n, v in runs.items()))

@@ -398,3 +398,31 @@ def test_repeats_keep_the_fastest_of_identical_decodings(tmp_path, monkeypatch):
     for engine in {e for e, _ in restores}:
         clocks = [c for e, c in restores if e == engine]
         assert clocks[0::2] == clocks[1::2] and clocks[0::2] == sorted(set(clocks)) and len(set(clocks)) == 3
+
+
+def test_the_frozen_cost_scripts_pld_replay_is_transformers_prompt_lookup():
+    """scripts/frozen_cost_policy.py prices PLD by replaying its drafts; they must be the drafts transformers' own
+    prompt lookup makes (the benchmark's `pld`), on sequences with many repeated n-grams and on ones with none."""
+    import importlib.util
+
+    import torch
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "frozen_cost_policy.py"
+    spec = importlib.util.spec_from_file_location("frozen_cost_policy", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    hf = PromptLookupCandidateGenerator(num_output_tokens=script.PLD_TOKENS,
+                                        max_matching_ngram_size=script.PLD_NGRAM, max_length=10_000)
+    gen = torch.Generator().manual_seed(0)
+    drafted = 0
+    for trial in range(300):
+        vocab = 3 + trial % 40  # small vocabularies repeat n-grams often; large ones rarely
+        seq = torch.randint(0, vocab, (1 + trial % 60,), generator=gen).tolist()
+        out, _ = hf.get_candidates(torch.tensor([seq]))
+        assert script.pld_draft(seq) == out[0, len(seq):].tolist(), seq
+        drafted += out.shape[1] > len(seq)
+    assert 50 < drafted < 290  # both cases were met
+    # the replay: a draft is accepted as far as the answer agrees, then one token more
+    # after [5, 6, 7, 5] the 1-gram 5 drafts [6, 7, 5]: 6 and 7 agree, 9 is the bonus; after 9 nothing matches
+    assert script.pld_forwards([5, 6, 7, 5], [6, 7, 9, 9]) == [1 + 3, 1]
