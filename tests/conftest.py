@@ -60,6 +60,39 @@ def tiny_config(arch: str):
 
 ARCHS = ["llama", "qwen2", "mistral", "gemma3", "gpt2"]
 
+# Further architectures, each with its own turn on positions, attention or the output layer, by the settings a tiny
+# config of each needs beyond TINY_COMMON (tiny_model_of)
+MORE_ARCHS = {
+    "qwen3": dict(head_dim=16),  # norms on queries and keys
+    "phi3": {},  # one fused qkv projection
+    "gemma2": dict(head_dim=16, sliding_window=24),  # soft-capped logits, alternating sliding layers, eager only
+    "cohere2": dict(head_dim=16, sliding_window=24),  # sliding layers with rotary, full ones without
+    "gpt_oss": dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=24),  # attention sinks
+    "gpt_neox": {},  # partial rotary, parallel residual
+    "falcon": {},  # multi-query attention, rotary
+    "opt": dict(ffn_dim=128, word_embed_proj_dim=64),  # learned positions offset by 2
+    "gpt_bigcode": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512),  # multi-query, learned positions
+    "qwen3_moe": dict(head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2),  # experts
+}
+TINY_COMMON = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=1,
+                   bos_token_id=0, pad_token_id=0, tie_word_embeddings=False)
+
+
+def tiny_model_of(arch: str, seed: int = 0, **extra):
+    """A 2-layer random model of any transformers architecture: TINY_COMMON plus `extra`, weights scaled as in
+    tiny_model (the architecture's default attention)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(arch, **{**TINY_COMMON, **extra})
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)
+    return model.eval()
+
 
 def tiny_model(arch: str, attn: str = "sdpa", seed: int = 0):
     from transformers import AutoModelForCausalLM

