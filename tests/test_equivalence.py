@@ -20,38 +20,34 @@ def run(engine: Engine, prompt: list[int], **kw) -> SummaryEvent:
     return events[-1]
 
 
+def check_lossless(model, label: str, templates: tuple[str, ...], n_prompts: int, max_new_tokens: int) -> None:
+    """Greedy plain decoding through the engine equals transformers' generate, and every template equals it, on
+    `n_prompts` prompts; drafts must really be accepted, or the comparison proves little."""
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB))
+    accepted = []
+    for prompt in prompts(n_prompts):
+        plain = run(engine, prompt, max_new_tokens=max_new_tokens, plain=True)
+        hf = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=1,
+                            pad_token_id=0)
+        assert plain.tokens == hf[0, len(prompt):].tolist(), "the harness itself must equal transformers' generate"
+        for template in templates:
+            tr = run(engine, prompt, max_new_tokens=max_new_tokens, template=template)
+            assert tr.tokens == plain.tokens, f"{label}/{template} diverged from plain decoding"
+            accepted.append(tr.mean_accepted)
+    assert max(accepted) > 2.0
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_recycling_equals_plain_and_hf_generate(arch, attn):
-    model = tiny_model(arch, attn)
-    engine = Engine(model, TinyTokenizer(TINY_VOCAB))
-    accepted = []
-    for prompt in prompts(3):
-        plain = run(engine, prompt, max_new_tokens=50, plain=True)
-        hf = model.generate(torch.tensor([prompt]), max_new_tokens=50, do_sample=False, eos_token_id=1, pad_token_id=0)
-        assert plain.tokens == hf[0, len(prompt):].tolist(), "the harness itself must equal transformers' generate"
-        for template in ("2.2.2", "small-16", "adaptive", "adaptive-fixed", "hybrid", "hybrid-fixed"):
-            tr = run(engine, prompt, max_new_tokens=50, template=template)
-            assert tr.tokens == plain.tokens, f"{arch}/{attn}/{template} diverged from plain decoding"
-            accepted.append(tr.mean_accepted)
-    # drafts must really be accepted, or the comparison above proves little
-    assert max(accepted) > 2.0
+    templates = ("2.2.2", "small-16", "adaptive", "adaptive-fixed", "hybrid", "hybrid-fixed")
+    check_lossless(tiny_model(arch, attn), f"{arch}/{attn}", templates, n_prompts=3, max_new_tokens=50)
 
 
 @pytest.mark.parametrize("arch", sorted(MORE_ARCHS))
 def test_greedy_recycling_equals_plain_on_ten_more_architectures(arch):
     model = tiny_model_of(arch, **MORE_ARCHS[arch])
-    engine = Engine(model, TinyTokenizer(TINY_VOCAB))
-    accepted = []
-    for prompt in prompts(2):
-        plain = run(engine, prompt, max_new_tokens=40, plain=True)
-        hf = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=1, pad_token_id=0)
-        assert plain.tokens == hf[0, len(prompt):].tolist(), "the harness itself must equal transformers' generate"
-        for template in ("2.2.2", "hybrid", "hybrid-fixed"):
-            tr = run(engine, prompt, max_new_tokens=40, template=template)
-            assert tr.tokens == plain.tokens, f"{arch}/{template} diverged from plain decoding"
-            accepted.append(tr.mean_accepted)
-    assert max(accepted) > 2.0
+    check_lossless(model, arch, ("2.2.2", "hybrid", "hybrid-fixed"), n_prompts=2, max_new_tokens=40)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2"])
