@@ -1,4 +1,4 @@
-"""Losslessness: Token Recycling returns exactly plain decoding's tokens, on tiny models of five architectures."""
+"""Losslessness: Token Recycling returns exactly plain decoding's tokens, on tiny models of 15 architectures."""
 from __future__ import annotations
 
 import pytest
