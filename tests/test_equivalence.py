@@ -50,9 +50,9 @@ def test_greedy_recycling_equals_plain_on_ten_more_architectures(arch):
     check_lossless(model, arch, ("2.2.2", "hybrid", "hybrid-fixed"), n_prompts=2, max_new_tokens=40)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2", "gemma2", "gpt_oss"])
 def test_seeded_sampling_recycling_equals_plain(arch):
-    model = tiny_model(arch)
+    model = tiny_model(arch) if arch in ARCHS else tiny_model_of(arch, **MORE_ARCHS[arch])
     engine = Engine(model, TinyTokenizer(TINY_VOCAB))
     outputs = set()
     for seed in range(3):
