@@ -143,9 +143,9 @@ REFUSED = [
     ("mpt", dict(d_model=64, n_layers=2, n_heads=4, max_seq_len=512), "ALiBi"),
     ("falcon", dict(alibi=True), "ALiBi"),
     ("gpt_neo", dict(num_layers=2, attention_types=[[["global", "local"], 1]], window_size=8), "local attention"),
-    ("mamba", {}, "running state"),
-    ("qwen3_next", dict(head_dim=16), "running state"),
-    ("lfm2", dict(layer_types=["conv", "full_attention"]), "running state"),
+    ("mamba", {}, "only full and sliding attention"),
+    ("qwen3_next", dict(head_dim=16), "only full and sliding attention"),
+    ("lfm2", dict(layer_types=["conv", "full_attention"]), "only full and sliding attention"),
     ("llama4_text", dict(head_dim=16), "chunked-attention"),
 ]
 

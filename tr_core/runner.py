@@ -60,9 +60,10 @@ def tree_blocker(config: Any) -> str | None:
     mask. Refused, each with a test of the family (tests/test_engine_design.py) rather than left to give other
     tokens than plain decoding or an obscure error deep in the model:
     - flash and flex attention kernels take no arbitrary mask;
-    - layers that are not attention over a per-token cache (`layer_types` such as "linear_attention", "conv",
-      "mamba", "hybrid", "chunked_attention": Mamba, Jamba, Qwen3-Next, LFM2, Granite 4 hybrids, Falcon-H1,
-      Llama 4) keep a running state, through which sibling drafts would mix;
+    - layers other than full or sliding attention over a per-token cache (`layer_types` such as "linear_attention",
+      "conv", "mamba", "hybrid": Mamba, Jamba, Qwen3-Next, LFM2, Granite 4 hybrids, Falcon-H1) keep a running
+      state, through which sibling drafts would mix; Llama 4's "chunked_attention" and kinds not checked here
+      (e.g. "indexed_attention") are refused too;
     - ALiBi position biases (Bloom, MPT, Falcon with alibi=True) are computed from cache slots, not positions;
     - GPT-Neo's local layers count their window in cache slots too (a tree's nodes would shift it).
     """
@@ -74,8 +75,9 @@ def tree_blocker(config: Any) -> str | None:
         return "chunked-attention models are not supported yet"
     model_type = getattr(config, "model_type", "") or "this model"
     if kinds:
-        return (f"{model_type} has layers of kind {', '.join(kinds)}, which carry a running state rather than a "
-                "per-token cache: a draft tree cannot pass through them in one forward")
+        return (f"{model_type} has layers of kind {', '.join(kinds)}: only full and sliding attention over a "
+                "per-token cache take a draft tree exactly (recurrent and convolution layers carry a running state, "
+                "through which sibling drafts would mix)")
     if model_type == "bloom" or _flag(config, "alibi") or _flag(getattr(config, "attn_config", None) or {}, "alibi"):
         return (f"{model_type} uses ALiBi position biases, computed from cache slots rather than positions: a draft "
                 "tree's nodes would get the wrong biases")
