@@ -73,6 +73,11 @@ MORE_ARCHS = {
     "opt": dict(ffn_dim=128, word_embed_proj_dim=64),  # learned positions offset by 2
     "gpt_bigcode": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512),  # multi-query, learned positions
     "qwen3_moe": dict(head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2),  # experts
+    # Gemma 3n: the last layers reuse earlier layers' keys and values (KV sharing), per-layer inputs, AltUp
+    "gemma3n_text": dict(num_hidden_layers=4, num_kv_shared_layers=2, sliding_window=24, head_dim=16,
+                         layer_types=["sliding_attention", "full_attention"] * 2, hidden_size_per_layer_input=8,
+                         vocab_size_per_layer_input=TINY_VOCAB, laurel_rank=4, altup_num_inputs=2,
+                         activation_sparsity_pattern=[0.0] * 4, intermediate_size=[128] * 4),
 }
 TINY_COMMON = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=1,

@@ -1,4 +1,4 @@
-"""Losslessness: Token Recycling returns exactly plain decoding's tokens, on tiny models of 15 architectures."""
+"""Losslessness: Token Recycling returns exactly plain decoding's tokens, on tiny models of 16 architectures."""
 from __future__ import annotations
 
 import pytest
@@ -45,7 +45,7 @@ def test_greedy_recycling_equals_plain_and_hf_generate(arch, attn):
 
 
 @pytest.mark.parametrize("arch", sorted(MORE_ARCHS))
-def test_greedy_recycling_equals_plain_on_ten_more_architectures(arch):
+def test_greedy_recycling_equals_plain_on_eleven_more_architectures(arch):
     model = tiny_model_of(arch, **MORE_ARCHS[arch])
     check_lossless(model, arch, ("2.2.2", "hybrid", "hybrid-fixed"), n_prompts=2, max_new_tokens=40)
 
