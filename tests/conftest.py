@@ -34,24 +34,24 @@ class TinyTokenizer:
 
 
 TINY_VOCAB = 96
+TINY_COMMON = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=1,
+                   bos_token_id=0, pad_token_id=0, tie_word_embeddings=False)
 
 
 def tiny_config(arch: str):
     """A 2-layer random model config of the given architecture (small vocab so greedy text repeats and drafts hit)."""
     from transformers import AutoConfig
 
-    common = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=1,
-                  bos_token_id=0, pad_token_id=0, tie_word_embeddings=False)
     if arch == "llama":
-        return AutoConfig.for_model("llama", **common)
+        return AutoConfig.for_model("llama", **TINY_COMMON)
     if arch == "qwen2":
-        return AutoConfig.for_model("qwen2", **common)
+        return AutoConfig.for_model("qwen2", **TINY_COMMON)
     if arch == "mistral":  # every layer slides over a short window: exercises the sliding mask
-        return AutoConfig.for_model("mistral", sliding_window=24, **common)
+        return AutoConfig.for_model("mistral", sliding_window=24, **TINY_COMMON)
     if arch == "gemma3":  # mixed full/sliding layers with a short window
         return AutoConfig.for_model("gemma3_text", sliding_window=24, head_dim=16,
-                                    layer_types=["sliding_attention", "full_attention"], **common)
+                                    layer_types=["sliding_attention", "full_attention"], **TINY_COMMON)
     if arch == "gpt2":
         return AutoConfig.for_model("gpt2", vocab_size=TINY_VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=512,
                                     eos_token_id=1, bos_token_id=0)
@@ -79,19 +79,11 @@ MORE_ARCHS = {
                          vocab_size_per_layer_input=TINY_VOCAB, laurel_rank=4, altup_num_inputs=2,
                          activation_sparsity_pattern=[0.0] * 4, intermediate_size=[128] * 4),
 }
-TINY_COMMON = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=1,
-                   bos_token_id=0, pad_token_id=0, tie_word_embeddings=False)
 
 
-def tiny_model_of(arch: str, seed: int = 0, **extra):
-    """A 2-layer random model of any transformers architecture: TINY_COMMON plus `extra`, weights scaled as in
-    tiny_model (the architecture's default attention)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    config = AutoConfig.for_model(arch, **{**TINY_COMMON, **extra})
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+def _peaked(model):
+    """The model in eval mode with its weight matrices scaled up: larger weights give peaked, repetitive greedy
+    text, so drafts get accepted."""
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() >= 2:
@@ -99,17 +91,22 @@ def tiny_model_of(arch: str, seed: int = 0, **extra):
     return model.eval()
 
 
+def tiny_model_of(arch: str, seed: int = 0, **extra):
+    """A small random model of any transformers architecture: TINY_COMMON plus `extra` (2 layers unless `extra`
+    says otherwise), weights scaled as in tiny_model, the architecture's default attention."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(arch, **{**TINY_COMMON, **extra})
+    return _peaked(AutoModelForCausalLM.from_config(config, dtype=torch.float32))
+
+
 def tiny_model(arch: str, attn: str = "sdpa", seed: int = 0):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     config = tiny_config(arch)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
-    with torch.no_grad():  # larger weights give peaked, repetitive greedy text, so drafts get accepted
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(4.0)
-    return model.eval()
+    return _peaked(AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32))
 
 
 @pytest.fixture(scope="session")
