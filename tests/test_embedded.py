@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import load_questions
 
 from tr_core import DecodeConfig, Engine
@@ -81,8 +82,22 @@ def test_cli_answers_a_chat_prompt_as_json():
     (["generate", "--prompt", "hi", "--top-p", "1.5"], "top_p"),
     (["generate", "--prompt", "   "], "empty"),
     (["generate", "--prompt", "hi", "--model", "/no/such/model.gguf"], "not found"),
+    (["generate", "--prompt", "hi", "--model", "/no/such/folder"], "no such folder or .gguf file"),
+    (["generate", "--prompt", "hi", "--model", "./README.md"], "not a .gguf file"),
+    (["generate", "--prompt", "hi", "--device", "tpu"], "unknown device 'tpu'"),
+    (["generate", "--prompt", "hi", "--save-matrix", "/no/such/folder/m.pt"], "--save-matrix: folder /no/such/folder does not exist"),
+    (["generate", "--prompt", "hi", "--replay-html", "tests"], "--replay-html: tests is a folder"),
+    (["profile", "--json", "/no/such/folder/p.json"], "--json: folder /no/such/folder does not exist"),
 ])
 def test_cli_bad_arguments_fail_clearly(args, message):
     result = cli(*args)
     assert result.returncode != 0
     assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cli_asking_for_cuda_without_it_says_so():
+    result = cli("generate", "--prompt", "hi", "--device", "cuda")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "CUDA is not available here" in result.stderr

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .cli import (add_model_options, add_sampling_options, check_template, decode_config,
-                  load_model_or_report, report_error, threads_option)
+                  load_model_or_report, output_problem, report_error, threads_option)
 from .config import DecodeConfigError
 from .questions import Question, QuestionFileError, load_questions, select_questions, task_sort_key
 
@@ -154,11 +154,8 @@ def validate_args(args: argparse.Namespace) -> tuple[list[Question], list[Method
     if args.topk_candidates < 1:
         raise BenchInputError(f"--topk-candidates must be >= 1, got {args.topk_candidates}")
     for opt in ("json", "html"):
-        out = getattr(args, opt)
-        if out:
-            parent = Path(out).expanduser().resolve().parent
-            if not parent.is_dir():
-                raise BenchInputError(f"--{opt}: folder {parent} does not exist")
+        if problem := output_problem(getattr(args, opt), f"--{opt}"):
+            raise BenchInputError(problem)
     specs = parse_methods(args.methods, args.template)
     questions = load_all_questions(args.questions, args.per_task, args.limit)
     return questions, specs

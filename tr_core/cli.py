@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from .config import DecodeConfig
@@ -76,6 +78,21 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def output_problem(path: str | None, option: str) -> str | None:
+    """Why the output file `path` of `option` could not be written, or None; checked before any work is done."""
+    if not path:
+        return None
+    target = Path(path).expanduser()
+    if target.is_dir():
+        return f"{option}: {path} is a folder, not a file"
+    parent = target.resolve().parent
+    if not parent.is_dir():
+        return f"{option}: folder {parent} does not exist"
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        return f"{option}: {path} is not writable"
+    return None
+
+
 def report_error(error: object, code: int) -> int:
     """Print `error: ...` to stderr; return the exit code `code`."""
     print(f"error: {error}", file=sys.stderr)
@@ -121,6 +138,9 @@ def _generate(args: argparse.Namespace) -> int:
 
     if not args.prompt.strip():
         return report_error("--prompt is empty", 2)
+    for path, option in ((args.save_matrix, "--save-matrix"), (args.replay_html, "--replay-html")):
+        if problem := output_problem(path, option):
+            return report_error(problem, 2)
     try:
         cfg = decode_config(args, template=args.template or "2.2.2", plain=args.plain)
     except ValueError as exc:
@@ -151,9 +171,12 @@ def _generate(args: argparse.Namespace) -> int:
             summary = ev
     if not args.json:
         _write(text.unshown(final=True))
-    if args.save_matrix:
-        engine.matrix.save(args.save_matrix)
     _print_summary(args, engine, summary)
+    if args.save_matrix:
+        try:
+            engine.matrix.save(args.save_matrix)
+        except (OSError, RuntimeError) as exc:  # torch.save reports some file errors as RuntimeError
+            return report_error(f"cannot save the matrix: {exc}", 1)
     if args.replay_html:
         return _write_replay(args, engine, cfg, Trace(steps=steps, summary=summary, step_texts=text.step_texts()))
     return 0

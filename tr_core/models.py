@@ -30,6 +30,26 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def check_device(device: str | torch.device | None) -> torch.device:
+    """The torch.device of `device` (None: default_device()); raises ModelLoadError when it cannot be used here."""
+    if device is None:
+        return default_device()
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ModelLoadError(f"unknown device {str(device)!r}: use cpu or cuda") from exc
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ModelLoadError(f"device {str(device)!r} asked for, but CUDA is not available here "
+                                 "(no GPU visible, or this torch build has no CUDA); use cpu")
+        if device.index is not None and device.index >= count:
+            raise ModelLoadError(f"device {str(device)!r} asked for, but only {count} CUDA device(s) are visible")
+    elif device.type != "cpu":
+        raise ModelLoadError(f"device {str(device)!r} is not supported: use cpu or cuda")
+    return device
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 on GPU, fp32 on CPU (CPU bf16 matmuls are slow and inexact)."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -118,6 +138,9 @@ def resolve_source(name: str | None) -> tuple[str, dict]:
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"folder {path} has no config.json: not a transformers model folder")
         return str(path), {}
+    if name.startswith(("/", "./", "../", "~", ".\\", "..\\")) or path.exists():
+        raise ModelLoadError(f"{name!r} is not a model: no such folder or .gguf file"
+                             if not path.exists() else f"{name!r} is a file but not a .gguf file: not a model")
     return name, {}  # a hub id
 
 
@@ -125,7 +148,7 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
     """Return (model, tokenizer) for the embedded default, a folder, a .gguf file or a hub id, in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    device = torch.device(device) if device is not None else default_device()
+    device = check_device(device)
     dtype = parse_dtype(dtype, device)
     try:
         source, extra = resolve_source(name)

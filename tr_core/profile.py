@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .cli import output_problem
 from .cost import interpolate  # noqa: F401 - part of this module's interface (projections)
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 80, 128)
@@ -200,19 +201,17 @@ def validate(args: argparse.Namespace) -> tuple[list[int], dict | None]:
     if args.tree_nodes < 1:
         raise ProfileInputError(f"--tree-nodes must be >= 1, got {args.tree_nodes}")
     bench = read_bench_json(args.bench_json) if args.bench_json else None
-    if args.json and not Path(args.json).expanduser().resolve().parent.is_dir():
-        raise ProfileInputError(f"--json: folder {Path(args.json).parent} does not exist")
+    if problem := output_problem(args.json, "--json"):
+        raise ProfileInputError(problem)
     return sizes, bench
 
 
 def _model_for(args: argparse.Namespace):
     """(model, name, device) for --config (random weights) or --model; raises ValueError/RuntimeError/OSError."""
-    import torch
-
     if args.config:
-        from .models import default_device, parse_dtype
+        from .models import check_device, parse_dtype
 
-        device = torch.device(args.device) if args.device else default_device()
+        device = check_device(args.device)
         return build_random_model(args.config, device, parse_dtype(args.dtype, device)), \
             f"{args.config} (random weights)", device
     from .models import load_model
