@@ -24,8 +24,9 @@ from tr_core.trace import Trace, TraceError, record_live
 from .config import StudioConfig
 from .models import REFUSED, ModelCatalog, ModelRefused, label
 from .session import DECODE_SLOT, InputError, Session, clean_text
-from .views import (RACE_WAIT, CostCurve, best_step, coloured_answer, cost_html, live_meter, marked_chat, matrix_info,
-                    measured_meter, message, race_html, replay_slider, step_story_view, step_views, trace_meter)
+from .views import (MEASURE_HINT, RACE_WAIT, STOPPED_HINT, CostCurve, best_step, blank_views, coloured_answer,
+                    cost_html, live_meter, marked_chat, matrix_info, measured_meter, message, race_html, replay_slider,
+                    step_story_view, step_views, trace_meter)
 
 RENDER_EVERY_S = 0.25  # redraw figures at most this often while streaming
 LIMITS = dict(max_new_tokens=(1, 1024), temperature=(0.0, 2.0), top_p=(0.05, 1.0), top_k=(0, 1000), seed=(0, 2**31 - 1),
@@ -160,16 +161,30 @@ def summary_from_steps(steps: list[StepEvent], prompt_tokens: int, template: str
 # ------------------------------------------------------------------------------------------------ chat
 
 
-def ensure_engine(studio: Studio, s: Session, k: int, notes: list[str]) -> Any:
-    """The session's engine, created on first use or when k changed (a new k needs a new, empty matrix)."""
+def engine_for(studio: Studio, s: Session, k: int) -> Any:
+    """The session's engine when it has k candidates per row, else a new one with an empty matrix (not yet the
+    session's: see adopt_engine)."""
     from tr_core.engine import Engine
 
-    if s.engine is None or k != s.k:
+    if s.engine is not None and k == s.k:
+        return s.engine
+    model, tokenizer = studio.catalog.get(s.model)
+    return Engine(model, tokenizer, topk_candidates=k)
+
+
+def adopt_engine(s: Session, engine: Any, notes: list[str], change_note: str) -> None:
+    """Make `engine` the session's; `change_note` is added when it replaces an engine with another k."""
+    if engine is not s.engine:
         if s.engine is not None:
-            notes.append(f"Candidates per row changed to k = {k}: the adjacency matrix starts empty.")
-        model, tokenizer = studio.catalog.get(s.model)
-        s.engine, s.k = Engine(model, tokenizer, topk_candidates=k), k
-    return s.engine
+            notes.append(change_note)
+        s.engine, s.k = engine, engine.matrix.k
+
+
+def ensure_engine(studio: Studio, s: Session, k: int, notes: list[str]) -> Any:
+    """The session's engine, created on first use or when k changed (a new k needs a new, empty matrix)."""
+    engine = engine_for(studio, s, k)
+    adopt_engine(s, engine, notes, f"Candidates per row changed to k = {k}: the adjacency matrix starts empty.")
+    return engine
 
 
 def respond(studio: Studio, s: Session, text: Any, settings: ChatSettings, notes: list[str]) -> Iterator[dict]:
@@ -262,16 +277,26 @@ def _answer(studio: Studio, s: Session, text: str, settings: ChatSettings, notes
         elif current:  # nothing generated: keep the message out of the conversation the model sees
             s.display = pending[:-2]
     if not current:
-        yield {"chat": s.display, "status": "New conversation (the answer that was running was stopped and dropped)."}
+        yield _dropped_view(s)
         return
     measure = settings.compare and trace.steps and error is None and not stopped
     final = _final_view(s, trace, settings, notes, compared=bool(measure))
     if measure:
         final["status"] = "  \n".join(notes + ["Measuring the speedup: both methods in turns on the same tokens…"])
         yield final
-        yield from _measure(studio, s, twin, ids, cfg, trace, stop, settings, notes)
+        for view in _measure(studio, s, twin, ids, cfg, trace, stop, settings, notes):
+            if s.conversation != conversation:  # New chat while measuring: the answer is gone from the page
+                yield _dropped_view(s)
+                return
+            yield view
     else:
         yield final
+
+
+def _dropped_view(s: Session) -> dict:
+    """After New chat was pressed while this answer (or its measurement) ran."""
+    return {**blank_views(), "chat": s.display,
+            "status": "New conversation (the answer that was running was stopped and dropped)."}
 
 
 def _stream(studio: Studio, s: Session, engine: Any, ids: list[int], cfg: DecodeConfig, trace: Trace,
@@ -351,7 +376,9 @@ def _final_view(s: Session, trace: Trace, settings: ChatSettings, notes: list[st
     view.update(step_views(trace, best, cost_curve(s, trace)))
     view["chat"] = marked_chat(s.display, trace, best, settings.colour)
     view["replay"] = replay_slider(trace, best + 1)
-    view["meter"] = trace_meter(trace) if not compared else live_meter(trace)
+    stopped = trace.summary is not None and trace.summary.stop_reason in ("stopped", "time limit")
+    view["meter"] = live_meter(trace) if compared else trace_meter(
+        trace, note=STOPPED_HINT if settings.compare and stopped else MEASURE_HINT)
     view["race"] = race_html(trace, wait=RACE_WAIT if compared else NOT_MEASURED if settings.compare else "")
     view["trace_file"] = str(trace.save(s.files() / "trace.json"))
     return view
@@ -380,17 +407,19 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
     if est.identical is False:
         notes.append("⚠ Token Recycling and plain decoding produced different tokens.")
     trace.speed = dataclasses.asdict(est)
-    note = measure_note(est, trace.summary.new_tokens if trace.summary else 0)
+    note = measure_note(est, trace.summary.new_tokens if trace.summary else 0, stopped=stop.is_set())
     view = {"meter": measured_meter(est, note=note), "status": "  \n".join(notes) or "✓ Done.",
             "race": race_html(trace), "trace_file": str(trace.save(s.files() / "trace.json"))}
     yield view
 
 
-def measure_note(est: SpeedEstimate, answer_tokens: int) -> str:
-    """What the measurement did not cover: tokens past the time cap, pairs left out as disturbed."""
+def measure_note(est: SpeedEstimate, answer_tokens: int, stopped: bool = False) -> str:
+    """What the measurement did not cover: tokens past the time cap (or the visitor's Stop), pairs left out as
+    disturbed."""
     parts = []
     if est.covered < answer_tokens:
-        parts.append(f"measured over the first {est.covered} of {answer_tokens} tokens (time cap)")
+        why = "stopped" if stopped else "time cap"
+        parts.append(f"measured over the first {est.covered} of {answer_tokens} tokens ({why})")
     if est.left_out:
         parts.append(f"{est.left_out} chunk pair(s) disturbed by a load change left out")
     return "; ".join(parts)
@@ -400,12 +429,15 @@ def measure_note(est: SpeedEstimate, answer_tokens: int) -> str:
 
 
 def stop_answer(s: Session) -> dict:
-    """Ask the running answer (or measurement) to stop after its current step; the answer so far is kept."""
+    """Ask the running answer (or measurement) to stop after its current step; the answer so far is kept.
+
+    While something runs, the status is left to it: it says "■ Stopped" within a step, and a reply from here
+    could arrive after that and claim it is still stopping."""
     stop = s.answer_stop
     if stop is None:
         return {"status": "Nothing is running."}
     stop.set()
-    return {"status": "■ Stopping after the current step…"}
+    return {}
 
 
 def new_chat(s: Session) -> dict:
@@ -415,10 +447,9 @@ def new_chat(s: Session) -> dict:
         running = s.answer_stop
         if running is not None:
             running.set()
-        s.history, s.display = [], []
+        s.history, s.display, s.trace = [], [], None
     note = " The answer that was running was stopped." if running is not None else ""
-    return {"chat": [], "race": race_html(None),
-            "status": f"New conversation (the matrix keeps what it learned).{note}"}
+    return {**blank_views(), "chat": [], "status": f"New conversation (the matrix keeps what it learned).{note}"}
 
 
 def replay(s: Session, step: Any, colour: bool) -> dict:
@@ -542,11 +573,13 @@ def load_matrix(studio: Studio, s: Session, path: str | None, k: Any) -> dict:
         return {"status": f"✗ {BUSY}"}
     notes: list[str] = []
     try:
-        ensure_engine(studio, s, clamp("k", k, notes, int), notes)
-        s.engine.matrix.load(path)
-    except ValueError as exc:  # the matrix is left untouched on a bad file
-        text = str(exc).replace(str(path), "the file")
-        return {"status": f"✗ Could not load the matrix: {text}", "matrix": matrix_info(s.engine, s.k)}
-    except Exception as exc:  # noqa: BLE001
+        engine = engine_for(studio, s, clamp("k", k, notes, int))
+    except Exception as exc:  # noqa: BLE001 - the model could not be loaded
         return {"status": _error_text(studio, exc), "matrix": matrix_info(s.engine, s.k)}
-    return {"status": "Matrix loaded.", "matrix": matrix_info(s.engine, s.k)}
+    try:  # into the engine for this k; the session's engine and matrix change only once the file is good
+        engine.matrix.load(path)
+    except Exception as exc:  # noqa: BLE001 - ValueError says what is wrong with the file; anything else is unreadable
+        text = str(exc).replace(str(path), "the file") if isinstance(exc, ValueError) else "the file cannot be read"
+        return {"status": f"✗ Could not load the matrix: {text}", "matrix": matrix_info(s.engine, s.k)}
+    adopt_engine(s, engine, notes, f"Candidates per row changed to k = {engine.matrix.k}.")
+    return {"status": "  \n".join(notes + ["Matrix loaded."]), "matrix": matrix_info(s.engine, s.k)}

@@ -15,13 +15,12 @@ from typing import Any
 
 import gradio as gr
 
-from tr_core.figures import (MatrixTracker, MeterView, accepted_chart_explained, heatmap_figure, meter_html, safe_markdown,
-                             tree_figure)
+from tr_core.figures import safe_markdown
 
 from . import handlers as h
 from .models import label
 from .session import Session, new_session
-from .views import KEYS, cost_html, matrix_info, race_html, story_html
+from .views import KEYS, blank_views, matrix_info
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 CSS = (ASSETS / "studio.css").read_text(encoding="utf-8")
@@ -133,7 +132,7 @@ def _update(ui: dict[str, Any], view: dict[str, Any]) -> dict:
         elif key == "replay":
             value = gr.Slider(interactive=True, **value)
         elif key in ("trace_file", "matrix_file"):
-            value = gr.DownloadButton(value=value, interactive=True)
+            value = gr.DownloadButton(value=value, interactive=value is not None)
         elif key == "replay_html":
             value = gr.DownloadButton(value=value, interactive=value is not None)
         out[comp] = value
@@ -160,11 +159,12 @@ def _chat_panel(ui: dict) -> None:
 
 
 def _step_panel(ui: dict) -> None:
+    blank = blank_views()
     with gr.Column(scale=6):
-        ui["heat"] = gr.Plot(heatmap_figure(MatrixTracker(), None, str), show_label=False, elem_id="tr-heat")
+        ui["heat"] = gr.Plot(blank["heat"], show_label=False, elem_id="tr-heat")
         ui["matrix"] = gr.Markdown(matrix_info(None, 8), elem_id="tr-matrix-info")
     with gr.Column(scale=5):
-        ui["chart"] = gr.Plot(accepted_chart_explained([]), show_label=False, elem_id="tr-chart")
+        ui["chart"] = gr.Plot(blank["chart"], show_label=False, elem_id="tr-chart")
         with gr.Group():
             ui["replay"] = gr.Slider(1, 2, value=1, step=1, label="Replay step", interactive=True, elem_id="tr-replay")
             with gr.Row():
@@ -187,11 +187,12 @@ def _step_panel(ui: dict) -> None:
 
 def _shown_step_panel(ui: dict) -> None:
     """The meter, then the shown step: its tree, story and cost; the race opens below (or over the page when presenting)."""
-    ui["meter"] = gr.HTML(meter_html(MeterView(note="Send a message to measure.")), elem_id="tr-meter-box")
-    ui["tree"] = gr.Plot(tree_figure(None, str), show_label=False, elem_id="tr-tree")
-    ui["story"] = gr.HTML(story_html(), elem_id="tr-story")
-    ui["cost"] = gr.HTML(cost_html(None, None), elem_id="tr-cost")
-    ui["race"] = gr.HTML(race_html(None), elem_id="tr-race-box")
+    blank = blank_views()
+    ui["meter"] = gr.HTML(blank["meter"], elem_id="tr-meter-box")
+    ui["tree"] = gr.Plot(blank["tree"], show_label=False, elem_id="tr-tree")
+    ui["story"] = gr.HTML(blank["story"], elem_id="tr-story")
+    ui["cost"] = gr.HTML(blank["cost"], elem_id="tr-cost")
+    ui["race"] = gr.HTML(blank["race"], elem_id="tr-race-box")
 
 
 def _settings_panel(ui: dict, studio: h.Studio) -> None:
@@ -272,12 +273,14 @@ def _chat_fn(studio: h.Studio, registry: Registry, ui: dict):
                                                  delay=delay, colour=colour, repetition_penalty=repetition_penalty),
                                    notes)
         yield {ui["state"]: s}
+        conversation = s.conversation
         shown: dict[str, Any] = {}
         for view in h.respond(studio, s, message, settings, notes):
             shown.update(view)
             yield _update(ui, view)
-        if shown:  # the last update carries every output, so an API caller's result is complete
-            yield _update(ui, shown)
+        shown.pop("msg", None)  # the box holds what the visitor typed meanwhile
+        if shown and s.conversation == conversation:  # the last update carries every output, so an API caller's
+            yield _update(ui, shown)                   # result is complete (not after New chat: it is all gone)
     return chat
 
 
@@ -363,6 +366,9 @@ def _wire(demo: gr.Blocks, studio: h.Studio, registry: Registry, ui: dict) -> No
     state = ui["state"]
     ui["stop"].click(_simple(registry, ui, h.stop_answer), inputs=state, outputs=outs, queue=False, api_name="stop")
     ui["clear"].click(_simple(registry, ui, h.new_chat), inputs=state, outputs=outs, queue=False, api_name="new_chat")
+    # the chat's own trash button: the same new conversation, so that what it clears from view is forgotten too
+    ui["chat"].clear(_simple(registry, ui, h.new_chat), inputs=state, outputs=outs, queue=False,
+                     api_visibility="private")
     replay = _simple(registry, ui, h.replay)
     replay_inputs = [state, ui["replay"], ui["colour"]]
     ui["replay"].release(replay, inputs=replay_inputs, outputs=outs, api_name="replay")

@@ -183,6 +183,16 @@ def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "") -> str
 
 
 MEASURE_HINT = "turn on “Measure the speedup” in the decoding settings to measure it"
+STOPPED_HINT = "the answer was stopped before its end, so the speedup was not measured"
+SEND_TO_MEASURE = "Send a message to measure."
+
+
+def blank_views() -> dict[str, Any]:
+    """What the answer's panels show before any answer, and again after New chat."""
+    return {"meter": meter_html(MeterView(note=SEND_TO_MEASURE)), "tree": tree_figure(None, str),
+            "heat": heatmap_figure(MatrixTracker(), None, str), "chart": accepted_chart_explained([]),
+            "story": story_html(), "cost": cost_html(None, None), "race": race_html(None),
+            "replay": {"minimum": 1, "maximum": 2, "value": 1, "label": "Replay step"}, "trace_file": None}
 
 
 def trace_meter(trace: Trace, note: str = MEASURE_HINT, loaded: bool = False) -> str:

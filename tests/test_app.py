@@ -191,6 +191,48 @@ def test_new_chat_during_an_answer_stops_it_and_nothing_comes_back():
     assert len(final["chat"]) == 2 and len(session.history) == 2
 
 
+def test_new_chat_during_the_measurement_drops_the_answer_and_blanks_every_panel():
+    studio = studio_for(measure_chunk_ms=50.0)
+    engine = FakeEngine(steps=60, step_s=0.01)
+    session = Session(engine=engine, k=8)
+    run(studio, session, "first question", compare=False)
+    views: list[dict] = []
+    worker = threading.Thread(target=lambda: run(studio, session, "measure me", into=views, compare=True))
+    worker.start()
+    deadline = time.monotonic() + 20
+    while not any("Measuring the speedup…" in v.get("status", "") for v in views) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    cleared = h.new_chat(session)
+    worker.join(timeout=10)
+    assert not worker.is_alive() and not session.answering and engine.running == 0
+    blank = views[-1]  # the last view says the answer is gone; nothing brings it back
+    assert blank["chat"] == [] and "dropped" in blank["status"] and "Done" not in blank["status"]
+    for view in (blank, cleared):
+        assert "Send a message to measure" in view["meter"] and view["trace_file"] is None
+        assert view["replay"]["value"] == 1 and "no answer to race yet" in view["race"]
+    assert session.history == [] and session.display == [] and session.trace is None
+    assert "Nothing to replay" in h.replay(session, 3, True)["status"]  # the slider cannot redraw the old answer
+
+
+def test_stop_leaves_the_status_to_the_answer_and_the_meter_says_why_nothing_was_measured():
+    studio = studio_for()
+    engine = FakeEngine(steps=500, step_s=0.01)
+    session = Session(engine=engine, k=8)
+    assert h.stop_answer(session) == {"status": "Nothing is running."}
+    views: list[dict] = []
+    worker = threading.Thread(target=lambda: run(studio, session, "go on", into=views, compare=True))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not any("tree" in v for v in views) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # a status from Stop's own reply could arrive after the answer's final "Stopped" and overwrite it
+    assert h.stop_answer(session) == {}
+    worker.join(timeout=10)
+    final = merged(views)
+    assert "■ Stopped: the answer so far is kept." in final["status"]
+    assert "stopped before its end" in final["meter"] and "turn on" not in final["meter"]
+
+
 def test_stop_and_time_limit_keep_the_answer_so_far():
     studio = studio_for(time_limit_s=0.3)
     engine = FakeEngine(steps=500, step_s=0.01)
@@ -305,7 +347,7 @@ def test_hybrid_steps_keep_their_sources_live_in_the_trace_and_in_replays(tmp_pa
     def shows_sources(fig) -> bool:
         names = {t.get("name") for t in fig.traces}
         hover = " ".join(h for t in fig.traces for h in t.get("hovertext", []))
-        return ({"■ copied from the context", "◆ both agree"} <= names and "copied from the prompt &lt;b&gt;" in hover
+        return ({"copied from the context", "both agree"} <= names and "copied from the prompt &lt;b&gt;" in hover
                 and "<b>," not in hover and "and the matrix (candidate #0)" in hover)
 
     assert all(shows_sources(fig) for fig in live)  # live steps
@@ -379,10 +421,11 @@ def test_the_race_panel_carries_the_timeline_of_a_measured_answer_only():
     unmeasured = merged(run(studio, session, "again", compare=False))["race"]
     assert "data-timeline" not in unmeasured
     assert "No race for this answer: this answer was not measured against plain decoding" in unmeasured
-    assert "no answer to race yet" in h.new_chat(session)["race"]
-    session.trace.speed = speed_of_last  # text from a model or a shared trace is escaped, in the data and the caption
-    session.trace.step_texts[0] = "<script>alert(1)</script>"
-    shown = race_html(session.trace)
+    trace = session.trace
+    assert "no answer to race yet" in h.new_chat(session)["race"] and session.trace is None
+    trace.speed = speed_of_last  # text from a model or a shared trace is escaped, in the data and the caption
+    trace.step_texts[0] = "<script>alert(1)</script>"
+    shown = race_html(trace)
     assert "<script>" not in shown and race_data(shown)["text"].startswith("<script>alert(1)</script>")
 
 
@@ -440,6 +483,9 @@ def test_presentation_view_is_a_class_on_the_page_root_from_the_toggle_or_the_ur
     assert {PRESENT_JS, PRESENT_FROM_URL_JS, RACE_JS} <= scripts  # browser-side: no server time, no endpoint
     assert "get('view') === 'present'" in PRESENT_FROM_URL_JS and "classList.toggle('tr-present', on)" in PRESENT_JS
     assert not any(d.get("api_name") in ("race", "present") for d in config["dependencies"])
+    # the chat's own trash button starts a new conversation, as New chat does (it would only clear the view)
+    chat_id = next(c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == "tr-chat")
+    assert any([chat_id, "clear"] in [list(t) for t in d["targets"]] for d in config["dependencies"])
 
 
 def test_trim_to_context_drops_oldest_turns_first():
@@ -614,6 +660,8 @@ def test_trace_round_trip_and_matrix_save_reset_load(client, tmp_path):
     junk.write_bytes(b"not a matrix")
     out = client.predict(gradio_client.handle_file(str(junk)), 8, api_name="/load_matrix")
     assert "Could not load the matrix" in out[2] and f"{filled:,} / " in out[7] and str(tmp_path) not in out[2]
+    out = client.predict(gradio_client.handle_file(str(junk)), 4, api_name="/load_matrix")  # with another k too
+    assert "Could not load the matrix" in out[2] and f"{filled:,} / " in out[7] and "k = 8" in out[7]
     other = gradio_client.Client(client.src, verbose=False)  # another tab: its own conversation and matrix
     assert "No matrix yet" in other.predict(api_name="/save_matrix")[2]
 
@@ -623,7 +671,7 @@ def test_stop_keeps_the_answer_so_far_and_adaptive_trees_draw(client):
     deadline = time.monotonic() + 240
     while len(job.outputs()) < 4 and not job.done() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert client.predict(api_name="/stop")[2].startswith("■ Stopping")
+    client.predict(api_name="/stop")
     final = job.result(timeout=120)
     assert "Stopped" in final[2]
     trace = Trace.load(file_of(final[9]))

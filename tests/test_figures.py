@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -12,6 +13,7 @@ from tr_core.figures import (ACCEPTED_COLOUR, BONUS_COLOUR, BONUS_NODE, REJECTED
                              accepted_chart, boxes_overlap, coloured_markdown, display_token, heatmap_figure,
                              label_boxes, meter_html, symbol_note, tree_figure, tree_frame, tree_layout,
                              tree_legend_names, unique_labels)
+from tr_core.figures import _path_segments, segment_crosses
 from tr_core.trace import TextAssembler, Trace, TraceError, boundaries_from_texts
 
 VOCAB = {0: "<root>", 1: " the", 2: " cat", 3: " sat", 4: " dog", 5: "the", 6: "\n", 7: " on", 8: " mat", 9: "!"}
@@ -121,12 +123,12 @@ def test_tree_figure_shows_where_each_draft_token_came_from():
     assert nodes["accepted draft tokens"]["customdata"] == [1, 3]
     assert nodes["rejected draft tokens"]["marker"]["color"] == REJECTED_COLOUR
     names = legend_names(fig)
-    for name in ("● from the matrix", "■ copied from the context", "◆ both agree", "accepted draft tokens",
+    for name in ("from the matrix", "copied from the context", "both agree", "accepted draft tokens",
                  "rejected draft tokens", "root (last committed token)", "bonus token (from the verify forward)"):
         assert names.count(name) == 1, name
     keys = {t["name"]: t["marker"]["symbol"] for t in fig.traces if t.get("mode") == "markers"}
-    assert keys["● from the matrix"] == "circle" and keys["■ copied from the context"] == "square"
-    assert keys["◆ both agree"] == "diamond" and keys["accepted draft tokens"] == "circle"  # colour keys are circles
+    assert keys["from the matrix"] == "circle" and keys["copied from the context"] == "square"
+    assert keys["both agree"] == "diamond" and keys["accepted draft tokens"] == "circle"  # colour keys are circles
     assert "from the matrix: candidate #1 after &#x27;&lt;root&gt;&#x27;" in hovers[2]  # parent text, escaped
     assert "from the matrix: candidate #1 after &#x27; the&#x27;" in hovers[4]
     assert "copied from the prompt, tokens 3-4 (after a 2-token match)" in hovers[3] and "rank" not in hovers[3]
@@ -208,6 +210,8 @@ def test_paper_tree_labels_never_overlap_and_the_accepted_path_is_labelled(turns
             assert not boxes_overlap(a, b), (a, b)
     frame = tree_frame(ev, width)
     assert all(frame.inside(b) for b in boxes)
+    path = _path_segments(ev, tree_layout(tuple(ev.parents), tuple(ev.ranks)), frame)
+    assert not any(segment_crosses(b, seg) for b in boxes for seg in path)  # no label struck out by the green path
     labelled = {b.node for b in boxes}
     must = set(ev.accepted) | ({BONUS_NODE} if bonus is not None else set())
     assert must <= labelled
@@ -375,6 +379,10 @@ def test_untrusted_text_cannot_carry_html_or_images():
     coloured = coloured_markdown('<img src=x onerror=alert(1)>![a](http://x/c.png)', [5, 40])
     assert "<img" not in coloured and "![" not in coloured and "tr-run-a" in coloured
     assert "&lt;" in display_token("<b>") and "<" not in display_token("<b>")
+    # addresses a markdown renderer links by itself show as the same text, but match no link (code stays as it is)
+    linked = safe_markdown("www.example.com <http://x.org/a> a@b.org WWW.Y.ORG `http://code`")
+    assert not re.search(r"(?i)www\.|://|@", linked.replace("`http://code`", ""))
+    assert html.unescape(linked) == "www.example.com <http://x.org/a> a@b.org WWW.Y.ORG `http://code`"
 
 
 def test_coloured_markdown_keeps_code_and_block_markers_plain():

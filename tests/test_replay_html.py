@@ -147,7 +147,7 @@ def test_cli_generate_writes_the_replay(tmp_path):
     assert data["steps"] and "Step 1 drafted" in data["steps"][0]["story"]
     assert "Tell me &lt;b&gt;a&lt;/b&gt; story." in page
     assert main(["generate", "--prompt", "hi", "--model", str(folder), "--device", "cpu", "--max-new-tokens", "2",
-                 "--replay-html", str(tmp_path / "no" / "such" / "dir.html")]) == 1
+                 "--replay-html", str(tmp_path / "no" / "such" / "dir.html")]) == 2  # refused before any work
 
 
 # --------------------------------------------------------------------------------------------- browser

@@ -1,6 +1,8 @@
 """The pure parts on hand-built trees and matrices: templates, buffers, BFS draft, mask, verification, update, cache."""
 from __future__ import annotations
 
+import zipfile
+
 import pytest
 import torch
 
@@ -189,9 +191,24 @@ def test_matrix_save_load_roundtrip_and_bad_files(tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"not a matrix")
     wrong = AdjacencyMatrix(vocab_size=7, k=2)
     wrong.save(tmp_path / "wrong.pt")
-    for bad in (tmp_path / "junk.pt", tmp_path / "wrong.pt", tmp_path / "missing.pt"):
-        with pytest.raises(ValueError):
-            other.load(bad)
+    fields = {"format": "token-recycling-adjacency-matrix/1", "vocab_size": 6, "k": 2, "table": m.table,
+              "probs": m.probs, "filled": m.filled}
+    for name, change in (("complex", {"table": m.table.to(torch.complex64)}), ("floatprobs", {"probs": m.probs - 3.7}),
+                         ("intfilled", {"filled": m.filled.long()})):
+        torch.save({**fields, **change}, tmp_path / f"{name}.pt")
+    # a zip bomb: a valid torch file of 4 MB of zeros, stored compressed, where a 6 x 2 matrix needs bytes
+    torch.save({**fields, "pad": torch.zeros(1 << 20)}, tmp_path / "big.pt")
+    with zipfile.ZipFile(tmp_path / "big.pt") as src, \
+            zipfile.ZipFile(tmp_path / "bomb.pt", "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info))
+    assert (tmp_path / "bomb.pt").stat().st_size < 100_000
+    reasons = {"junk": "not a file written by torch.save", "wrong": "vocabulary 7", "missing": "not found",
+               "complex": "wrong types", "floatprobs": "wrong types", "intfilled": "wrong types", "bomb": "unpacks to"}
+    for name, reason in reasons.items():
+        with pytest.raises(ValueError, match=reason) as raised:
+            other.load(tmp_path / f"{name}.pt")
+        assert len(str(raised.value)) < 200 + len(str(tmp_path))  # one short line, not torch's page of advice
         assert torch.equal(other.table, m.table) and other.rows_filled == 1
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
@@ -85,7 +86,8 @@ def tree_layout(parents: tuple[int, ...], ranks: tuple[int, ...] | None = None) 
 
 # Where a draft token came from (StepEvent.sources), shown as the marker's symbol; colour keeps accepted/rejected.
 SOURCE_SYMBOLS = {"root": "circle", "matrix": "circle", "context": "square", "both": "diamond"}
-SOURCE_NAMES = {"matrix": "● from the matrix", "context": "■ copied from the context", "both": "◆ both agree"}
+SOURCE_NAMES = {"matrix": "from the matrix", "context": "copied from the context", "both": "both agree"}  # the
+# legend draws each with its marker symbol (SOURCE_SYMBOLS) in front
 NODE_GROUPS = {  # the tree's node traces, drawn in this order (accepted on top); size: marker px, font: label px
     "rejected": dict(color=REJECTED_COLOUR, size=11, font=10, text=REJECTED_TEXT, name="rejected draft tokens"),
     "root": dict(color=ROOT_COLOUR, size=24, font=15, text=ROOT_COLOUR, name="root (last committed token)"),
@@ -95,7 +97,7 @@ NODE_GROUPS = {  # the tree's node traces, drawn in this order (accepted on top)
 LABEL_LEN = {"rejected": 6, "root": 8, "accepted": 8, "bonus": 10}  # characters shown before the cut '…'
 LABEL_POSITIONS = {  # where a node's label may go around its marker (plotly textposition), preferred first
     "rejected": ("bottom center",),
-    "root": ("middle left", "middle right"),
+    "root": ("middle left", "middle right", "top center"),
     "accepted": ("middle left", "middle right", "top center", "bottom center"),
     "bonus": ("middle right", "middle left", "bottom center"),
 }
@@ -249,6 +251,23 @@ def boxes_overlap(a: tuple[float, ...], b: tuple[float, ...], gap: float = 0.0) 
     return a[0] < b[2] + gap and b[0] < a[2] + gap and a[1] < b[3] + gap and b[1] < a[3] + gap
 
 
+def _path_segments(ev: StepEvent, layout: TreeLayout, frame: PlotFrame) -> list[tuple[float, ...]]:
+    """The px segments (x0, y0, x1, y1) of the accepted path's edges, drawn thick over everything near them."""
+    return [(*frame.px(layout.x[ev.parents[i]], layout.y[ev.parents[i]]), *frame.px(layout.x[i], layout.y[i]))
+            for i in ev.accepted if i != 0]
+
+
+def segment_crosses(box: tuple[float, ...], seg: tuple[float, ...], samples: int = 32) -> bool:
+    """Whether a line segment passes through a box (checked at `samples` + 1 evenly spaced points)."""
+    x0, y0, x1, y1 = seg
+    for j in range(samples + 1):
+        t = j / samples
+        x, y = x0 + (x1 - x0) * t, y0 + (y1 - y0) * t
+        if box[0] <= x <= box[2] and box[1] <= y <= box[3]:
+            return True
+    return False
+
+
 def _symbol_note_box(frame: PlotFrame, note: str) -> tuple[float, ...]:
     """The px box of the symbol legend, in the plot area's top-right corner (kept free of labels)."""
     right, top = frame.width - frame.margin[1], frame.margin[2]
@@ -266,6 +285,7 @@ def _place_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText, fram
     are always labelled (at their least crowded position); a rejected draft without room keeps its text on hover."""
     wishes = _label_wishes(ev, layout, token_text)
     markers = _marker_boxes(ev, layout, frame)
+    path = _path_segments(ev, layout, frame)
     must = {*ev.accepted, BONUS_NODE}  # markers always labelled: covering them costs more than a rejected one
     note = symbol_note([w[4] for w in wishes])
     taken = [_symbol_note_box(frame, note)] if note else []  # reserved: the legend of ␣ and ↵ goes there
@@ -276,7 +296,8 @@ def _place_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText, fram
             box = _label_box(frame, x, y, text, group, position)
             hits = [n in must for m, n in markers if n != node and boxes_overlap(box, m, LABEL_GAP_PX)]
             crowded = sum(boxes_overlap(box, b, LABEL_GAP_PX) for b in taken)
-            cost = (crowded, not frame.inside(box), sum(hits), len(hits))
+            crossed = sum(segment_crosses(box, seg) for seg in path)  # the thick green line would strike it out
+            cost = (crowded, not frame.inside(box), crossed, sum(hits), len(hits))
             options.append((cost, position, box))
         cost, position, box = min(options, key=lambda o: o[0])  # ties: the preferred position
         if group == "rejected" and any(cost):
@@ -775,9 +796,16 @@ def safe_markdown(text: str) -> str:
     return coloured_markdown(text, [len(text)], colour=False)
 
 
+_AUTOLINK = re.compile(r"(?i)(://|www\.|@)")  # what a markdown renderer turns into a link of its own accord
+_AUTOLINK_INERT = {"://": "&#58;//", "@": "&#64;"}
+
+
 def _inert(text: str) -> str:
-    """Escape HTML and disarm markdown images/links (`![..](..)`, `[..](..)`) in text outside code."""
-    return html.escape(text, quote=False).replace("[", "&#91;")
+    """Escape HTML and disarm markdown images/links (`![..](..)`, `[..](..)`) in text outside code, and the
+    addresses a renderer would link by itself (`http://..`, `www...`, `a@b.c`): written as character references,
+    they show the same text but no longer match a link."""
+    text = html.escape(text, quote=False).replace("[", "&#91;")
+    return _AUTOLINK.sub(lambda m: _AUTOLINK_INERT.get(m.group(1), m.group(1)[:3] + "&#46;"), text)
 
 
 def coloured_markdown(text: str, boundaries: list[int], colour: bool = True) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 
 import torch
@@ -161,31 +162,57 @@ class AdjacencyMatrix:
 
     def load(self, path: str | os.PathLike) -> None:
         """Read a matrix saved by `save`; a bad or mismatched file raises ValueError and changes nothing."""
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"matrix file not found: {path}")
-        try:
-            data = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise ValueError(f"{path} is not a saved adjacency matrix: {type(exc).__name__}: {exc}") from exc
-        if not isinstance(data, dict) or data.get("format") != _FORMAT:
-            raise ValueError(f"{path} is not a saved adjacency matrix (format {_FORMAT!r} expected)")
-        if data.get("vocab_size") != self.vocab_size or data.get("k") != self.k:
-            raise ValueError(
-                f"{path} holds a matrix for vocabulary {data.get('vocab_size')} with k = {data.get('k')}, "
-                f"but this model needs vocabulary {self.vocab_size} with k = {self.k}"
-            )
-        table, probs, filled = data.get("table"), data.get("probs"), data.get("filled")
-        shapes_ok = (
-            isinstance(table, torch.Tensor) and table.shape == (self.vocab_size, self.k)
-            and isinstance(probs, torch.Tensor) and probs.shape == (self.vocab_size, self.k)
-            and isinstance(filled, torch.Tensor) and filled.shape == (self.vocab_size,)
-        )
-        if not shapes_ok:
-            raise ValueError(f"{path}: tensors have the wrong shapes")
-        if table.numel() and (int(table.min()) < 0 or int(table.max()) >= self.vocab_size):
-            raise ValueError(f"{path}: candidate ids outside the vocabulary")
+        table, probs, filled = read_saved(path, self.vocab_size, self.k)
         self.table.copy_(table.to(self.device, torch.int32))
         self.probs.copy_(probs.to(self.device, self.probs.dtype))
         self.filled.copy_(filled.to(self.device, torch.bool))
         self.stamps.fill_(-1)  # the file's rows were written on another clock
+
+
+def _unpacked_limit(vocab_size: int, k: int) -> int:
+    """The most bytes a saved [vocab_size, k] matrix can unpack to (int64 ids at most), plus 1 MiB of records."""
+    return vocab_size * k * (8 + 1) + vocab_size + (1 << 20)
+
+
+def _check_archive(path: Path, vocab_size: int, k: int) -> None:
+    """Refuse a file that is not torch's zip format, or that would unpack past what a matrix needs (a zip bomb),
+    before torch reads a byte of it."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            unpacked = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise ValueError(f"{path} is not a saved adjacency matrix (not a file written by torch.save)") from exc
+    if unpacked > _unpacked_limit(vocab_size, k):
+        raise ValueError(f"{path} unpacks to {unpacked:,} bytes, more than a matrix of this model can hold")
+
+
+def read_saved(path: str | os.PathLike, vocab_size: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(table, probs, filled) of a matrix file written by `AdjacencyMatrix.save`, checked against a model's
+    vocabulary and k; raises ValueError with a short reason for anything else (nothing is unpickled but tensors)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"matrix file not found: {path}")
+    _check_archive(path, vocab_size, k)
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"{path} is not a saved adjacency matrix ({type(exc).__name__})") from exc
+    if not isinstance(data, dict) or data.get("format") != _FORMAT:
+        raise ValueError(f"{path} is not a saved adjacency matrix (format {_FORMAT!r} expected)")
+    if data.get("vocab_size") != vocab_size or data.get("k") != k:
+        raise ValueError(
+            f"{path} holds a matrix for vocabulary {data.get('vocab_size')} with k = {data.get('k')}, "
+            f"but this model needs vocabulary {vocab_size} with k = {k}"
+        )
+    table, probs, filled = data.get("table"), data.get("probs"), data.get("filled")
+    if not all(isinstance(t, torch.Tensor) for t in (table, probs, filled)):
+        raise ValueError(f"{path}: the table, probs and filled tensors are missing")
+    if table.shape != (vocab_size, k) or probs.shape != (vocab_size, k) or filled.shape != (vocab_size,):
+        raise ValueError(f"{path}: tensors have the wrong shapes")
+    integer = table.dtype in (torch.int32, torch.int64, torch.int16)
+    if not integer or probs.dtype != torch.uint8 or filled.dtype != torch.bool:
+        raise ValueError(f"{path}: tensors have the wrong types (integer ids, uint8 probabilities, bool rows expected)")
+    if table.numel() and (int(table.min()) < 0 or int(table.max()) >= vocab_size):
+        raise ValueError(f"{path}: candidate ids outside the vocabulary")
+    return table, probs, filled
+
