@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from tr_core.config import DecodeConfig
+from tr_core.config import DecodeConfig, DecodeConfigError
 from tr_core.events import StepEvent, SummaryEvent
 from tr_core.figures import MatrixTracker, accepted_chart_explained, heatmap_figure, tree_figure
 from tr_core.speed import SpeedEstimate, forked, interleave
@@ -233,7 +233,7 @@ def _prepare(studio: Studio, s: Session, text: str, settings: ChatSettings, note
 
 def _error_text(studio: Studio, exc: BaseException) -> str:
     """A failure as the visitor sees it: public instances never echo server details."""
-    if isinstance(exc, (InputError, ModelRefused)):
+    if isinstance(exc, (InputError, ModelRefused, DecodeConfigError)):  # about the visitor's input, nothing else
         return f"✗ {exc}"
     if studio.config.public:
         return "✗ The model could not be used right now; please try again later."

@@ -161,7 +161,9 @@ def test_bad_input_exits_before_loading_a_model(tmp_path, capsys, monkeypatch):
                            (["--template", "zzz"], "unknown template 'zzz'"),
                            (["--max-new-tokens", "0"], "--max-new-tokens"),
                            (["--repeats", "0"], "--repeats must be >= 1"),
-                           (["--json", str(tmp_path / "no" / "x.json")], "does not exist")]:
+                           (["--json", str(tmp_path / "no" / "x.json")], "does not exist"),
+                           (["--topk-candidates", "4"], "--template 2.2.2 drafts candidates up to rank 7, so it needs "
+                                                        "--topk-candidates >= 8, got 4")]:
         args = _parser().parse_args(["bench", "--questions", str(good), *extra])
         assert args.func(args) == 2
         assert message in capsys.readouterr().err
@@ -362,6 +364,28 @@ def test_json_contract_on_tiny_model(tmp_path):
     assert data["methods"]["recycling[adaptive-fixed]"]["mean_tree_nodes"] > 40
     assert len(data["records"]) == 4 * 6
     assert out_html.stat().st_size > 1_000_000
+
+
+def test_a_prompt_past_the_context_is_skipped_by_bench_and_refused_by_generate(tmp_path, capsys):
+    from tr_core.cli import main
+
+    folder = _tiny_model_folder(tmp_path / "tiny")  # context: 4096 tokens, one per character
+    long_turn = "word " * 900
+    qfile = _write(tmp_path, "q.jsonl", [
+        json.dumps({"question_id": 1, "category": "qa", "turns": [long_turn]}),
+        '{"question_id": 2, "category": "qa", "turns": ["What is the capital of France?"]}'])
+    out = tmp_path / "r.json"
+    assert main(["bench", "--questions", str(qfile), "--model", str(folder), "--device", "cpu", "--max-new-tokens",
+                 "8", "--methods", "vanilla,recycling,pld", "--template", "2.2.2", "--no-progress",
+                 "--json", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "bench: q/1 turn 1 skipped (and any later turns): its prompt has" in err
+    assert "more than the model's context of 4096 tokens" in err and "Traceback" not in err
+    data = json.loads(out.read_text())  # the other question's results are all there
+    assert {r["question"] for r in data["records"]} == {"q/2"} and len(data["records"]) == 3
+    assert main(["generate", "--raw", "--prompt", long_turn, "--model", str(folder), "--device", "cpu",
+                 "--max-new-tokens", "4"]) == 2
+    assert "the prompt has 4500 tokens; this model's context holds 4096" in capsys.readouterr().err
 
 
 def test_repeats_keep_the_fastest_of_identical_decodings(tmp_path, monkeypatch):

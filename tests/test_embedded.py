@@ -79,7 +79,7 @@ def test_cli_answers_a_chat_prompt_as_json():
 @pytest.mark.parametrize("args, message", [
     (["generate", "--prompt", "hi", "--template", "nope"], "unknown template"),
     (["generate", "--prompt", "hi", "--max-new-tokens", "0"], "must be >= 1"),
-    (["generate", "--prompt", "hi", "--top-p", "1.5"], "top_p"),
+    (["generate", "--prompt", "hi", "--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
     (["generate", "--prompt", "   "], "empty"),
     (["generate", "--prompt", "hi", "--model", "/no/such/model.gguf"], "not found"),
     (["generate", "--prompt", "hi", "--model", "/no/such/folder"], "no such folder or .gguf file"),
@@ -88,6 +88,8 @@ def test_cli_answers_a_chat_prompt_as_json():
     (["generate", "--prompt", "hi", "--save-matrix", "/no/such/folder/m.pt"], "--save-matrix: folder /no/such/folder does not exist"),
     (["generate", "--prompt", "hi", "--replay-html", "tests"], "--replay-html: tests is a folder"),
     (["profile", "--json", "/no/such/folder/p.json"], "--json: folder /no/such/folder does not exist"),
+    (["generate", "--prompt", "hi", "--template", "small-16", "--topk-candidates", "3"], "--topk-candidates >= 4, got 3"),
+    (["generate", "--prompt", "hi", "--temperature", "1e-9"], "--temperature must be 0 (greedy) or from 1e-06 up"),
 ])
 def test_cli_bad_arguments_fail_clearly(args, message):
     result = cli(*args)

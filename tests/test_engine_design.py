@@ -37,6 +37,18 @@ def test_engine_picks_drafters_by_configuration_only():
     assert engine.drafter_for(DecodeConfig(template="2.2.2")) is static  # built once
 
 
+def test_a_prompt_is_one_sequence_of_ids_as_a_list_or_a_tokenizers_tensor():
+    engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
+    as_list = tokens_of(engine, PROMPTS[0], max_new_tokens=6, plain=True)
+    for tensor in (torch.tensor(PROMPTS[0]), torch.tensor([PROMPTS[0]])):  # [L] and [1, L] (return_tensors="pt")
+        assert tokens_of(engine, tensor, max_new_tokens=6, plain=True) == as_list
+    for bad, message in ((torch.tensor([PROMPTS[0], PROMPTS[0]]), r"shape \[L\] or \[1, L\]; got shape \[2, 6\]"),
+                         ([[5, 9], [14]], "one sequence of integer token ids"), ([], "empty"),
+                         ([5, TINY_VOCAB], "outside the vocabulary")):
+        with pytest.raises(ValueError, match=message):
+            engine.check_prompt(bad)
+
+
 def test_sync_packet_round_trips_ints_and_floats_exactly():
     packet = SyncPacket().update({"ids": torch.tensor([0, 49151, 2**40]), "p": torch.tensor([0.123456789, 1e-7]),
                                   "flag": torch.tensor([True, False])})

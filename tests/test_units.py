@@ -1,6 +1,7 @@
 """The pure parts on hand-built trees and matrices: templates, buffers, BFS draft, mask, verification, update, cache."""
 from __future__ import annotations
 
+import re
 import zipfile
 
 import pytest
@@ -179,6 +180,22 @@ def test_matrix_size_and_rows_from_logits():
         m.update(torch.tensor([0]), torch.zeros(1, 100))
 
 
+def test_decode_config_takes_numbers_of_any_type_and_refuses_what_would_fail_later():
+    import numpy as np
+
+    from tr_core.config import DecodeConfigError
+
+    cfg = DecodeConfig(temperature=2, top_p=np.float32(0.5), max_new_tokens=np.int64(7), seed=np.int32(3))
+    assert type(cfg.temperature) is float and cfg.temperature == 2.0 and type(cfg.max_new_tokens) is int
+    assert build_processors(cfg)  # transformers' temperature warper refuses an int: it gets a float
+    for bad, message in ((dict(seed=1.5), "seed must be an integer"), (dict(seed="3"), "seed must be an integer"),
+                         (dict(temperature="hot"), "temperature must be a number"),
+                         (dict(max_new_tokens=True), "max_new_tokens must be an integer"),
+                         (dict(temperature=1e-40), "temperature must be 0 (greedy) or from 1e-06 up")):
+        with pytest.raises(DecodeConfigError, match=re.escape(message)):
+            DecodeConfig(**bad)
+
+
 def test_matrix_save_load_roundtrip_and_bad_files(tmp_path):
     m = AdjacencyMatrix(vocab_size=6, k=2)
     m.update(torch.tensor([1]), torch.tensor([[0.0, 0.0, 3.0, 5.0, 0.0, 0.0]]))
@@ -203,6 +220,11 @@ def test_matrix_save_load_roundtrip_and_bad_files(tmp_path):
         for info in src.infolist():
             dst.writestr(info.filename, src.read(info))
     assert (tmp_path / "bomb.pt").stat().st_size < 100_000
+    (tmp_path / "folder.pt").mkdir()
+    for unwritable in (tmp_path / "folder.pt", tmp_path / "no" / "such.pt"):  # an OSError, and no file left behind
+        with pytest.raises(OSError):
+            m.save(unwritable)
+        assert not unwritable.with_name(unwritable.name + ".tmp").exists()
     reasons = {"junk": "not a file written by torch.save", "wrong": "vocabulary 7", "missing": "not found",
                "complex": "wrong types", "floatprobs": "wrong types", "intfilled": "wrong types", "bomb": "unpacks to"}
     for name, reason in reasons.items():

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .cli import (add_model_options, add_sampling_options, check_template, decode_config,
-                  load_model_or_report, output_problem, report_error, threads_option)
+                  load_model_or_report, output_problem, report_error, template_problem, threads_option)
 from .config import DecodeConfigError
 from .questions import Question, QuestionFileError, load_questions, select_questions, task_sort_key
 
@@ -157,6 +157,9 @@ def validate_args(args: argparse.Namespace) -> tuple[list[Question], list[Method
         if problem := output_problem(getattr(args, opt), f"--{opt}"):
             raise BenchInputError(problem)
     specs = parse_methods(args.methods, args.template)
+    for spec in specs:
+        if problem := template_problem(spec.template or None, args.topk_candidates):
+            raise BenchInputError(problem)
     questions = load_all_questions(args.questions, args.per_task, args.limit)
     return questions, specs
 
@@ -206,6 +209,15 @@ class Runner:
         """Forget everything the adjacency matrices and context indexes learnt (cold start)."""
         for engine in self.engines.values():
             engine.forget()
+
+    def overflow(self, ids: list[int], max_new_tokens: int) -> str:
+        """Why a prompt of `ids` with up to `max_new_tokens` answer tokens does not fit the model's context ('' when
+        it fits): every method must be able to give the whole answer."""
+        limit = self.encoder.context_limit
+        if len(ids) + max_new_tokens <= limit:
+            return ""
+        return (f"its prompt has {len(ids)} tokens and --max-new-tokens is {max_new_tokens}, "
+                f"more than the model's context of {limit} tokens")
 
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
         """The chat prompt as token ids, the same for every method."""
@@ -318,6 +330,9 @@ def run_questions(runner: Runner, questions: list[Question], specs: list[MethodS
             for name in order:
                 histories[name].append({"role": "user", "content": turn})
                 prompts[name] = runner.encode(histories[name])
+            if too_long := max(runner.overflow(ids, args.max_new_tokens) for ids in prompts.values()):
+                print(f"bench: {q.key} turn {ti + 1} skipped (and any later turns): {too_long}", file=sys.stderr)
+                break  # later turns build on this one
             outs = _rounds(runner, order, prompts, getattr(args, "repeats", 1), seed_offset=qi * 16 + ti)
             for name in order:
                 out, ids = outs[name], prompts[name]
@@ -356,6 +371,8 @@ def warm_up(runner: Runner, questions: list[Question], specs: list[MethodSpec], 
     """Run every method on the first `turns` questions' first turn (short answers), then reset the matrices."""
     for q in questions[:turns]:
         ids = runner.encode([{"role": "user", "content": q.turns[0]}])
+        if runner.overflow(ids, 32):
+            continue
         for s in specs:
             runner.answer(s.name, ids, max_new_tokens=min(32, runner.args.max_new_tokens))
     runner.reset_matrices()

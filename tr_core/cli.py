@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .config import DecodeConfig
+from .config import DecodeConfig, DecodeConfigError
 
 THREADS_HELP = "CPU threads for torch (default: torch's choice); 1 is far steadier on a busy small machine"
 
@@ -30,6 +30,18 @@ def check_template(name: str, where: str = "", names: Iterable[str] | None = Non
     if name not in known:
         raise ValueError(f"unknown template {name!r}{where}; choose from {', '.join(known)}")
     return name
+
+
+def template_problem(template: str | None, k: int) -> str | None:
+    """Why a static template cannot be drafted with k candidates per matrix row (it names deeper ranks), or None."""
+    from .tree import TEMPLATES
+
+    if template not in TEMPLATES:
+        return None  # the grown trees take whatever k gives
+    need = 1 + max(max(path) for path in TEMPLATES[template])
+    if k >= need:
+        return None
+    return f"--template {template} drafts candidates up to rank {need - 1}, so it needs --topk-candidates >= {need}, got {k}"
 
 
 def _template(text: str) -> str:
@@ -143,8 +155,10 @@ def _generate(args: argparse.Namespace) -> int:
             return report_error(problem, 2)
     try:
         cfg = decode_config(args, template=args.template or "2.2.2", plain=args.plain)
-    except ValueError as exc:
-        return report_error(exc, 2)
+    except DecodeConfigError as exc:
+        return report_error(exc.as_option(), 2)
+    if not args.plain and (problem := template_problem(args.template, args.topk_candidates)):
+        return report_error(problem, 2)
     loaded = load_model_or_report(args)
     if loaded is None:
         return 1
@@ -152,12 +166,18 @@ def _generate(args: argparse.Namespace) -> int:
     engine = Engine(model, tokenizer, topk_candidates=args.topk_candidates, tune_kernels=args.linear == "auto")
     if args.template is None:
         cfg = cfg.with_(template=default_template(engine.device))
+        if not args.plain and (problem := template_problem(cfg.template, args.topk_candidates)):
+            return report_error(problem, 2)
     if args.load_matrix:
         try:
             engine.matrix.load(args.load_matrix)
         except ValueError as exc:
             return report_error(exc, 1)
     ids = engine.encode_chat([{"role": "user", "content": args.prompt}]) if not args.raw else tokenizer(args.prompt)["input_ids"]
+    try:
+        engine.check_prompt(ids)
+    except ValueError as exc:
+        return report_error(exc, 2)
     text = TextAssembler(engine.decode)
     steps, summary = [], None
     for ev in engine.generate(ids, cfg):
@@ -175,7 +195,7 @@ def _generate(args: argparse.Namespace) -> int:
     if args.save_matrix:
         try:
             engine.matrix.save(args.save_matrix)
-        except (OSError, RuntimeError) as exc:  # torch.save reports some file errors as RuntimeError
+        except OSError as exc:
             return report_error(f"cannot save the matrix: {exc}", 1)
     if args.replay_html:
         return _write_replay(args, engine, cfg, Trace(steps=steps, summary=summary, step_texts=text.step_texts()))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -16,6 +17,11 @@ class DecodeConfigError(ValueError):
     def as_option(self) -> str:
         """The message with the field written as its command-line option (`--max-new-tokens must be ...`)."""
         return f"--{self.name.replace('_', '-')} {self.rule}, got {self.value}"
+
+
+MIN_TEMPERATURE = 1e-6  # the smallest sampling temperature (0 = greedy)
+_REALS = ("temperature", "top_p", "repetition_penalty")
+_INTEGERS = ("max_new_tokens", "min_new_tokens", "top_k", "seed", "node_budget", "max_depth")
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,16 @@ class DecodeConfig:
     sync_timings: bool = False  # CUDA only: synchronise around each phase so per-phase timings are exact
 
     def __post_init__(self) -> None:
+        for name in _REALS:  # ints and NumPy numbers become floats (transformers' warpers refuse an int temperature)
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise DecodeConfigError(name, "must be a number", value)
+            object.__setattr__(self, name, float(value))
+        for name in _INTEGERS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise DecodeConfigError(name, "must be an integer", value)
+            object.__setattr__(self, name, int(value))
         self.check()
 
     def check(self) -> None:
@@ -49,7 +65,9 @@ class DecodeConfig:
         rules = (
             ("max_new_tokens", "must be >= 1", self.max_new_tokens >= 1),
             ("min_new_tokens", "must be >= 0", self.min_new_tokens >= 0),
-            ("temperature", "must be >= 0", self.temperature >= 0.0),
+            # below 1e-6 the logits divided by it can overflow float32 (then the argmax is not greedy's)
+            ("temperature", f"must be 0 (greedy) or from {MIN_TEMPERATURE:g} up",
+             self.temperature == 0.0 or MIN_TEMPERATURE <= self.temperature < math.inf),
             ("top_p", "must be in (0, 1]", 0.0 < self.top_p <= 1.0),
             ("top_k", "must be >= 0", self.top_k >= 0),
             ("repetition_penalty", "must be a finite number > 0",

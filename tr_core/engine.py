@@ -222,7 +222,7 @@ class Engine:
         token (for transformers' `output_scores`); it costs a copy of those rows.
         """
         cfg = cfg or DecodeConfig()
-        prompt = self._check_prompt(prompt_ids)
+        prompt = self.check_prompt(prompt_ids)
         drafter = self.drafter_for(cfg)
         processors = build_processors(cfg, logits_processor)
         t_start = time.perf_counter()
@@ -240,8 +240,20 @@ class Engine:
                 break
         yield self._summary(state, cfg, drafter, prefill_s, time.perf_counter() - decode_start)
 
-    def _check_prompt(self, prompt_ids: list[int]) -> list[int]:
-        prompt = [int(t) for t in prompt_ids]
+    def check_prompt(self, prompt_ids: list[int] | torch.Tensor) -> list[int]:
+        """The prompt as a list of ids; raises ValueError when it is empty, not one sequence, holds ids outside the
+        vocabulary or does not fit the model's context (a [1, L] tensor, as tokenizers return, is one sequence)."""
+        if isinstance(prompt_ids, torch.Tensor):
+            if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
+                prompt_ids = prompt_ids[0]
+            if prompt_ids.dim() != 1:
+                raise ValueError(f"the prompt must be one sequence of token ids, shape [L] or [1, L]; "
+                                 f"got shape {list(prompt_ids.shape)}")
+            prompt_ids = prompt_ids.tolist()
+        try:
+            prompt = [int(t) for t in prompt_ids]
+        except (TypeError, ValueError) as exc:
+            raise ValueError("the prompt must be one sequence of integer token ids") from exc
         if not prompt:
             raise ValueError("the prompt is empty")
         if any(t < 0 or t >= self.vocab_size for t in prompt):

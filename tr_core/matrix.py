@@ -150,15 +150,20 @@ class AdjacencyMatrix:
         self.stamps.fill_(-1)
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the matrix to a file (torch format, written atomically)."""
+        """Write the matrix to a file (torch format, written atomically); raises OSError when it cannot be written,
+        and then leaves no file behind."""
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
-        torch.save(
-            {"format": _FORMAT, "vocab_size": self.vocab_size, "k": self.k, "table": self.table.cpu(),
-             "probs": self.probs.cpu(), "filled": self.filled.cpu()},
-            tmp,
-        )
-        os.replace(tmp, path)
+        try:
+            torch.save(
+                {"format": _FORMAT, "vocab_size": self.vocab_size, "k": self.k, "table": self.table.cpu(),
+                 "probs": self.probs.cpu(), "filled": self.filled.cpu()},
+                tmp,
+            )
+            os.replace(tmp, path)
+        except (OSError, RuntimeError) as exc:  # torch.save reports a missing folder as a RuntimeError
+            tmp.unlink(missing_ok=True)
+            raise exc if isinstance(exc, OSError) else OSError(f"cannot write {path}: {exc}") from exc
 
     def load(self, path: str | os.PathLike) -> None:
         """Read a matrix saved by `save`; a bad or mismatched file raises ValueError and changes nothing."""
