@@ -117,6 +117,17 @@ def run(studio, session, message, into: list | None = None, **settings):
     return views
 
 
+def answer_in_background(studio, session, message, until, timeout=10.0, **settings):
+    """Start answering in a thread; return (thread, views so far) once a view satisfies `until` (or at the timeout)."""
+    views: list[dict] = []
+    worker = threading.Thread(target=lambda: run(studio, session, message, into=views, **settings))
+    worker.start()
+    deadline = time.monotonic() + timeout
+    while not any(until(v) for v in views) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return worker, views
+
+
 def merged(views):
     out: dict = {}
     for v in views:
@@ -173,12 +184,7 @@ def test_new_chat_during_an_answer_stops_it_and_nothing_comes_back():
     engine = FakeEngine(steps=200, step_s=0.02)
     session = Session(engine=engine, k=8)
     run(studio, session, "first question", compare=False)
-    views: list[dict] = []
-    worker = threading.Thread(target=lambda: run(studio, session, "a long one", into=views, compare=False))
-    worker.start()
-    deadline = time.monotonic() + 10
-    while not any("tree" in v for v in views) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    worker, views = answer_in_background(studio, session, "a long one", lambda v: "tree" in v, compare=False)
     assert session.answering
     # a second answer in the same tab is refused, so are matrix and trace changes
     assert "An answer is running" in run(studio, session, "again")[0]["status"]
@@ -196,12 +202,8 @@ def test_new_chat_during_the_measurement_drops_the_answer_and_blanks_every_panel
     engine = FakeEngine(steps=60, step_s=0.01)
     session = Session(engine=engine, k=8)
     run(studio, session, "first question", compare=False)
-    views: list[dict] = []
-    worker = threading.Thread(target=lambda: run(studio, session, "measure me", into=views, compare=True))
-    worker.start()
-    deadline = time.monotonic() + 20
-    while not any("Measuring the speedup…" in v.get("status", "") for v in views) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    worker, views = answer_in_background(studio, session, "measure me",
+                                         lambda v: "Measuring the speedup…" in v.get("status", ""), timeout=20)
     cleared = h.new_chat(session)
     worker.join(timeout=10)
     assert not worker.is_alive() and not session.answering and engine.running == 0
@@ -219,12 +221,7 @@ def test_stop_leaves_the_status_to_the_answer_and_the_meter_says_why_nothing_was
     engine = FakeEngine(steps=500, step_s=0.01)
     session = Session(engine=engine, k=8)
     assert h.stop_answer(session) == {"status": "Nothing is running."}
-    views: list[dict] = []
-    worker = threading.Thread(target=lambda: run(studio, session, "go on", into=views, compare=True))
-    worker.start()
-    deadline = time.monotonic() + 10
-    while not any("tree" in v for v in views) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    worker, views = answer_in_background(studio, session, "go on", lambda v: "tree" in v, compare=True)
     # a status from Stop's own reply could arrive after the answer's final "Stopped" and overwrite it
     assert h.stop_answer(session) == {}
     worker.join(timeout=10)
