@@ -216,6 +216,34 @@ def test_new_chat_during_the_measurement_drops_the_answer_and_blanks_every_panel
     assert "Nothing to replay" in h.replay(session, 3, True)["status"]  # the slider cannot redraw the old answer
 
 
+def test_the_chat_endpoint_leaves_the_typed_message_alone_and_sends_nothing_back_after_new_chat():
+    import gradio as gr
+
+    from studio import page
+
+    studio = studio_for()
+    session = Session(engine=FakeEngine(steps=30, step_s=0.005), k=8)
+    with gr.Blocks():
+        ui = page._layout(studio)
+        ui["state"] = gr.State(None)
+    chat = page._chat_fn(studio, page.Registry(studio), ui)
+
+    def ask(text):  # the page's inputs in order: message, settings..., state, request
+        return chat(text, 10, 0.0, 1.0, 0, 0, "2.2.2", False, 8, 0.0, True, 1.0, session, None)
+
+    out = list(ask("hello"))
+    assert [i for i, u in enumerate(out) if ui["msg"] in u] == [1] and out[1][ui["msg"]] == ""  # cleared once, at
+    assert {ui["chat"], ui["meter"], ui["tree"], ui["status"]} <= set(out[-1])  # the start; the last update is complete
+    gen = ask("a second question")
+    for update in gen:
+        if ui["tree"] in update:
+            break
+    h.new_chat(session)
+    rest = list(gen)  # the dropped answer's view comes back in none of them
+    assert rest and all(u[ui["chat"]] == [] for u in rest if ui["chat"] in u)
+    assert "dropped" in rest[-1][ui["status"]]
+
+
 def test_stop_leaves_the_status_to_the_answer_and_the_meter_says_why_nothing_was_measured():
     studio = studio_for()
     engine = FakeEngine(steps=500, step_s=0.01)
