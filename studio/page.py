@@ -170,7 +170,7 @@ def _step_panel(ui: dict) -> None:
             with gr.Row():
                 ui["prev"] = gr.Button("◀ Previous step", size="sm")
                 ui["next"] = gr.Button("Next step ▶", size="sm")
-        with gr.Row():
+        with gr.Row(elem_id="tr-delay-row"):
             ui["delay"] = gr.Slider(0.0, 3.0, value=0.0, step=0.1, label="Slow motion: pause per step (s)", scale=3)
             ui["colour"] = gr.Checkbox(True, label="Colour accepted runs in the chat", scale=2)
         with gr.Row():
