@@ -320,7 +320,7 @@ def _stream(studio: Studio, s: Session, engine: Any, ids: list[int], cfg: Decode
             yield {"chat": pending[:-1] + [{"role": "assistant", "content": shown + " ▌"}],
                    "tree": tree_figure(last, text_of), "heat": heatmap_figure(tracker, last, text_of),
                    "story": step_story_view(last, text_of, before), "cost": cost_html(last, curve),
-                   "chart": accepted_chart_explained(trace.steps), "meter": live_meter(trace),
+                   "chart": accepted_chart_explained(trace.steps), "meter": live_meter(trace, settings.compare),
                    "status": note_md or f"Step {last.step + 1} · {sum(len(e.emitted) for e in trace.steps)} tokens"}
     except Exception as exc:  # noqa: BLE001 - shown in the page; the session goes on
         traceback.print_exception(exc)
@@ -398,7 +398,7 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
             for est in rounds:
                 if time.monotonic() - last >= RENDER_EVERY_S:
                     last = time.monotonic()
-                    yield {"meter": measured_meter(est, done=False),
+                    yield {"meter": measured_meter(est, done=False, answer_mean=trace.summary.mean_accepted),
                            "status": f"Measuring the speedup… {est.tokens} / {trace.summary.new_tokens} tokens"}
         finally:
             rounds.close()
@@ -408,7 +408,8 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
         notes.append("⚠ Token Recycling and plain decoding produced different tokens.")
     trace.speed = dataclasses.asdict(est)
     note = measure_note(est, trace.summary.new_tokens if trace.summary else 0, stopped=stop.is_set())
-    view = {"meter": measured_meter(est, note=note), "status": "  \n".join(notes) or "✓ Done.",
+    answer_mean = trace.summary.mean_accepted if trace.summary else None
+    view = {"meter": measured_meter(est, note=note, answer_mean=answer_mean), "status": "  \n".join(notes) or "✓ Done.",
             "race": race_html(trace), "trace_file": str(trace.save(s.files() / "trace.json"))}
     yield view
 

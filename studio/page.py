@@ -144,7 +144,8 @@ def _update(ui: dict[str, Any], view: dict[str, Any]) -> dict:
 
 def _chat_panel(ui: dict) -> None:
     ui["chat"] = gr.Chatbot(label="Chat (each step's accepted run has its own colour)", height=430, elem_id="tr-chat",
-                            buttons=["copy"], feedback_options=None, placeholder="Ask something, or click an example.")
+                            buttons=["copy"], feedback_options=None, placeholder="Ask something, or click an example.",
+                            latex_delimiters=[])  # "$$...$$" from a visitor, a model or a trace stays text
     with gr.Row(elem_id="tr-input-row"):
         ui["msg"] = gr.Textbox(show_label=False, placeholder="Type a message and press Enter", scale=5, lines=1,
                                max_lines=6, elem_id="tr-msg")
@@ -152,7 +153,7 @@ def _chat_panel(ui: dict) -> None:
         ui["stop"] = gr.Button("Stop", variant="stop", scale=1, min_width=70, elem_id="tr-stop")
         ui["clear"] = gr.Button("New chat", scale=1, min_width=90, elem_id="tr-new-chat")
         ui["race_btn"] = gr.Button("⚑ Race", scale=1, min_width=80, elem_id="tr-race")
-    ui["status"] = gr.Markdown("", elem_id="tr-status")
+    ui["status"] = gr.Markdown("", elem_id="tr-status", latex_delimiters=[])
     ui["examples"] = gr.Dataset(components=[gr.Textbox(visible=False)], samples=[[t] for _, t in EXAMPLES],
                                 sample_labels=[lab for lab, _ in EXAMPLES], type="index", label="Examples",
                                 elem_id="tr-examples", samples_per_page=6)

@@ -5,6 +5,7 @@ views, so they can be tested without building the page.
 """
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 from dataclasses import dataclass
@@ -160,16 +161,22 @@ def best_step(trace: Trace) -> int:
     return max(range(len(trace.steps)), key=lambda i: (len(trace.steps[i].emitted), i))
 
 
-def live_meter(trace: Trace) -> str:
-    """The meter while an answer streams: Token Recycling's own speed, no ratio yet."""
+def live_meter(trace: Trace, measured_after: bool = True) -> str:
+    """The meter while an answer streams: Token Recycling's own speed, no ratio yet (`measured_after`: the speedup
+    is measured once the answer ends)."""
     ms = sum(e.timings.get("total", 0.0) for e in trace.steps)
     n = sum(len(e.emitted) for e in trace.steps)
-    return meter_html(MeterView(state="live", tr_tps=n / ms * 1000 if ms else None,
+    return meter_html(MeterView(state="live" if measured_after else "live-off", tr_tps=n / ms * 1000 if ms else None,
                                 mean_accepted=n / max(len(trace.steps), 1), note="engine-timed, UI excluded"))
 
 
-def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "") -> str:
-    """The meter from an interleaved measurement: a ratio ± error, or 'too noisy to measure' and why."""
+def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer_mean: float | None = None) -> str:
+    """The meter from an interleaved measurement: a ratio ± error, or 'too noisy to measure' and why.
+
+    `answer_mean`: the answer's own mean accepted tokens per step, shown instead of the measured chunks' (which
+    cover only part of the answer when the measurement was cut), so that it agrees with the chart beside it."""
+    if answer_mean is not None:
+        est = dataclasses.replace(est, mean_accepted=answer_mean)
     if not done:
         return meter_html(MeterView(state="measuring", tr_tps=est.tr_tps, plain_tps=est.plain_tps,
                                     mean_accepted=est.mean_accepted, identical=est.identical,
@@ -198,7 +205,8 @@ def blank_views() -> dict[str, Any]:
 def trace_meter(trace: Trace, note: str = MEASURE_HINT, loaded: bool = False) -> str:
     """The meter of a finished or loaded trace: its recorded measurement, else its own speed only."""
     if trace.speed is not None:
-        return measured_meter(SpeedEstimate(**trace.speed), note="recorded with the trace" if loaded else "")
+        return measured_meter(SpeedEstimate(**trace.speed), note="recorded with the trace" if loaded else "",
+                              answer_mean=trace.summary.mean_accepted if trace.summary else None)
     s = trace.summary
     if loaded:
         note = "no speed measurement is recorded in this trace"

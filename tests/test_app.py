@@ -258,6 +258,21 @@ def test_stop_leaves_the_status_to_the_answer_and_the_meter_says_why_nothing_was
     assert "stopped before its end" in final["meter"] and "turn on" not in final["meter"]
 
 
+def test_the_meter_says_while_answering_whether_it_will_measure_and_shows_the_answers_own_mean():
+    studio = studio_for()
+    session = Session(engine=FakeEngine(steps=3), k=8)
+    live = [v["meter"] for v in run(studio, session, "no measuring", compare=False) if "meter" in v]
+    assert "not measured (turned off" in live[0] and "measured right after" not in live[0]
+    live = [v["meter"] for v in run(studio, session, "measure it", compare=True) if "meter" in v]
+    assert "measured right after the answer" in live[0]
+    from studio.views import measured_meter
+    from tr_core.speed import SpeedEstimate
+
+    cut = SpeedEstimate(1.2, 0.05, 20.0, 16.0, 1.22, 33, 1, True, "")  # chunks over part of the answer only
+    assert "1.22" in measured_meter(cut) and "1.45" in measured_meter(cut, answer_mean=1.45)
+    assert "1.22" not in measured_meter(cut, answer_mean=1.45)  # the chart beside it shows the answer's 1.45
+
+
 def test_stop_and_time_limit_keep_the_answer_so_far():
     studio = studio_for(time_limit_s=0.3)
     engine = FakeEngine(steps=500, step_s=0.01)
@@ -508,6 +523,9 @@ def test_presentation_view_is_a_class_on_the_page_root_from_the_toggle_or_the_ur
     assert {PRESENT_JS, PRESENT_FROM_URL_JS, RACE_JS} <= scripts  # browser-side: no server time, no endpoint
     assert "get('view') === 'present'" in PRESENT_FROM_URL_JS and "classList.toggle('tr-present', on)" in PRESENT_JS
     assert not any(d.get("api_name") in ("race", "present") for d in config["dependencies"])
+    # "$$...$$" from a visitor, a model or a trace is text, not typeset maths (colour spans ended up inside it)
+    props = {c.get("props", {}).get("elem_id"): c.get("props", {}) for c in config["components"]}
+    assert props["tr-chat"]["latex_delimiters"] == [] and props["tr-status"]["latex_delimiters"] == []
     # the chat's own trash button starts a new conversation, as New chat does (it would only clear the view)
     chat_id = next(c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == "tr-chat")
     assert any([chat_id, "clear"] in [list(t) for t in d["targets"]] for d in config["dependencies"])

@@ -223,6 +223,13 @@ def test_paper_tree_labels_never_overlap_and_the_accepted_path_is_labelled(turns
     fig.to_plotly()
 
 
+def test_the_tree_title_counts_the_tokens_the_step_emitted():
+    ev = make_event()
+    assert "2 accepted + 1 bonus" in tree_figure(ev, text_of).to_plotly()["layout"]["title"]["text"]
+    ev.emitted, ev.bonus = [1], None  # an end-of-turn token cut the accepted path after its first token
+    assert "1 accepted + 0 bonus" in tree_figure(ev, text_of).to_plotly()["layout"]["title"]["text"]
+
+
 def test_dropped_labels_stay_on_hover_and_labels_are_escaped():
     ev = paper_tree_event()
     fig = tree_figure(ev, words_of)

@@ -231,6 +231,9 @@ def test_replay_steps_offline_in_chromium(tiny_trace, tmp_path, offline_page):
     SHOT.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOT))
     assert errors == [] and asked == [path.resolve().as_uri()], (errors, asked)
+    # no toolbar button that would upload a figure (plotly's "Share chart..." opens plotly's cloud)
+    titles = page.evaluate("() => [...document.querySelectorAll('.modebar-btn')].map(b => b.getAttribute('data-title'))")
+    assert titles and not any("cloud" in (t or "").lower() or "share" in (t or "").lower() for t in titles), titles
 
 
 @browser_only

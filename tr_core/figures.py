@@ -338,9 +338,9 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = 430, 
     if ev.bonus is not None:
         _add_bonus(fig, ev, layout, token_text, labels[BONUS_NODE])
     _frame_tree(fig, frame, symbol_note([box.text for box in labels.values()]))
-    n_acc = len(ev.accepted) - 1 if ev.accepted else 0
-    fig.title(f"Step {ev.step + 1}: {len(ev.tokens) - 1} draft tokens → {n_acc} accepted + "
-              f"{1 if ev.bonus is not None else 0} bonus")
+    bonus = 1 if ev.bonus is not None else 0
+    n_acc = len(ev.emitted) - bonus  # emitted: an end-of-turn token or the length limit can cut the accepted path
+    fig.title(f"Step {ev.step + 1}: {len(ev.tokens) - 1} draft tokens → {n_acc} accepted + {bonus} bonus")
     return fig
 
 
@@ -692,7 +692,9 @@ class Figure(dict):
 class MeterView:
     """What the speedup meter shows; every number comes from engine-side timings (UI time excluded)."""
 
-    state: str = "idle"  # idle | live (answering) | measuring | measured | noisy | off (not compared)
+    # idle | live (answering; measured after it) | live-off (answering; not to be measured) | measuring | measured |
+    # noisy | off (not compared)
+    state: str = "idle"
     tr_tps: float | None = None  # Token Recycling tokens/s
     plain_tps: float | None = None  # plain decoding tokens/s over the same tokens (measured, never estimated)
     mean_accepted: float | None = None  # tokens per step, bonus included
@@ -725,6 +727,8 @@ def _ratio_parts(v: MeterView) -> tuple[str, str, str]:
         return "too noisy to measure", "none", "speedup not shown"
     if v.state in ("live", "measuring"):
         return "…", "none", "speedup: measured right after the answer" if v.state == "live" else "measuring speedup…"
+    if v.state == "live-off":
+        return "—", "none", "speedup: not measured (turned off in the decoding settings)"
     if v.state == "off":
         return "—", "none", "speedup not measured"
     return "—", "none", "speedup"

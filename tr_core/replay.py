@@ -20,7 +20,10 @@ TokenText = Callable[[int], str]
 # No request of any kind: scripts and styles are inline, plotly's heatmaps draw through data: images.
 CSP = ("default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; "
        "img-src data: blob:; font-src data:")
-PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["sendDataToCloud"]}
+# The file works offline and sends nothing anywhere: no button may upload a figure (plotly.js names it
+# "sendChartToCloud"; older versions "sendDataToCloud"), and no server is set to upload to.
+PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "showSendToCloud": False, "showEditInChartStudio": False,
+                 "plotlyServerURL": "", "modeBarButtonsToRemove": ["sendChartToCloud", "sendDataToCloud"]}
 
 
 def replay_steps(trace: Trace, token_text: TokenText) -> list[dict[str, Any]]:
@@ -154,7 +157,7 @@ main {display: grid; grid-template-columns: minmax(320px, 5fr) 7fr; gap: 16px; p
 @media (max-width: 1000px) {main {grid-template-columns: 1fr}}
 .story {font-size: 1.15rem; line-height: 1.5; background: #eff6ff; border-left: 5px solid #1e3a8a;
         border-radius: 8px; padding: 10px 14px; min-height: 5.5em}
-.answer {white-space: pre-wrap; font-size: 1.05rem; line-height: 1.6; background: white; border: 1px solid #e2e8f0;
+.answer {white-space: pre-wrap; overflow-wrap: anywhere; font-size: 1.05rem; line-height: 1.6; background: white; border: 1px solid #e2e8f0;
          border-radius: 10px; padding: 10px 12px; max-height: 46vh; overflow-y: auto}
 .run {border-radius: 3px; cursor: pointer}
 .run-a {background: #dcfce7}
@@ -165,7 +168,7 @@ main {display: grid; grid-template-columns: minmax(320px, 5fr) 7fr; gap: 16px; p
 details {margin-top: 10px}
 .msg {margin: 6px 0}
 .msg .role {font-size: 0.8rem; color: #64748b; text-transform: uppercase}
-.msg .body {white-space: pre-wrap; background: white; border: 1px solid #e2e8f0; border-radius: 8px; padding: 6px 10px;
+.msg .body {white-space: pre-wrap; overflow-wrap: anywhere; background: white; border: 1px solid #e2e8f0; border-radius: 8px; padding: 6px 10px;
             max-height: 12em; overflow-y: auto}
 footer {color: #64748b; font-size: 0.85rem; padding: 0 20px 16px 20px}
 """
