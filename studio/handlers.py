@@ -267,7 +267,7 @@ def _answer(studio: Studio, s: Session, text: str, settings: ChatSettings, notes
     finally:  # a probe this answer ran serves every later engine, even when the visitor left mid-answer
         share_costs(studio, s.model, engine)
     _finish_trace(trace, engine, ids, cfg, settings, error, notes)
-    stopped = trace.summary is not None and trace.summary.stop_reason in ("stopped", "time limit")
+    stopped = was_cut(trace)
     with s.lock:
         current = s.conversation == conversation
         if current and trace.steps:
@@ -367,6 +367,11 @@ def cost_curve(s: Session, trace: Trace | None) -> CostCurve:
                            "in a few seconds); the static trees never do, so ask once with one of them")
 
 
+def was_cut(trace: Trace) -> bool:
+    """Whether the answer ended before its end: the visitor's Stop, or this instance's time limit."""
+    return trace.summary is not None and trace.summary.stop_reason in ("stopped", "time limit")
+
+
 def _final_view(s: Session, trace: Trace, settings: ChatSettings, notes: list[str], compared: bool) -> dict:
     """The view after an answer: its best step, the meter, the replay slider and the trace download."""
     view = {"chat": s.display, "status": "  \n".join(notes) or "✓ Done.", "matrix": matrix_info(s.engine, s.k)}
@@ -376,9 +381,8 @@ def _final_view(s: Session, trace: Trace, settings: ChatSettings, notes: list[st
     view.update(step_views(trace, best, cost_curve(s, trace)))
     view["chat"] = marked_chat(s.display, trace, best, settings.colour)
     view["replay"] = replay_slider(trace, best + 1)
-    stopped = trace.summary is not None and trace.summary.stop_reason in ("stopped", "time limit")
     view["meter"] = live_meter(trace) if compared else trace_meter(
-        trace, note=STOPPED_HINT if settings.compare and stopped else MEASURE_HINT)
+        trace, note=STOPPED_HINT if settings.compare and was_cut(trace) else MEASURE_HINT)
     view["race"] = race_html(trace, wait=RACE_WAIT if compared else NOT_MEASURED if settings.compare else "")
     view["trace_file"] = str(trace.save(s.files() / "trace.json"))
     return view
@@ -388,6 +392,7 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
              stop: threading.Event, settings: ChatSettings, notes: list[str]) -> Iterator[dict]:
     """Time Token Recycling and plain decoding in alternating chunks from the answer's starting state."""
     est = SpeedEstimate(None, None, None, None, None, 0, 0, False, "nothing was measured")
+    answer_mean = trace.summary.mean_accepted  # shown by the meter, as by the chart beside it
     last = 0.0
     with DECODE_SLOT:
         rounds = interleave(twin.generate(ids, cfg, stop=stop.is_set),
@@ -398,7 +403,7 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
             for est in rounds:
                 if time.monotonic() - last >= RENDER_EVERY_S:
                     last = time.monotonic()
-                    yield {"meter": measured_meter(est, done=False, answer_mean=trace.summary.mean_accepted),
+                    yield {"meter": measured_meter(est, done=False, answer_mean=answer_mean),
                            "status": f"Measuring the speedup… {est.tokens} / {trace.summary.new_tokens} tokens"}
         finally:
             rounds.close()
@@ -407,8 +412,7 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
     if est.identical is False:
         notes.append("⚠ Token Recycling and plain decoding produced different tokens.")
     trace.speed = dataclasses.asdict(est)
-    note = measure_note(est, trace.summary.new_tokens if trace.summary else 0, stopped=stop.is_set())
-    answer_mean = trace.summary.mean_accepted if trace.summary else None
+    note = measure_note(est, trace.summary.new_tokens, stopped=stop.is_set())
     view = {"meter": measured_meter(est, note=note, answer_mean=answer_mean), "status": "  \n".join(notes) or "✓ Done.",
             "race": race_html(trace), "trace_file": str(trace.save(s.files() / "trace.json"))}
     yield view

@@ -159,8 +159,7 @@ def _chat_panel(ui: dict) -> None:
                                 elem_id="tr-examples", samples_per_page=6)
 
 
-def _step_panel(ui: dict) -> None:
-    blank = blank_views()
+def _step_panel(ui: dict, blank: dict[str, Any]) -> None:
     with gr.Column(scale=6):
         ui["heat"] = gr.Plot(blank["heat"], show_label=False, elem_id="tr-heat")
         ui["matrix"] = gr.Markdown(matrix_info(None, 8), elem_id="tr-matrix-info")
@@ -186,9 +185,8 @@ def _step_panel(ui: dict) -> None:
                                                   visible="hidden", elem_id="tr-export-html-file")
 
 
-def _shown_step_panel(ui: dict) -> None:
+def _shown_step_panel(ui: dict, blank: dict[str, Any]) -> None:
     """The meter, then the shown step: its tree, story and cost; the race opens below (or over the page when presenting)."""
-    blank = blank_views()
     ui["meter"] = gr.HTML(blank["meter"], elem_id="tr-meter-box")
     ui["tree"] = gr.Plot(blank["tree"], show_label=False, elem_id="tr-tree")
     ui["story"] = gr.HTML(blank["story"], elem_id="tr-story")
@@ -236,6 +234,7 @@ def _model_panel(ui: dict, studio: h.Studio) -> None:
 def _layout(studio: h.Studio) -> dict[str, Any]:
     """Every component of the page, by name."""
     ui: dict[str, Any] = {}
+    blank = blank_views()  # the panels before any answer (New chat shows them again)
     with gr.Row(equal_height=False, elem_id="tr-head"):
         with gr.Column(scale=8, elem_id="tr-title-col"):
             gr.Markdown("# ♻ Token Recycling Studio\nChat with a small LLM decoded by **Token Recycling** speculative "
@@ -247,9 +246,9 @@ def _layout(studio: h.Studio) -> dict[str, Any]:
         with gr.Column(scale=5, min_width=420, elem_id="tr-left"):
             _chat_panel(ui)
         with gr.Column(scale=6, min_width=520, elem_id="tr-right"):
-            _shown_step_panel(ui)
+            _shown_step_panel(ui, blank)
     with gr.Row(equal_height=False, elem_id="tr-steps"):
-        _step_panel(ui)
+        _step_panel(ui, blank)
     _settings_panel(ui, studio)
     _model_panel(ui, studio)
     with gr.Accordion("How it works", open=False, elem_id="tr-how"):

@@ -257,15 +257,19 @@ def _path_segments(ev: StepEvent, layout: TreeLayout, frame: PlotFrame) -> list[
             for i in ev.accepted if i != 0]
 
 
-def segment_crosses(box: tuple[float, ...], seg: tuple[float, ...], samples: int = 32) -> bool:
-    """Whether a line segment passes through a box (checked at `samples` + 1 evenly spaced points)."""
+def segment_crosses(box: tuple[float, ...], seg: tuple[float, ...]) -> bool:
+    """Whether a line segment passes through a box (x0, y0, x1, y1): the segment clipped to the box (Liang-Barsky)
+    keeps some part."""
     x0, y0, x1, y1 = seg
-    for j in range(samples + 1):
-        t = j / samples
-        x, y = x0 + (x1 - x0) * t, y0 + (y1 - y0) * t
-        if box[0] <= x <= box[2] and box[1] <= y <= box[3]:
-            return True
-    return False
+    if max(x0, x1) < box[0] or min(x0, x1) > box[2] or max(y0, y1) < box[1] or min(y0, y1) > box[3]:
+        return False  # most label boxes lie nowhere near the path
+    lo, hi = 0.0, 1.0
+    for delta, start, low, high in ((x1 - x0, x0, box[0], box[2]), (y1 - y0, y0, box[1], box[3])):
+        if delta == 0:
+            continue  # parallel to these sides, and within them (the bounding boxes overlap)
+        t0, t1 = sorted(((low - start) / delta, (high - start) / delta))
+        lo, hi = max(lo, t0), min(hi, t1)
+    return lo <= hi
 
 
 def _symbol_note_box(frame: PlotFrame, note: str) -> tuple[float, ...]:
