@@ -116,13 +116,27 @@ def cost_text(ev: StepEvent, curve: CostCurve | None) -> tuple[str, str, str]:
             f"{speed:.2f}× plain speed.", ratio_class(speed), rule)
 
 
+def cost_brief(ev: StepEvent, curve: CostCurve | None) -> str:
+    """cost_text's figures in one line, for the presentation view (a 720 px projector screen has no room for more)."""
+    n, gained = len(ev.tokens), len(ev.emitted)
+    if n <= 1:
+        return f"Cost: no draft; one one-token forward gained {_tokens(gained)}: plain decoding's pace"
+    if curve is None or curve.relative is None:
+        return f"Cost: {n} tokens in one forward gained {_tokens(gained)}; that forward's cost was not measured here"
+    c = max(curve.relative(n), 1e-9)
+    return (f"Cost: {n} tokens in one forward = {c:.2f}× one token's; gained {gained} → {gained} ÷ {c:.2f} = "
+            f"{gained / c:.2f}× plain speed")
+
+
 def cost_html(ev: StepEvent | None, curve: CostCurve | None) -> str:
-    """The cost panel: t(N)/t(1) on this machine beside the step's gain, so speedup ≈ gained ÷ cost; all escaped."""
+    """The cost panel: t(N)/t(1) on this machine beside the step's gain, so speedup ≈ gained ÷ cost; all escaped.
+    It holds the full text and a one-line brief; assets/studio.css shows the brief in the presentation view only."""
     if ev is None:
         return f'<div class="tr-cost tr-cost-none">{html.escape(COST_PLACEHOLDER)}</div>'
     main, cls, rule = cost_text(ev, curve)
-    return (f'<div class="tr-cost tr-cost-{cls}"><span class="tr-cost-head">Cost of this step:</span> '
-            f'{html.escape(main)}<div class="tr-cost-rule">{html.escape(rule)}</div></div>')
+    return (f'<div class="tr-cost tr-cost-{cls}"><div class="tr-cost-full"><span class="tr-cost-head">'
+            f'Cost of this step:</span> {html.escape(main)}<div class="tr-cost-rule">{html.escape(rule)}</div></div>'
+            f'<div class="tr-cost-brief">{html.escape(cost_brief(ev, curve))}</div></div>')
 
 
 # ------------------------------------------------------------------------------------------------ race

@@ -394,7 +394,7 @@ def test_presentation_view_shows_meter_tree_and_story_on_one_projector_screen(ap
                                timeout=30_000)
         page.wait_for_timeout(800)
         assert page.evaluate("() => window.scrollY") == 0
-        for selector in ("#tr-meter-box", "#tr-tree", "#tr-story"):
+        for selector in ("#tr-meter-box", "#tr-tree", "#tr-story", "#tr-cost"):  # the cost: its one-line brief
             r = page.evaluate(RECT_JS, selector)
             inside = r["top"] >= 0 and r["bottom"] <= PROJECTOR["height"] and r["right"] <= PROJECTOR["width"]
             assert inside, (selector, r)

@@ -184,9 +184,13 @@ def interleave(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: 
     """Alternate chunks of a Token Recycling run and a plain run of the same prompt; yield the estimate so far.
 
     tr_events / plain_events: `Engine.generate` generators (closed here when done or when this generator
-    is closed). Each round the Token Recycling run decodes about `chunk_ms` of engine time, then the plain
-    run decodes up to the same token count; an estimate is yielded after every round (the last one is the
-    result). Stops after `max_s` seconds of wall time (the figure then covers the tokens so far) or when
+    is closed). The rounds alternate which run goes first. In odd rounds the Token Recycling run decodes
+    about `chunk_ms` of engine time, then the plain run decodes up to the same token count; in even rounds
+    the plain run decodes about `chunk_ms`, Token Recycling catches up (its last step may overshoot) and
+    plain decodes those last few tokens. Whatever the consumer does with each estimate (a page redraws the
+    meter, a browser on the same CPU renders it) then slows each method's chunk in half the rounds instead
+    of always the first one's. An estimate is yielded after every round (the last one is the result).
+    Stops after `max_s` seconds of wall time (the figure then covers the tokens so far) or when
     `should_stop()` says so.
     """
     tr, plain = _fresh(), _fresh()
@@ -196,7 +200,13 @@ def interleave(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: 
         more = True
         while more:
             before_tr, before_plain = dict(tr), dict(plain)
-            more = _advance(tr_events, lambda _t, ms: ms >= chunk_ms, tr)
+            if len(pairs) % 2 == 0:
+                more = _advance(tr_events, lambda _t, ms: ms >= chunk_ms, tr)
+            else:
+                more = _advance(plain_events, lambda _t, ms: ms >= chunk_ms, plain)
+                goal = plain["tokens"]
+                if tr["tokens"] < goal:
+                    more = _advance(tr_events, lambda t, _ms: t >= goal, tr) and more
             target = tr["tokens"]
             if plain["tokens"] < target:
                 more = _advance(plain_events, lambda t, _ms: t >= target, plain) and more
