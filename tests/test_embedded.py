@@ -103,3 +103,15 @@ def test_cli_asking_for_cuda_without_it_says_so():
     result = cli("generate", "--prompt", "hi", "--device", "cuda")
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "CUDA is not available here" in result.stderr
+
+
+def test_a_token_holding_part_of_a_character_shows_its_bytes(engine):
+    from tr_core.figures import symbol_note, visible_token
+
+    ids = engine.tokenizer("你好 😀 naïve", add_special_tokens=False)["input_ids"]
+    shown = [engine.token_text(i) for i in ids]
+    assert "\ufffd" not in "".join(shown) and "ä½" not in shown  # no replacement characters, no byte-level mojibake
+    assert "‹e4bd›" in shown and " ‹f09f98›" in shown and "ïve" in shown, shown  # 你 = e4 bd a0; 😀 = f0 9f 98 80
+    rebuilt = bytes.fromhex("".join(t.strip(" ‹›") for t in shown if t.strip().startswith("‹")))
+    assert "你".encode() in rebuilt and "😀".encode() in rebuilt  # the bytes shown are the text's own
+    assert "‹e4› = a byte of a split character" in symbol_note([visible_token(t) for t in shown])

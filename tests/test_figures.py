@@ -223,6 +223,33 @@ def test_paper_tree_labels_never_overlap_and_the_accepted_path_is_labelled(turns
     fig.to_plotly()
 
 
+def test_a_long_copied_run_is_labelled_on_alternate_sides_without_covering_its_own_markers():
+    # a recorded hybrid step (Chinese text: every label a split character's bytes): the accepted path zig-zags over
+    # the matrix's candidates, then runs 10 tokens copied from the context down one column, whose levels are closer
+    # than a label is tall. Each of those labels took 'bottom center', over the next two markers of the path, rather
+    # than be crossed by the path once at the column's top (11 overlaps with accepted markers); now none covers one.
+    from tr_core.figures import _marker_boxes
+
+    parents = [-1, 0, 0, 2, 2, 2, 2, 4, 5, 2, 2, 8, 8, 5, 13, *range(14, 24)]
+    depths = [0, 1, 1, 2, 2, 2, 2, 3, 3, 2, 2, 4, 4, 3, 4, *range(5, 15)]
+    ranks = [-1, 0, 1, 2, 3, 0, 1, 0, 0, 4, 5, 0, 1, 1, 0, 0, *[8] * 9]
+    accepted = [0, 2, 5, 13, *range(14, 25)]
+    sources = ["root", "matrix", "both", "matrix", "matrix", "both", *["matrix"] * 7, "both", "both", "both",
+               *["context"] * 9]
+    tokens = list(range(100, 125))
+    ev = StepEvent(step=33, position=200, tokens=tokens, parents=parents, depths=depths, ranks=ranks,
+                   accepted=accepted, emitted=[tokens[i] for i in accepted[1:]] + [7], bonus=7, timings={},
+                   template="hybrid", sources=sources)
+    text = lambda t: f"‹{t % 256:02x}›"  # noqa: E731  (as a split character's bytes read)
+    boxes = label_boxes(ev, text)
+    markers = _marker_boxes(ev, tree_layout(tuple(ev.parents), tuple(ev.ranks)), tree_frame(ev))
+    must = {*accepted, BONUS_NODE}
+    assert must <= {b.node for b in boxes}
+    covered = [(b.node, n) for b in boxes for m, n in markers if n != b.node and n in must and boxes_overlap(b, m)]
+    assert covered == []
+    assert {b.position for b in boxes if b.node in accepted[5:]} == {"middle left", "middle right"}
+
+
 def test_the_tree_title_counts_the_tokens_the_step_emitted():
     ev = make_event()
     assert "2 accepted + 1 bonus" in tree_figure(ev, text_of).to_plotly()["layout"]["title"]["text"]

@@ -32,6 +32,7 @@ from .reduce import row_argmax, top_rows
 from .runner import ModelRunner
 from .sampling import build_processors, choose_tokens, needs_prefix, node_prefixes, process
 from .tree import DYNAMIC, HYBRID, HYBRID_FIXED, DraftTree, build_tree, resolve_template
+from .token_text import partial_token_text
 
 # Token strings that end a chat turn in common chat templates (used when they are single tokens of the vocabulary).
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "<|end_of_text|>", "</s>",
@@ -173,10 +174,10 @@ class Engine:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def token_text(self, token_id: int) -> str:
-        """Display text of one token (falls back to its vocabulary string for partial UTF-8 bytes)."""
+        """Display text of one token; one holding part of a character shows that part's bytes ('‹e4bd›')."""
         text = self.tokenizer.decode([token_id])
         if "\ufffd" in text or text == "":
-            text = str(self.tokenizer.convert_ids_to_tokens(token_id))
+            text = partial_token_text(str(self.tokenizer.convert_ids_to_tokens(token_id)))
         return text
 
     # -- drafters ---------------------------------------------------------------------------------------------

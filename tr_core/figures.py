@@ -17,6 +17,7 @@ from typing import Any, Callable, NamedTuple
 import networkx as nx
 
 from .events import StepEvent
+from .token_text import BYTES_CLOSE, BYTES_OPEN
 
 TokenText = Callable[[int], str]
 
@@ -102,7 +103,8 @@ LABEL_POSITIONS = {  # where a node's label may go around its marker (plotly tex
     "bonus": ("middle right", "middle left", "bottom center"),
 }
 BONUS_NODE = -1  # LabelBox.node of the bonus token's label (the bonus is no tree node)
-SYMBOL_NAMES = {"␣": "space", "↵": "new line", "⇥": "tab", "∅": "empty token"}  # a note explains those shown
+SYMBOL_NOTES = {"␣": "␣ = space", "↵": "↵ = new line", "⇥": "⇥ = tab", "∅": "∅ = empty token",  # a note explains
+                BYTES_OPEN: f"{BYTES_OPEN}e4{BYTES_CLOSE} = a byte of a split character"}  # those shown
 # Label boxes are estimated, not measured: plotly.js lays text out in the browser.
 CHAR_EM = 0.6  # width of a character in font sizes (sans-serif average); capitals 0.72, '␣' 0.7, WIDE_SYMBOLS 1
 WIDE_SYMBOLS = "↵⇥∅…●■◆"
@@ -280,13 +282,15 @@ def _symbol_note_box(frame: PlotFrame, note: str) -> tuple[float, ...]:
 
 def symbol_note(texts: list[str]) -> str:
     """'␣ = space · ↵ = new line' for the symbols that occur in some of the texts ('' if none)."""
-    return " · ".join(f"{s} = {name}" for s, name in SYMBOL_NAMES.items() if any(s in t for t in texts))
+    return " · ".join(note for s, note in SYMBOL_NOTES.items() if any(s in t for t in texts))
 
 
 def _place_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText, frame: PlotFrame) -> list[LabelBox]:
     """Greedy label placement in priority order (see _label_wishes): each label takes the first of its positions
     that stays in the plot area clear of kept labels and of every marker. The root, the accepted path and the bonus
-    are always labelled (at their least crowded position); a rejected draft without room keeps its text on hover."""
+    are always labelled, at their least crowded position; after that a crossing of the accepted path and a covered
+    marker of it weigh the same (preferring the crossing had a long copied run's labels cover the run's own
+    markers, each pushing the next off its side). A rejected draft without room keeps its text on hover."""
     wishes = _label_wishes(ev, layout, token_text)
     markers = _marker_boxes(ev, layout, frame)
     path = _path_segments(ev, layout, frame)
@@ -301,7 +305,7 @@ def _place_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText, fram
             hits = [n in must for m, n in markers if n != node and boxes_overlap(box, m, LABEL_GAP_PX)]
             crowded = sum(boxes_overlap(box, b, LABEL_GAP_PX) for b in taken)
             crossed = sum(segment_crosses(box, seg) for seg in path)  # the thick green line would strike it out
-            cost = (crowded, not frame.inside(box), crossed, sum(hits), len(hits))
+            cost = (crowded, not frame.inside(box), crossed + sum(hits), len(hits))
             options.append((cost, position, box))
         cost, position, box = min(options, key=lambda o: o[0])  # ties: the preferred position
         if group == "rejected" and any(cost):
