@@ -179,7 +179,7 @@ def offline_page():
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
         contexts = []
 
-        def open_file(path: Path):
+        def open_file(path: Path, figures: bool = True):
             context = browser.new_context(viewport={"width": 1280, "height": 720}, device_scale_factor=1)
             contexts.append(context)
             page = context.new_page()
@@ -190,8 +190,9 @@ def offline_page():
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             page.goto(url, wait_until="load")
-            page.wait_for_selector("#tr-tree .main-svg", timeout=30_000)
-            page.wait_for_selector("#tr-heat .main-svg", timeout=30_000)
+            if figures:
+                page.wait_for_selector("#tr-tree .main-svg", timeout=30_000)
+                page.wait_for_selector("#tr-heat .main-svg", timeout=30_000)
             return page, asked, errors
 
         try:
@@ -234,6 +235,22 @@ def test_replay_steps_offline_in_chromium(tiny_trace, tmp_path, offline_page):
     # no toolbar button that would upload a figure (plotly's "Share chart..." opens plotly's cloud)
     titles = page.evaluate("() => [...document.querySelectorAll('.modebar-btn')].map(b => b.getAttribute('data-title'))")
     assert titles and not any("cloud" in (t or "").lower() or "share" in (t or "").lower() for t in titles), titles
+
+
+@browser_only
+def test_a_replay_of_no_steps_says_so_and_offers_no_step_to_go_to(tiny_trace, tmp_path, offline_page):
+    from dataclasses import replace
+
+    empty = replace(tiny_trace, steps=[], step_texts=[], summary=None)  # e.g. stopped before its first step
+    path = tmp_path / "empty.html"
+    path.write_text(replay_html(empty), encoding="utf-8")
+    page, asked, errors = offline_page(path, figures=False)
+    page.wait_for_function("() => document.querySelector('#tr-story').textContent !== ''")
+    shown = page.evaluate("() => [document.querySelector('#tr-story').textContent, "
+                          "document.querySelector('#tr-step-label').textContent]")
+    assert shown == ["This trace has no steps.", "No steps"]
+    assert all(page.locator(s).is_disabled() for s in ("#tr-prev", "#tr-next", "#tr-step"))
+    assert errors == []
 
 
 @browser_only

@@ -194,7 +194,12 @@ SCRIPT = """
   }
 
   function show(i) {
-    if (!n) { story.textContent = "This trace has no steps."; return; }
+    if (!n) {  // nothing to step through: say so, and no control pretends otherwise
+      story.textContent = "This trace has no steps.";
+      label.textContent = "No steps";
+      prev.disabled = next.disabled = slider.disabled = true;
+      return;
+    }
     current = Math.max(0, Math.min(n - 1, i));
     var s = steps[current];
     slider.value = String(current + 1);
