@@ -321,3 +321,25 @@ def test_snapshot_and_restore_return_to_the_same_learned_state():
         again = list(engine.generate(PROMPTS[1], cfg))
         assert again[-1].tokens == first[-1].tokens
         assert [e.tokens for e in again[:-1]] == [e.tokens for e in first[:-1]]  # every step's tree
+
+
+def test_a_causal_model_whose_config_says_not_a_decoder_loads_and_a_bidirectional_one_is_refused(embedded, tmp_path):
+    """GPT-NeoX (Pythia) configs carry is_decoder=False; the check looks at what the model does, not at the flag."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tr_core.models import ModelLoadError, load_model
+
+    neox = tiny_model_of("gpt_neox")
+    assert neox.config.is_decoder is False
+    neox.save_pretrained(tmp_path / "neox")
+    embedded[1].save_pretrained(tmp_path / "neox")
+    model, _ = load_model(str(tmp_path / "neox"), device="cpu")
+    assert model.config.model_type == "gpt_neox"
+    torch.manual_seed(0)
+    bert = AutoModelForCausalLM.from_config(AutoConfig.for_model(
+        "bert", vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, is_decoder=False))
+    bert.save_pretrained(tmp_path / "bert")
+    embedded[1].save_pretrained(tmp_path / "bert")
+    with pytest.raises(ModelLoadError, match="not a decoder-only causal LM"):
+        load_model(str(tmp_path / "bert"), device="cpu")

@@ -144,6 +144,21 @@ def resolve_source(name: str | None) -> tuple[str, dict]:
     return name, {}  # a hub id
 
 
+def is_causal(model) -> bool:
+    """Whether the model's output at a position ignores the tokens after it. Configs say so unreliably: GPT-NeoX's
+    carries is_decoder=False and is causal, a BERT loaded as a causal LM without is_decoder attends both ways. So a
+    config that says "not a decoder" is checked by one short forward: the first position's logits with and without
+    a second token must agree."""
+    if getattr(model.config, "is_decoder", True):
+        return True
+    vocab = int(getattr(text_config(model), "vocab_size", 2) or 2)
+    ids = torch.tensor([[min(3, vocab - 1), min(5, vocab - 1)]], device=model.device)
+    with torch.no_grad():
+        one = model(input_ids=ids[:, :1]).logits[0, 0].float()
+        two = model(input_ids=ids).logits[0, 0].float()
+    return bool(torch.allclose(one, two, rtol=1e-3, atol=1e-3 * float(one.abs().max()) + 1e-5))
+
+
 def load_model(name: str | None = None, device: str | torch.device | None = None, dtype: torch.dtype | str | None = None):
     """Return (model, tokenizer) for the embedded default, a folder, a .gguf file or a hub id, in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -166,10 +181,12 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
             "Accepted: nothing/'embedded' (SmolLM2-135M-Instruct), a transformers folder with config.json, "
             "a .gguf file path, or a Hugging Face hub id."
         ) from exc
-    if not getattr(model.config, "is_decoder", True) or getattr(model.config, "is_encoder_decoder", False):
-        raise ModelLoadError(f"{name!r} is not a decoder-only causal LM")
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ModelLoadError(f"{name!r} is an encoder-decoder model, not a decoder-only causal LM")
     blocker = tree_blocker(text_config(model))
     if blocker is not None:
         raise ModelLoadError(f"model {name!r} cannot be used for Token Recycling: {blocker}")
     model.to(device).eval()
+    if not is_causal(model):
+        raise ModelLoadError(f"{name!r} is not a decoder-only causal LM: its outputs depend on later tokens")
     return model, tokenizer
