@@ -388,6 +388,32 @@ def test_a_prompt_past_the_context_is_skipped_by_bench_and_refused_by_generate(t
     assert "the prompt has 4500 tokens; this model's context holds 4096" in capsys.readouterr().err
 
 
+def test_warm_up_uses_the_first_questions_that_fit_and_a_made_up_prompt_when_none_does():
+    """An over-long first question is passed over, not left to warm nothing: one-off costs (kernel tuning, the cost
+    probe) would otherwise land in the first timed answer."""
+    from types import SimpleNamespace
+
+    from tr_core.questions import Question
+
+    def fake_runner(limit):
+        calls = []
+        return calls, SimpleNamespace(
+            args=SimpleNamespace(max_new_tokens=128),
+            encode=lambda messages: [7] * len(messages[0]["content"]),
+            overflow=lambda ids, n: "" if len(ids) + n <= limit else "too long",
+            answer=lambda name, ids, max_new_tokens: calls.append((name, len(ids), max_new_tokens)),
+            reset_matrices=lambda: calls.append("reset"))
+
+    questions = [Question(i, "qa", (text,), "q.jsonl", i) for i, text in enumerate(["x" * 500, "y" * 20, "z" * 30])]
+    specs = [SimpleNamespace(name="vanilla"), SimpleNamespace(name="recycling")]
+    calls, runner = fake_runner(limit=100)
+    bench.warm_up(runner, questions, specs, turns=1)
+    assert calls == [("vanilla", 20, 32), ("recycling", 20, 32), "reset"]
+    calls, runner = fake_runner(limit=70)  # no question fits; the made-up prompt does
+    bench.warm_up(runner, questions[:1], specs, turns=1)
+    assert [c[1] for c in calls[:-1]] == [len(bench.WARMUP_FALLBACK)] * 2
+
+
 def test_repeats_keep_the_fastest_of_identical_decodings(tmp_path, monkeypatch):
     """`--repeats 3`: each turn is answered in three rounds of all methods, each method from the same learned state;
     the record keeps the fastest time and lists all three."""
