@@ -372,7 +372,7 @@ def test_a_prompt_past_the_context_is_skipped_by_bench_and_refused_by_generate(t
     folder = _tiny_model_folder(tmp_path / "tiny")  # context: 4096 tokens, one per character
     long_turn = "word " * 900
     qfile = _write(tmp_path, "q.jsonl", [
-        json.dumps({"question_id": 1, "category": "qa", "turns": [long_turn]}),
+        json.dumps({"question_id": 1, "category": "qa", "turns": [long_turn, "And then?"]}),
         '{"question_id": 2, "category": "qa", "turns": ["What is the capital of France?"]}'])
     out = tmp_path / "r.json"
     assert main(["bench", "--questions", str(qfile), "--model", str(folder), "--device", "cpu", "--max-new-tokens",
@@ -383,6 +383,8 @@ def test_a_prompt_past_the_context_is_skipped_by_bench_and_refused_by_generate(t
     assert "more than the model's context of 4096 tokens" in err and "Traceback" not in err
     data = json.loads(out.read_text())  # the other question's results are all there
     assert {r["question"] for r in data["records"]} == {"q/2"} and len(data["records"]) == 3
+    assert data["answers"] == 1 and [(s["question"], s["turn"]) for s in data["skipped"]] == [("q/1", 1), ("q/1", 2)]
+    assert "(1 answers, 2 turns skipped: too long for the model)" in bench.format_header(data)
     assert main(["generate", "--raw", "--prompt", long_turn, "--model", str(folder), "--device", "cpu",
                  "--max-new-tokens", "4"]) == 2
     assert "the prompt has 4500 tokens; this model's context holds 4096" in capsys.readouterr().err

@@ -302,14 +302,15 @@ class Runner:
 
 
 def run_questions(runner: Runner, questions: list[Question], specs: list[MethodSpec], args: argparse.Namespace,
-                  progress=None) -> list[TurnRecord]:
+                  progress=None, skipped: list[dict] | None = None) -> list[TurnRecord]:
     """Answer every question with every method, interleaved per turn; returns one record per turn and method.
 
     The method order rotates from question to question so no method always runs first (after another's cache
     traffic). Each method keeps its own conversation history for multi-turn questions. With `--repeats R` every
     turn is answered in R rounds of all methods, each method restarting from what it had learned before the turn
     (`Runner.snapshot`), so that the rounds of all methods share the machine's slow and fast spells; a record keeps
-    the first round's answer, the fastest round's time and every round's.
+    the first round's answer, the fastest round's time and every round's. A turn that does not fit the model's
+    context is skipped with its later turns, each appended to `skipped` as {question, turn, reason}.
     """
     records: list[TurnRecord] = []
     names = [s.name for s in specs]
@@ -332,6 +333,8 @@ def run_questions(runner: Runner, questions: list[Question], specs: list[MethodS
                 prompts[name] = runner.encode(histories[name])
             if too_long := max(runner.overflow(ids, args.max_new_tokens) for ids in prompts.values()):
                 print(f"bench: {q.key} turn {ti + 1} skipped (and any later turns): {too_long}", file=sys.stderr)
+                if skipped is not None:
+                    skipped += [{"question": q.key, "turn": t + 1, "reason": too_long} for t in range(ti, len(q.turns))]
                 break  # later turns build on this one
             outs = _rounds(runner, order, prompts, getattr(args, "repeats", 1), seed_offset=qi * 16 + ti)
             for name in order:
@@ -471,10 +474,11 @@ def aggregate(records: list[TurnRecord], method_names: list[str], baseline: str 
 
 
 def build_result(records: list[TurnRecord], specs: list[MethodSpec], questions: list[Question],
-                 meta: dict[str, Any]) -> dict[str, Any]:
-    """The full JSON document: run metadata, the `methods` aggregate and one row per answer.
+                 meta: dict[str, Any], skipped: list[dict] = ()) -> dict[str, Any]:
+    """The full JSON document: run metadata, the `methods` aggregate, one row per answer and the `skipped` turns.
 
-    Only questions with records count (a `--max-minutes` run may stop before the last ones).
+    Only questions with records count (a `--max-minutes` run may stop before the last ones), and only the turns
+    answered: a turn past the model's context is in `skipped`, not in `answers`.
     """
     done = {r.question for r in records}
     selected = len(questions)
@@ -485,7 +489,8 @@ def build_result(records: list[TurnRecord], specs: list[MethodSpec], questions: 
         methods[s.name]["kind"] = s.kind
         methods[s.name]["template"] = s.template
     rows = [{k: v for k, v in asdict(r).items() if k not in ("answer_ids", "accepted_lengths")} for r in records]
-    return {**meta, "questions": len(questions), "answers": sum(len(q.turns) for q in questions),
+    answered = len({(r.question, r.turn) for r in records})
+    return {**meta, "questions": len(questions), "answers": answered, "skipped": list(skipped),
             "question_keys": [q.key for q in questions], "methods": methods, "records": rows}
 
 
@@ -524,7 +529,9 @@ def format_header(result: dict[str, Any]) -> str:
     """One paragraph saying what was run where."""
     return (f"model {result['model']} · {result['device']} ({result.get('machine', '')}) · {result['dtype']} · "
             f"torch {result['torch']} · transformers {result['transformers']} · {result['date']}\n"
-            f"{result['questions']} questions ({result['answers']} answers) · max_new_tokens {result['max_new_tokens']}"
+            f"{result['questions']} questions ({result['answers']} answers"
+            f"{', %d turns skipped: too long for the model' % len(result['skipped']) if result.get('skipped') else ''})"
+            f" · max_new_tokens {result['max_new_tokens']}"
             f" · temperature {result['temperature']} · template {result['template']}"
             f" · matrix {'fresh per question' if result.get('fresh_matrix') else 'kept across questions'}"
             f" · torch threads {result.get('threads', '?')}"
@@ -727,12 +734,13 @@ def run(args: argparse.Namespace) -> int:
         warm_up(runner, questions, specs, args.warmup)
     with tqdm(total=n_answers * len(specs), desc="bench", unit="answer", file=sys.stderr,
               disable=args.no_progress, mininterval=2.0) as bar:
-        records = run_questions(runner, questions, specs, args, progress=bar)
+        skipped: list[dict] = []
+        records = run_questions(runner, questions, specs, args, progress=bar, skipped=skipped)
     from .kernels import describe_plan
 
     meta["linear"] = describe_plan(model)
     print(meta["linear"]["summary"], file=sys.stderr)
-    result = build_result(records, specs, questions, meta)
+    result = build_result(records, specs, questions, meta, skipped)
     print(format_header(result))
     print()
     print(format_tables(result))
