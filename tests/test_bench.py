@@ -54,6 +54,17 @@ def test_good_file_parses_with_lines_and_tasks(tmp_path):
     assert qs[1].key == "q/2"
 
 
+def test_a_byte_order_mark_and_raw_unicode_line_separators_inside_strings_are_read(tmp_path):
+    """Files saved by Windows editors start with a BOM; JSON strings may hold U+2028, U+2029 and U+0085 raw (only
+    "\\n" ends a JSON line)."""
+    path = tmp_path / "q.jsonl"
+    path.write_text('\ufeff{"question_id": 1, "category": "qa", "turns": ["one\u2028two\u0085three\u2029four"]}\r\n'
+                    '{"question_id": 2, "category": "qa", "turns": ["ok"]}\n', encoding="utf-8")
+    qs = load_questions(path)
+    assert [q.question_id for q in qs] == [1, 2] and [q.line for q in qs] == [1, 2]
+    assert qs[0].turns == ("one\u2028two\u0085three\u2029four",)
+
+
 def test_missing_file_names_the_file(tmp_path):
     missing = tmp_path / "nope.jsonl"
     with pytest.raises(QuestionFileError, match=r"nope\.jsonl: no such file"):
@@ -90,6 +101,7 @@ def test_task_mapping():
         assert task_of(cat) == MULTI_TURN
     for cat in ("translation", "summarization", "qa", "math_reasoning", "rag", "code"):
         assert task_of(cat) == cat
+    assert task_of("Translation ") == "translation" and task_of("Writing") == MULTI_TURN
 
 
 def test_select_per_task_is_round_robin_and_deterministic(tmp_path):

@@ -56,8 +56,10 @@ class Question:
 
 
 def task_of(category: str) -> str:
-    """Map a question category to its Spec-Bench task (MT-bench categories -> "multi-turn conversation")."""
-    return MULTI_TURN if category in MT_BENCH_CATEGORIES else category
+    """Map a question category to its Spec-Bench task (MT-bench categories -> "multi-turn conversation"); case and
+    surrounding spaces do not make a new task ("Translation " is "translation")."""
+    name = category.strip().lower()
+    return MULTI_TURN if name in MT_BENCH_CATEGORIES else name
 
 
 def task_sort_key(task: str) -> tuple[int, str]:
@@ -99,12 +101,14 @@ def load_questions(path: str | Path) -> list[Question]:
     if not path.is_file():
         raise QuestionFileError(path, "not a file")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors) is not part of line 1
     except (OSError, UnicodeDecodeError) as exc:
         raise QuestionFileError(path, f"cannot read: {exc}") from None
     questions: list[Question] = []
     seen: dict[object, int] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
+    # JSON lines end at "\n" only: str.splitlines() would also cut at U+2028, U+0085 and others that JSON strings may
+    # hold raw
+    for number, raw in enumerate(text.replace("\r\n", "\n").split("\n"), start=1):
         if not raw.strip():
             continue
         question = parse_question_line(raw, path, number)
