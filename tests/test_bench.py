@@ -174,11 +174,20 @@ def test_bad_input_exits_before_loading_a_model(tmp_path, capsys, monkeypatch):
                            (["--max-new-tokens", "0"], "--max-new-tokens"),
                            (["--repeats", "0"], "--repeats must be >= 1"),
                            (["--json", str(tmp_path / "no" / "x.json")], "does not exist"),
-                           (["--topk-candidates", "4"], "--template 2.2.2 drafts candidates up to rank 7, so it needs "
+                           (["--template", "2.2.2", "--topk-candidates", "4"], "--template 2.2.2 drafts candidates up to rank 7, so it needs "
                                                         "--topk-candidates >= 8, got 4")]:
         args = _parser().parse_args(["bench", "--questions", str(good), *extra])
         assert args.func(args) == 2
         assert message in capsys.readouterr().err
+
+
+def test_without_template_the_bench_runs_the_tree_the_app_uses_on_the_device(tmp_path):
+    good = _write(tmp_path, "good.jsonl", GOOD)
+    args = _parser().parse_args(["bench", "--questions", str(good), "--device", "cpu"])
+    _, specs = bench.validate_args(args)
+    assert [s.template for s in specs if s.kind == "recycling"] == ["hybrid"] and args.template == "hybrid"
+    args = _parser().parse_args(["bench", "--questions", str(good), "--device", "cuda"])
+    assert [s.template for s in bench.validate_args(args)[1] if s.kind == "recycling"] == ["2.2.2"]
 
 
 def test_cut_at_stop():

@@ -156,6 +156,12 @@ def validate_args(args: argparse.Namespace) -> tuple[list[Question], list[Method
     for opt in ("json", "html"):
         if problem := output_problem(getattr(args, opt), f"--{opt}"):
             raise BenchInputError(problem)
+    if args.template is None:  # the tree the app and `generate` use on this device
+        from .models import default_device
+        from .tree import default_template
+
+        where = str(args.device or default_device())
+        args.template = default_template("cuda" if where.startswith("cuda") else "cpu")
     specs = parse_methods(args.methods, args.template)
     for spec in specs:
         if problem := template_problem(spec.template or None, args.topk_candidates):
@@ -625,8 +631,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, metavar="N", help="then keep only the first N questions")
     p.add_argument("--methods", default="vanilla,recycling,hf,pld",
                    help="comma list of vanilla, recycling, recycling[TEMPLATE], hf, pld (vanilla is always run)")
-    p.add_argument("--template", default="2.2.2",
-                   help="draft tree template(s) for `recycling`, comma list; several give recycling[T] each")
+    p.add_argument("--template", default=None,
+                   help="draft tree template(s) for `recycling`, comma list; several give recycling[T] each "
+                        "(default: the device's default, as in the app: hybrid on a CPU, 2.2.2 on a GPU)")
     add_sampling_options(p)
     p.add_argument("--fresh-matrix", action="store_true", help="reset the adjacency matrix before every question")
     p.add_argument("--topk-candidates", type=int, default=8, help="candidates per adjacency matrix row (k)")
