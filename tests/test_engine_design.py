@@ -343,3 +343,26 @@ def test_a_causal_model_whose_config_says_not_a_decoder_loads_and_a_bidirectiona
     embedded[1].save_pretrained(tmp_path / "bert")
     with pytest.raises(ModelLoadError, match="not a decoder-only causal LM"):
         load_model(str(tmp_path / "bert"), device="cpu")
+
+
+def test_a_model_folder_with_its_own_python_is_refused_without_asking_or_running_it(embedded, tmp_path, monkeypatch):
+    """transformers would stop to ask on the console whether to run a repository's code (a server would hang, a
+    script would wait); the loader refuses at once and never runs it."""
+    import builtins
+    import json
+
+    from tr_core.models import ModelLoadError, load_model
+
+    asked = []
+    monkeypatch.setattr(builtins, "input", lambda *a: asked.append(a) or "n")
+    marker = tmp_path / "ran"
+    (tmp_path / "modeling_custom.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    (tmp_path / "configuration_custom.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    embedded[1].save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "custom_tr_test", "architectures": ["CustomModel"],
+        "auto_map": {"AutoConfig": "configuration_custom.CustomConfig",
+                     "AutoModelForCausalLM": "modeling_custom.CustomModel"}}))
+    with pytest.raises(ModelLoadError, match="custom code|trust_remote_code"):
+        load_model(str(tmp_path), device="cpu")
+    assert asked == [] and not marker.exists()

@@ -172,8 +172,10 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
     except Exception as exc:  # conversion failures
         raise ModelLoadError(f"could not prepare model {name!r}: {type(exc).__name__}: {exc}") from exc
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **extra)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **extra)
+        # never run a repository's own Python: transformers would otherwise stop to ask on the console (a server
+        # would hang) whether to trust it
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **extra)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=False, **extra)
     except Exception as exc:
         tried = "a local folder" if Path(source).is_dir() else "a hub id (needs internet or a local HF cache)"
         raise ModelLoadError(
