@@ -366,3 +366,15 @@ def test_a_model_folder_with_its_own_python_is_refused_without_asking_or_running
     with pytest.raises(ModelLoadError, match="custom code|trust_remote_code"):
         load_model(str(tmp_path), device="cpu")
     assert asked == [] and not marker.exists()
+
+
+def test_a_mistyped_relative_path_is_named_at_once_and_hub_ids_pass(tmp_path, monkeypatch):
+    from tr_core.models import ModelLoadError, resolve_source
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    for typo in ("models/smol", "a/b/c", "models\\smol"):
+        with pytest.raises(ModelLoadError, match="no such folder"):
+            resolve_source(typo)
+    assert resolve_source("HuggingFaceTB/SmolLM2-135M-Instruct") == ("HuggingFaceTB/SmolLM2-135M-Instruct", {})
+    assert resolve_source("gpt2") == ("gpt2", {})

@@ -138,7 +138,10 @@ def resolve_source(name: str | None) -> tuple[str, dict]:
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"folder {path} has no config.json: not a transformers model folder")
         return str(path), {}
-    if name.startswith(("/", "./", "../", "~", ".\\", "..\\")) or path.exists():
+    # a hub id is "name" or "owner/name"; more parts, a backslash or an existing first folder mean a mistyped path
+    # (as a hub id it would wait out the hub's retries offline)
+    looks_local = name.count("/") > 1 or "\\" in name or ("/" in name and Path(name.split("/")[0]).is_dir())
+    if name.startswith(("/", "./", "../", "~", ".\\", "..\\")) or path.exists() or looks_local:
         raise ModelLoadError(f"{name!r} is not a model: no such folder or .gguf file"
                              if not path.exists() else f"{name!r} is a file but not a .gguf file: not a model")
     return name, {}  # a hub id
