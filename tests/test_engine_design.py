@@ -378,3 +378,17 @@ def test_a_mistyped_relative_path_is_named_at_once_and_hub_ids_pass(tmp_path, mo
             resolve_source(typo)
     assert resolve_source("HuggingFaceTB/SmolLM2-135M-Instruct") == ("HuggingFaceTB/SmolLM2-135M-Instruct", {})
     assert resolve_source("gpt2") == ("gpt2", {})
+
+
+def test_a_model_with_a_short_position_table_is_tuned_probed_and_decoded_exactly():
+    """The start-up timings (kernel tuning: up to 64 tokens; the cost probe: up to 81) must fit a short context
+    rather than index past the position table."""
+    from tr_core.kernels import plan_of
+
+    model = tiny_model_of("gpt2", max_position_embeddings=48)  # a learned position table of 48 entries
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB), tune_kernels=True)
+    prompt = list(range(2, 14))
+    cfg = DecodeConfig(max_new_tokens=24, template="hybrid")
+    plain = list(engine.generate(prompt, cfg.with_(plain=True)))[-1]
+    assert list(engine.generate(prompt, cfg))[-1].tokens == plain.tokens and len(plain.tokens) > 10
+    assert plan_of(model) is not None and 12 <= plan_of(model).limit < 48

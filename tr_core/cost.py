@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -38,6 +39,15 @@ def sync(device: torch.device) -> None:
     """Wait for queued GPU work (no-op on a CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def timing_context(runner: ModelRunner, context: list[int], sizes: Iterable[int]) -> tuple[list[int], list[int]]:
+    """(context, sizes) for timing forwards: the last 256 tokens of `context` (at least 1), fewer where the model's
+    position table leaves too little room after them for the largest size; sizes that fit even after 1 token."""
+    limit, sizes = runner.context_limit(), list(sizes)
+    keep = max(1, min(256, limit - max(sizes, default=1)))
+    context = (context or [0])[-keep:]
+    return context, [n for n in sizes if len(context) + n <= limit]
 
 
 class ForwardTimer:
@@ -139,7 +149,8 @@ class ForwardCost:
         timed (48 and 81 tokens then: about 2 s instead of 4-6)."""
         known = {n: ms for n, ms in (known or {}).items() if n in COST_GRID and n <= max(max_tokens, 1)}
         sizes = [n for n in COST_GRID if n <= max(max_tokens, 1) and n not in known]
-        times = measure_forward_costs(runner, context[-256:], sizes, repeats) if sizes else {}
+        context, sizes = timing_context(runner, context, sizes)
+        times = measure_forward_costs(runner, context, sizes, repeats) if sizes else {}
         self.set_measured({**{n: [ms] for n, ms in known.items()}, **times}, max_tokens)
 
 

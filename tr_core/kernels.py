@@ -294,8 +294,10 @@ def tune(runner: Any, context: list[int], sizes: tuple[int, ...] = TUNE_SIZES, r
     """Time whole forwards of each size every available way on this machine (interleaved; the fastest of `repeats`
     rounds after one warm-up round), install the fastest way per size and return the plan. 12-15 s with 2
     threads on a 2-core CPU for the embedded model."""
-    from .cost import ForwardTimer
+    from .cost import ForwardTimer, timing_context
 
+    context, sizes = timing_context(runner, context, sizes)
+    sizes = tuple(sizes) or (1,)
     model = runner.model
     ways = available_ways(weight_dtype(model))
     note = no_room_for_packs(model) if ONEDNN in ways else ""
@@ -304,7 +306,7 @@ def tune(runner: Any, context: list[int], sizes: tuple[int, ...] = TUNE_SIZES, r
     every = {way: (0,) + (WAYS.index(way),) * max(sizes) for way in ways}
     times: dict[str, dict[int, list[float]]] = {way: {n: [] for n in sizes} for way in ways}
     failed: set[str] = set()  # ways that raised on this model (a shape or dtype the small check did not cover)
-    with ForwardTimer(runner, context[-256:]) as timer:
+    with ForwardTimer(runner, context) as timer:
         for rep in range(repeats + 1):
             for i, n in enumerate(sizes):
                 turn = (rep + i) % len(ways)  # rotate which way goes first
