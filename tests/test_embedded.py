@@ -74,6 +74,7 @@ def test_cli_answers_a_chat_prompt_as_json():
     assert a["steps"] == len(a["tokens"]) and b["steps"] <= a["steps"] and b["mean_accepted"] >= 1.0
     assert b["template"] == default_template("cpu") == "hybrid"  # the CPU default (the benchmark's winner there)
     assert b["tokens_per_s"] > 0
+    assert b["prompt_tokens"] > 5 and b["prefill_s"] > 0 and b["wall_s"] == pytest.approx(b["prefill_s"] + b["decode_s"])
 
 
 @pytest.mark.parametrize("args, message", [

@@ -212,6 +212,8 @@ def _print_summary(args: argparse.Namespace, engine: Any, summary: Any) -> None:
                           "new_tokens": summary.new_tokens, "stop_reason": summary.stop_reason,
                           "method": summary.method, "template": summary.template,
                           "overhead_ms": summary.overhead_ms, "forward_ms": summary.forward_ms,
+                          "prompt_tokens": summary.prompt_tokens, "prefill_s": summary.prefill_s,
+                          "decode_s": summary.decode_s, "wall_s": summary.wall_s,
                           "device": str(engine.device), "dtype": str(engine.dtype).replace("torch.", "")}))
     else:
         method = "plain decoding" if args.plain else f"Token Recycling ({summary.template})"
