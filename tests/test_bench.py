@@ -65,6 +65,19 @@ def test_a_byte_order_mark_and_raw_unicode_line_separators_inside_strings_are_re
     assert qs[0].turns == ("one\u2028two\u0085three\u2029four",)
 
 
+def test_two_questions_of_the_same_name_are_both_located(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    one = _write(tmp_path / "a", "q.jsonl", GOOD)
+    two = _write(tmp_path / "b", "q.jsonl", GOOD)
+    with pytest.raises(bench.BenchInputError, match=rf"both named 'q/1' \({one}:1 and {two}:1\)"):
+        bench.load_all_questions([str(one), str(two)], None, None)
+    mixed = _write(tmp_path, "m.jsonl", ['{"question_id": 1, "category": "qa", "turns": ["a"]}',
+                                         '{"question_id": "1", "category": "qa", "turns": ["b"]}'])
+    with pytest.raises(bench.BenchInputError, match=rf"{mixed}:1 and {mixed}:2\).*number and text"):
+        bench.load_all_questions([str(mixed)], None, None)
+
+
 def test_missing_file_names_the_file(tmp_path):
     missing = tmp_path / "nope.jsonl"
     with pytest.raises(QuestionFileError, match=r"nope\.jsonl: no such file"):

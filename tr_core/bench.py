@@ -127,9 +127,12 @@ def load_all_questions(paths: list[str], per_task: int | None, limit: int | None
     questions: list[Question] = []
     for p in paths:
         questions.extend(load_questions(p))
-    keys = [q.key for q in questions]
-    if len(set(keys)) != len(keys):
-        raise BenchInputError("the same question file (or two files with the same name) was given twice")
+    first: dict[str, Question] = {}
+    for q in questions:
+        if (other := first.setdefault(q.key, q)) is not q:
+            raise BenchInputError(
+                f"two questions are both named {q.key!r} ({other.source}:{other.line} and {q.source}:{q.line}): "
+                "the same file given twice, two files of the same name, or ids that differ only as number and text")
     if per_task is not None and per_task < 1:
         raise BenchInputError(f"--per-task must be >= 1, got {per_task}")
     if limit is not None and limit < 1:
