@@ -1,12 +1,16 @@
 """Shared fixtures: tiny random-weight models of several architectures, and the embedded real model."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+# Every test times this machine's matrix products afresh (kernels.py) rather than take a plan that a developer's
+# earlier run kept on disk (plan_cache.py); the cache's own tests point it at a temporary file.
+os.environ["TR_PLAN_CACHE"] = ""
 
 
 class TinyTokenizer:

@@ -3,6 +3,7 @@ every row count routed to W @ x^T, one timed plan per model, and nothing routed 
 from __future__ import annotations
 
 import copy
+import json
 import gc
 
 import pytest
@@ -326,3 +327,37 @@ def test_a_way_that_fails_on_the_real_model_is_dropped_from_the_plan(monkeypatch
     assert len(out[-1].tokens) == 6
     plan = kernels.plan_of(model)
     assert way not in plan.ms and way not in plan.ways.values() and STOCK in plan.ms
+
+
+def test_a_later_process_takes_the_plan_this_machine_timed_for_the_same_shapes(monkeypatch, tmp_path):
+    """Timing the products costs whole forwards (about 30 s for a 0.5B model on 2 cores): kept on disk per machine,
+    torch threads and layer shapes, and timed again where the kept plan cannot be used or the file is damaged."""
+    from tr_core import plan_cache
+
+    path = tmp_path / "plans.json"
+    monkeypatch.setenv("TR_PLAN_CACHE", str(path))
+    calls = []
+    real = kernels.tune
+    monkeypatch.setattr(kernels, "tune", lambda runner, context, **kw: calls.append(1) or real(runner, context, repeats=1))
+    first = tiny_model("llama")
+    list(Engine(first, TinyTokenizer(TINY_VOCAB)).generate([3, 4, 5], DecodeConfig(max_new_tokens=6, plain=True)))
+    assert calls == [1] and path.is_file() and kernels.plan_of(first).cached == ""
+    second = tiny_model("llama", seed=1)  # another model object of the same shapes: as a new process sees it
+    engine = Engine(second, TinyTokenizer(TINY_VOCAB))
+    assert list(engine.generate([3, 4, 5], DecodeConfig(max_new_tokens=6, plain=True)))[-1].tokens != [] and calls == [1]
+    kept = kernels.plan_of(second)
+    assert kept.ways == kernels.plan_of(first).ways and kept.ms == kernels.plan_of(first).ms
+    assert f"kept in {path}" in kept.summary() and kernels.describe_plan(second)["cached"] == kept.cached
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 97)  # other threads: another key, timed again
+    kernels.ensure_tuned(Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB)).runner, [3, 4])
+    assert calls == [1, 1]
+    monkeypatch.undo()
+    monkeypatch.setenv("TR_PLAN_CACHE", str(path))
+    path.write_text("{not json")  # a damaged file: timed again, and written afresh
+    model = tiny_model("llama")
+    assert plan_cache.load_plan(model) is None
+    entry = plan_cache.plan_to_dict(kernels.LinearPlan({1: "no-such-way"}, 1, {"no-such-way": {1: 1.0}}))
+    path.write_text(json.dumps({plan_cache.plan_key(model): entry}))
+    assert plan_cache.load_plan(model) is None  # a way this build lacks
+    monkeypatch.setenv("TR_PLAN_CACHE", "")
+    assert plan_cache.plan_cache_path() is None and plan_cache.load_plan(model) is None

@@ -59,6 +59,7 @@ class LinearPlan:
     ms: dict[str, dict[int, float]] = field(default_factory=dict)
     layers: int = 0
     note: str = ""  # why a way was not tried (no room for oneDNN's packed weights), for the summary
+    cached: str = ""  # where and when it was timed, when taken from the plan cache (plan_cache.py)
 
     def routes(self) -> tuple[int, ...]:
         """routes()[m]: the index in WAYS of the way m rows take, for m in 0..limit."""
@@ -78,7 +79,8 @@ class LinearPlan:
         taken = "; ".join(f"{way} for {','.join(str(n) for n in sorted(self.ways) if self.ways[n] == way)}"
                           for way in WAYS if way in self.ways.values())
         note = f"; {self.note}" if self.note else ""
-        return f"linear layers by row count: {taken} ({self.layers} layers; {pairs}){note}"
+        cached = f"; {self.cached}" if self.cached else ""
+        return f"linear layers by row count: {taken} ({self.layers} layers; {pairs}){note}{cached}"
 
 
 def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
@@ -255,7 +257,7 @@ def set_plan(model: Any, plan: LinearPlan) -> None:
     layers = install(model, plan.routes())
     if ONEDNN not in plan.ways.values():
         drop_packs(model)
-    model.__dict__[_ATTR] = LinearPlan(dict(plan.ways), plan.limit, plan.ms, layers, plan.note)
+    model.__dict__[_ATTR] = LinearPlan(dict(plan.ways), plan.limit, plan.ms, layers, plan.note, plan.cached)
 
 
 def describe_plan(model: Any) -> dict[str, Any]:
@@ -264,7 +266,7 @@ def describe_plan(model: Any) -> dict[str, Any]:
     if plan is None:
         return {"summary": "linear layers: the library's own product (not tuned)", "ways": {}}
     return {"summary": plan.summary(), "ways": {str(n): way for n, way in sorted(plan.ways.items())},
-            "layers": plan.layers, "note": plan.note,
+            "layers": plan.layers, "note": plan.note, "cached": plan.cached,
             "ms": {way: {str(n): round(v, 3) for n, v in per.items()} for way, per in plan.ms.items()}}
 
 
@@ -332,10 +334,16 @@ def tune(runner: Any, context: list[int], sizes: tuple[int, ...] = TUNE_SIZES, r
 
 
 def ensure_tuned(runner: Any, context: list[int]) -> LinearPlan | None:
-    """Tune `runner`'s model once (CPU only; later calls and other engines of the same model reuse the plan)."""
+    """Tune `runner`'s model once (CPU only; later calls and other engines of the same model reuse the plan), or take
+    the plan this machine timed for the same shapes in an earlier process (plan_cache.py)."""
     if not needs_tuning(runner.model, runner.device):
         return plan_of(runner.model)
+    from .plan_cache import load_plan, save_plan
+
     with _LOCK:
         if needs_tuning(runner.model, runner.device):
-            tune(runner, context or [0])
+            if (kept := load_plan(runner.model)) is not None:
+                set_plan(runner.model, kept)
+            else:
+                save_plan(runner.model, tune(runner, context or [0]))
     return plan_of(runner.model)
