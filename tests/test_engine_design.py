@@ -345,6 +345,21 @@ def test_a_causal_model_whose_config_says_not_a_decoder_loads_and_a_bidirectiona
         load_model(str(tmp_path / "bert"), device="cpu")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_causality_check_holds_in_16_bit(dtype):
+    """Half-precision rounding must neither make a causal model look bidirectional nor hide a bidirectional one."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tr_core.models import is_causal
+
+    assert is_causal(tiny_model_of("gpt_neox").to(dtype))
+    torch.manual_seed(0)
+    bert = AutoModelForCausalLM.from_config(AutoConfig.for_model(
+        "bert", vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, is_decoder=False)).to(dtype)
+    assert not is_causal(bert)
+
+
 def test_a_model_folder_with_its_own_python_is_refused_without_asking_or_running_it(embedded, tmp_path, monkeypatch):
     """transformers would stop to ask on the console whether to run a repository's code (a server would hang, a
     script would wait); the loader refuses at once and never runs it."""
