@@ -144,8 +144,7 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
 
 def _generate(args: argparse.Namespace) -> int:
     from .engine import Engine
-    from .events import StepEvent
-    from .trace import TextAssembler, Trace
+    from .trace import Trace
     from .tree import default_template
 
     if not args.prompt.strip():
@@ -181,6 +180,23 @@ def _generate(args: argparse.Namespace) -> int:
     if engine.times_forwards_first(cfg):
         print("timing this machine's forwards before the first token (once: seconds for a small model, about 30 s "
               "for a 0.5B one on 2 cores; the matrix products' choice is kept for later runs)", file=sys.stderr)
+    steps, summary, text = _stream(args, engine, ids, cfg)
+    _print_summary(args, engine, summary)
+    if args.save_matrix:
+        try:
+            engine.matrix.save(args.save_matrix)
+        except OSError as exc:
+            return report_error(f"cannot save the matrix: {exc}", 1)
+    if args.replay_html:
+        return _write_replay(args, engine, cfg, Trace(steps=steps, summary=summary, step_texts=text.step_texts()))
+    return 0
+
+
+def _stream(args: argparse.Namespace, engine: Any, ids: list[int], cfg: Any) -> tuple[list, Any, Any]:
+    """Decode, writing the text as it comes (not with --json); (step events, summary, the text assembler)."""
+    from .events import StepEvent
+    from .trace import TextAssembler
+
     text = TextAssembler(engine.decode)
     steps, summary = [], None
     for ev in engine.generate(ids, cfg):
@@ -194,15 +210,7 @@ def _generate(args: argparse.Namespace) -> int:
             summary = ev
     if not args.json:
         _write(text.unshown(final=True))
-    _print_summary(args, engine, summary)
-    if args.save_matrix:
-        try:
-            engine.matrix.save(args.save_matrix)
-        except OSError as exc:
-            return report_error(f"cannot save the matrix: {exc}", 1)
-    if args.replay_html:
-        return _write_replay(args, engine, cfg, Trace(steps=steps, summary=summary, step_texts=text.step_texts()))
-    return 0
+    return steps, summary, text
 
 
 def _print_summary(args: argparse.Namespace, engine: Any, summary: Any) -> None:
