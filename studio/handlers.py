@@ -221,8 +221,9 @@ def _prepare(studio: Studio, s: Session, text: str, settings: ChatSettings, note
     messages = history + [{"role": "user", "content": text}]
     ids, dropped, max_new = trim_to_context(engine.encode_chat, messages, engine.context_limit, settings.max_new_tokens)
     if dropped:
+        oldest = "message was" if dropped == 1 else f"{dropped} messages were"
         notes.append(f"⚠ The conversation is longer than the model's context ({engine.context_limit} tokens): "
-                     f"the oldest {dropped} message(s) were left out of the prompt.")
+                     f"the oldest {oldest} left out of the prompt.")
     if max_new < settings.max_new_tokens:
         notes.append(f"Max new tokens reduced to {max_new} to fit the context.")
     cfg = DecodeConfig(max_new_tokens=max_new, temperature=settings.temperature, top_p=settings.top_p,
@@ -426,7 +427,8 @@ def measure_note(est: SpeedEstimate, answer_tokens: int, stopped: bool = False) 
         why = "stopped" if stopped else "time cap"
         parts.append(f"measured over the first {est.covered} of {answer_tokens} tokens ({why})")
     if est.left_out:
-        parts.append(f"{est.left_out} chunk pair(s) disturbed by a load change left out")
+        pairs = ("1 chunk pair", "its") if est.left_out == 1 else (f"{est.left_out} chunk pairs", "their")
+        parts.append(f"{pairs[0]} left out (a load change fell between {pairs[1]} two halves)")
     return "; ".join(parts)
 
 

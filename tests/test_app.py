@@ -143,7 +143,7 @@ def test_answers_measure_the_speedup_trim_long_conversations_and_survive_errors(
         views = run(studio, session, f"question {i}")
     final = merged(views)
     # 3 user turns + 2 answers = 50 prompt tokens > 50 - 10: the oldest question/answer pair is dropped
-    assert "oldest 2 message(s) were left out" in final["status"] or "oldest 2 message(s)" in views[-2]["status"]
+    assert "oldest 2 messages were left out" in final["status"] or "oldest 2 messages" in views[-2]["status"]
     assert len(session.history) == 6 and session.history[-1]["content"].startswith("w8 w9")
     # the fake's TR steps emit 2 tokens in 12 ms, plain steps 1 token in 10 ms: 2 x 10 / 12 = 1.67x
     assert "1.67× ± 0.00" in final["meter"] and "tr-ratio-up" in final["meter"]

@@ -62,6 +62,8 @@ def test_a_load_change_between_the_runs_cannot_fake_a_speedup():
 
     note = measure_note(est, 150)
     assert "first 120 of 150 tokens (time cap)" in note and "left out" in note
+    pairs = est.left_out
+    assert (f"{pairs} chunk pairs left out" if pairs > 1 else "1 chunk pair left out") in note and "(s)" not in note
     assert "first 120 of 150 tokens (stopped)" in measure_note(est, 150, stopped=True)  # the visitor's Stop, not the cap
     assert measure_note(estimate([ChunkPair(10, 100.0, 5, 150.0)] * 4), 40) == ""
 
