@@ -18,7 +18,7 @@ from typing import Any
 from tr_core.config import DecodeConfig, DecodeConfigError
 from tr_core.events import StepEvent, SummaryEvent
 from tr_core.figures import MatrixTracker, accepted_chart_explained, heatmap_figure, tree_figure
-from tr_core.speed import SpeedEstimate, forked, interleave
+from tr_core.speed import MAX_PASSES, SpeedEstimate, forked, interleave
 from tr_core.trace import Trace, TraceError, record_live
 
 from .config import StudioConfig
@@ -395,17 +395,20 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
     est = SpeedEstimate(None, None, None, None, None, 0, 0, False, "nothing was measured")
     answer_mean = trace.summary.mean_accepted  # shown by the meter, as by the chart beside it
     last = 0.0
+
+    def runs() -> tuple[Iterator, Iterator]:  # each pass from a copy of the answer's starting state
+        engine = forked(twin)
+        return engine.generate(ids, cfg, stop=stop.is_set), engine.generate(ids, cfg.with_(plain=True), stop=stop.is_set)
+
     with DECODE_SLOT:
-        rounds = interleave(twin.generate(ids, cfg, stop=stop.is_set),
-                            twin.generate(ids, cfg.with_(plain=True), stop=stop.is_set),
-                            max_s=studio.config.measure_max_s, chunk_ms=studio.config.measure_chunk_ms,
-                            should_stop=stop.is_set)
+        rounds = interleave(*runs(), max_s=studio.config.measure_max_s, chunk_ms=studio.config.measure_chunk_ms,
+                            should_stop=stop.is_set, again=runs)
         try:
             for est in rounds:
                 if time.monotonic() - last >= RENDER_EVERY_S:
                     last = time.monotonic()
                     yield {"meter": measured_meter(est, done=False, answer_mean=answer_mean),
-                           "status": f"Measuring the speedup… {est.tokens} / {trace.summary.new_tokens} tokens"}
+                           "status": measuring_status(est, trace.summary.new_tokens)}
         finally:
             rounds.close()
     if stop.is_set():
@@ -417,6 +420,13 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
     view = {"meter": measured_meter(est, note=note, answer_mean=answer_mean), "status": "  \n".join(notes) or "✓ Done.",
             "race": race_html(trace), "trace_file": str(trace.save(s.files() / "trace.json"))}
     yield view
+
+
+def measuring_status(est: SpeedEstimate, answer_tokens: int) -> str:
+    """The status line while the speedup is being measured."""
+    if est.passes > 1:
+        return f"Measuring the speedup again (pass {est.passes} of at most {MAX_PASSES}: too noisy so far)…"
+    return f"Measuring the speedup… {est.covered} / {answer_tokens} tokens"
 
 
 def measure_note(est: SpeedEstimate, answer_tokens: int, stopped: bool = False) -> str:

@@ -194,10 +194,13 @@ def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer
     if not done:
         return meter_html(MeterView(state="measuring", tr_tps=est.tr_tps, plain_tps=est.plain_tps,
                                     mean_accepted=est.mean_accepted, identical=est.identical,
-                                    note=f"timing both methods in turns over the same tokens… {est.tokens} so far"))
+                                    note=f"timing both methods in turns over the same tokens… {est.covered} so far"
+                                    + (f" (pass {est.passes})" if est.passes > 1 else "")))
     state = "measured" if est.trusted else "noisy"
-    why = (f"over {est.tokens} tokens, both methods timed in {est.pairs} alternating chunks" if est.trusted
-           else est.reason)
+    why = est.reason
+    if est.trusted:
+        over = f"over {est.covered} tokens decoded {est.passes} times" if est.passes > 1 else f"over {est.tokens} tokens"
+        why = f"{over}, both methods timed in {est.pairs} alternating chunks"
     return meter_html(MeterView(state=state, tr_tps=est.tr_tps, plain_tps=est.plain_tps,
                                 mean_accepted=est.mean_accepted, ratio=est.ratio if est.trusted else None,
                                 error=est.error, identical=est.identical, note="; ".join(x for x in (why, note) if x)))

@@ -13,6 +13,7 @@ so a step that emits `a` tokens can at most be `a` times faster than one plain s
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from typing import Any
 from .events import StepEvent
 
 MIN_PAIRS = 3  # fewer chunk pairs than this cannot give a spread
+MAX_PASSES = 3  # an answer measured whole but too noisily is decoded again from the same start, up to this often
 MAX_REL_ERROR = 0.08  # a standard error above 8% of the ratio is "too noisy to measure"
 PLAUSIBLE_SLACK = 1.10  # ratio <= slack x mean accepted tokens per step (slack covers per-step overheads)
 
@@ -52,6 +54,7 @@ class SpeedEstimate:
     identical: bool | None = None  # both runs emitted the same tokens (None: not known)
     covered: int = 0  # tokens both runs decoded, including pairs left out as disturbed
     left_out: int = 0  # chunk pairs left out because a load change fell between their two chunks
+    passes: int = 1  # times the answer was decoded by both methods (its chunk pairs pooled)
 
 
 def jackknife_ratio(pairs: list[ChunkPair]) -> tuple[float, float]:
@@ -180,7 +183,9 @@ def _fresh() -> dict:
 
 
 def interleave(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: float = 250.0,
-               max_s: float = 30.0, should_stop: Callable[[], bool] | None = None) -> Iterator[SpeedEstimate]:
+               max_s: float = 30.0, should_stop: Callable[[], bool] | None = None,
+               again: Callable[[], tuple[Iterator[Any], Iterator[Any]]] | None = None,
+               max_passes: int = MAX_PASSES) -> Iterator[SpeedEstimate]:
     """Alternate chunks of a Token Recycling run and a plain run of the same prompt; yield the estimate so far.
 
     tr_events / plain_events: `Engine.generate` generators (closed here when done or when this generator
@@ -192,10 +197,38 @@ def interleave(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: 
     of always the first one's. An estimate is yielded after every round (the last one is the result).
     Stops after `max_s` seconds of wall time (the figure then covers the tokens so far) or when
     `should_stop()` says so.
+
+    `again`: fresh generators that decode the same answer from the same start. When a pass measured the whole
+    answer but its figure cannot be shown (a short answer gives few pairs, a busy machine a wide spread), and
+    time is left, the answer is decoded again, up to `max_passes` passes, and the pairs of all passes are pooled:
+    more pairs of the same tokens narrow the error honestly.
     """
-    tr, plain = _fresh(), _fresh()
     pairs: list[ChunkPair] = []
     deadline = time.monotonic() + max_s
+    est, covered, passes = estimate([]), 0, 0
+    while True:
+        passes += 1
+        state: dict[str, Any] = {}
+        rounds = _one_pass(tr_events, plain_events, chunk_ms, pairs, state)
+        try:
+            for est in rounds:
+                covered = max(covered, state["covered"])
+                est = dataclasses.replace(est, covered=covered, passes=passes)
+                yield est
+                if time.monotonic() > deadline or (should_stop is not None and should_stop()):
+                    return
+        finally:
+            rounds.close()  # closes both runs, also when the consumer closes this generator
+        if est.trusted or est.identical is False or again is None or passes >= max_passes or not pairs:
+            return
+        tr_events, plain_events = again()
+
+
+def _one_pass(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: float, pairs: list[ChunkPair],
+              state: dict[str, Any]) -> Iterator[SpeedEstimate]:
+    """One pass of `interleave` over the answer, appending its chunk pairs to `pairs` (those of earlier passes
+    included in each estimate); `state["covered"]`: tokens of this pass both runs decoded so far."""
+    tr, plain = _fresh(), _fresh()
     try:
         more = True
         while more:
@@ -214,9 +247,8 @@ def interleave(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: 
                                    tr_ms=tr["ms"] - before_tr["ms"], tr_steps=tr["steps"] - before_tr["steps"],
                                    plain_ms=plain["ms"] - before_plain["ms"]))
             n = min(len(tr["emitted"]), len(plain["emitted"]))
+            state["covered"] = n
             yield estimate(pairs, identical=tr["emitted"][:n] == plain["emitted"][:n])
-            if time.monotonic() > deadline or (should_stop is not None and should_stop()):
-                break
     finally:
         for gen in (tr_events, plain_events):
             close = getattr(gen, "close", None)

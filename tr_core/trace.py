@@ -231,7 +231,7 @@ def check_speed(speed: Any) -> None:
         value = speed.get(name)
         if value is not None and (not _is_number(value) or value < 0):
             raise TraceError(f"\"speed\": \"{name}\" must be a non-negative number or null, got {_show(value)}")
-    for name in ("tokens", "pairs", "covered", "left_out"):
+    for name in ("tokens", "pairs", "covered", "left_out", "passes"):
         _check_int(speed.get(name, 0), f"\"speed\": \"{name}\"", 0, INT_LIMIT)
     if type(speed.get("trusted")) is not bool:
         raise TraceError("\"speed\": \"trusted\" must be true or false")
