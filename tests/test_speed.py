@@ -300,3 +300,24 @@ def test_a_single_pair_has_no_error_and_its_trace_still_loads(tmp_path):
     trace = Trace(model="tiny", speed=dataclasses.asdict(est))
     back = Trace.load(trace.save(tmp_path / "t.json"))
     assert back.speed["error"] is None and back.speed["reason"] == est.reason
+
+
+def test_a_pooled_measurement_is_saved_in_the_trace_and_a_bad_pass_count_refused(tmp_path):
+    import dataclasses
+    import json
+
+    import pytest
+
+    from tr_core.trace import Trace, TraceError
+
+    pairs = [ChunkPair(tokens=6, tr_ms=60.0, tr_steps=3, plain_ms=80.0 + i) for i in range(8)]
+    est = dataclasses.replace(estimate(pairs, identical=True), covered=24, passes=2)
+    path = Trace(model="tiny", speed=dataclasses.asdict(est)).save(tmp_path / "t.json")
+    assert Trace.load(path).speed["passes"] == 2
+    data = json.loads(path.read_text())
+    del data["speed"]["passes"]  # a trace saved before passes existed
+    assert Trace.from_dict(data).speed.get("passes") is None
+    for bad in (-1, "2", 2.5):
+        data["speed"]["passes"] = bad
+        with pytest.raises(TraceError, match="passes"):
+            Trace.from_dict(data)
