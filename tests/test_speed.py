@@ -62,8 +62,8 @@ def test_a_load_change_between_the_runs_cannot_fake_a_speedup():
 
     note = measure_note(est, 150)
     assert "first 120 of 150 tokens (time cap)" in note and "left out" in note
-    pairs = est.left_out
-    assert (f"{pairs} chunk pairs left out" if pairs > 1 else "1 chunk pair left out") in note and "(s)" not in note
+    left = est.left_out
+    assert (f"{left} chunk pairs left out" if left > 1 else "1 chunk pair left out") in note and "(s)" not in note
     assert "first 120 of 150 tokens (stopped)" in measure_note(est, 150, stopped=True)  # the visitor's Stop, not the cap
     assert measure_note(estimate([ChunkPair(10, 100.0, 5, 150.0)] * 4), 40) == ""
 
@@ -128,7 +128,6 @@ def test_interleave_yields_progress_and_closes_both_runs_when_closed():
     assert sorted(closed) == ["plain", "tr"]
 
 
-
 def test_a_noisy_short_answer_is_decoded_again_and_the_passes_pooled():
     """30-token answers on a machine whose every step varies by up to 30%: one pass often gives too few steady
     pairs to show a figure. With `again` the answer is decoded once more from the same start (up to 3 passes) and
@@ -190,6 +189,7 @@ def test_passes_stop_at_the_limit_at_a_trusted_figure_and_when_stopped():
     count[0] = 0
     est = measure_interleaved(*runs(), chunk_ms=60.0, again=runs, should_stop=lambda: True)
     assert est.passes == 1 and count[0] == 1  # the visitor's Stop: no further pass
+
 
 def tiny_engine(arch: str = "llama") -> Engine:
     return Engine(tiny_model(arch), TinyTokenizer(96), topk_candidates=4)

@@ -207,12 +207,11 @@ def interleave(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: 
     deadline = time.monotonic() + max_s
     est, covered, passes = estimate([]), 0, 0
     while True:
-        passes += 1
-        state: dict[str, Any] = {}
-        rounds = _one_pass(tr_events, plain_events, chunk_ms, pairs, state)
+        passes, first = passes + 1, len(pairs)
+        rounds = _one_pass(tr_events, plain_events, chunk_ms, pairs)
         try:
             for est in rounds:
-                covered = max(covered, state["covered"])
+                covered = max(covered, sum(p.tokens for p in pairs[first:] if p.tokens > 0))  # this pass's
                 est = dataclasses.replace(est, covered=covered, passes=passes)
                 yield est
                 if time.monotonic() > deadline or (should_stop is not None and should_stop()):
@@ -224,10 +223,10 @@ def interleave(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: 
         tr_events, plain_events = again()
 
 
-def _one_pass(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: float, pairs: list[ChunkPair],
-              state: dict[str, Any]) -> Iterator[SpeedEstimate]:
+def _one_pass(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: float,
+              pairs: list[ChunkPair]) -> Iterator[SpeedEstimate]:
     """One pass of `interleave` over the answer, appending its chunk pairs to `pairs` (those of earlier passes
-    included in each estimate); `state["covered"]`: tokens of this pass both runs decoded so far."""
+    included in each estimate)."""
     tr, plain = _fresh(), _fresh()
     try:
         more = True
@@ -247,7 +246,6 @@ def _one_pass(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: f
                                    tr_ms=tr["ms"] - before_tr["ms"], tr_steps=tr["steps"] - before_tr["steps"],
                                    plain_ms=plain["ms"] - before_plain["ms"]))
             n = min(len(tr["emitted"]), len(plain["emitted"]))
-            state["covered"] = n
             yield estimate(pairs, identical=tr["emitted"][:n] == plain["emitted"][:n])
     finally:
         for gen in (tr_events, plain_events):
