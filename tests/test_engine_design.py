@@ -407,3 +407,45 @@ def test_a_model_with_a_short_position_table_is_tuned_probed_and_decoded_exactly
     plain = list(engine.generate(prompt, cfg.with_(plain=True)))[-1]
     assert list(engine.generate(prompt, cfg))[-1].tokens == plain.tokens and len(plain.tokens) > 10
     assert plan_of(model) is not None and 12 <= plan_of(model).limit < 48
+
+
+def _forwards(engine: Engine, prompt: list[int], **kw) -> tuple[list[int], list[int], list]:
+    """An answer's tokens, the token count of every model forward it ran, and its step events."""
+    sizes: list[int] = []
+    hook = engine.model.register_forward_pre_hook(
+        lambda module, args, kwargs: sizes.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        events = list(engine.generate(prompt, DecodeConfig(**kw)))
+    finally:
+        hook.remove()
+    return events[-1].tokens, sizes, events[:-1]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_prompts_forward_verifies_a_first_step_that_drafts_nothing(arch):
+    """Plain decoding and the cost-sized trees (whose first step drafts nothing) run one forward of the whole prompt
+    and no separate one for its last token: n plain tokens take n forwards, as transformers' `generate`. A tree that
+    drafts on its first step still prefills all but the last token and forwards the tree. The tokens are those of a
+    separate first forward, and the first step's cost is not taken as a one-token forward's."""
+    model = tiny_model(arch)
+    on, off = Engine(model, TinyTokenizer(TINY_VOCAB)), Engine(model, TinyTokenizer(TINY_VOCAB))
+    off.first_step_from_prompt = False
+    prompt = PROMPTS[1]
+    for engine in (on, off):  # one-off work first: kernel tuning and the cost probe run forwards of their own
+        for template in ("adaptive", "hybrid"):
+            list(engine.generate(PROMPTS[0], DecodeConfig(max_new_tokens=2, template=template)))
+    tokens, sizes, steps = _forwards(on, prompt, max_new_tokens=8, plain=True, stop_token_ids=())
+    assert sizes == [len(prompt)] + [1] * 7 and len(steps) == 8 and steps[0].timings["forward"] < 1.0
+    old_tokens, old_sizes, _ = _forwards(off, prompt, max_new_tokens=8, plain=True, stop_token_ids=())
+    assert old_sizes == [len(prompt) - 1] + [1] * 8 and old_tokens == tokens
+    for template in ("adaptive", "hybrid"):
+        got, sizes, steps = _forwards(on, prompt, max_new_tokens=8, template=template, stop_token_ids=())
+        assert got == tokens and sizes[0] == len(prompt) and len(sizes) == len(steps)
+        assert len(steps[0].tokens) == 1
+    got, sizes, steps = _forwards(on, prompt, max_new_tokens=8, template="2.2.2", stop_token_ids=())
+    assert got == tokens and sizes[:2] == [len(prompt) - 1, len(steps[0].tokens)] and len(steps[0].tokens) > 1
+    assert len(sizes) == len(steps) + 1
+    drafter = on.adaptive
+    seen = dict(drafter.cost.seen)
+    list(on.generate(prompt, DecodeConfig(max_new_tokens=1, template="adaptive")))  # one step: the prompt's
+    assert drafter.cost.seen == seen  # nothing learned about a one-token forward's cost from it

@@ -289,7 +289,8 @@ class AdaptiveDrafter:
         """What every verified step teaches: per-bin calibration, the trust factor, the cost of the step."""
         self.learn_verified(result)
         self.trust.extend(result.emitted)
-        self.cost.observe(result.forward_tokens, result.step_ms)
+        if result.forwarded:
+            self.cost.observe(result.forward_tokens, result.step_ms)
 
     # -- growing ----------------------------------------------------------------------------------------------
     def grow(self, matrix: AdjacencyMatrix, root: torch.Tensor, budget: int, max_depth: int) -> GrownTree:

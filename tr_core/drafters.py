@@ -47,6 +47,7 @@ class StepResult:
     forward_ms: float  # its measured time
     step_ms: float  # the step's time up to the commit (draft, forward, verify, update, sync, commit)
     extras: dict[str, list[float]]  # the drafter's `Draft.extras` and `lookahead` tensors, synced
+    forwarded: bool = True  # False: the prompt's forward verified it (an answer's first step), no step cost to learn
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ agreeing path + bonus token) -> update (recycle every node's top-k into the matr
 -> sync (one host copy, `SyncPacket`) -> commit (emit, EOS and length inside the accepted path, KV
 compaction) -> learn (the drafter observes the step) -> a StepEvent. The phase timings carry these names.
 Which tree is drafted is the drafter's business (drafters.py, adaptive.py): the engine never asks its kind.
+An answer's first step is drafted before the prompt's forward; when it drafts nothing, that forward takes the
+prompt's last token too and verifies it (`_prefill`), so the step runs no forward of its own.
 """
 from __future__ import annotations
 
@@ -95,6 +97,8 @@ class DecodeState:
     stop_tensor: torch.Tensor  # [S] long, the same on the device (for min_new_tokens)
     scores_hook: Callable[[torch.Tensor], None] | None = None  # gets the processed scores [len(emitted), V] per step
     stop_reason: str = "length"
+    # the first step's draft and, when it is the root alone, its logits from the prompt's own forward (`_begin`)
+    first: tuple[Drafter, Draft, torch.Tensor | None] | None = None
     steps: int = 0
     forward_ms: float = 0.0  # summed over steps
     overhead_ms: float = 0.0  # summed over steps
@@ -121,6 +125,9 @@ class Engine:
         # step wrote it (provenance, `origin_of`); answer i began at tick answer_starts[i] (its prompt seeding).
         self.clock = 0
         self.answer_starts: list[int] = []
+        # The prompt's forward includes its last token, whose logits then verify a first step that drafts nothing
+        # (as `adaptive` and `hybrid` do, and plain decoding): one forward fewer per answer. Off: a tree forward.
+        self.first_step_from_prompt = True
 
     def _stop_tokens(self) -> list[int]:
         ids: set[int] = set()
@@ -264,7 +271,7 @@ class Engine:
         return prompt
 
     def _begin(self, prompt: list[int], cfg: DecodeConfig, drafter: Drafter, keep_context: bool) -> DecodeState:
-        """Seed the matrix from the prompt if asked, let the drafter prepare, prefill all but the last token."""
+        """Seed the matrix from the prompt if asked, let the drafter prepare and draft the first step, prefill."""
         seeding = cfg.prompt_seeding if cfg.prompt_seeding is not None else drafter.seeds_prompt
         self.answer_starts.append(self.clock)
         if seeding and drafter.recycles:
@@ -274,27 +281,49 @@ class Engine:
             ensure_tuned(self.runner, prompt)  # once per model: a no-op when tuned, on a GPU or without linear layers
         drafter.begin(DraftContext(prompt=prompt, cfg=cfg, matrix=self.matrix, runner=self.runner,
                                    answer_start=self.answer_starts[-1]))
-        cache = TreeKVCache()
-        self.runner.prefill(prompt[:-1], cache)
-        sync(self.device)
         budget = min(cfg.max_new_tokens, self.context_limit - len(prompt))
         context = None
         if keep_context:
             context = torch.zeros(len(prompt) + budget, dtype=torch.long, device=self.device)
             context[: len(prompt)] = torch.tensor(prompt, dtype=torch.long)
         stop_ids = sorted(set(cfg.stop_token_ids if cfg.stop_token_ids is not None else self.stop_token_ids))
-        return DecodeState(prompt_len=len(prompt), cache=cache, stop_ids=set(stop_ids),
-                           stop_tensor=torch.tensor(stop_ids, dtype=torch.long, device=self.device),
-                           past=len(prompt) - 1, budget=budget, context=context, committed=len(prompt),
-                           root=torch.tensor([prompt[-1]], dtype=torch.long, device=self.device), out=[])
+        state = DecodeState(prompt_len=len(prompt), cache=TreeKVCache(), stop_ids=set(stop_ids),
+                            stop_tensor=torch.tensor(stop_ids, dtype=torch.long, device=self.device),
+                            past=len(prompt) - 1, budget=budget, context=context, committed=len(prompt),
+                            root=torch.tensor([prompt[-1]], dtype=torch.long, device=self.device), out=[])
+        state.first = self._prefill(state, prompt, drafter)
+        sync(self.device)
+        return state
+
+    def _prefill(self, state: DecodeState, prompt: list[int], drafter: Drafter) -> tuple[Drafter, Draft, Any]:
+        """The first step's draft, then the prompt's forward: the whole prompt when that draft is the root alone
+        (its last row of logits verifies the step; the KV cache then holds what a root-alone step would commit),
+        else all but the last token, the first root, for the tree's own forward."""
+        active = self._active(state, drafter)
+        draft = active.draft(state.root, self.matrix)
+        if draft.size == 1 and self.first_step_from_prompt:
+            ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+            positions = torch.arange(len(prompt), device=self.device)[None]
+            return active, draft, self.runner.forward(ids, positions, None, state.cache, last_only=True)
+        self.runner.prefill(prompt[:-1], state.cache)
+        return active, draft, None
+
+    def _active(self, state: DecodeState, drafter: Drafter) -> Drafter:
+        """The answer's drafter, or plain decoding where its deepest draft would pass the model's context."""
+        return drafter if state.past + drafter.max_depth < self.context_limit else self.plain
 
     def _step(self, state: DecodeState, cfg: DecodeConfig, drafter: Drafter, processors) -> tuple[StepEvent, bool]:
         """One decoding step: draft -> forward -> verify -> update -> sync -> commit -> learn."""
         clock = StepClock(self.device, cfg.sync_timings)
-        active = drafter if state.past + drafter.max_depth < self.context_limit else self.plain  # near the end: plain
-        draft = active.draft(state.root, self.matrix)
+        if state.first is not None:  # drafted, and perhaps verified by the prompt's forward, in `_begin`
+            (active, draft, logits), state.first = state.first, None
+        else:
+            active, logits = self._active(state, drafter), None
+            draft = active.draft(state.root, self.matrix)
         clock.mark("draft")
-        logits = self._forward(state, draft, clock)
+        forwarded = logits is None
+        if forwarded:
+            logits = self._forward(state, draft, clock)
         clock.mark("forward")
         targets, best, top = self._verify(state, cfg, draft, logits, processors, active.recycles)
         clock.mark("verify")
@@ -308,7 +337,7 @@ class Engine:
         so_far = clock.timings()
         active.observe(StepResult(parents=host["parents"], accepted=accepted, emitted=emitted,
                                   forward_tokens=draft.size, forward_ms=so_far["forward"], step_ms=so_far["total"],
-                                  extras=_drafter_part(host)))
+                                  extras=_drafter_part(host), forwarded=forwarded))
         clock.mark("learn")
         self.clock += 1
         timings = clock.timings()

@@ -52,10 +52,10 @@ class SummaryEvent:
     tokens: list[int]  # every emitted token id, in order
     prompt_tokens: int  # length of the prompt in tokens
     new_tokens: int  # len(tokens)
-    steps: int  # decoding steps (= model forwards after the prefill)
-    mean_accepted: float  # new_tokens / steps: tokens per forward, bonus included (1.0 for plain decoding)
+    steps: int  # decoding steps (model forwards after the prompt's; the first step may reuse that one)
+    mean_accepted: float  # new_tokens / steps: tokens per step, bonus included (1.0 for plain decoding)
     tokens_per_s: float  # new_tokens / decode_s
-    prefill_s: float  # seconds spent on the prompt's forward
+    prefill_s: float  # seconds spent on the prompt's forward (and the first step's draft)
     decode_s: float  # seconds spent in decoding steps
     wall_s: float  # prefill_s + decode_s
     stop_reason: str  # "eos", "length" or "stopped" (the consumer closed the generator early)
