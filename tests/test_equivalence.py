@@ -65,6 +65,29 @@ def test_seeded_sampling_recycling_equals_plain(arch):
     assert len(outputs) == 6, "different seeds and prompts must give different samples"
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_gpu_code_path_is_lossless_too_run_on_cpu_tensors(arch):
+    """On a GPU the adaptive and hybrid trees are grown with tensor ops on the device and ride the step's one sync
+    (`grow_on_device`, `lookahead_on_device`); on a CPU in plain Python. No GPU here: the device path runs on CPU
+    tensors, greedy and with seeded sampling, and must give plain decoding's tokens, with drafts accepted."""
+    from tr_core.adaptive import AdaptiveDrafter
+    from tr_core.hybrid import HybridDrafter
+
+    engine = Engine(tiny_model(arch), TinyTokenizer(TINY_VOCAB))
+    engine.adaptive = AdaptiveDrafter(engine.device, on_host=False)
+    engine.hybrid = HybridDrafter(engine.device, on_host=False)
+    accepted = []
+    for prompt in prompts(3):
+        for kw in (dict(max_new_tokens=40), dict(max_new_tokens=30, temperature=0.8, top_p=0.9, seed=3)):
+            plain = run(engine, prompt, plain=True, **kw)
+            for template in ("adaptive", "adaptive-fixed", "hybrid", "hybrid-fixed"):
+                events = list(engine.generate(prompt, DecodeConfig(template=template, **kw)))
+                assert events[-1].tokens == plain.tokens, f"{arch}/{template}/{kw} diverged on the device path"
+                assert any(e.node_probs is not None and len(e.tokens) > 1 for e in events[:-1])  # trees were drafted
+                accepted.append(events[-1].mean_accepted)
+    assert not engine.adaptive.on_host and not engine.hybrid.on_host and max(accepted) > 2.0
+
+
 def test_sampled_first_token_follows_model_distribution():
     """Chi-square over seeds: the engine's first sampled token is distributed as softmax(logits / T)."""
     model = tiny_model("llama", seed=3)

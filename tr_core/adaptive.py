@@ -141,9 +141,11 @@ class AdaptiveDrafter:
     recycles = True
     seeds_prompt = True  # answers that copy their prompt draft from it (README: +8% accepted at 80 nodes)
 
-    def __init__(self, device: torch.device, prior: float = 4.0):
+    def __init__(self, device: torch.device, prior: float = 4.0, on_host: bool | None = None):
         self.device = device
-        self.on_host = device.type == "cpu"  # trees grown in plain Python (`grow_lists`), else on the device
+        # trees grown in plain Python (`grow_lists`), else with tensor ops on the device; by default on a CPU only
+        # (a test runs the device path on CPU tensors: the GPU's code, checked without a GPU)
+        self.on_host = device.type == "cpu" if on_host is None else on_host
         self.cost = ForwardCost()
         self.budget, self.max_depth, self.sized_by_cost = 80, 8, True  # this answer's settings (see begin)
         self.matrix_depth = self.max_depth

@@ -116,8 +116,8 @@ class HybridDrafter(AdaptiveDrafter):
 
     seeds_prompt = True
 
-    def __init__(self, device: torch.device, prior: float = 4.0) -> None:
-        super().__init__(device, prior)
+    def __init__(self, device: torch.device, prior: float = 4.0, on_host: bool | None = None) -> None:
+        super().__init__(device, prior, on_host)
         self.hits, self.trials = _prior_counts(prior)
         self._refresh()
         self.index = ContextIndex()
