@@ -302,9 +302,7 @@ class Engine:
         active = self._active(state, drafter)
         draft = active.draft(state.root, self.matrix)
         if draft.size == 1 and self.first_step_from_prompt:
-            ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-            positions = torch.arange(len(prompt), device=self.device)[None]
-            return active, draft, self.runner.forward(ids, positions, None, state.cache, last_only=True)
+            return active, draft, self.runner.prefill(prompt, state.cache)
         self.runner.prefill(prompt[:-1], state.cache)
         return active, draft, None
 

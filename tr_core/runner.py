@@ -119,11 +119,14 @@ class ModelRunner:
         logits = self.model(**kwargs).logits[0]
         return logits[-1:] if last_only else logits
 
-    def prefill(self, ids: list[int], cache: TreeKVCache) -> None:
-        """Run the prompt (all but its last token, which becomes the first root) into the cache."""
-        if ids:
-            t = torch.tensor([ids], dtype=torch.long, device=self.device)
-            self.forward(t, torch.arange(len(ids), device=self.device)[None], None, cache, last_only=True)
+    def prefill(self, ids: list[int], cache: TreeKVCache) -> torch.Tensor | None:
+        """Run `ids` from position 0 into the cache (the model's own causal mask); the last token's logits [1, V]
+        (None when `ids` is empty). The engine passes the whole prompt, or all but the last token when the first
+        step's tree needs its own forward."""
+        if not ids:
+            return None
+        t = torch.tensor([ids], dtype=torch.long, device=self.device)
+        return self.forward(t, torch.arange(len(ids), device=self.device)[None], None, cache, last_only=True)
 
     def mask(self, tree_mask: torch.Tensor, depths: torch.Tensor, past: int) -> Any:
         """The additive tree mask for this model: one tensor, or one per layer type for mixed sliding models.
