@@ -11,20 +11,18 @@ import argparse
 import os
 import threading
 
-from studio.config import EMBEDDED, make_config, parse_models, wants_public
-from studio.handlers import Studio, share_costs
-from studio.models import ModelCatalog
-from studio.page import CSS, build_demo
-from tr_core.cli import apply_threads, threads_option
+from studio import zerogpu
+
+zerogpu.import_spaces()  # on ZeroGPU, `spaces` must come before torch (it patches torch's CUDA on import)
+
+from studio.config import EMBEDDED, make_config, parse_models, wants_public  # noqa: E402
+from studio.handlers import WARMING, Studio, new_engine, share_costs  # noqa: E402
+from studio.models import ModelCatalog  # noqa: E402
+from studio.page import CSS, build_demo  # noqa: E402
+from studio.session import decode_slot  # noqa: E402
+from tr_core.cli import apply_threads, threads_option  # noqa: E402
 
 MODEL_ENV = "TR_MODEL"  # environment variable naming the default model (hub id, folder or .gguf); empty = embedded
-
-try:  # Hugging Face ZeroGPU: borrow a GPU for the duration of a generation; a no-op elsewhere.
-    import spaces  # type: ignore  # noqa: F401
-
-    ZEROGPU = True
-except Exception:  # noqa: BLE001 - any failure means "not on ZeroGPU"
-    ZEROGPU = False
 
 
 def default_template() -> str:
@@ -33,27 +31,43 @@ def default_template() -> str:
 
     from tr_core.tree import default_template as for_device
 
-    return os.environ.get("TR_TEMPLATE") or for_device("cuda" if torch.cuda.is_available() else "cpu")
+    on_gpu = zerogpu.on_zerogpu() or torch.cuda.is_available()  # ZeroGPU: the app has no GPU, its decoding does
+    return os.environ.get("TR_TEMPLATE") or for_device("cuda" if on_gpu else "cpu")
 
 
 def preload(studio: Studio) -> None:
-    """Load the default model and run each decoding kind once, so first answers carry no one-time costs."""
+    """Load the default model, learn (or load) its warm start, and run each decoding kind once, so first answers
+    carry no one-time costs; all but the load hold the decode slot (answers wait for `studio.warm`). On ZeroGPU
+    only the model is loaded (the GPU exists only inside a decorated call: the first answer does its first forward
+    there)."""
     try:
         from tr_core.config import DecodeConfig
-        from tr_core.engine import Engine
 
-        model, tokenizer = studio.catalog.get(studio.config.default_model)
-        engine = Engine(model, tokenizer, topk_candidates=8)  # a throwaway matrix: sessions start empty
+        name = studio.config.default_model
+        if zerogpu.on_zerogpu():
+            studio.catalog.get(name)  # loaded before the GPU workers fork, so they inherit it
+            return
+        engine = new_engine(studio, name, 8, progress=lambda i, n: _show_progress(studio, i, n))  # holds the slot
         ids = engine.encode_chat([{"role": "user", "content": "Say hello."}])
-        for cfg in (DecodeConfig(max_new_tokens=8, template=studio.default_template),
-                    DecodeConfig(max_new_tokens=8, plain=True)):
-            for _ in engine.generate(ids, cfg):
-                pass
-        share_costs(studio, studio.config.default_model, engine)  # the forward costs it timed serve every session
+        with decode_slot():  # the first forwards, the CPU's kernel tuning and the cost probe time the machine alone
+            for cfg in (DecodeConfig(max_new_tokens=8, template=studio.default_template),
+                        DecodeConfig(max_new_tokens=8, plain=True)):
+                for _ in engine.generate(ids, cfg):
+                    pass
+        share_costs(studio, name, engine)  # the forward costs it timed serve every session (when timed steadily)
     except Exception as exc:  # noqa: BLE001 - the first message will show the error in the page
         print(f"could not preload the model: {type(exc).__name__}: {exc}")
     finally:
+        studio.preparing = ""
         studio.warm.set()
+
+
+def _show_progress(studio: Studio, done: int, total: int) -> None:
+    """The preload's warm-start learning (once per model and machine; then cached): on the page of every visitor
+    waiting for it, and on the console."""
+    studio.preparing = WARMING.format(done, total)
+    if done == total or done % max(total // 10, 1) == 0:
+        print(f"learning a warm start for the default model: {done} of {total}", flush=True)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -99,7 +113,9 @@ def main(argv: list[str] | None = None) -> None:
     cfg = studio.config
     print(f"Token Recycling Studio: {'PUBLIC' if cfg.public else 'private'} mode; models: {', '.join(cfg.models)}; "
           f"time limit per answer: {cfg.time_limit_s or 'none'}")
-    if not args.no_preload and not ZEROGPU:  # load the default model while the page opens, not on the first click
+    if zerogpu.install(studio.catalog):
+        print(f"ZeroGPU: answers and speed measurements run in spaces.GPU calls of at most {zerogpu.max_duration()} s")
+    if not args.no_preload:  # load the default model while the page opens, not on the first click
         studio.warm.clear()
         threading.Thread(target=preload, args=(studio,), daemon=True, name="tr-preload").start()
     demo = build_demo(studio)

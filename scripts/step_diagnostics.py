@@ -23,7 +23,7 @@ from tr_core import DecodeConfig, Engine  # noqa: E402
 from tr_core.models import load_model  # noqa: E402
 from tr_core.questions import load_questions, task_of  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data"
+DATA = ROOT / "bench" / "data"
 
 
 def questions(per_task: int, skip: int = 0) -> dict:

@@ -11,7 +11,8 @@ import dataclasses
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,9 +22,10 @@ from tr_core.figures import MatrixTracker, accepted_chart_explained, heatmap_fig
 from tr_core.speed import MAX_PASSES, SpeedEstimate, forked, interleave
 from tr_core.trace import Trace, TraceError, record_live
 
+from . import zerogpu
 from .config import StudioConfig
 from .models import REFUSED, ModelCatalog, ModelRefused, label
-from .session import DECODE_SLOT, InputError, Session, clean_text
+from .session import DECODE_SLOT, InputError, PausingEngine, Session, SlotAbandoned, clean_text, decode_slot, take_slot
 from .views import (MEASURE_HINT, RACE_WAIT, STOPPED_HINT, CostCurve, best_step, blank_views, coloured_answer,
                     cost_html, live_meter, marked_chat, matrix_info, measured_meter, message, race_html, replay_slider,
                     step_story_view, step_views, trace_meter)
@@ -46,22 +48,39 @@ class Studio:
     warm: threading.Event = dataclasses.field(default_factory=lambda: _set_event())  # cleared during warm-up
     # measured forward cost curves by (model, drafter): timed once on this machine, copied into every later engine
     costs: dict[tuple[str, str], Any] = dataclasses.field(default_factory=dict)
+    # how many times a curve timed on a busy machine was thrown away to be timed again, by (model, drafter)
+    retimed: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    preparing: str = ""  # what the preload is doing while `warm` is cleared (e.g. learning a warm start), for the page
 
 
-def share_costs(studio: Studio, model: str, engine: Any) -> None:
+MAX_RETIMES = 3  # a machine busy this often keeps its unsteady curve, flagged as such on the page
+
+
+def steady(cost: Any) -> bool:
+    """Whether a measured cost curve was timed on a quiet machine (ForwardCost.steady; True where not known)."""
+    return bool(getattr(cost, "steady", True))
+
+
+def share_costs(studio: Studio, model: str, engine: Any, before_answer: bool = False) -> None:
     """One timing of this machine's forwards per model, for every session: an engine whose cost-sized drafters have
-    measured their curve leaves a copy with the studio, and one that has not takes a copy before it answers (else
-    each visitor's first adaptive or hybrid answer would pause seconds to time the forwards again)."""
+    measured a steady curve leaves a copy with the studio, and one that has not takes a copy before it answers (else
+    each visitor's first adaptive or hybrid answer would pause seconds to time the forwards again). A curve timed
+    while the machine was busy is never shared: `before_answer`, the engine drops it to time the forwards again in
+    that answer (up to MAX_RETIMES per model), after which it is kept for that session only and the page flags it."""
     for name in ("adaptive", "hybrid"):
         drafter = getattr(engine, name, None)
         cost = getattr(drafter, "cost", None)
         if cost is None:
             continue
-        known = studio.costs.get((model, name))
-        if cost.measured and known is None:
-            studio.costs[(model, name)] = copy.deepcopy(cost)
-        elif not cost.measured and known is not None:
+        key = (model, name)
+        known = studio.costs.get(key)
+        if cost.measured and steady(cost):
+            studio.costs.setdefault(key, copy.deepcopy(cost))
+        elif known is not None:
             drafter.cost = copy.deepcopy(known)
+        elif before_answer and cost.measured and studio.retimed.get(key, 0) < MAX_RETIMES:
+            studio.retimed[key] = studio.retimed.get(key, 0) + 1
+            drafter.cost = type(cost)()  # unmeasured: the next answer times the forwards again
 
 
 def _set_event() -> threading.Event:
@@ -161,29 +180,66 @@ def summary_from_steps(steps: list[StepEvent], prompt_tokens: int, template: str
 # ------------------------------------------------------------------------------------------------ chat
 
 
-def engine_for(studio: Studio, s: Session, k: int) -> Any:
-    """The session's engine when it has k candidates per row, else a new one with an empty matrix (not yet the
-    session's: see adopt_engine)."""
+NO_WARM = "The matrix starts empty (no warm start is available for this model)."
+_WARM_STARTS: "weakref.WeakKeyDictionary[Any, tuple[dict | None, str]]" = weakref.WeakKeyDictionary()
+
+
+def warm_up(engine: Any, model_name: str, learn: bool,
+            progress: Callable[[int, int], None] | None = None) -> tuple[dict | None, str]:
+    """Start `engine`'s matrix warm (tr_core.warm: the embedded model's shipped start, else one learned once from
+    the project's own questions and cached; never from visitors). Returns (the engine's state right after it, for
+    Reset; None when nothing was loaded) and a plain-English line for the page."""
+    from tr_core.warm import WarmStartError, warm_start
+
+    try:
+        info = warm_start(engine, model_name, learn=learn, progress=progress)
+    except WarmStartError as exc:  # a shipped file that does not fit this model: the session still works, cold
+        return None, f"Cold start: the matrix starts empty (the warm-start file cannot be used: {exc})"
+    if info.source == "none":
+        return None, info.describe() or NO_WARM
+    return engine.snapshot(), info.describe()
+
+
+def new_engine(studio: Studio, model_name: str, k: int, should_stop: Callable[[], bool] | None = None,
+               progress: Callable[[int, int], None] | None = None) -> Any:
+    """A new engine for a model, warm-started. The model load waits on no one (it may wait on the network, and
+    other tabs' decoding must not wait on it); building the engine and its warm start (forwards, when learned)
+    hold the decode slot, so they never run beside another tab's timed decode."""
     from tr_core.engine import Engine
 
+    model, tokenizer = studio.catalog.get(model_name)
+    with decode_slot(should_stop):
+        engine = Engine(model, tokenizer, topk_candidates=k)
+        # on ZeroGPU the app's copy is on the CPU: a warm start is only loaded there, never learned
+        _WARM_STARTS[engine] = warm_up(engine, model_name, learn=not zerogpu.on_zerogpu(), progress=progress)
+    return engine
+
+
+def engine_for(studio: Studio, s: Session, k: int, should_stop: Callable[[], bool] | None = None,
+               progress: Callable[[int, int], None] | None = None) -> Any:
+    """The session's engine when it has k candidates per row, else a new warm-started one (not yet the
+    session's: see adopt_engine)."""
     if s.engine is not None and k == s.k:
         return s.engine
-    model, tokenizer = studio.catalog.get(s.model)
-    return Engine(model, tokenizer, topk_candidates=k)
+    return new_engine(studio, s.model, k, should_stop, progress)
 
 
 def adopt_engine(s: Session, engine: Any, notes: list[str], change_note: str) -> None:
-    """Make `engine` the session's; `change_note` is added when it replaces an engine with another k."""
+    """Make `engine` the session's (with its warm start, for Reset); `change_note` is added when it replaces an
+    engine with another k."""
     if engine is not s.engine:
         if s.engine is not None:
             notes.append(change_note)
         s.engine, s.k = engine, engine.matrix.k
+        s.warm_state, s.warm_note = _WARM_STARTS.get(engine, (None, NO_WARM))
 
 
-def ensure_engine(studio: Studio, s: Session, k: int, notes: list[str]) -> Any:
-    """The session's engine, created on first use or when k changed (a new k needs a new, empty matrix)."""
-    engine = engine_for(studio, s, k)
-    adopt_engine(s, engine, notes, f"Candidates per row changed to k = {k}: the adjacency matrix starts empty.")
+def ensure_engine(studio: Studio, s: Session, k: int, notes: list[str],
+                  should_stop: Callable[[], bool] | None = None) -> Any:
+    """The session's engine, created on first use or when k changed (a new k needs a new matrix)."""
+    engine = engine_for(studio, s, k, should_stop)
+    adopt_engine(s, engine, notes, f"Candidates per row changed to k = {k}: the adjacency matrix starts again "
+                                   "from its warm start.")
     return engine
 
 
@@ -232,10 +288,47 @@ def _prepare(studio: Studio, s: Session, text: str, settings: ChatSettings, note
     return engine, ids, messages, cfg
 
 
+PRELOAD_WAIT_S = 300.0  # an answer waits this long at most for the preload before it loads the model itself
+WARMING = "Learning a warm start for this model from the project's own questions (once; then cached): {} of {}…"
+
+
+def _set_up(studio: Studio, s: Session, k: int, notes: list[str], stop: threading.Event) -> Iterator[dict]:
+    """Wait for the preload (at most PRELOAD_WAIT_S), then create the session's engine when it has none for k,
+    yielding what the preload does and the warm start's progress while one is learned (once per model and machine)."""
+    waited_until = time.monotonic() + PRELOAD_WAIT_S
+    while not studio.warm.wait(RENDER_EVERY_S) and time.monotonic() < waited_until and not stop.is_set():
+        if studio.preparing:
+            yield {"status": studio.preparing}
+    if s.engine is not None and k == s.k:
+        return
+    done: list[int] = [0, 0]
+    out: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            out["engine"] = engine_for(studio, s, k, stop.is_set, lambda i, n: done.__setitem__(slice(None), [i, n]))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the request's thread
+            out["error"] = exc
+
+    worker = threading.Thread(target=work, daemon=True, name="tr-engine-setup")
+    worker.start()
+    while worker.is_alive():
+        worker.join(RENDER_EVERY_S)
+        if done[1]:
+            yield {"status": WARMING.format(*done)}
+    if "error" in out:
+        raise out["error"]
+    adopt_engine(s, out["engine"], notes, f"Candidates per row changed to k = {k}: the adjacency matrix starts "
+                                          "again from its warm start.")
+    yield {"warm": s.warm_note, "matrix": matrix_info(s.engine, s.k)}
+
+
 def _error_text(studio: Studio, exc: BaseException) -> str:
     """A failure as the visitor sees it: public instances never echo server details."""
     if isinstance(exc, (InputError, ModelRefused, DecodeConfigError)):  # about the visitor's input, nothing else
         return f"✗ {exc}"
+    if isinstance(exc, SlotAbandoned):
+        return "■ Stopped while waiting for another tab's decoding to finish; nothing was changed."
     if studio.config.public:
         return "✗ The model could not be used right now; please try again later."
     return f"✗ {type(exc).__name__}: {exc}"
@@ -252,9 +345,9 @@ def _answer(studio: Studio, s: Session, text: str, settings: ChatSettings, notes
     yield {"chat": pending, "msg": "", "status": "Loading the model…" if s.engine is None else "Drafting…",
            "race": race_html(None, wait=ANSWERING)}
     try:
-        studio.warm.wait(timeout=300)
+        yield from _set_up(studio, s, settings.k, notes, stop)
         engine, ids, messages, cfg = _prepare(studio, s, text, settings, notes)
-        share_costs(studio, s.model, engine)  # whatever engine, model or tree: the costs timed here already
+        share_costs(studio, s.model, engine, before_answer=True)  # any engine, model or tree: the costs timed here
         probing = engine.times_forwards_first(cfg)
     except Exception as exc:  # noqa: BLE001 - model load / settings errors are shown, the session goes on
         yield {"chat": s.display, "msg": text, "status": _error_text(studio, exc), "matrix": matrix_info(s.engine, s.k)}
@@ -308,8 +401,10 @@ def _stream(studio: Studio, s: Session, engine: Any, ids: list[int], cfg: Decode
     tracker = MatrixTracker()
     curve = cost_curve(s, None)
     note_md = "  \n".join(notes)
-    live = record_live(engine, ids, cfg, trace, stop, RENDER_EVERY_S, settings.delay, slot=DECODE_SLOT,
-                       time_limit_s=studio.config.time_limit_s)
+    decoder = zerogpu.RemoteEngine(engine, s.model, studio.config.time_limit_s) if zerogpu.installed() else engine
+    # the slot is taken by the engine itself, so that slow motion's pauses leave it to other tabs
+    live = record_live(PausingEngine(decoder, pause=settings.delay > 0), ids, cfg, trace, stop, RENDER_EVERY_S,
+                       settings.delay, time_limit_s=studio.config.time_limit_s)
     try:
         for new_steps in live:
             if s.conversation != conversation:  # New chat: stop this answer (closing record_live stops the engine)
@@ -363,7 +458,9 @@ def cost_curve(s: Session, trace: Trace | None) -> CostCurve:
     for name in names:
         cost = getattr(getattr(engine, name, None), "cost", None)
         if cost is not None and getattr(cost, "measured", False) and cost(1) > 0:
-            return CostCurve(lambda n, c=cost: c(n) / c(1), source=f"the {name} tree on this machine")
+            spread = float(getattr(cost, "spread", 0.0) or 0.0)
+            return CostCurve(lambda n, c=cost: c(n) / c(1), source=f"the {name} tree on this machine",
+                             steady=steady(cost), note="" if steady(cost) else f"its repeats spread ±{spread:.0%}")
     return CostCurve(None, "only the adaptive and hybrid trees time forwards of every size (on their first answer, "
                            "in a few seconds); the static trees never do, so ask once with one of them")
 
@@ -394,23 +491,20 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
     """Time Token Recycling and plain decoding in alternating chunks from the answer's starting state."""
     est = SpeedEstimate(None, None, None, None, None, 0, 0, False, "nothing was measured")
     answer_mean = trace.summary.mean_accepted  # shown by the meter, as by the chart beside it
-    last = 0.0
 
-    def runs() -> tuple[Iterator, Iterator]:  # each pass from a copy of the answer's starting state
-        engine = forked(twin)
-        return engine.generate(ids, cfg, stop=stop.is_set), engine.generate(ids, cfg.with_(plain=True), stop=stop.is_set)
-
-    with DECODE_SLOT:
-        rounds = interleave(*runs(), max_s=studio.config.measure_max_s, chunk_ms=studio.config.measure_chunk_ms,
-                            should_stop=stop.is_set, again=runs)
-        try:
-            for est in rounds:
-                if time.monotonic() - last >= RENDER_EVERY_S:
-                    last = time.monotonic()
-                    yield {"meter": measured_meter(est, done=False, answer_mean=answer_mean),
-                           "status": measuring_status(est, trace.summary.new_tokens)}
-        finally:
-            rounds.close()
+    rounds = measure_rounds(studio, s, twin, ids, cfg, stop)
+    try:  # the slot is held while a round decodes, never while this generator waits for its visitor to pull
+        while take_slot(stop.is_set):
+            try:
+                est, more = _rounds_until(rounds, est, time.monotonic() + RENDER_EVERY_S, stop)
+            finally:
+                DECODE_SLOT.release()
+            if not more:
+                break
+            yield {"meter": measured_meter(est, done=False, answer_mean=answer_mean),
+                   "status": measuring_status(est, trace.summary.new_tokens)}
+    finally:
+        rounds.close()
     if stop.is_set():
         est = dataclasses.replace(est, trusted=False, reason="the measurement was stopped")
     if est.identical is False:
@@ -420,6 +514,31 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
     view = {"meter": measured_meter(est, note=note, answer_mean=answer_mean), "status": "  \n".join(notes) or "✓ Done.",
             "race": race_html(trace), "trace_file": str(trace.save(s.files() / "trace.json"))}
     yield view
+
+
+def measure_rounds(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeConfig,
+                   stop: threading.Event) -> Iterator[SpeedEstimate]:
+    """The interleaved measurement's estimates (tr_core.speed.interleave), each pass from a copy of the answer's
+    starting state `twin`; on ZeroGPU they come from a GPU call."""
+    max_s, chunk_ms = studio.config.measure_max_s, studio.config.measure_chunk_ms
+    if zerogpu.installed():
+        return zerogpu.measure_rounds(twin, s.model, ids, cfg, max_s, chunk_ms)
+
+    def runs() -> tuple[Iterator, Iterator]:
+        engine = forked(twin)
+        plain = cfg.with_(plain=True)
+        return engine.generate(ids, cfg, stop=stop.is_set), engine.generate(ids, plain, stop=stop.is_set)
+
+    return interleave(*runs(), max_s=max_s, chunk_ms=chunk_ms, should_stop=stop.is_set, again=runs)
+
+
+def _rounds_until(rounds: Iterator[SpeedEstimate], est: SpeedEstimate, until: float,
+                  stop: threading.Event) -> tuple[SpeedEstimate, bool]:
+    """Pull estimates until the monotonic time `until` (the next redraw): (the last estimate, whether more may come)."""
+    for est in rounds:
+        if time.monotonic() >= until or stop.is_set():
+            return est, not stop.is_set()
+    return est, False
 
 
 def measuring_status(est: SpeedEstimate, answer_tokens: int) -> str:
@@ -540,7 +659,8 @@ def load_trace(studio: Studio, s: Session, path: str | None) -> dict:
 
 
 def load_model(studio: Studio, s: Session, name: Any) -> dict:
-    """Switch this session to another model; refused names all get the same answer in public mode."""
+    """Switch this session to another model (its matrix warm-started); refused names all get the same answer in
+    public mode."""
     try:
         key = studio.catalog.allowed(clean_text(name, "model name", 500))
     except (ModelRefused, InputError) as exc:
@@ -548,38 +668,73 @@ def load_model(studio: Studio, s: Session, name: Any) -> dict:
     if s.answering:
         return {"status": f"✗ {BUSY}"}
     try:
-        model, tokenizer = studio.catalog.get(key)  # no session lock held: other tabs go on meanwhile
-        from tr_core.engine import Engine
-
-        engine = Engine(model, tokenizer, topk_candidates=s.k)
+        engine = new_engine(studio, key, s.k)  # no session lock held: other tabs go on meanwhile
     except Exception as exc:  # noqa: BLE001
         shown = "That model could not be loaded right now." if studio.config.public else f"Could not load {key!r}: {exc}"
         return {"status": f"✗ {shown}  \nStill using {label(s.model)}."}
     with s.lock:
         if s.answering:
             return {"status": f"✗ {BUSY}"}
-        s.engine, s.model, s.history, s.display, s.trace = engine, key, [], [], None
+        adopt_engine(s, engine, [], "")
+        s.model, s.history, s.display, s.trace = key, [], [], None
         s.conversation += 1
-    return {"status": f"✓ Loaded {label(key)}; new conversation, empty matrix.", "chat": [], "race": race_html(None),
-            "matrix": matrix_info(s.engine, s.k)}
+        warm, info = s.warm_note, matrix_info(s.engine, s.k)
+    return {"status": f"✓ Loaded {label(key)}; new conversation. {warm.rstrip('.')}.", "chat": [],
+            "race": race_html(None), "matrix": info, "warm": warm}
 
 
 def reset_matrix(s: Session) -> dict:
-    """Forget what the session's matrix (and the hybrid tree's context index) learned; refused while an answer runs."""
-    if s.answering:
-        return {"status": f"✗ {BUSY}"}
-    if s.engine is not None:
-        s.engine.forget()
-    return {"status": "Adjacency matrix and context index cleared.", "matrix": matrix_info(s.engine, s.k)}
+    """Return the session's matrix (and the hybrid tree's context index) to its warm start, forgetting what this
+    tab's answers taught; refused while an answer runs. See `empty_matrix` for a matrix with nothing in it."""
+    with s.lock:  # no answer can start (or be running) while the matrix changes
+        if s.answering:
+            return {"status": f"✗ {BUSY}"}
+        if s.engine is not None:
+            s.engine.forget()
+            if s.warm_state is not None:
+                _restore_keeping_costs(s.engine, s.warm_state)
+        info = matrix_info(s.engine, s.k)
+        warm = s.warm_state is not None
+    status = ("Adjacency matrix returned to its warm start (what this tab's answers taught is forgotten); context "
+              "index cleared." if warm else
+              "Adjacency matrix and context index cleared (this model has no warm start).")
+    return {"status": status, "matrix": info, "warm": s.warm_note if warm else NO_WARM}
+
+
+def _restore_keeping_costs(engine: Any, state: dict) -> None:
+    """Return `engine` to a snapshot, keeping the forward costs timed since (they describe the machine, not the
+    answers, and timing them again costs seconds)."""
+    costs = {name: getattr(getattr(engine, name, None), "cost", None) for name in ("adaptive", "hybrid")}
+    engine.restore(state)
+    for name, cost in costs.items():
+        if cost is not None and getattr(cost, "measured", False):
+            getattr(engine, name).cost = cost
+
+
+def empty_matrix(s: Session) -> dict:
+    """Empty the session's matrix entirely (no warm start either), e.g. to show it learning from nothing."""
+    with s.lock:
+        if s.answering:
+            return {"status": f"✗ {BUSY}"}
+        if s.engine is not None:
+            s.engine.forget()
+        info = matrix_info(s.engine, s.k)
+    return {"status": "Adjacency matrix emptied (no warm start) and context index cleared: it learns from nothing "
+                      "from the next answer on.", "matrix": info, "warm": "The matrix was emptied on request."}
 
 
 def save_matrix(s: Session) -> dict:
-    """Write the session's matrix to its folder and offer it for download."""
-    if s.engine is None:
-        return {"status": "No matrix yet: send a message first."}
+    """Write the session's matrix to its folder and offer it for download: a copy taken under the session lock
+    (no answer changes it meanwhile), written outside it."""
+    with s.lock:
+        if s.engine is None:
+            return {"status": "No matrix yet: send a message first."}
+        if s.answering:
+            return {"status": f"✗ {BUSY}"}
+        matrix = s.engine.matrix.clone()
     path = s.files() / "adjacency_matrix.pt"
-    s.engine.matrix.save(path)
-    return {"matrix_file": str(path), "status": f"Matrix saved ({s.engine.matrix.rows_filled:,} rows filled)."}
+    matrix.save(path)
+    return {"matrix_file": str(path), "status": f"Matrix saved ({matrix.rows_filled:,} rows filled)."}
 
 
 def load_matrix(studio: Studio, s: Session, path: str | None, k: Any) -> dict:
@@ -593,10 +748,17 @@ def load_matrix(studio: Studio, s: Session, path: str | None, k: Any) -> dict:
         engine = engine_for(studio, s, clamp("k", k, notes, int))
     except Exception as exc:  # noqa: BLE001 - the model could not be loaded
         return {"status": _error_text(studio, exc), "matrix": matrix_info(s.engine, s.k)}
-    try:  # into the engine for this k; the session's engine and matrix change only once the file is good
-        engine.matrix.load(path)
+    try:  # read into a copy: the session's engine and matrix change only once the file is good, under its lock
+        loaded = engine.matrix.clone()
+        loaded.load(path)
     except Exception as exc:  # noqa: BLE001 - ValueError says what is wrong with the file; anything else is unreadable
         text = str(exc).replace(str(path), "the file") if isinstance(exc, ValueError) else "the file cannot be read"
         return {"status": f"✗ Could not load the matrix: {text}", "matrix": matrix_info(s.engine, s.k)}
-    adopt_engine(s, engine, notes, f"Candidates per row changed to k = {engine.matrix.k}.")
-    return {"status": "  \n".join(notes + ["Matrix loaded."]), "matrix": matrix_info(s.engine, s.k)}
+    with s.lock:
+        if s.answering:
+            return {"status": f"✗ {BUSY}"}
+        engine.matrix.copy_from(loaded)
+        adopt_engine(s, engine, notes, f"Candidates per row changed to k = {engine.matrix.k}.")
+        info = matrix_info(s.engine, s.k)
+    return {"status": "  \n".join(notes + ["Matrix loaded (Reset returns to this model's warm start)."]),
+            "matrix": info}

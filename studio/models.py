@@ -36,7 +36,10 @@ def label(name: str) -> str:
 def _default_loader(name: str) -> tuple[Any, Any]:
     from tr_core.models import load_model
 
-    return load_model(None if name == EMBEDDED else name)
+    from .zerogpu import on_zerogpu
+
+    # ZeroGPU: the app's copy stays on the CPU; each GPU call moves its worker's copy (studio/zerogpu.py)
+    return load_model(None if name == EMBEDDED else name, device="cpu" if on_zerogpu() else None)
 
 
 class ModelCatalog:

@@ -40,6 +40,39 @@ EXAMPLES = [
                "and how tall is it?"),
 ]
 
+PAPER = ("Luo et al., *Turning Trash into Treasure: Accelerating Inference of Large Language Models with Token "
+         "Recycling*, ACL 2025, [arXiv:2408.08696](https://arxiv.org/abs/2408.08696)")
+
+# The drafting switch: (template, label, one sentence). It sets the decoding settings' template (see _wire).
+DRAFTING = (
+    ("adaptive", "Matrix only", "every draft token is read from the adjacency matrix, the tree sized to what a "
+                                "forward costs on this machine."),
+    ("hybrid", "Matrix + context", "the same tree, plus runs copied from where the last tokens appeared earlier in "
+                                   "the conversation (■ in the tree)."),
+)
+
+WHY_NUMBERS = """
+**Expected speedup.** A step verifies N tokens in one forward and gains the accepted drafts plus one bonus token, so
+
+  speedup ≈ mean accepted tokens per step ÷ t(N)/t(1),
+
+where t(N)/t(1) is what a forward of N tokens costs against a forward of one. The cost panel works this out with
+this machine's measured t(N) and this answer's accepted tokens (an estimate); the meter measures the real figure,
+both methods timed in turns over the same tokens. When the cost curve was timed on a busy machine, or the meter found
+the timings too noisy, no estimate is shown.
+
+**Why a big tree pays on a GPU and not on a CPU.** On a GPU a forward is *memory-bound*: reading the weights takes
+the time, so a forward of the paper's 80-token tree costs about as much as a forward of one token, and every
+accepted draft is nearly free. On a CPU a forward is *compute-bound*: each extra token costs arithmetic, t(N) grows
+with N, and an 80-token tree can cost several one-token forwards, more than its 2-3 accepted tokens win back. That is
+why the CPU default is the cost-sized tree (*adaptive*, or *hybrid* with context runs), which drafts only as many
+tokens as this machine's t(N) pays for, and sometimes none.
+
+**Greedy or sampling.** At temperature 0 the answer is exactly plain decoding's; with sampling, the same seed gives
+the same answer as plain decoding. The line under the chat says which one the shown answer used.
+
+**The paper.** """
+
 HOW_IT_WORKS = """
 **Token Recycling** (Luo et al., 2025) speeds up decoding without a draft model:
 
@@ -59,10 +92,13 @@ step allow.
 
 **The cost panel** says why a big tree can be slower: a step's speed ≈ the tokens it gained ÷ the cost of its forward
 of N tokens relative to a one-token forward, t(N)/t(1), as measured on this machine by the adaptive and hybrid trees.
+Its figures are estimates, labelled so; the meter's is the one measurement. A curve timed while the machine was busy
+is not shown, and when the meter says *too noisy*, no panel claims a speed.
 
 **⚑ Race** replays a measured answer twice side by side, Token Recycling at its recorded step times and plain
-decoding at the pace the meter measured, in your browser: nothing is decoded again. **Presentation view** (or
-`?view=present` in the address) lays the meter, the tree and the story out for a 1280×720 projector.
+decoding at the pace the meter measured, in your browser: nothing is decoded again. Without the meter's trusted
+figure there is no race. **Presentation view** (or `?view=present` in the address) lays the meter, the tree, the
+matrix window, the step story and the step controls out for a 1280×720 projector; 🔬 opens the step microscope.
 """
 
 
@@ -127,7 +163,7 @@ def _update(ui: dict[str, Any], view: dict[str, Any]) -> dict:
     out: dict = {}
     for key, value in view.items():
         comp = ui[key]
-        if key == "status":
+        if key in ("status", "warm"):
             value = safe_markdown(value)
         elif key == "replay":
             value = gr.Slider(interactive=True, **value)
@@ -142,7 +178,7 @@ def _update(ui: dict[str, Any], view: dict[str, Any]) -> dict:
 # -------------------------------------------------------------------------------------------- panels
 
 
-def _chat_panel(ui: dict) -> None:
+def _chat_panel(ui: dict, template: str) -> None:
     ui["chat"] = gr.Chatbot(label="Chat (each step's accepted run has its own colour)", height=430, elem_id="tr-chat",
                             buttons=["copy"], feedback_options=None, placeholder="Ask something, or click an example.",
                             latex_delimiters=[])  # "$$...$$" from a visitor, a model or a trace stays text
@@ -153,7 +189,11 @@ def _chat_panel(ui: dict) -> None:
         ui["stop"] = gr.Button("Stop", variant="stop", scale=1, min_width=70, elem_id="tr-stop")
         ui["clear"] = gr.Button("New chat", scale=1, min_width=90, elem_id="tr-new-chat")
         ui["race_btn"] = gr.Button("⚑ Race", scale=1, min_width=80, elem_id="tr-race")
+    ui["decoding"] = gr.HTML("", elem_id="tr-decoding")  # greedy or sampling: said where the answer is
     ui["status"] = gr.Markdown("", elem_id="tr-status", latex_delimiters=[])
+    ui["drafting"] = gr.Radio([(label, name) for name, label, _ in DRAFTING], label="Drafting",
+                              value=template if template in {name for name, _, _ in DRAFTING} else None,
+                              info=" ".join(f"{label}: {why}" for _, label, why in DRAFTING), elem_id="tr-drafting")
     ui["examples"] = gr.Dataset(components=[gr.Textbox(visible=False)], samples=[[t] for _, t in EXAMPLES],
                                 sample_labels=[lab for lab, _ in EXAMPLES], type="index", label="Examples",
                                 elem_id="tr-examples", samples_per_page=6)
@@ -163,13 +203,16 @@ def _step_panel(ui: dict, blank: dict[str, Any]) -> None:
     with gr.Column(scale=6):
         ui["heat"] = gr.Plot(blank["heat"], show_label=False, elem_id="tr-heat")
         ui["matrix"] = gr.Markdown(matrix_info(None, 8), elem_id="tr-matrix-info")
+        ui["warm"] = gr.Markdown("", elem_id="tr-warm")  # where the session's matrix came from (a handler says)
+        ui["microscope"] = gr.HTML(blank["microscope"], elem_id="tr-microscope")
     with gr.Column(scale=5):
         ui["chart"] = gr.Plot(blank["chart"], show_label=False, elem_id="tr-chart")
-        with gr.Group():
+        with gr.Group(elem_id="tr-nav"):
             ui["replay"] = gr.Slider(1, 2, value=1, step=1, label="Replay step", interactive=True, elem_id="tr-replay")
-            with gr.Row():
-                ui["prev"] = gr.Button("◀ Previous step", size="sm")
-                ui["next"] = gr.Button("Next step ▶", size="sm")
+            with gr.Row(elem_id="tr-nav-buttons"):
+                ui["prev"] = gr.Button("◀ Previous step", size="sm", elem_id="tr-prev")
+                ui["next"] = gr.Button("Next step ▶", size="sm", elem_id="tr-next")
+                ui["micro_btn"] = gr.Button("🔬 Microscope", size="sm", elem_id="tr-micro-btn")
         with gr.Row(elem_id="tr-delay-row"):
             ui["delay"] = gr.Slider(0.0, 3.0, value=0.0, step=0.1, label="Slow motion: pause per step (s)", scale=3)
             ui["colour"] = gr.Checkbox(True, label="Colour accepted runs in the chat", scale=2)
@@ -225,7 +268,8 @@ def _model_panel(ui: dict, studio: h.Studio) -> None:
                                       allow_custom_value=True, label="Model", info=info, elem_id="tr-model")
             ui["load"] = gr.Button("Load model", scale=1)
         with gr.Row():
-            ui["reset"] = gr.Button("Reset matrix")
+            ui["reset"] = gr.Button("Reset matrix to its warm start")
+            ui["empty"] = gr.Button("Empty matrix")
             ui["save"] = gr.Button("Save matrix")
             ui["matrix_upload"] = gr.UploadButton("Load matrix", file_types=[".pt", ".pth", ".bin"])
             ui["matrix_file"] = gr.DownloadButton("Download the saved matrix", value=None, interactive=False)
@@ -239,12 +283,12 @@ def _layout(studio: h.Studio) -> dict[str, Any]:
         with gr.Column(scale=8, elem_id="tr-title-col"):
             gr.Markdown("# ♻ Token Recycling Studio\nChat with a small LLM decoded by **Token Recycling** speculative "
                         "decoding and watch each step: the draft tree, what was accepted, and the adjacency matrix it "
-                        "recycles.", elem_id="tr-title")
+                        f"recycles. From {PAPER}.", elem_id="tr-title", latex_delimiters=[])
         with gr.Column(scale=1, min_width=210):
             ui["present"] = gr.Button(PRESENT_LABELS[0], size="sm", elem_id="tr-present")
     with gr.Row(equal_height=False, elem_id="tr-top"):
         with gr.Column(scale=5, min_width=420, elem_id="tr-left"):
-            _chat_panel(ui)
+            _chat_panel(ui, studio.default_template)
         with gr.Column(scale=6, min_width=520, elem_id="tr-right"):
             _shown_step_panel(ui, blank)
     with gr.Row(equal_height=False, elem_id="tr-steps"):
@@ -256,6 +300,9 @@ def _layout(studio: h.Studio) -> dict[str, Any]:
         if diagram.is_file():
             gr.HTML(f'<div style="max-width:980px;margin:auto">{diagram.read_text(encoding="utf-8")}</div>')
         gr.Markdown(HOW_IT_WORKS)
+    with gr.Accordion("Why these numbers: the speedup formula, CPU against GPU, the paper", open=False,
+                      elem_id="tr-why"):
+        gr.Markdown(WHY_NUMBERS + PAPER + ".", latex_delimiters=[])
     return ui
 
 
@@ -349,6 +396,12 @@ PRESENT_JS = """(on) => {
   if (b) b.textContent = on ? %s : %s;
   window.dispatchEvent(new Event('resize'));  // plotly refits the figures to their new widths
 }""" % tuple(json.dumps(x) for x in reversed(PRESENT_LABELS))
+# The microscope: in the presentation view an overlay over the tree (a class on the page root), else scrolled to.
+MICROSCOPE_JS = """() => {
+  const root = document.documentElement, box = document.querySelector('#tr-microscope');
+  if (root.classList.contains('tr-present')) root.classList.toggle('tr-micro');
+  else if (box) box.scrollIntoView({block: 'nearest'});
+}"""
 PRESENT_FROM_URL_JS = ("() => { if (new URLSearchParams(window.location.search).get('view') === 'present') "
                        f"({PRESENT_JS})(true); }}")
 
@@ -386,8 +439,16 @@ def _wire(demo: gr.Blocks, studio: h.Studio, registry: Registry, ui: dict) -> No
     export.then(None, js=DOWNLOAD_JS, api_visibility="private")
     ui["race_btn"].click(None, js=RACE_JS, api_visibility="private")
     ui["present"].click(None, js=PRESENT_JS, api_visibility="private")
+    ui["micro_btn"].click(None, js=MICROSCOPE_JS, api_visibility="private")
+    # the drafting switch and the template dropdown show the same choice (`input`: a visitor's change only, no loop)
+    ui["drafting"].input(lambda name: name, inputs=ui["drafting"], outputs=ui["template"], queue=False,
+                         api_visibility="private")
+    names = {name for name, _, _ in DRAFTING}
+    ui["template"].input(lambda name: name if name in names else None, inputs=ui["template"],
+                         outputs=ui["drafting"], queue=False, api_visibility="private")
     demo.load(None, js=PRESENT_FROM_URL_JS, api_visibility="private")
     ui["reset"].click(_simple(registry, ui, h.reset_matrix), inputs=state, outputs=outs, api_name="reset_matrix")
+    ui["empty"].click(_simple(registry, ui, h.empty_matrix), inputs=state, outputs=outs, api_name="empty_matrix")
     ui["save"].click(_simple(registry, ui, h.save_matrix), inputs=state, outputs=outs, api_name="save_matrix")
     ui["matrix_upload"].upload(_simple(registry, ui, lambda s, f, k: h.load_matrix(studio, s, _file_path(f), k)),
                                inputs=[state, ui["matrix_upload"], ui["k"]], outputs=outs, api_name="load_matrix")

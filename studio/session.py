@@ -11,6 +11,8 @@ import shutil
 import tempfile
 import threading
 import unicodedata
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,12 +21,71 @@ from tr_core.trace import Trace
 
 from .config import EMBEDDED, StudioConfig
 
-DECODE_SLOT = threading.Lock()  # every decode of this process (answers and speed measurements) runs inside it
+DECODE_SLOT = threading.Lock()  # every decode of this process (answers, measurements, engine set-up) runs inside it
+SLOT_POLL_S = 0.1  # how often a request waiting for the slot checks whether it was stopped meanwhile
 TEMP_PREFIX = "tr-studio-"
 
 
 class InputError(ValueError):
     """Something a visitor sent cannot be used; the message says what to change."""
+
+
+class SlotAbandoned(RuntimeError):
+    """The request that waited for the decode slot was stopped (or its visitor left) before it got it."""
+
+
+def take_slot(should_stop: Callable[[], bool] | None = None) -> bool:
+    """Acquire the decode slot, giving up (False) once `should_stop()` turns true; a waiter never blocks forever."""
+    while not DECODE_SLOT.acquire(timeout=SLOT_POLL_S):
+        if should_stop is not None and should_stop():
+            return False
+    return True
+
+
+@contextmanager
+def decode_slot(should_stop: Callable[[], bool] | None = None) -> Iterator[None]:
+    """Hold the decode slot for the block; raises SlotAbandoned when stopped while waiting for it."""
+    if not take_slot(should_stop):
+        raise SlotAbandoned("stopped while waiting for the decode slot")
+    try:
+        yield
+    finally:
+        DECODE_SLOT.release()
+
+
+class PausingEngine:
+    """An engine whose decode holds the slot only while it computes: slow motion's pauses between steps (taken by
+    `tr_core.trace.record_live` while this generator is suspended at a step) leave the slot to other tabs."""
+
+    def __init__(self, engine: Any, pause: bool) -> None:
+        self.engine, self.pause = engine, pause  # pause: release the slot at each step (slow motion)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)  # tokenizer helpers (decode, token_text) read the engine's own
+
+    def generate(self, prompt_ids: list[int], cfg: Any, stop: Callable[[], bool] | None = None) -> Iterator[Any]:
+        """The engine's events; the slot is held from its first forward to its summary, except at each step in
+        slow motion, where it is released before the step is handed on and taken again after the pause."""
+        from tr_core.events import StepEvent
+
+        if not take_slot(stop):
+            return
+        held, gave_up = True, False
+        run = self.engine.generate(prompt_ids, cfg, stop=lambda: gave_up or (stop is not None and stop()))
+        try:
+            for ev in run:
+                if self.pause and isinstance(ev, StepEvent):
+                    DECODE_SLOT.release()
+                    held = False
+                    yield ev  # the consumer pauses here, without the slot
+                    held = take_slot(stop)
+                    gave_up = not held  # stopped while waiting: the engine sums up after this step, with no forward
+                else:
+                    yield ev
+        finally:
+            run.close()
+            if held:
+                DECODE_SLOT.release()
 
 
 @dataclass
@@ -39,6 +100,8 @@ class Session:
     trace: Trace | None = None  # the last answer (or a loaded trace), for replay and download
     conversation: int = 0  # bumped by New chat
     answer_stop: threading.Event | None = None  # set while an answer runs; .set() asks it to stop
+    warm_state: dict | None = None  # the engine's state right after its warm start (Engine.snapshot()); None = empty
+    warm_note: str = ""  # where the matrix's warm start came from, in plain words (shown on the page)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # guards the fields above
     _files: Path | None = None  # temporary folder, made on first save
 

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from tr_core.events import StepEvent
 from tr_core.figures import (MatrixTracker, MeterView, accepted_chart_explained, coloured_markdown, heatmap_figure,
                              marked_markdown, meter_html, ratio_class, safe_markdown, tree_figure)
+from tr_core.microscope import microscope_view
 from tr_core.race import NoRace, race_timeline
 from tr_core.speed import SpeedEstimate
 from tr_core.story import step_story
@@ -22,7 +23,7 @@ from tr_core.trace import Trace, boundaries_from_texts
 # Every output a handler may set, in the order of the endpoints' outputs (the API's documented order: new names
 # go at the end). "replay_html" (the HTML replay's download) is an output of its own endpoint only.
 KEYS = ("chat", "msg", "status", "meter", "tree", "heat", "chart", "matrix", "replay", "trace_file", "matrix_file",
-        "model", "story", "cost", "race")
+        "model", "story", "cost", "race", "decoding", "microscope", "warm")
 STORY_PLACEHOLDER = "What each step drafted, accepted and recycled is told here, step by step."
 
 
@@ -64,7 +65,8 @@ def step_story_view(ev: StepEvent, token_text: Callable[[int], str], before: dic
 
 
 def step_views(trace: Trace, step: int, cost: CostCurve | None = None) -> dict[str, Any]:
-    """Tree, heatmap, chart, story and cost panel of one recorded step (0-based), from the trace (and a cost curve)."""
+    """Tree, heatmap, chart, story, microscope, cost panel and decoding mode of one recorded step (0-based), from the
+    trace (and a cost curve)."""
     step = max(0, min(step, len(trace.steps) - 1))
     tracker = MatrixTracker()
     for ev in trace.steps[:step]:
@@ -73,13 +75,50 @@ def step_views(trace: Trace, step: int, cost: CostCurve | None = None) -> dict[s
     before = tracker.update(ev)
     return {"tree": tree_figure(ev, trace.token_text), "heat": heatmap_figure(tracker, ev, trace.token_text),
             "chart": accepted_chart_explained(trace.steps, current=step),
-            "story": step_story_view(ev, trace.token_text, before), "cost": cost_html(ev, cost)}
+            "story": step_story_view(ev, trace.token_text, before), "cost": cost_html(ev, cost, trace),
+            "microscope": microscope_html(trace, step), "decoding": decoding_html(trace.settings)}
+
+
+def microscope_html(trace: Trace | None, step: int) -> str:
+    """One step under the microscope (tr_core.microscope: rows read, tree built, verdict, rows written back)."""
+    if trace is None or not trace.steps:
+        return f'<div class="tr-microscope tr-microscope-none">{html.escape(MICROSCOPE_PLACEHOLDER)}</div>'
+    return f'<div class="tr-microscope">{microscope_view(trace, step)}</div>'  # escaped HTML of its own
+
+
+MICROSCOPE_PLACEHOLDER = ("One step under the microscope: the matrix rows it read, the tree built from them, the "
+                          "model's verdict and the rows written back, before and after.")
+
+
+def decoding_text(settings: dict[str, Any] | None) -> str:
+    """'Greedy decoding: …' or 'Sampling: temperature T, seed S', from an answer's recorded settings (one line: the
+    presentation view has one line for it; the page's explanations say that a seed gives plain decoding's answer)."""
+    s = settings or {}
+    try:
+        temperature = float(s.get("temperature") or 0.0)
+    except (TypeError, ValueError):
+        return "Decoding mode: not recorded"
+    if temperature <= 0:
+        return "Greedy decoding: token for token what plain decoding gives"
+    extra = "".join(f", {name} {str(s[key])[:12]}" for key, name in (("top_p", "top-p"), ("top_k", "top-k"))
+                    if s.get(key) not in (None, 0, 1, 1.0))  # from a trace file: any value, shown short and escaped
+    return f"Sampling: temperature {temperature:g}{extra}, seed {str(s.get('seed', 0))[:12]}"
+
+
+def decoding_html(settings: dict[str, Any] | None) -> str:
+    """The decoding mode line shown under the answer."""
+    return f'<div class="tr-decoding">{html.escape(decoding_text(settings))}</div>'
 
 
 # ------------------------------------------------------------------------------------------ cost panel
+# One speed story: the meter's interleaved measurement (tr_core.speed) is the only measured speedup on the page.
+# The cost panel's figures are estimates from this machine's cost curve, labelled as such, and are withheld when the
+# curve was measured on a busy machine or when the meter found the timings too noisy (nothing may then imply one).
 
 COST_PLACEHOLDER = ("What the shown step's forward cost on this machine, against what it gained, is worked out here: "
                     "speedup ≈ tokens gained per step ÷ the cost of the step's forward.")
+FORMULA = "Speedup ≈ mean accepted tokens per step ÷ t(N)/t(1), the cost of a forward of N tokens against one of 1 token"
+NOISY_WITHHELD = "the meter found this answer's timings too noisy, so no speed is claimed here either"
 
 
 @dataclass(frozen=True)
@@ -89,54 +128,118 @@ class CostCurve:
     relative: Callable[[int], float] | None  # n -> t(n) / t(1); None: not measured
     why: str = ""  # why it could not be measured (when `relative` is None)
     source: str = ""  # what measured it, in words
+    steady: bool = True  # False: timed while the machine was busy (ForwardCost.steady): its figures are not shown
+    note: str = ""  # how steady the timing was, in words (e.g. "repeats spread ±35%"), shown with an unsteady curve
+
+    def cost(self, n: int) -> float:
+        """t(n)/t(1), never below 1: a forward of n tokens costs at least a one-token forward (timing noise aside)."""
+        return max(self.relative(n), 1.0) if self.relative is not None else 1.0
 
 
 def _tokens(n: int) -> str:
     return f"{n} token{'' if n == 1 else 's'}"
 
 
-def cost_text(ev: StepEvent, curve: CostCurve | None) -> tuple[str, str, str]:
-    """(what the step cost against what it gained, its colour class up/par/down/none, the rule it illustrates)."""
+def speed_state(speed: dict | None) -> str:
+    """What the meter says of an answer: 'measured' (a trusted ratio), 'noisy' (too noisy to measure), '' (nothing)."""
+    if not speed:
+        return ""
+    return "measured" if speed.get("trusted") and speed.get("ratio") else "noisy"
+
+
+def _usable(curve: CostCurve | None) -> bool:
+    return curve is not None and curve.relative is not None and curve.steady
+
+
+def _unusable_why(curve: CostCurve | None) -> str:
+    """Why the curve's figures are not shown (for a missing or unsteady curve)."""
+    if curve is None:
+        return "no cost curve is known here"
+    if curve.relative is None:
+        return curve.why
+    note = f" ({curve.note})" if curve.note else ""
+    return f"this machine's cost curve was measured while the machine was busy{note}: not shown"
+
+
+def no_draft_text(ev: StepEvent) -> str:
+    """Why a step drafted nothing, in plain words (StepEvent.no_draft_reason, absent from older traces)."""
+    reason = getattr(ev, "no_draft_reason", None)
+    return f"This step drafted nothing: {reason}." if reason else "This step drafted nothing."
+
+
+def cost_text(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None) -> tuple[str, str]:
+    """(what the step cost against what it gained, its colour class up/par/down/none); see the section's comment."""
     n, gained = len(ev.tokens), len(ev.emitted)
-    rule = ("Speedup ≈ tokens gained per step ÷ t(N)/t(1), the cost of the step's forward of N tokens relative to a "
-            "one-token forward.")
     if n <= 1:
-        return (f"This step drafted nothing: one one-token forward gained {_tokens(gained)}, plain decoding's own pace "
-                f"({gained:.2f}×).", "par", rule)
-    if curve is None or curve.relative is None:
-        why = curve.why if curve is not None else "no cost curve is known here"
-        return (f"This step verified {n} tokens in one forward and gained {_tokens(gained)}. What a {n}-token forward "
-                f"costs against a one-token forward could not be measured here: {why}.", "none", rule)
-    c = max(curve.relative(n), 1e-9)
-    speed = gained / c
-    if curve.source:
-        rule = rule[:-1] + f"; t measured by {curve.source}."
+        return (f"{no_draft_text(ev)} One one-token forward gained {_tokens(gained)}: plain decoding's own pace.",
+                "par")
+    head = f"This step verified {n} tokens in one forward (the last token and {n - 1} drafted) and gained {_tokens(gained)}."
+    if not _usable(curve):
+        return f"{head} What a {n}-token forward costs against a one-token forward is not shown: {_unusable_why(curve)}.", "none"
+    if speed_state(speed) == "noisy":
+        return f"{head} No estimate of its speed: {NOISY_WITHHELD}.", "none"
+    c = curve.cost(n)
+    speed_x = gained / c
     return (f"This step verified {n} tokens in one forward (the last token and {n - 1} drafted): on this machine that "
             f"costs {c:.2f}× a one-token forward. It gained {_tokens(gained)}, so this step ran at {gained} ÷ {c:.2f} = "
-            f"{speed:.2f}× plain speed.", ratio_class(speed), rule)
+            f"{speed_x:.2f}× plain speed. An estimate for this step alone, from the cost curve; the measured figure is "
+            "the meter's, for the whole answer.", ratio_class(speed_x))
 
 
-def cost_brief(ev: StepEvent, curve: CostCurve | None) -> str:
+def expected_speedup(steps: list[StepEvent], curve: CostCurve) -> tuple[float, float, float]:
+    """(mean accepted tokens per step A, mean t(N)/t(1) of the steps' forwards C, A / C) over recorded steps."""
+    tokens = sum(len(e.emitted) for e in steps)
+    cost = sum(curve.cost(len(e.tokens)) for e in steps)
+    a, c = tokens / max(len(steps), 1), cost / max(len(steps), 1)
+    return a, c, a / max(c, 1e-9)
+
+
+def formula_text(steps: list[StepEvent], curve: CostCurve | None, speed: dict | None) -> str:
+    """The expected-speedup formula with this answer's and this machine's numbers, and what the meter measured."""
+    if not steps:
+        return FORMULA + "."
+    a = sum(len(e.emitted) for e in steps) / len(steps)
+    if speed_state(speed) == "noisy":
+        return f"{FORMULA}. This answer: {a:.2f} tokens per step; {NOISY_WITHHELD}."
+    if not _usable(curve):
+        return f"{FORMULA}. This answer: {a:.2f} tokens per step; t(N)/t(1) is not shown: {_unusable_why(curve)}."
+    a, c, e = expected_speedup(steps, curve)
+    text = (f"{FORMULA}. This answer: {a:.2f} ÷ {c:.2f} ≈ {e:.2f}× expected (estimate; t measured by "
+            f"{curve.source or 'this machine'}).")
+    if speed_state(speed) == "measured":
+        err = f" ± {speed['error']:.2f}" if speed.get("error") is not None else ""
+        text += f" Measured by the meter: {speed['ratio']:.2f}×{err}."
+    return text
+
+
+def cost_brief(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None) -> str:
     """cost_text's figures in one line, for the presentation view (a 720 px projector screen has no room for more)."""
     n, gained = len(ev.tokens), len(ev.emitted)
     if n <= 1:
         return f"Cost: no draft; one one-token forward gained {_tokens(gained)}: plain decoding's pace"
-    if curve is None or curve.relative is None:
-        return f"Cost: {n} tokens in one forward gained {_tokens(gained)}; that forward's cost was not measured here"
-    c = max(curve.relative(n), 1e-9)
-    return (f"Cost: {n} tokens in one forward = {c:.2f}× one token's; gained {gained} → {gained} ÷ {c:.2f} = "
-            f"{gained / c:.2f}× plain speed")
+    if not _usable(curve):
+        busy = curve is not None and curve.relative is not None
+        return (f"Cost: {n} tokens in one forward gained {_tokens(gained)}; that forward's cost "
+                + ("was timed on a busy machine: not shown" if busy else "was not measured here"))
+    if speed_state(speed) == "noisy":
+        return f"Cost: {n} tokens in one forward gained {_tokens(gained)}; no speed claimed: the meter says too noisy"
+    c = curve.cost(n)
+    return (f"Cost: {n} tokens in one forward = {c:.2f}× one token's; gained {gained} → {gained} ÷ {c:.2f} ≈ "
+            f"{gained / c:.2f}× plain speed (estimate)")
 
 
-def cost_html(ev: StepEvent | None, curve: CostCurve | None) -> str:
+def cost_html(ev: StepEvent | None, curve: CostCurve | None, trace: Trace | None = None) -> str:
     """The cost panel: t(N)/t(1) on this machine beside the step's gain, so speedup ≈ gained ÷ cost; all escaped.
-    It holds the full text and a one-line brief; assets/studio.css shows the brief in the presentation view only."""
+    `trace`: the answer so far, for the formula with its numbers and the meter's verdict. The panel holds the full
+    text and a one-line brief; assets/studio.css shows the brief in the presentation view only."""
     if ev is None:
         return f'<div class="tr-cost tr-cost-none">{html.escape(COST_PLACEHOLDER)}</div>'
-    main, cls, rule = cost_text(ev, curve)
+    speed = trace.speed if trace is not None else None
+    main, cls = cost_text(ev, curve, speed)
+    rule = formula_text(trace.steps if trace is not None else [ev], curve, speed)
     return (f'<div class="tr-cost tr-cost-{cls}"><div class="tr-cost-full"><span class="tr-cost-head">'
             f'Cost of this step:</span> {html.escape(main)}<div class="tr-cost-rule">{html.escape(rule)}</div></div>'
-            f'<div class="tr-cost-brief">{html.escape(cost_brief(ev, curve))}</div></div>')
+            f'<div class="tr-cost-brief">{html.escape(cost_brief(ev, curve, speed))}</div></div>')
 
 
 # ------------------------------------------------------------------------------------------------ race
@@ -201,7 +304,8 @@ def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer
     if est.trusted:
         over = f"over {est.covered} tokens decoded {est.passes} times" if est.passes > 1 else f"over {est.tokens} tokens"
         why = f"{over}, both methods timed in {est.pairs} alternating chunks"
-    return meter_html(MeterView(state=state, tr_tps=est.tr_tps, plain_tps=est.plain_tps,
+    # too noisy: plain decoding's tokens/s is left out too, since beside Token Recycling's it would imply the ratio
+    return meter_html(MeterView(state=state, tr_tps=est.tr_tps, plain_tps=est.plain_tps if est.trusted else None,
                                 mean_accepted=est.mean_accepted, ratio=est.ratio if est.trusted else None,
                                 error=est.error, identical=est.identical, note="; ".join(x for x in (why, note) if x)))
 
@@ -216,6 +320,7 @@ def blank_views() -> dict[str, Any]:
     return {"meter": meter_html(MeterView(note=SEND_TO_MEASURE)), "tree": tree_figure(None, str),
             "heat": heatmap_figure(MatrixTracker(), None, str), "chart": accepted_chart_explained([]),
             "story": story_html(), "cost": cost_html(None, None), "race": race_html(None),
+            "microscope": microscope_html(None, 0), "decoding": "",
             "replay": {"minimum": 1, "maximum": 2, "value": 1, "label": "Replay step"}, "trace_file": None}
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = Path(__file__).resolve().parents[1] / "bench" / "data"  # the development question sets (bench/data/README.md)
 # Every test times this machine's matrix products afresh (kernels.py) rather than take a plan that a developer's
 # earlier run kept on disk (plan_cache.py); the cache's own tests point it at a temporary file.
 os.environ["TR_PLAN_CACHE"] = ""

@@ -3,7 +3,9 @@ on a tiny random model, and the forward-cost profiler."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,8 @@ from tr_core.questions import (
     task_of,
 )
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = Path(__file__).resolve().parents[1] / "bench" / "data"  # the development question sets, in the repository
+DEV_FILES = ["mbpp_dev.jsonl", "spec_bench_dev.jsonl"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -133,10 +136,20 @@ def test_select_per_task_is_round_robin_and_deterministic(tmp_path):
     assert select_questions(qs, per_task=2) == picked
 
 
-@pytest.mark.skipif(not DATA.is_dir(), reason="shared data folder not present")
-def test_shared_files_parse_and_cover_all_tasks():
-    qs = load_questions(DATA / "spec_bench_dev.jsonl") + load_questions(DATA / "mbpp_dev.jsonl")
-    picked = select_questions(qs, per_task=4)
+def test_development_files_are_the_ones_their_readme_describes():
+    # no skip when a file is missing: a clone without them must fail here, not quietly run fewer tests
+    rows = re.findall(r"^\| (\w+\.jsonl) \| (\d+) \| ([0-9a-f]{64}) \|$", (DATA / "README.md").read_text(), re.M)
+    assert sorted(name for name, _, _ in rows) == sorted(p.name for p in DATA.glob("*.jsonl")) == DEV_FILES
+    for name, lines, digest in rows:
+        data = (DATA / name).read_bytes()
+        assert (data.count(b"\n"), hashlib.sha256(data).hexdigest()) == (int(lines), digest), name
+
+
+def test_development_files_parse_and_cover_all_tasks():
+    spec, mbpp = load_questions(DATA / "spec_bench_dev.jsonl"), load_questions(DATA / "mbpp_dev.jsonl")
+    assert (len(spec), len(mbpp)) == (240, 205)
+    assert all(q.question_id % 2 == 0 for q in spec + mbpp)  # the odd ids are held out (bench/data/README.md)
+    picked = select_questions(spec + mbpp, per_task=4)
     assert len(picked) == 28
     assert {q.task for q in picked} == {MULTI_TURN, "translation", "summarization", "qa", "math_reasoning", "rag", "code"}
 

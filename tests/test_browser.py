@@ -27,16 +27,27 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromiu
 
 RATIO_RE = re.compile(r"(\d+\.\d\d)× ± (\d+\.\d\d)")
 NOISY = "too noisy to measure"
-METER_FINAL_JS = (
-    "() => { const l = document.querySelector('#tr-meter .tr-biglabel');"
-    " const r = document.querySelector('#tr-ratio');"
-    " return !!(l && l.textContent.trim().startsWith('measured:'))"
-    f" || !!(r && r.textContent.trim() === '{NOISY}'); }}")
+# Tests wait on what the page says (the meter's data-state, the status, an element), never on a fixed pace: a busy
+# machine only makes them slower. HUNG_MS bounds each wait so that a hung app fails instead of blocking forever; it is
+# no estimate of how long an answer takes.
+HUNG_MS = 1_800_000
+METER_STATE_JS = ("(states) => { const m = document.querySelector('#tr-meter');"
+                  " return !!(m && states.includes(m.dataset.state)); }")
 
 
-def wait_meter_final(page, timeout: float) -> None:
-    """Wait until the meter shows its final state: a trusted measurement ('measured: …') or 'too noisy to measure'."""
-    page.wait_for_function(METER_FINAL_JS, timeout=timeout)
+IDLE_JS = "() => !document.querySelector('.gradio-container .wrap.generating, .gradio-container .wrap.pending')"
+
+
+def wait_idle(page) -> None:
+    """Wait until no event is running: Gradio's status trackers drop their 'generating' class once the event's
+    generator has returned (the session is then free for the next request)."""
+    page.wait_for_function(IDLE_JS, timeout=HUNG_MS)
+
+
+def wait_meter_final(page, states: tuple[str, ...] = ("measured", "noisy")) -> None:
+    """Wait until the meter's data-state is final: a trusted measurement, 'too noisy to measure' (or, with the
+    measurement off, 'off')."""
+    page.wait_for_function(METER_STATE_JS, arg=list(states), timeout=HUNG_MS)
 
 
 def ratio_classes(ratio: float, error: float) -> set[str]:
@@ -86,19 +97,21 @@ def test_example_click_streams_answer_and_draws_tree_heatmap_and_meter(tmp_path)
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 1000}, device_scale_factor=1)
-            page.goto(url, wait_until="load", timeout=60_000)
-            page.wait_for_selector("#tr-examples", timeout=60_000)
+            page.goto(url, wait_until="load", timeout=HUNG_MS)
+            page.wait_for_selector("#tr-examples", timeout=HUNG_MS)
             # fewer tokens keep the test short on a CPU; the example button itself is what a visitor clicks
             page.locator("#tr-examples").get_by_text("Translation", exact=True).click()
             # streaming: the answer and the live tree appear before the run ends
             page.wait_for_selector("#tr-chat .message.bot span.tr-run-a, #tr-chat [data-testid='bot'] span.tr-run-a",
-                                   timeout=240_000)
-            wait_meter_final(page, timeout=300_000)
+                                   timeout=HUNG_MS)
+            wait_meter_final(page)
             check_meter(page)
             # plotly drew SVG: tree markers (one per node; the default tree's size depends on the device) and heatmap
-            page.wait_for_function("() => document.querySelectorAll('#tr-tree .scatterlayer .point').length >= 2",
-                                   timeout=30_000)
-            assert "accepted" in page.locator("#tr-tree .gtitle").text_content()
+            page.wait_for_function("() => document.querySelectorAll('#tr-tree .scatterlayer .point').length >= 1",
+                                   timeout=HUNG_MS)  # one point: a step that drafted nothing (said in its title)
+            title = page.locator("#tr-tree .gtitle").text_content()
+            assert "accepted" in title or "drafted nothing" in title, title
+            assert re.search(r"Greedy decoding", page.locator("#tr-decoding").inner_text())  # beside the answer
             assert page.locator("#tr-tree svg.main-svg").count() >= 1
             assert page.locator("#tr-heat svg.main-svg").count() >= 1
             assert page.locator("#tr-heat .hm, #tr-heat image, #tr-heat .heatmaplayer").count() >= 1
@@ -106,7 +119,7 @@ def test_example_click_streams_answer_and_draws_tree_heatmap_and_meter(tmp_path)
             assert "drafted" in page.locator("#tr-story").inner_text()  # the story of the step shown
             answer = page.locator("#tr-chat").inner_text()
             assert len(answer.strip()) > 20
-            page.wait_for_timeout(500)
+            page.mouse.move(5, 5)  # no hover label in the picture
             shot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(shot), full_page=True)
         finally:
@@ -176,9 +189,9 @@ def open_page(browser, url: str):
             route.abort()
 
     page.route("**/*", guard)
-    page.goto(url, wait_until="load", timeout=60_000)
-    page.wait_for_selector("#tr-examples", timeout=60_000)
-    page.wait_for_selector("#tr-trace-upload", timeout=60_000)
+    page.goto(url, wait_until="load", timeout=HUNG_MS)
+    page.wait_for_selector("#tr-examples", timeout=HUNG_MS)
+    page.wait_for_selector("#tr-trace-upload", timeout=HUNG_MS)
     return context, page, seen, outside
 
 
@@ -190,7 +203,7 @@ def upload_trace(page, path: Path) -> None:
     if inputs.count() == 1:
         inputs.set_input_files(str(path))
     else:
-        with page.expect_file_chooser(timeout=10_000) as chooser:
+        with page.expect_file_chooser(timeout=HUNG_MS) as chooser:
             page.locator("#tr-trace-upload").click()
         chooser.value.set_files(str(path))
 
@@ -199,7 +212,7 @@ def status_text(page) -> str:
     return page.locator("#tr-status").inner_text()
 
 
-def wait_status(page, text: str, timeout: float = 60_000) -> None:
+def wait_status(page, text: str, timeout: float = HUNG_MS) -> None:
     page.wait_for_function("(t) => { const s = document.querySelector('#tr-status');"
                            " return !!(s && s.innerText.includes(t)); }", arg=text, timeout=timeout)
 
@@ -263,7 +276,7 @@ def test_hostile_shared_trace_fetches_nothing_and_shows_markup_as_text(app_brows
         upload_trace(page, path)
         wait_status(page, "Loaded a trace")
         page.wait_for_function("() => document.querySelectorAll('#tr-tree .scatterlayer .point').length >= 2",
-                               timeout=30_000)
+                               timeout=HUNG_MS)
         page.wait_for_timeout(1000)  # give any image a chance to be requested
         chat = page.locator("#tr-chat")
         chat_text = chat.inner_text()
@@ -287,7 +300,7 @@ def test_hostile_shared_trace_fetches_nothing_and_shows_markup_as_text(app_brows
         story = page.locator("#tr-story").inner_text()
         assert story.startswith("This step: Step 3 drafted") and "<img" in story, story  # token text, as text
         hover_figures(page)
-        with page.expect_download(timeout=60_000) as download:  # the offline HTML replay of this answer
+        with page.expect_download(timeout=HUNG_MS) as download:  # the offline HTML replay of this answer
             page.locator("#tr-export-html").click()
         saved = tmp_path / "replay.html"
         download.value.save_as(saved)
@@ -322,11 +335,9 @@ def test_malformed_trace_is_refused_and_the_session_goes_on(app_browser, tmp_pat
         box = page.locator("#tr-msg textarea, textarea#tr-msg, #tr-msg input").first
         box.fill("Say hi.")
         box.press("Enter")
-        page.wait_for_selector("#tr-chat span.tr-run-a", timeout=120_000)
-        # the answer is over (the session is idle) once the meter leaves its live state
-        page.wait_for_function("() => { const l = document.querySelector('#tr-meter .tr-biglabel');"
-                               " return !!(l && l.textContent.startsWith('speedup not measured')); }", timeout=150_000)
-        page.wait_for_timeout(500)  # the answer's generator returns just after its last view
+        wait_meter_final(page, ("off",))  # the answer is over: the meter left its live state, unmeasured
+        assert page.locator("#tr-chat span.tr-run-a").count() >= 1
+        wait_idle(page)  # and its request has returned: the session takes the upload
         before = page.locator("#tr-chat").inner_text()
         assert "Say hi." in before and len(before.strip()) > len("Say hi.") + 2, before
         meter_before = page.locator("#tr-meter").inner_text()
@@ -347,7 +358,7 @@ def test_malformed_trace_is_refused_and_the_session_goes_on(app_browser, tmp_pat
         after = page.locator("#tr-chat").inner_text()
         assert "Say hi." in after and len(after.strip()) > len("Say hi.") + 2, after
         page.get_by_role("button", name="◀ Previous step").click()
-        page.wait_for_timeout(300)
+        wait_idle(page)
         wait_status(page, "Replaying step")
         no_error_toast(page)
         assert [u for u in outside if LEAK_HOST in u] == []
@@ -365,46 +376,90 @@ PRESENTING_JS = "() => document.documentElement.classList.contains('tr-present')
 NOT_PRESENTING_JS = "() => !document.documentElement.classList.contains('tr-present')"
 
 
-def test_presentation_view_shows_meter_tree_and_story_on_one_projector_screen(app_browser, tmp_path):
-    """?view=present at 1280x720: settings hidden; after an answer the meter, the tree and the story are all on the
-    first screen, in larger type; the toggle leaves and re-enters. Saves $TR_PRESENT_SCREENSHOT if set."""
+PANELS = ("#tr-meter-box", "#tr-tree", "#tr-heat", "#tr-story", "#tr-cost", "#tr-nav-buttons", "#tr-decoding",
+          "#tr-input-row", "#tr-status")  # what a lecture hall must see at once
+TEXT_PANELS = ("#tr-meter-box", "#tr-story", "#tr-cost", "#tr-decoding", "#tr-nav-buttons")  # nothing may be cut off
+# Every visible piece of text in the panels (HTML text and plotly's SVG text), its computed font size in px.
+FONT_SIZES_JS = """(sels) => {
+  const out = [];
+  for (const sel of sels) for (const el of document.querySelectorAll(sel + ' *')) {
+    const own = [...el.childNodes].some(n => n.nodeType === 3 && n.textContent.trim());
+    const r = el.getBoundingClientRect();
+    if (!own || r.width === 0 || r.height === 0 || getComputedStyle(el).visibility === 'hidden') continue;
+    if (el.closest('.hoverlayer, .modebar, .sr-only, .hide')) continue;  // hover labels and tools: not on show
+    out.push([sel, el.tagName, el.textContent.trim().slice(0, 30), parseFloat(getComputedStyle(el).fontSize)]);
+  }
+  return out; }"""
+CUT_JS = ("(s) => { const el = document.querySelector(s);"
+          " return [el.scrollHeight - el.clientHeight, el.scrollWidth - el.clientWidth]; }")
+
+
+def check_projector_screen(page) -> None:
+    """Every panel lies inside the 1280x720 screen by its computed geometry, no two overlap, text panels hold all
+    their text, and no text in them is under 16 px."""
+    rects = {sel: page.evaluate(RECT_JS, sel) for sel in PANELS}
+    for sel, r in rects.items():
+        assert r["width"] > 0 and r["top"] >= 0 and r["left"] >= 0, (sel, r)
+        assert r["bottom"] <= PROJECTOR["height"] and r["right"] <= PROJECTOR["width"], (sel, r)
+    names = list(rects)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            ra, rb = rects[a], rects[b]
+            w = min(ra["right"], rb["right"]) - max(ra["left"], rb["left"])
+            h = min(ra["bottom"], rb["bottom"]) - max(ra["top"], rb["top"])
+            assert w <= 0.5 or h <= 0.5, (a, ra, b, rb)
+    for sel in TEXT_PANELS:
+        assert page.evaluate(CUT_JS, sel) <= [1, 1], (sel, page.evaluate(CUT_JS, sel))
+    small = [f for f in page.evaluate(FONT_SIZES_JS, list(PANELS)) if f[3] < 16]
+    assert not small, small
+    assert rects["#tr-tree"]["width"] >= 640  # the tree's labels are placed for 640 px or more
+
+
+def test_presentation_view_carries_a_lecture_on_one_projector_screen(app_browser, tmp_path):
+    """?view=present at 1280x720: settings hidden; after an answer the meter, the tree, the matrix window, the story,
+    the cost and the step controls are all inside the screen, none over another, nothing cut off, no text under
+    16 px; previous/next replay steps in place; the microscope opens over the tree. Saves $TR_PRESENT_SCREENSHOT."""
     url, browser = app_browser
     shot = Path(os.environ.get("TR_PRESENT_SCREENSHOT") or tmp_path / "presentation.png")
     context = browser.new_context(viewport=PROJECTOR, device_scale_factor=1)
     page = context.new_page()
     try:
-        page.goto(url + "?view=present", wait_until="load", timeout=60_000)
-        page.wait_for_selector("#tr-present", timeout=60_000)
-        page.wait_for_function(PRESENTING_JS, timeout=30_000)
+        page.goto(url + "?view=present", wait_until="load", timeout=HUNG_MS)
+        page.wait_for_selector("#tr-present", timeout=HUNG_MS)
+        page.wait_for_function(PRESENTING_JS, timeout=HUNG_MS)
         assert not page.locator("#tr-settings").is_visible() and not page.locator("#tr-examples").is_visible()
         big_story = page.evaluate(FONT_JS, "#tr-story .tr-story")
         page.locator("#tr-present").click()  # leave: the settings come back, the address loses ?view=present
-        page.wait_for_function(NOT_PRESENTING_JS, timeout=10_000)
+        page.wait_for_function(NOT_PRESENTING_JS, timeout=HUNG_MS)
         assert page.locator("#tr-settings").is_visible() and "view=present" not in page.url
         assert page.evaluate(FONT_JS, "#tr-story .tr-story") < big_story  # presenting enlarges the story
         page.locator("#tr-present").click()
-        page.wait_for_function(PRESENTING_JS, timeout=10_000)
+        page.wait_for_function(PRESENTING_JS, timeout=HUNG_MS)
         assert "view=present" in page.url
         box = page.locator("#tr-msg textarea, textarea#tr-msg, #tr-msg input").first
         box.fill("Translate to French: The weather is nice today, so we are going to the beach.")
         box.press("Enter")
-        wait_meter_final(page, timeout=300_000)
+        wait_meter_final(page)
         check_meter(page)
-        page.wait_for_function("() => document.querySelectorAll('#tr-tree .scatterlayer .point').length >= 2",
-                               timeout=30_000)
-        page.wait_for_timeout(800)
+        wait_idle(page)
+        page.wait_for_function("() => document.querySelectorAll('#tr-tree .scatterlayer .point').length >= 1",
+                               timeout=HUNG_MS)
         assert page.evaluate("() => window.scrollY") == 0
-        for selector in ("#tr-meter-box", "#tr-tree", "#tr-story", "#tr-cost"):  # the cost: its one-line brief
-            r = page.evaluate(RECT_JS, selector)
-            inside = r["top"] >= 0 and r["bottom"] <= PROJECTOR["height"] and r["right"] <= PROJECTOR["width"]
-            assert inside, (selector, r)
-        assert page.evaluate(RECT_JS, "#tr-tree")["width"] >= 640  # the tree's labels are placed for 640 px or more
+        check_projector_screen(page)
         story = page.locator("#tr-story").inner_text()
         assert story.startswith("This step:") and ("drafted" in story or "Plain step" in story), story
-        shot.parent.mkdir(parents=True, exist_ok=True)
         page.mouse.move(640, 715)  # no hover label or plotly toolbar in the picture
-        page.wait_for_timeout(300)
+        shot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shot))  # the projector's screen, as the room sees it
+        page.locator("#tr-prev").click()  # the step controls replay in place
+        wait_status(page, "Replaying step")
+        wait_idle(page)
+        check_projector_screen(page)
+        page.locator("#tr-micro-btn").click()  # the microscope opens over the tree, inside the screen
+        page.wait_for_function("() => document.documentElement.classList.contains('tr-micro')", timeout=HUNG_MS)
+        r = page.evaluate(RECT_JS, "#tr-microscope")
+        assert r["width"] > 300 and r["top"] >= 0 and r["bottom"] <= PROJECTOR["height"], r
+        assert r["right"] <= PROJECTOR["width"], r
         no_error_toast(page)
     finally:
         context.close()
@@ -445,7 +500,7 @@ def test_race_fills_both_panes_at_their_recorded_pace_and_ends_complete(app_brow
         wait_status(page, "Loaded a trace")
         assert not page.locator("#tr-race-tr").is_visible()  # the race opens on the button
         page.locator("#tr-race").click()
-        page.wait_for_selector("#tr-race-tr", state="visible", timeout=10_000)
+        page.wait_for_selector("#tr-race-tr", state="visible", timeout=HUNG_MS)
         t0 = page.evaluate("() => performance.now()")
         samples = []
         while True:

@@ -139,3 +139,35 @@ def test_the_readmes_use_it_in_your_code_example_runs(embedded, capsys):
     exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out
     assert "identical: True" in out
+
+
+class _Recording:
+    """A streamer that records what it is given (transformers' BaseStreamer interface)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[list[int]] = []
+        self.ended = False
+
+    def put(self, value: torch.Tensor) -> None:
+        self.chunks.append(value.flatten().tolist())
+
+    def end(self) -> None:
+        self.ended = True
+
+
+def test_the_streamer_is_read_from_generate_or_its_absence_fails_loudly(monkeypatch):
+    """transformers hands a custom_generate no `streamer`: it is read from generate's frame on the installed release,
+    and where that frame cannot be read the call raises rather than leave a streamer's consumer waiting for ever."""
+    from transformers import GenerationConfig
+
+    model = tiny_model("llama")
+    ids = torch.tensor([PROMPTS[0]])
+    streamer = _Recording()
+    out = model.generate(ids, max_new_tokens=12, streamer=streamer, custom_generate=trhf.generate, **COMMON)
+    assert streamer.chunks[0] == PROMPTS[0] and streamer.ended  # the prompt from generate, then ours
+    assert sum(streamer.chunks[1:], []) == out[0, len(PROMPTS[0]):].tolist()
+    direct = trhf.generate(model, ids, generation_config=GenerationConfig(max_new_tokens=5, do_sample=False))
+    assert direct.shape == (1, len(PROMPTS[0]) + 5)  # called directly, not by transformers: no frame is needed
+    monkeypatch.setattr(trhf, "_generate_code", lambda function: test_unsupported_settings_are_refused_by_name.__code__)
+    with pytest.raises(RuntimeError, match="cannot read the `streamer` of this generate call: transformers 5"):
+        model.generate(ids, max_new_tokens=12, streamer=_Recording(), custom_generate=trhf.generate, **COMMON)

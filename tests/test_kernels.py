@@ -3,8 +3,9 @@ every row count routed to W @ x^T, one timed plan per model, and nothing routed 
 from __future__ import annotations
 
 import copy
-import json
+import dataclasses
 import gc
+import json
 
 import pytest
 import torch
@@ -66,14 +67,14 @@ def test_row_counts_past_the_largest_timed_follow_its_way(monkeypatch):
     for way in (TRANSPOSED, STOCK):
         monkeypatch.setitem(kernels._PRODUCTS, way, lambda x, w, b, rows, way=way: taken.append((way, rows)) or
                             torch.nn.functional.linear(x, w, b))
-    kernels.install(layer, LinearPlan({1: STOCK, 4: TRANSPOSED}, limit=4).routes())
-    with torch.no_grad():
+    kernels.set_plan(layer, LinearPlan({1: STOCK, 4: TRANSPOSED}, limit=4))
+    with torch.no_grad(), kernels.installed(layer):
         for rows in (1, 3, 4, 5, 300):
             layer(torch.randn(1, rows, 8))
     assert taken == [(TRANSPOSED, 3), (TRANSPOSED, 4), (TRANSPOSED, 5), (TRANSPOSED, 300)], "1 row: the library's"
-    kernels.install(layer, LinearPlan({1: TRANSPOSED, 4: STOCK}, limit=4).routes())
+    kernels.set_plan(layer, LinearPlan({1: TRANSPOSED, 4: STOCK}, limit=4))
     taken.clear()
-    with torch.no_grad():
+    with torch.no_grad(), kernels.installed(layer):
         layer(torch.randn(300, 8))
     assert taken == [], "past the limit, where the largest size took the library's product, so does the prefill"
 
@@ -84,9 +85,11 @@ def test_greedy_recycling_is_lossless_with_every_row_count_routed_one_way(arch, 
     model = tiny_model(arch)
     stock_logits = model(torch.tensor([[3, 4, 5, 6]])).logits
     kernels.set_plan(model, every_row(way))
-    routed = [m for m in model.modules() if "forward" in m.__dict__]
-    assert routed and len(routed) == kernels.plan_of(model).layers
-    torch.testing.assert_close(model(torch.tensor([[3, 4, 5, 6]])).logits, stock_logits, rtol=1e-4, atol=1e-5)
+    with kernels.installed(model):
+        routed = [m for m in model.modules() if "forward" in m.__dict__]
+        assert routed and len(routed) == kernels.plan_of(model).layers
+        torch.testing.assert_close(model(torch.tensor([[3, 4, 5, 6]])).logits, stock_logits, rtol=1e-4, atol=1e-5)
+    assert not any("forward" in m.__dict__ for m in model.modules()), "removed when the block ends"
     engine = Engine(model, TinyTokenizer(TINY_VOCAB))
     g = torch.Generator().manual_seed(7)
     accepted = []
@@ -132,9 +135,11 @@ def test_an_engine_told_not_to_tune_leaves_the_model_alone():
 def test_uninstall_gives_the_library_forward_back():
     model = tiny_model("llama")
     kernels.set_plan(model, EVERY_ROW)
-    kernels.uninstall(model)
-    assert kernels.plan_of(model) is None
-    assert not any("forward" in m.__dict__ or "_tr_routes" in m.__dict__ for m in model.modules())
+    with kernels.installed(model):
+        assert kernels.is_routed(model)
+        kernels.uninstall(model)  # even in use: back to the library's product at once
+        assert kernels.plan_of(model) is None and not kernels.is_routed(model)
+        assert not any("forward" in m.__dict__ for m in model.modules())
 
 
 @pytest.mark.parametrize("way", WAYS_HERE[1:])
@@ -143,12 +148,13 @@ def test_a_deep_copy_routes_its_own_weights(way):
     model = tiny_model("llama")
     kernels.set_plan(model, every_row(way))
     ids = torch.tensor([[3, 4, 5]])
-    before = model(ids).logits.clone()
-    twin = copy.deepcopy(model)  # after a forward: oneDNN's packed weights exist and must not be shared
-    for p in twin.parameters():
-        p.mul_(0.5)
-    assert not torch.allclose(twin(ids).logits, before)
-    torch.testing.assert_close(model(ids).logits, before)
+    with kernels.installed(model):
+        before = model(ids).logits.clone()
+        twin = copy.deepcopy(model)  # mid-call, after a forward: oneDNN's packed weights exist, must not be shared
+        for p in twin.parameters():
+            p.mul_(0.5)
+        assert not torch.allclose(twin(ids).logits, before)
+        torch.testing.assert_close(model(ids).logits, before)
 
 
 @pytest.mark.skipif(ONEDNN not in WAYS_HERE, reason="this torch build has no oneDNN product")
@@ -174,12 +180,14 @@ def test_packed_weights_are_freed_when_no_row_count_takes_onednn():
     model = tiny_model("llama")
     weights = [layer.weight for layer in kernels.linear_layers(model)]
     kernels.set_plan(model, every_row(ONEDNN))
-    model(torch.tensor([[3, 4, 5]]))
+    with kernels.installed(model):
+        model(torch.tensor([[3, 4, 5]]))
     assert all(kernels.is_packed(w) for w in weights), "every routed layer multiplies its packed weight"
     kernels.set_plan(model, EVERY_ROW)  # transposed everywhere: the packed copies are dead weight
     assert not any(kernels.is_packed(w) for w in weights)
     kernels.set_plan(model, every_row(ONEDNN))
-    model(torch.tensor([[3, 4, 5]]))
+    with kernels.installed(model):
+        model(torch.tensor([[3, 4, 5]]))
     kernels.uninstall(model)
     assert not any(kernels.is_packed(w) for w in weights)
 
@@ -229,10 +237,11 @@ def test_only_plain_linear_layers_on_a_cpu_are_routed():
     assert not kernels.needs_tuning(net, torch.device("cuda"))
     assert not kernels.needs_tuning(torch.nn.Sequential(torch.nn.ReLU()), torch.device("cpu"))
     kernels.set_plan(net, EVERY_ROW)
-    assert "forward" in net[0].__dict__ and "forward" not in net[1].__dict__
-    x = torch.randn(2, 8, dtype=torch.float64)  # another dtype than the weights: the library's path (and its error)
-    with pytest.raises(RuntimeError):
-        net[0](x)
+    with kernels.installed(net):
+        assert "forward" in net[0].__dict__ and "forward" not in net[1].__dict__
+        x = torch.randn(2, 8, dtype=torch.float64)  # another dtype than the weights: the library's path (its error)
+        with pytest.raises(RuntimeError):
+            net[0](x)
 
 
 def test_the_cli_refuses_an_unknown_linear_choice(capsys):
@@ -280,6 +289,8 @@ def test_the_cost_probe_takes_the_tuned_forwards_and_times_only_the_larger_sizes
     whole forwards, timed the way they now run) and times only the grid sizes past them."""
     from tr_core import cost as cost_mod
 
+    monkeypatch.setattr(kernels, "STEADY_SPREAD", float("inf"))  # tiny forwards on a busy machine: steady here
+    monkeypatch.setattr(cost_mod, "STEADY_SPREAD", float("inf"))
     model = tiny_model("llama")
     engine = Engine(model, TinyTokenizer(TINY_VOCAB))
     timed: list[list[int]] = []
@@ -336,18 +347,22 @@ def test_a_later_process_takes_the_plan_this_machine_timed_for_the_same_shapes(m
 
     path = tmp_path / "plans.json"
     monkeypatch.setenv("TR_PLAN_CACHE", str(path))
+    monkeypatch.setattr(kernels, "STEADY_SPREAD", float("inf"))  # this busy machine's steadiness is tested below
+    monkeypatch.setattr(kernels, "check_kept", lambda runner, context, plan: "")  # and the staleness check too
     calls = []
     real = kernels.tune
     monkeypatch.setattr(kernels, "tune", lambda runner, context, **kw: calls.append(1) or real(runner, context, repeats=1))
     first = tiny_model("llama")
     list(Engine(first, TinyTokenizer(TINY_VOCAB)).generate([3, 4, 5], DecodeConfig(max_new_tokens=6, plain=True)))
     assert calls == [1] and path.is_file() and kernels.plan_of(first).cached == ""
+    assert kernels.plan_of(first).origin == f"timed now; kept in {path} for later runs"
     second = tiny_model("llama", seed=1)  # another model object of the same shapes: as a new process sees it
     engine = Engine(second, TinyTokenizer(TINY_VOCAB))
     assert list(engine.generate([3, 4, 5], DecodeConfig(max_new_tokens=6, plain=True)))[-1].tokens != [] and calls == [1]
     kept = kernels.plan_of(second)
     assert kept.ways == kernels.plan_of(first).ways and kept.ms == kernels.plan_of(first).ms
     assert f"kept in {path}" in kept.summary() and kernels.describe_plan(second)["cached"] == kept.cached
+    assert kept.origin.startswith("loaded: timed on this machine")
     monkeypatch.setattr(torch, "get_num_threads", lambda: 97)  # other threads: another key, timed again
     kernels.ensure_tuned(Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB)).runner, [3, 4])
     assert calls == [1, 1]
@@ -355,9 +370,89 @@ def test_a_later_process_takes_the_plan_this_machine_timed_for_the_same_shapes(m
     monkeypatch.setenv("TR_PLAN_CACHE", str(path))
     path.write_text("{not json")  # a damaged file: timed again, and written afresh
     model = tiny_model("llama")
-    assert plan_cache.load_plan(model) is None
+    assert plan_cache.load_plan(model) == (None, "")
     entry = plan_cache.plan_to_dict(kernels.LinearPlan({1: "no-such-way"}, 1, {"no-such-way": {1: 1.0}}))
     path.write_text(json.dumps({plan_cache.plan_key(model): entry}))
-    assert plan_cache.load_plan(model) is None  # a way this build lacks
+    assert plan_cache.load_plan(model)[1].endswith("names a way this torch build lacks")
     monkeypatch.setenv("TR_PLAN_CACHE", "")
-    assert plan_cache.plan_cache_path() is None and plan_cache.load_plan(model) is None
+    assert plan_cache.plan_cache_path() is None and plan_cache.load_plan(model) == (None, "")
+
+
+def _kept_entry(model, path, **change):
+    """Write a kept plan for `model` (every row the library's way, 1 ms a forward) with `change` to its entry."""
+    from tr_core import plan_cache
+
+    plan = kernels.LinearPlan({n: STOCK for n in (1, 8)}, 8, {STOCK: {1: 1.0, 8: 1.0}})
+    entry = {**plan_cache.plan_to_dict(plan), **change}
+    path.write_text(json.dumps({plan_cache.plan_key(model): entry}))
+
+
+def test_a_kept_plan_that_no_longer_holds_is_noticed_and_timed_again(monkeypatch, tmp_path):
+    """Stale entries: another machine or torch in the record, no record of steadiness (an older file), or forwards
+    that now take far more or less time than the kept plan says."""
+    from tr_core import plan_cache
+
+    path = tmp_path / "plans.json"
+    monkeypatch.setenv("TR_PLAN_CACHE", str(path))
+    model = tiny_model("llama")
+    _kept_entry(model, path, machine={**plan_cache.machine(), "torch": "1.0"})
+    assert plan_cache.load_plan(model)[1].startswith(f"the plan kept in {path} was timed on another machine")
+    _kept_entry(model, path, spread=None)
+    assert plan_cache.load_plan(model)[1] == f"the plan kept in {path} has no steady timings"
+    _kept_entry(model, path)
+    kept, why = plan_cache.load_plan(model)
+    assert kept is not None and why == ""
+    runner = Engine(model, TinyTokenizer(TINY_VOCAB)).runner
+    slow = dataclasses.replace(kept, ms={STOCK: {1: 1e5, 8: 1e5}})  # 100 s a forward: nothing here is that slow
+    assert "where the kept plan said 100000.0 ms" in kernels.check_kept(runner, [3, 4, 5], slow)
+    monkeypatch.setattr(kernels, "tune", lambda runner, context, **kw: kernels.LinearPlan({1: STOCK}, 1, {STOCK: {1: 2.0}}))
+    plan = kernels.ensure_tuned(runner, [3, 4, 5])  # the kept 1 ms is stale too, unless forwards took 0.7-1.5 ms
+    assert plan.origin.startswith("timed now (the kept plan no longer held: a forward of 1 tokens took")
+
+
+def test_an_unsteady_plan_is_retimed_then_not_kept_and_says_so(monkeypatch, tmp_path):
+    path = tmp_path / "plans.json"
+    monkeypatch.setenv("TR_PLAN_CACHE", str(path))
+    monkeypatch.setattr(kernels, "STEADY_SPREAD", -1.0)  # every timing counts as unsteady
+    rounds = []
+    real = kernels._time_round
+    monkeypatch.setattr(kernels, "_time_round", lambda *a, **kw: rounds.append(list(a[3])) or real(*a, **kw))
+    model = tiny_model("llama")
+    plan = kernels.ensure_tuned(Engine(model, TinyTokenizer(TINY_VOCAB)).runner, [3, 4, 5])
+    assert len(rounds) == 3 + kernels.MAX_EXTRA_ROUNDS, "a warm-up, two rounds, then the bounded re-timing"
+    assert not plan.steady and not path.exists()
+    assert "not kept: its timings were too unsteady" in plan.origin and "timings unsteady" in plan.summary()
+    assert kernels.timed_costs(model) == {}, "the cost probe must not take unsteady timings as fact"
+    assert kernels.describe_plan(model)["steady"] is False
+
+
+def test_products_are_admitted_by_their_agreement_with_the_one_row_product(monkeypatch):
+    """A way that adds more rounding than the library's own n-row product already does is not timed at all."""
+    model = tiny_model("llama")
+    ways, agree, note = kernels.admitted_ways(model)
+    assert ways[0] == STOCK and set(ways[1:]) == set(agree)
+    for way in ways[1:]:
+        assert agree[way]["way_rel"] <= kernels.ADMIT_FACTOR * max(agree[way]["library_rel"], 5e-7)
+    real = kernels._PRODUCTS[TRANSPOSED]
+    monkeypatch.setitem(kernels._PRODUCTS, TRANSPOSED, lambda x, w, b, rows: real(x, w, b, rows) * (1 + 1e-4))
+    ways, agree, note = kernels.admitted_ways(model)
+    assert TRANSPOSED not in ways and "transposed not tried" in note
+
+
+def test_the_cli_says_what_this_run_did_with_the_matrix_products(monkeypatch, tmp_path, capsys):
+    """Timed now and kept, then taken from the store: the message follows what happened, not what might."""
+    from test_bench import _tiny_model_folder
+
+    from tr_core.cli import main
+
+    monkeypatch.setenv("TR_PLAN_CACHE", str(tmp_path / "plans.json"))
+    monkeypatch.setattr(kernels, "STEADY_SPREAD", float("inf"))  # steadiness and staleness: tested above
+    monkeypatch.setattr(kernels, "check_kept", lambda runner, context, plan: "")
+    folder = _tiny_model_folder(tmp_path / "tiny")
+    said = []
+    for _ in range(2):
+        assert main(["generate", "--prompt", "hi there", "--model", str(folder), "--device", "cpu",
+                     "--max-new-tokens", "4", "--json", "--plain"]) == 0
+        said.append([line for line in capsys.readouterr().err.splitlines() if line.startswith("matrix products:")])
+    assert said[0] == [f"matrix products: timed now; kept in {tmp_path / 'plans.json'} for later runs"]
+    assert len(said[1]) == 1 and said[1][0].startswith("matrix products: loaded: timed on this machine")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
+from tr_core.microscope import microscope_blocks, render_blocks, step_microscope
 from tr_core.replay import replay_html
 from tr_core.story import step_story
 from tr_core.trace import Trace, record_live
@@ -111,6 +112,14 @@ def test_replay_is_one_self_contained_file_with_every_step(tiny_trace):
     assert len(runs) == n and "tiny llama" in page and "hello there, tell me a story" in page
 
 
+def test_replay_holds_the_microscope_of_every_step(tiny_trace):
+    data = step_data(replay_html(tiny_trace))
+    for i, step in enumerate(data["steps"]):  # the same blocks the studio renders with microscope_view
+        assert step["microscope"] == microscope_blocks(step_microscope(tiny_trace, i))
+    reads = [s["microscope"]["k"][1] for s in data["steps"]]
+    assert any("rows of the adjacency matrix" in render_blocks(b) for b in reads), "no step read a row"
+
+
 def test_replay_needs_no_tokenizer_and_tr_core_does_not_import_plotly(tiny_trace):
     loaded = Trace.from_dict(json.loads(json.dumps(tiny_trace.to_dict())))  # the trace file alone
     assert step_data(replay_html(loaded)) == step_data(replay_html(tiny_trace))
@@ -163,6 +172,8 @@ SHOWN_JS = """() => ({
   nodes: document.querySelectorAll('#tr-tree .scatterlayer .point').length,
   current: [...document.querySelectorAll('#tr-answer .run.current')].map(e => e.dataset.step),
   label: document.querySelector('#tr-step-label').textContent,
+  microscope: document.querySelector('#tr-microscope').textContent,
+  microscopeTags: [...document.querySelectorAll('#tr-microscope *')].map(e => e.tagName.toLowerCase()),
   slider: document.querySelector('#tr-step').value,
   titlesInside: ['#tr-tree', '#tr-heat'].every(id => {  // no title drawn above its figure's top edge
     const svg = document.querySelector(id + ' .main-svg'), title = document.querySelector(id + ' .gtitle');
@@ -218,6 +229,9 @@ def test_replay_steps_offline_in_chromium(tiny_trace, tmp_path, offline_page):
     third = page.evaluate(SHOWN_JS)
     assert third["current"] == ["2"] and third["slider"] == "3" and third["label"].startswith("Step 3 of")
     assert third["story"].startswith("Step 3 drafted") and third["story"] != first["story"]
+    assert first["microscope"].startswith("Step 1 under the microscope")
+    assert third["microscope"].startswith("Step 3 under the microscope") and "① Read" in third["microscope"]
+    assert set(third["microscopeTags"]) <= {"div", "span", "details", "summary"}
     assert first["titlesInside"] and third["titlesInside"]
     assert page.locator("#tr-answer .run.future").count() == len(tiny_trace.steps) - 3
     page.keyboard.press("ArrowLeft")  # the keyboard moves the same control
@@ -267,6 +281,9 @@ def test_hostile_replay_runs_no_script_and_shows_markup_as_text(tiny_trace, tmp_
     assert page.evaluate("() => typeof window.__pwned") == "undefined"
     assert page.locator("img, iframe, object, embed, a[href]").count() == 0
     assert "<img src=x" in page.locator("#tr-answer").inner_text()
-    assert page.evaluate(SHOWN_JS)["story"] == story  # the markup in the story is text
+    shown = page.evaluate(SHOWN_JS)
+    assert shown["story"] == story  # the markup in the story is text
+    assert re.search(r"<(img|script|/script|!--|a␣)", shown["microscope"]), shown["microscope"]  # so in the microscope
+    assert set(shown["microscopeTags"]) <= {"div", "span", "details", "summary"}
     assert "<img src=x" in page.title() and page.locator("details .body").count() == 2
     assert errors == [] and asked == [path.resolve().as_uri()], (errors, asked)

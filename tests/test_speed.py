@@ -321,3 +321,120 @@ def test_a_pooled_measurement_is_saved_in_the_trace_and_a_bad_pass_count_refused
         data["speed"]["passes"] = bad
         with pytest.raises(TraceError, match="passes"):
             Trace.from_dict(data)
+
+
+# ------------------------------------------------------------------ one speed story (studio.views, hand-built traces)
+# The meter's interleaved measurement is the page's only measured speedup: the cost panel and the race derive from it
+# or say why they cannot; an unsteady cost curve is not shown; "too noisy" leaves nothing else implying a speedup.
+
+def story_step(step: int, n: int, gained: int, ms: float = 20.0) -> StepEvent:
+    """A chain of n tokens (the root and n - 1 drafts), of which gained - 1 were accepted, then the bonus."""
+    acc = list(range(gained))
+    return StepEvent(step=step, position=step, tokens=list(range(n)), parents=list(range(-1, n - 1)),
+                     depths=list(range(n)), ranks=[-1] + [0] * (n - 1), accepted=acc[: max(gained - 1, 1)],
+                     emitted=list(range(1, gained + 1)), bonus=gained, timings={"total": ms})
+
+
+def story_trace(speed: dict | None) -> Trace:
+    """Two steps: 4 tokens verified gaining 3, then 8 verified gaining 2; `speed`: the recorded meter figure."""
+    trace = Trace(model="tiny", settings={"template": "adaptive", "temperature": 0.0},
+                  messages=[{"role": "user", "content": "hi"}], steps=[story_step(0, 4, 3), story_step(1, 8, 2)],
+                  token_texts={t: f" w{t}" for t in range(10)}, step_texts=[" a b c", " d e"], speed=speed)
+    return trace
+
+
+def trusted(ratio: float = 1.5, error: float = 0.05) -> dict:
+    from dataclasses import asdict
+
+    from tr_core.speed import SpeedEstimate
+
+    return asdict(SpeedEstimate(ratio=ratio, error=error, tr_tps=30.0, plain_tps=20.0, mean_accepted=2.5, tokens=5,
+                                pairs=4, trusted=True, identical=True, covered=5))
+
+
+def noisy() -> dict:
+    return dict(trusted(), trusted=False, reason="the timings varied by ±30% between chunks: the machine was busy")
+
+
+
+
+def linear_curve(**over):
+    from studio.views import CostCurve
+
+    return CostCurve(lambda n: 1 + (n - 1) / 4, source="the adaptive tree on this machine", **over)
+
+
+def speed_claims(text: str) -> list[str]:
+    """Every 'N.NN×' figure in a text (what a reader would take as a speedup or a cost)."""
+    import re
+
+    return re.findall(r"\d+\.\d\d×", text)
+
+
+def test_a_steady_curve_gives_labelled_estimates_and_the_formula_with_this_answers_numbers():
+    from studio.views import cost_html, step_views
+
+    trace = story_trace(trusted())
+    shown = cost_html(trace.steps[0], linear_curve(), trace)
+    # step 1: 4 tokens cost 1.75x a one-token forward; it gained 3 -> 1.71x, labelled an estimate for this step alone
+    assert "costs 1.75× a one-token forward" in shown and "3 ÷ 1.75 = 1.71× plain speed" in shown
+    assert "An estimate for this step alone" in shown and "≈ 1.71× plain speed (estimate)" in shown
+    # the formula over the whole answer: 2.50 tokens per step ÷ mean cost (1.75 + 2.75) / 2 = 2.25 -> 1.11x
+    assert "2.50 ÷ 2.25 ≈ 1.11× expected (estimate" in shown and "Measured by the meter: 1.50× ± 0.05" in shown
+    assert step_views(trace, 0, linear_curve())["cost"] == shown
+
+
+def test_too_noisy_leaves_no_figure_on_the_page_implying_a_speedup():
+    from studio.views import cost_html, measured_meter, race_html
+    from tr_core.speed import SpeedEstimate
+
+    trace = story_trace(noisy())
+    meter = measured_meter(SpeedEstimate(**trace.speed))
+    assert "too noisy to measure" in meter and 'data-state="noisy"' in meter
+    assert speed_claims(meter) == [] and 'id="tr-plain">—<' in meter  # no plain tok/s beside TR's: no implied ratio
+    for ev in trace.steps:
+        cost = cost_html(ev, linear_curve(), trace)
+        assert speed_claims(cost) == [] and "plain speed" not in cost, cost
+        assert "too noisy" in cost
+    race = race_html(trace)
+    assert "data-timeline" not in race and "could not measure the speedup" in race
+    # the same trace measured trustworthily does show them (the rules above are not vacuous)
+    trace.speed = trusted()
+    assert speed_claims(cost_html(trace.steps[0], linear_curve(), trace)) and "data-timeline" in race_html(trace)
+
+
+def test_a_curve_timed_on_a_busy_machine_is_flagged_not_shown():
+    from studio.views import cost_html
+
+    trace = story_trace(trusted())
+    shown = cost_html(trace.steps[1], linear_curve(steady=False, note="repeats spread ±40%"), trace)
+    assert "measured while the machine was busy (repeats spread ±40%): not shown" in shown
+    assert "timed on a busy machine: not shown" in shown  # the presentation view's brief
+    assert "plain speed" not in shown and "expected" not in shown
+    assert speed_claims(shown) == ["1.50×"] or speed_claims(shown) == []  # at most the meter's own figure
+
+
+def test_a_step_never_reads_faster_than_the_tokens_it_gained():
+    from studio.views import CostCurve, cost_text
+
+    cheap = CostCurve(lambda n: 0.6, source="a noisy probe")  # a forward cheaper than a one-token forward: noise
+    text, _ = cost_text(story_step(0, 16, 3), cheap, trusted())
+    assert "costs 1.00× a one-token forward" in text and "3 ÷ 1.00 = 3.00× plain speed" in text
+
+
+def test_a_step_without_a_draft_says_why_in_plain_words():
+    from studio.views import cost_text
+
+    ev = story_step(0, 1, 1)
+    ev.no_draft_reason = "on this CPU a 2-token forward costs more than the 1.1 tokens it would gain"
+    text, cls = cost_text(ev, linear_curve(), trusted())
+    assert text.startswith("This step drafted nothing: on this CPU a 2-token forward costs more") and cls == "par"
+
+
+def test_the_decoding_mode_is_said_greedy_or_sampling_with_its_settings():
+    from studio.views import decoding_html, decoding_text
+
+    assert decoding_text({"temperature": 0.0}).startswith("Greedy decoding")
+    text = decoding_text({"temperature": 0.7, "top_p": 0.9, "seed": 3})
+    assert text == "Sampling: temperature 0.7, top-p 0.9, seed 3"
+    assert "&lt;b&gt;" in decoding_html({"temperature": 1.0, "seed": "<b>"})  # from a file: escaped

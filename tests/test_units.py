@@ -322,6 +322,7 @@ def test_adaptive_tree_is_best_first_and_prefix_closed():
     matrix.table[7] = torch.tensor([3, 4]); matrix.probs[7] = torch.tensor([250, 3])
     matrix.table[3] = torch.tensor([5, 6]); matrix.probs[3] = torch.tensor([240, 10])
     matrix.table[5] = torch.tensor([9, 8]); matrix.probs[5] = torch.tensor([200, 50])
+    matrix.filled[[7, 3, 5]] = True  # rows never written are not drafted
     grown = drafter.grow(matrix, torch.tensor([7]), budget=4, max_depth=3)
     tree = drafter.take(grown, 3, max_depth=3)
     assert tree.tokens.tolist() == [7, 3, 5, 9]  # the confident chain, not the unlikely siblings
@@ -345,6 +346,7 @@ def test_host_grown_tree_equals_the_device_one(budget, depth):
     drafter.count(list(range(32)), [bool(b) for b in torch.randint(0, 2, (32,), generator=gen)])
     matrix = AdjacencyMatrix(50, k=4)
     matrix.table[:] = torch.randint(0, 50, (50, 4), generator=gen, dtype=torch.int32)
+    matrix.filled[:] = True
     matrix.probs[:] = torch.randint(0, 256, (50, 4), generator=gen, dtype=torch.uint8)
     matrix.stamps[:] = torch.randint(0, 6, (50,), generator=gen, dtype=matrix.stamps.dtype)
     drafter.answer_start = 3
@@ -381,6 +383,7 @@ def test_host_draft_keeps_the_nodes_the_device_take_keeps(size):
     drafter.count(list(range(32)), [bool(b) for b in torch.randint(0, 2, (32,), generator=gen)])
     matrix = AdjacencyMatrix(60, k=4)
     matrix.table[:] = torch.randint(0, 60, (60, 4), generator=gen, dtype=torch.int32)
+    matrix.filled[:] = True
     matrix.probs[:] = torch.randint(0, 256, (60, 4), generator=gen, dtype=torch.uint8)
     drafter.next_size = size
     draft = drafter.draft(torch.tensor([7]), matrix)
@@ -410,6 +413,7 @@ def test_candidates_of_rows_written_before_the_answer_are_calibrated_apart():
     matrix.table[7] = torch.tensor([3, 4]); matrix.probs[7] = torch.tensor([200, 200])
     matrix.table[3] = torch.tensor([5, 6]); matrix.probs[3] = torch.tensor([200, 200])
     matrix.table[4] = torch.tensor([8, 9]); matrix.probs[4] = torch.tensor([200, 200])
+    matrix.filled[[7, 3, 4]] = True
     matrix.stamps[7], matrix.stamps[3], matrix.stamps[4] = 12, 12, 4  # 7 and 3 in this answer, 4 before it
     drafter.answer_start = 10
     grown = drafter.grow(matrix, torch.tensor([7]), budget=6, max_depth=2)

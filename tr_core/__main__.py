@@ -1,3 +1,4 @@
+"""`python -m tr_core`: the command line of tr_core/cli.py, the same as the installed `token-recycling` command."""
 import sys
 
 from .cli import main

@@ -25,7 +25,7 @@ import torch
 
 from .config import DecodeConfig
 from .cost import ForwardCost
-from .drafters import Draft, DraftContext, StepResult
+from .drafters import Draft, DraftContext, NoDraft, StepResult
 from .kernels import timed_costs
 from .matrix import AdjacencyMatrix
 from .tree import ADAPTIVE, SIZED_BY_COST
@@ -161,6 +161,7 @@ class AdaptiveDrafter:
         # the pending tree's shape on the host: learning reads it before `observe` replaces it with the next one's
         self.host_tree: dict[str, list[int]] | None = None
         self.host_scores: list[float] = []  # its nodes' scores (the order of its best-first drafts)
+        self.host_live = 0  # on a GPU, the pending tree's nodes under written rows (score > 0): the most it may draft
         # Trust: realised / predicted accepted tokens per size class, judged in hindsight on every step's tree
         self.trust = HindsightTrust()
         self.answer_start = -1  # the matrix clock when this answer began (rows stamped before it are older)
@@ -190,6 +191,27 @@ class AdaptiveDrafter:
         if not self.on_host:
             self.rate_lut = torch.tensor([self.rate_host[key] for key in _BIN_OF_STORED_LIST], dtype=torch.float32,
                                          device=self.device)
+
+    def learned(self) -> dict:
+        """What it learned that holds on any machine: calibration counts {"hits", "trials"} [keys] float64 and the
+        trust state (not the forward cost, which describes this machine)."""
+        return {"hits": self.hits.clone(), "trials": self.trials.clone(), "trust": self.trust.state()}
+
+    def take_learned(self, learned: dict) -> None:
+        """Start from `learned` (a `learned()` of the same drafter kind); raises ValueError, changing nothing, when it
+        does not fit."""
+        hits, trials = learned.get("hits"), learned.get("trials")
+        if not (isinstance(hits, torch.Tensor) and isinstance(trials, torch.Tensor)) or \
+                hits.shape != self.hits.shape or trials.shape != self.trials.shape:
+            raise ValueError(f"calibration counts of {self.hits.shape[0]} keys expected")
+        hits, trials = hits.double(), trials.double()
+        if not (torch.isfinite(hits).all() and torch.isfinite(trials).all() and (hits >= 0).all()
+                and (hits <= trials + 1e-6).all()):
+            raise ValueError("calibration counts must be finite, with 0 <= hits <= trials")
+        trust = HindsightTrust(self.trust.decay)
+        trust.load_state(learned.get("trust"))
+        self.hits, self.trials, self.trust = hits.clone(), trials.clone(), trust
+        self._refresh()
 
     @property
     def rate(self) -> torch.Tensor:
@@ -225,25 +247,36 @@ class AdaptiveDrafter:
         """The best `next_size` nodes (the full budget when not sized by cost) of the tree grown from `root`."""
         if self.on_host:
             return self.draft_host(root, matrix)
-        if self.pending is None:  # an answer's first step: no look-ahead yet, so no host-known curve
+        first = self.pending is None
+        if first:  # an answer's first step: no look-ahead yet, so no host-known curve
             self.pending, self.expected_next = self.grow(matrix, root, *self.growth()), None
-        size = min(self.next_size if self.sized_by_cost else self.budget, self.pending.tokens.shape[0] - 1)
+            # a fixed tree drafts all its nodes under written rows: counting them costs this step a sync
+            self.host_live = 0 if self.sized_by_cost else int((self.pending.scores > 0).sum()) - 1
+        size = min(self.next_size if self.sized_by_cost else self.budget, self.host_live)
+        order: list[int] = []
         if self.host_tree is not None:  # known with its curve on every step but an answer's first
             tree, scores = self.host_tree, self.host_scores
             order = sorted(range(1, len(scores)), key=lambda i: (-scores[i], i))
             self.trust.watch(tree["tokens"], tree["parents"], order, self.expected_next)
+        if size == 0:
+            why = self.why_not(first, self.expected_next or [0.0], self.host_tree, self.host_scores, order)
+            return root_alone(ADAPTIVE, self.pending.tokens[:1], self.max_depth + 1, extras=("bins", "node"),
+                              no_draft=why)
         return self.take(self.pending, size, self.max_depth)
 
     def draft_host(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
         """`draft` on a CPU, from the host lists: their nodes come best first, so the best m are the first m."""
-        if self.grown is None:  # an answer's first step: no look-ahead yet, so no curve
+        first = self.grown is None
+        if first:  # an answer's first step: no look-ahead yet, so no curve
             self.grown, self.expected_next = self.grow_lists(matrix, int(root), *self.growth()), None
         tree = self.grown
         size = min(self.next_size if self.sized_by_cost else self.budget, len(tree["tokens"]) - 1)
+        order = list(range(1, len(tree["tokens"])))  # grown best first
         if self.host_tree is not None:
-            self.trust.watch(tree["tokens"], tree["parents"], list(range(1, len(tree["tokens"]))), self.expected_next)
+            self.trust.watch(tree["tokens"], tree["parents"], order, self.expected_next)
         if size == 0:
-            return root_alone(ADAPTIVE, root, self.max_depth + 1, extras=("bins", "node"))
+            why = self.why_not(first, tree["expected"], tree, tree["scores"], order)
+            return root_alone(ADAPTIVE, root, self.max_depth + 1, extras=("bins", "node"), no_draft=why)
         n = size + 1
         return host_draft(ADAPTIVE, {name: tree[name][:n] for name in _DRAFTED}, self.max_depth + 1, root.device,
                           extras={"node": list(range(n))})
@@ -286,6 +319,7 @@ class AdaptiveDrafter:
             self.next_size = self.choose_size(self.expected_next, self.budget)
             self.host_tree = {name: [int(v) for v in result.extras[f"grown.{name}"]] for name in GROWN}
             self.host_scores = result.extras["grown.scores"]
+            self.host_live = sum(score > 0 for score in self.host_scores[1:])
 
     def learn_step(self, result: StepResult) -> None:
         """What every verified step teaches: per-bin calibration, the trust factor, the cost of the step."""
@@ -315,12 +349,34 @@ class AdaptiveDrafter:
 
         t is the measured cost of a whole step (forward and the engine's work) of m + 1 tokens; a draft must beat
         the plain step by DRAFT_MARGIN."""
-        best_m, best_rate = 0, DRAFT_MARGIN / self.cost(1)
+        return self.size_choice(expected, budget)[0]
+
+    def size_choice(self, expected: list[float], budget: int) -> tuple[int, int]:
+        """(the size `choose_size` picks, the best size of at least one node: 0 when the tree has none)."""
+        best_m, best_rate, top_m, top_rate = 0, DRAFT_MARGIN / self.cost(1), 0, 0.0
         for m in range(1, min(budget, len(expected) - 1) + 1):
             rate = (self.trust[size_class(m)] * expected[m] + 1.0) / self.cost(m + 1)
             if rate > best_rate:
                 best_m, best_rate = m, rate
-        return best_m
+            if rate > top_rate:
+                top_m, top_rate = m, rate
+        return best_m, top_m
+
+    def why_not(self, first: bool, expected: list[float], tree: dict[str, list] | None, scores: list[float],
+                order: list[int], context: bool = False) -> NoDraft:
+        """Why a step drafts nothing, with the best tree the size choice considered (`order`: the tree's nodes best
+        first, so a draft of m nodes is order[:m]; `tree`: its tokens and parents, None when not on the host)."""
+        if first and self.sized_by_cost:
+            return NoDraft("first step", context=context)
+        m = self.size_choice(expected, self.budget)[1] if tree is not None else 0
+        if m == 0:
+            return NoDraft("empty row", context=context)
+        keep = [0, *sorted(order[:m])]
+        new = {old: i for i, old in enumerate(keep)}
+        return NoDraft("cost", gain=self.trust[size_class(m)] * expected[m],
+                       cost_ratio=self.cost(m + 1) / self.cost(1), tokens=tuple(tree["tokens"][i] for i in keep),
+                       parents=(-1, *(new[tree["parents"][i]] for i in keep[1:])),
+                       expected=tuple(round(float(scores[i]), 4) for i in keep), context=context)
 
     @staticmethod
     def take(grown: GrownTree, m: int, max_depth: int) -> Draft:
@@ -375,6 +431,7 @@ def grow_on_device(matrix: AdjacencyMatrix, root: torch.Tensor, lut: torch.Tenso
     lut: [512] the calibrated acceptance rate of a stored probability (0..255 in a row of this answer, +256 in an
     older row)."""
     table, probs, stamps = matrix.table, matrix.probs, matrix.stamps
+    filled = matrix.filled.float()  # [V] 0 for a row never written: its candidates score 0, below every real one
     device = table.device
     k = table.shape[1]
     zero = _zero(device)
@@ -384,7 +441,7 @@ def grow_on_device(matrix: AdjacencyMatrix, root: torch.Tensor, lut: torch.Tenso
         cand = table[level_tok].view(-1)  # [F*k]
         older = (stamps[level_tok] < answer_start).long() * 256  # [F] 256 where the row is older
         cprob = (probs[level_tok].long() + older[:, None]).view(-1)  # [F*k] stored probabilities (+256: older)
-        cscore = (level_score[:, None] * lut[cprob].view(-1, k)).view(-1)
+        cscore = (level_score[:, None] * filled[level_tok][:, None] * lut[cprob].view(-1, k)).view(-1)
         level_score, top = torch.topk(cscore, min(budget, cscore.shape[0]))
         level_tok = cand[top]  # int32 ids index as well as long ones
         toks.append(level_tok)
@@ -421,6 +478,7 @@ def grow_lists(matrix: AdjacencyMatrix, root: int, rates: list[float], answer_st
     row reads and heap moves, so it ran in a third of the NumPy version's time there (8 nodes over 3 levels:
     0.19 against 0.52 ms after a 49k-row matmul) and below the torch one."""
     table, probs, stamps = matrix.table.numpy(), matrix.probs.numpy(), matrix.stamps.numpy()
+    filled = matrix.filled.numpy()
     tree: dict[str, list] = {"tokens": [root], "parents": [0], "depths": [0], "ranks": [0], "bins": [0],
                              "scores": [1.0]}
     heap: list[tuple[float, int, int, int, int, int]] = []  # (-score, order pushed, parent, rank, token, key)
@@ -428,6 +486,8 @@ def grow_lists(matrix: AdjacencyMatrix, root: int, rates: list[float], answer_st
 
     def expand(node: int) -> None:
         token, score = tree["tokens"][node], tree["scores"][node]
+        if not filled[token]:  # a row never written holds zeros, not candidates
+            return
         older = 256 if stamps[token] < answer_start else 0
         for rank, (cand, stored) in enumerate(zip(table[token].tolist(), probs[token].tolist())):
             key = _BIN_OF_STORED_LIST[stored + older]

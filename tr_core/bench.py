@@ -7,7 +7,11 @@ so that machine drift hits all alike. Methods and their names in tables and JSON
 - `recycling`: Token Recycling with the `--template` tree. Given several templates
   (`--template 2.2.2,adaptive`), `recycling` expands to one method per template, named
   `recycling[2.2.2]`, `recycling[adaptive]`; such names may also be listed in `--methods` directly.
-  Each recycling method has its own adjacency matrix, kept across questions unless `--fresh-matrix`.
+  Each recycling method has its own adjacency matrix, kept across questions unless `--fresh-matrix`, starting
+  from the model's warm start (`--warm-start auto`, the default; tr_core/warm.py) or empty (`--warm-start off`).
+  `--fresh-sessions` measures what a new visitor sees: every question's first turn only, each method back to a new
+  session's state before it (the warm start or an empty matrix, the drafters' starting calibration and trust; the
+  forward-cost curve measured on this machine is kept).
 - `hf`: transformers' `model.generate` (greedy, or the same sampling settings).
 - `pld`: transformers' prompt lookup decoding (`generate(prompt_lookup_num_tokens=...)`).
 
@@ -35,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from .cli import (add_model_options, add_sampling_options, check_template, decode_config,
-                  load_model_or_report, output_problem, report_error, template_problem, threads_option)
+                  load_model_or_report, output_problem, report_error, template_problem, threads_option,
+                  warm_start_option)
 from .config import DecodeConfigError
 from .questions import Question, QuestionFileError, load_questions, select_questions, task_sort_key
 
@@ -213,11 +218,33 @@ class Runner:
         self.configs = {s.name: base.with_(plain=True) if s.kind == "vanilla" else base.with_(template=s.template)
                         for s in specs if s.kind in ("vanilla", "recycling")}
         self.specs = {s.name: s for s in specs}
+        self.warm: Any = None  # the WarmStartInfo applied to the recycling engines (None: they start cold)
+        self.session_starts: dict[str, dict] = {}  # per engine, a new session's state (`start_sessions`)
 
     def reset_matrices(self) -> None:
-        """Forget everything the adjacency matrices and context indexes learnt (cold start)."""
-        for engine in self.engines.values():
+        """Forget everything the adjacency matrices and context indexes learnt: back to the warm start's matrix when
+        there is one (`start_sessions`), else empty."""
+        for name, engine in self.engines.items():
             engine.forget()
+            if name in self.session_starts:
+                engine.matrix.copy_from(self.session_starts[name]["matrix"])
+
+    def start_sessions(self, choice: str, model_name: str | None) -> None:
+        """Put every engine in a new session's state (warm.fresh_session), the recycling ones warm unless `choice` is
+        "off" (see cli.apply_warm_start), and keep that state for `fresh_session` and `reset_matrices`."""
+        from . import warm
+        from .cli import apply_warm_start
+
+        for name, engine in self.engines.items():
+            warm.fresh_session(engine)
+            if self.specs[name].kind == "recycling" and choice != "off":
+                self.warm = apply_warm_start(choice, engine, model_name)
+            self.session_starts[name] = engine.snapshot()
+
+    def fresh_session(self) -> None:
+        """Every engine back to its new session's state."""
+        for name, start in self.session_starts.items():
+            self.engines[name].restore(start)
 
     def overflow(self, ids: list[int], max_new_tokens: int) -> str:
         """Why a prompt of `ids` with up to `max_new_tokens` answer tokens does not fit the model's context ('' when
@@ -330,12 +357,15 @@ def run_questions(runner: Runner, questions: list[Question], specs: list[MethodS
             print(f"bench: --max-minutes {budget} reached; stopping after {qi} of {len(questions)} questions",
                   file=sys.stderr)
             break
-        if args.fresh_matrix:
+        if getattr(args, "fresh_sessions", False):
+            runner.fresh_session()
+        elif args.fresh_matrix:
             runner.reset_matrices()
         r = qi % len(names)
         order = names[r:] + names[:r]
         histories: dict[str, list[dict[str, str]]] = {name: [] for name in order}
-        for ti, turn in enumerate(q.turns):
+        turns = q.turns[:1] if getattr(args, "fresh_sessions", False) else q.turns  # a new session's first answer
+        for ti, turn in enumerate(turns):
             prompts = {}
             for name in order:
                 histories[name].append({"role": "user", "content": turn})
@@ -638,7 +668,12 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="draft tree template(s) for `recycling`, comma list; several give recycling[T] each "
                         "(default: the device's default, as in the app: hybrid on a CPU, 2.2.2 on a GPU)")
     add_sampling_options(p)
-    p.add_argument("--fresh-matrix", action="store_true", help="reset the adjacency matrix before every question")
+    p.add_argument("--fresh-matrix", action="store_true",
+                   help="reset the adjacency matrix before every question (to the warm start's, or empty)")
+    p.add_argument("--fresh-sessions", action="store_true",
+                   help="answer only each question's first turn, every method from a new session's state (the warm "
+                        "start or empty; the drafters' starting calibration): what a new visitor's first answer gets")
+    warm_start_option(p)
     p.add_argument("--topk-candidates", type=int, default=8, help="candidates per adjacency matrix row (k)")
     p.add_argument("--pld-tokens", type=int, default=10, help="pld: prompt_lookup_num_tokens")
     p.add_argument("--pld-ngram", type=int, default=2, help="pld: max_matching_ngram_size")
@@ -709,6 +744,7 @@ def run_meta(args: argparse.Namespace, model, device) -> dict[str, Any]:
         "seed": args.seed,
         "template": args.template,
         "fresh_matrix": bool(args.fresh_matrix),
+        "fresh_sessions": bool(getattr(args, "fresh_sessions", False)),
         "topk_candidates": args.topk_candidates,
         "pld_tokens": args.pld_tokens,
         "pld_ngram": args.pld_ngram,
@@ -737,11 +773,17 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = loaded
     runner = Runner(model, tokenizer, specs, args)
     meta = run_meta(args, model, runner.device)
-    n_answers = sum(len(q.turns) for q in questions)
+    n_answers = len(questions) if args.fresh_sessions else sum(len(q.turns) for q in questions)
     print(f"bench: {len(questions)} questions ({n_answers} answers) x {len(specs)} methods "
           f"({', '.join(s.name for s in specs)}) on {meta['device']} ({meta['machine']})", file=sys.stderr)
     if args.warmup:
         warm_up(runner, questions, specs, args.warmup)
+    try:
+        runner.start_sessions(args.warm_start, args.model)
+    except ValueError as exc:  # a --warm-start file that does not fit this model
+        return report_error(exc, 1)
+    meta["warm_start"] = {"option": args.warm_start, **(asdict(runner.warm) if runner.warm is not None else {}),
+                          "described": runner.warm.describe() if runner.warm is not None else "cold (empty matrix)"}
     with tqdm(total=n_answers * len(specs), desc="bench", unit="answer", file=sys.stderr,
               disable=args.no_progress, mininterval=2.0) as bar:
         skipped: list[dict] = []

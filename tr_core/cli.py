@@ -123,6 +123,47 @@ def load_model_or_report(args: argparse.Namespace) -> tuple[Any, Any] | None:
         return None
 
 
+WARM_START_HELP = ("start the adjacency matrix and the cost-sized trees' calibration warm: auto (default) takes the "
+                   "warm start shipped for the embedded model, else the one learned for this model earlier, else "
+                   "learns one now from the project's own corpus (once, with a progress bar; cached); off starts "
+                   "cold (empty matrix); or the path of a warm-start file")
+
+
+def warm_start_option(p: argparse.ArgumentParser) -> None:
+    """`--warm-start {auto,off,PATH}` (default auto)."""
+    p.add_argument("--warm-start", default="auto", metavar="{auto,off,PATH}", help=WARM_START_HELP)
+
+
+def apply_warm_start(choice: str, engine: Any, model_name: str | None) -> Any:
+    """Apply `--warm-start` to an engine and say on stderr what it did; returns the WarmStartInfo (None for off).
+    Raises ValueError (warm.WarmStartError) when a file does not fit the model."""
+    from . import warm
+
+    if choice == "off":
+        return None
+    if choice != "auto":
+        info = warm.warm_from_file(engine, choice)
+    else:
+        from tqdm.auto import tqdm
+
+        bar = None
+
+        def progress(done: int, total: int) -> None:
+            nonlocal bar
+            if bar is None:
+                bar = tqdm(total=total, desc="learning a warm start for this model (once)", unit="answer",
+                           file=sys.stderr)
+            bar.update(done - bar.n)
+
+        try:
+            info = warm.warm_start(engine, model_name, progress=progress)
+        finally:
+            if bar is not None:
+                bar.close()
+    print(info.describe(), file=sys.stderr)
+    return info
+
+
 def decode_config(args: argparse.Namespace, **fields: Any) -> DecodeConfig:
     """The DecodeConfig of `--max-new-tokens` and the sampling options, plus `fields`; raises DecodeConfigError."""
     return DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -144,6 +185,7 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
 
 def _generate(args: argparse.Namespace) -> int:
     from .engine import Engine
+    from .kernels import needs_tuning, plan_of
     from .trace import Trace
     from .tree import default_template
 
@@ -167,6 +209,11 @@ def _generate(args: argparse.Namespace) -> int:
         cfg = cfg.with_(template=default_template(engine.device))
         if not args.plain and (problem := template_problem(cfg.template, args.topk_candidates)):
             return report_error(problem, 2)
+    if not args.plain:
+        try:
+            apply_warm_start(args.warm_start, engine, args.model)
+        except ValueError as exc:
+            return report_error(exc, 1)
     if args.load_matrix:
         try:
             engine.matrix.load(args.load_matrix)
@@ -177,10 +224,14 @@ def _generate(args: argparse.Namespace) -> int:
         engine.check_prompt(ids)
     except ValueError as exc:
         return report_error(exc, 2)
+    choosing = engine.tune_kernels and needs_tuning(engine.model, engine.device)
     if engine.times_forwards_first(cfg):
-        print("timing this machine's forwards before the first token (once: seconds for a small model, about 30 s "
-              "for a 0.5B one on 2 cores; the matrix products' choice is kept for later runs)", file=sys.stderr)
+        print("timing this machine's forwards before the first token (seconds for a small model, about 30 s for a "
+              "0.5B one on 2 cores; the matrix products' choice is taken from an earlier run instead where a steady "
+              "one was kept and still holds)", file=sys.stderr)
     steps, summary, text = _stream(args, engine, ids, cfg)
+    if choosing and (plan := plan_of(engine.model)) is not None:  # what this run did, not what it would do
+        print(f"matrix products: {plan.origin}", file=sys.stderr)
     _print_summary(args, engine, summary)
     if args.save_matrix:
         try:
@@ -261,9 +312,16 @@ def _write(text: str) -> None:
         sys.stdout.flush()
 
 
+def program_name() -> str:
+    """How the user started this program, for the usage line: the console script's name or `python -m tr_core`."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    # `python -m tr_core` puts tr_core/__main__.py in argv[0], a name the user never typed
+    return "python -m tr_core" if name in ("", "__main__.py", "-c") else name
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="python -m tr_core", description="Token Recycling speculative decoding")
+    parser = argparse.ArgumentParser(prog=program_name(), description="Token Recycling speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="answer one prompt, streaming the text, then print a summary")
     gen.add_argument("--prompt", required=True, help="the user message (chat template applied when the model has one)")
@@ -271,7 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_decode_options(gen)
     gen.add_argument("--plain", action="store_true", help="plain decoding (one token per step), same harness")
     gen.add_argument("--json", action="store_true", help="print one JSON object (tokens, summary) instead of text")
-    gen.add_argument("--load-matrix", default=None, help="start from an adjacency matrix saved earlier")
+    warm_start_option(gen)
+    gen.add_argument("--load-matrix", default=None, help="start from an adjacency matrix saved earlier (replaces the "
+                                                         "warm start's matrix)")
     gen.add_argument("--save-matrix", default=None, help="save the adjacency matrix after answering")
     gen.add_argument("--replay-html", default=None, metavar="FILE",
                      help="save the answer as one self-contained HTML replay (works offline, steps through the tree)")

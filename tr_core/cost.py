@@ -41,6 +41,19 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+STEADY_SPREAD = 0.25  # a curve whose repeats varied more than this (relative_spread) is not shown as fact
+MAX_RETIMES = 2  # rounds of re-timing an unsteady probe's unsteady sizes, at most
+
+
+def relative_spread(times: list[float]) -> float:
+    """How far the repeats of one timing disagree: the median's distance above the fastest, relative to the fastest
+    (0 for fewer than two repeats). The fastest run is the least disturbed; a busy machine lifts the median."""
+    if len(times) < 2:
+        return 0.0
+    ordered = sorted(times)
+    return (ordered[len(ordered) // 2] - ordered[0]) / max(ordered[0], 1e-9)
+
+
 def timing_context(runner: ModelRunner, context: list[int], sizes: Iterable[int]) -> tuple[list[int], list[int]]:
     """(context, sizes) for timing forwards: the last 256 tokens of `context` (at least 1), fewer where the model's
     position table leaves too little room after them for the largest size; sizes that fit even after 1 token."""
@@ -52,7 +65,9 @@ def timing_context(runner: ModelRunner, context: list[int], sizes: Iterable[int]
 
 class ForwardTimer:
     """Times forwards of n tree tokens (a chain: the widest mask) after a context prefilled once into a TreeKVCache;
-    each forward is cut back off the cache, like a rejected draft. Use as a context manager (no autograd)."""
+    each forward is cut back off the cache, like a rejected draft. Use as a context manager (no autograd). It times
+    the model as it runs now: inside `kernels.installed(model)` (an engine's answer, the tuning) with the timed
+    matrix products, outside it with the library's."""
 
     def __init__(self, runner: ModelRunner, context: list[int]) -> None:
         self.runner, self.context = runner, context
@@ -114,6 +129,12 @@ class ForwardCost:
         self.seen = {n: 0 for n in COST_GRID}  # observations folded into each grid point
         self.scale = 1.0  # observed step cost / probed forward cost, EMA over all observations
         self.measured = False
+        self.spread = 0.0  # the largest relative_spread of the probe's repeats at one size (0 until measured)
+
+    @property
+    def steady(self) -> bool:
+        """False when the probe's timings varied too much (spread above STEADY_SPREAD) to be shown as fact."""
+        return self.spread <= STEADY_SPREAD
 
     def __call__(self, n: int) -> float:
         """Interpolated cost in ms of a forward of n tokens."""
@@ -130,7 +151,9 @@ class ForwardCost:
                 self.ms[p] = self.probed[p] * self.scale
 
     def set_measured(self, times: dict[int, list[float]], max_tokens: int) -> None:
-        """Take a probe's times (median per size); sizes past `max_tokens` scale linearly from the last one."""
+        """Take a probe's times (median per size); sizes past `max_tokens` scale linearly from the last one. `spread`
+        becomes the largest relative spread of the repeats of one size."""
+        self.spread = max((relative_spread(v) for v in times.values()), default=0.0)
         for n in COST_GRID:
             if n in times and times[n]:
                 self.ms[n] = sorted(times[n])[len(times[n]) // 2]
@@ -151,6 +174,12 @@ class ForwardCost:
         sizes = [n for n in COST_GRID if n <= max(max_tokens, 1) and n not in known]
         context, sizes = timing_context(runner, context, sizes)
         times = measure_forward_costs(runner, context, sizes, repeats) if sizes else {}
+        for _ in range(MAX_RETIMES):  # a disturbed size is timed again, a bounded number of times
+            shaky = [n for n, v in times.items() if relative_spread(v) > STEADY_SPREAD]
+            if not shaky:
+                break
+            for n, more in measure_forward_costs(runner, context, shaky, repeats, warmup=0).items():
+                times[n] += more
         self.set_measured({**{n: [ms] for n, ms in known.items()}, **times}, max_tokens)
 
 

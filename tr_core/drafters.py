@@ -8,14 +8,47 @@ a new drafter is one new class.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
 
 from .config import DecodeConfig
 from .matrix import AdjacencyMatrix
-from .tree import DraftTree, bfs_draft, tree_from_parents
+from .tree import DraftTree, bfs_draft, chain_tree, live_nodes, tree_from_parents
+
+
+@dataclass(frozen=True)
+class NoDraft:
+    """Why a step drafted nothing (host data, with the numbers that decided it) and the best tree it considered,
+    which was not verified."""
+
+    why: str  # "first step" (the prompt's forward verifies it), "empty row" (no candidates after the root), "cost"
+    gain: float = 0.0  # "cost": the best tree's expected accepted draft tokens (its trust applied)
+    cost_ratio: float = 0.0  # "cost": that tree's step cost over a one-token step's, as measured on this machine
+    tokens: tuple[int, ...] = ()  # the best tree considered, root first (empty: none)
+    parents: tuple[int, ...] = ()  # its parents (root: -1), each before its children
+    expected: tuple[float, ...] = ()  # per node, its estimated probability of being accepted (root: 1)
+    context: bool = False  # the drafter also searched the conversation for runs to copy (hybrid)
+
+    def reason(self, root_text: str) -> str:
+        """The plain-English reason, for the page (`root_text`: how the root token reads)."""
+        if self.why == "first step":
+            return ("no draft: an answer's first step is checked by the prompt's own forward at no extra cost; "
+                    "a draft would need a forward of its own")
+        if self.why == "empty row":
+            where = " and the conversation holds no run to copy after it" if self.context else ""
+            return f"no draft: the matrix has no candidates after {root_text!r} yet (its row was never written){where}"
+        size = len(self.tokens) - 1
+        return (f"no draft: the best tree ({size} token{'s' * (size != 1)}) would add {self.gain:.2f} accepted tokens "
+                f"on average, which would not pay for its forward ({self.cost_ratio:.2f}× a one-token step on "
+                f"this machine)")
+
+    def unverified(self) -> dict[str, list] | None:
+        """The tree it would have drafted, as plain lists {"tokens", "parents", "expected"}; None when there is none."""
+        if len(self.tokens) < 2:
+            return None
+        return {"tokens": list(self.tokens), "parents": list(self.parents), "expected": list(self.expected)}
 
 
 @dataclass(frozen=True)
@@ -34,6 +67,7 @@ class Draft:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-node tensors the drafter wants back
     sources: tuple[str, ...] | None = None  # host-known: where each node's token came from ("matrix", "context", ...)
     origins: tuple[str, ...] | None = None  # host-known: per node, where a retrieved token was found ("" if not)
+    no_draft: NoDraft | None = None  # a root-alone draft of a drafter that could have drafted: why it did not
 
 
 @dataclass(frozen=True)
@@ -119,14 +153,68 @@ class PlainDrafter:
 
 
 class StaticTreeDrafter(PlainDrafter):
-    """A fixed template (the paper's "2.2.2" and others), filled by BFS over the adjacency matrix (Sec. 3.2)."""
+    """A fixed template (the paper's "2.2.2" and others), filled by BFS over the adjacency matrix (Sec. 3.2).
+
+    Nodes under a matrix row that was never written are left out with their subtrees (a cold matrix would draft
+    80 copies of token 0); the others keep the template's shape, so node [0, 1] stays candidate 1 of candidate 0.
+    Which nodes live is computed on the device in `lookahead` and rides the step's one sync; only an answer's
+    first step, drafted before the prompt's forward, reads it with a sync of its own."""
 
     recycles = True
 
     def __init__(self, tree: DraftTree) -> None:
         self.tree = tree
         self.max_depth = tree.max_depth
+        self.ahead: tuple[torch.Tensor, list[int]] | None = None  # the next step's tokens and live nodes (lookahead)
+        self._shapes: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}  # pruned shapes, built once each
+
+    def begin(self, ctx: DraftContext) -> None:
+        """An answer starts: nothing looked ahead yet (the prompt may have been seeded into the matrix)."""
+        self.ahead = None
 
     def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
-        """The template's nodes filled with candidates, one gather per level."""
-        return _draft_of(self.tree, bfs_draft(matrix.table, root, self.tree))
+        """The template's live nodes filled with candidates, one gather per level."""
+        if self.ahead is not None:
+            (tokens, keep), self.ahead = self.ahead, None
+        else:
+            tokens = bfs_draft(matrix.table, root, self.tree)
+            keep = live_nodes(matrix.filled, tokens, self.tree).nonzero().view(-1).tolist()  # an answer's first step
+        if len(keep) == self.tree.size:
+            return _draft_of(self.tree, tokens)
+        if len(keep) == 1:
+            return replace(_draft_of(self.plain_tree(), tokens[:1]), name=self.tree.name,
+                           no_draft=NoDraft("empty row"))
+        return self.pruned(tokens, keep)
+
+    def plain_tree(self) -> DraftTree:
+        """The root alone, on the template's device."""
+        return chain_tree(1, self.tree.parents.device)
+
+    def pruned(self, tokens: torch.Tensor, keep: list[int]) -> Draft:
+        """The draft of the template's nodes `keep` (the root first, BFS order), each with its template rank."""
+        key = tuple(keep)
+        if key not in self._shapes:
+            if len(self._shapes) >= 256:  # a long session sees few distinct shapes; bound them anyway
+                self._shapes.clear()
+            index = torch.tensor(keep, dtype=torch.long, device=tokens.device)
+            new = {old: i for i, old in enumerate(keep)}
+            parents = torch.tensor([0] + [new[self.tree.parents_list[i]] for i in keep[1:]], device=tokens.device)
+            self._shapes[key] = (index, parents, self.tree.depths[index], self.tree.ranks[index],
+                                 self.tree.tree_mask[index][:, index])
+        index, parents, depths, ranks, mask = self._shapes[key]
+        return Draft(name=self.tree.name, tokens=tokens[index], parents=parents, depths=depths, ranks=ranks,
+                     tree_mask=mask, size=len(keep), levels=self.tree.max_depth + 1)
+
+    def lookahead(self, bonus: torch.Tensor, matrix: AdjacencyMatrix) -> dict[str, torch.Tensor]:
+        """The next step's tokens (from the bonus token, the matrix as updated) and which nodes live: to the sync."""
+        tokens = bfs_draft(matrix.table, bonus, self.tree)
+        self.ahead = (tokens, [])
+        return {"live": live_nodes(matrix.filled, tokens, self.tree)}
+
+    def observe(self, result: StepResult) -> None:
+        """Take the synced live nodes of the next step's tree."""
+        live = result.extras.get("live")
+        if self.ahead is not None and live is not None:
+            self.ahead = (self.ahead[0], [i for i, alive in enumerate(live) if alive])
+        else:
+            self.ahead = None

@@ -12,6 +12,7 @@ prompt's last token too and verifies it (`_prefill`), so the step runs no forwar
 from __future__ import annotations
 
 import bisect
+import contextlib
 import copy
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -26,7 +27,7 @@ from .config import DecodeConfig
 from .cost import StepClock, sync
 from .drafters import Draft, DraftContext, Drafter, PlainDrafter, StaticTreeDrafter, StepResult
 from .events import StepEvent, SummaryEvent
-from .kernels import ensure_tuned, needs_tuning
+from .kernels import ensure_tuned, installed, needs_tuning
 from .kv_cache import TreeKVCache
 from .matrix import AdjacencyMatrix
 from .packet import SyncPacket
@@ -128,6 +129,7 @@ class Engine:
         # The prompt's forward includes its last token, whose logits then verify a first step that drafts nothing
         # (as `adaptive` and `hybrid` do, and plain decoding): one forward fewer per answer. Off: a tree forward.
         self.first_step_from_prompt = True
+        self.warm: Any = None  # the warm start applied (tr_core.warm.WarmStartInfo), None: the engine started cold
 
     def _stop_tokens(self) -> list[int]:
         ids: set[int] = set()
@@ -234,19 +236,22 @@ class Engine:
         drafter = self.drafter_for(cfg)
         processors = build_processors(cfg, logits_processor)
         t_start = time.perf_counter()
-        state = self._begin(prompt, cfg, drafter, needs_prefix(processors))
-        state.scores_hook = scores_hook
-        prefill_s = time.perf_counter() - t_start
-        decode_start = time.perf_counter()
-        while True:
-            event, finished = self._step(state, cfg, drafter, processors)
-            yield event
-            if finished:
-                break
-            if stop is not None and stop():
-                state.stop_reason = "stopped"
-                break
-        yield self._summary(state, cfg, drafter, prefill_s, time.perf_counter() - decode_start)
+        # The timed matrix products (kernels.py) ride this answer only, reference-counted per model: the last answer
+        # running on it gives the model back as it was, also when it is closed early or raises.
+        with installed(self.model) if self.tune_kernels else contextlib.nullcontext():
+            state = self._begin(prompt, cfg, drafter, needs_prefix(processors))
+            state.scores_hook = scores_hook
+            prefill_s = time.perf_counter() - t_start
+            decode_start = time.perf_counter()
+            while True:
+                event, finished = self._step(state, cfg, drafter, processors)
+                yield event
+                if finished:
+                    break
+                if stop is not None and stop():
+                    state.stop_reason = "stopped"
+                    break
+            yield self._summary(state, cfg, drafter, prefill_s, time.perf_counter() - decode_start)
 
     def check_prompt(self, prompt_ids: list[int] | torch.Tensor) -> list[int]:
         """The prompt as a list of ids; raises ValueError when it is empty, not one sequence, holds ids outside the
@@ -394,10 +399,12 @@ class Engine:
         if drafter.recycles:
             if draft.size > 1:  # the root alone has no origin to show
                 stamps, probs = self.matrix.origins(draft.tokens, draft.parents, draft.ranks)  # before the rewrite
-                packet.update({"origin_stamps": stamps, "origin_probs": probs})
+                packet.update({"origin_stamps": stamps, "origin_probs": probs,
+                               "rows_read": packed_rows(self.matrix, draft.tokens)})
             first, row_ids, row_probs = self.matrix.update(draft.tokens, logits, top=top[1:], consume=True,
                                                            stamp=self.clock)
-            packet.update({"first": first, "row_ids": row_ids, "row_probs": row_probs})
+            # as the matrix stores them (the same float32 ops as its update): every figure of a row then agrees
+            packet.update({"first": first, "row_ids": row_ids, "row_probs": row_probs.mul(255).round_()})
             ahead = drafter.lookahead(targets[best].view(1), self.matrix)
             packet.update({f"drafter.{k}": v for k, v in ahead.items()})
         return packet
@@ -434,16 +441,26 @@ class Engine:
             if first:
                 rows.append(host["tokens"][j])
                 values.append(host["row_ids"][j * k : (j + 1) * k])
-                probs.append([round(p, EVENT_DIGITS) for p in host["row_probs"][j * k : (j + 1) * k]])
+                probs.append([round(q / 255, EVENT_DIGITS) for q in host["row_probs"][j * k : (j + 1) * k]])
         node_probs = [round(p, EVENT_DIGITS) for p in host["node_probs"]] if "node_probs" in host else None
         written, candidate_probs = self._provenance(draft, host) if recycles else (None, None)
+        read, read_values, read_probs = rows_read(host, draft.sources, k)
         return StepEvent(step=step, position=position, tokens=host["tokens"], parents=host["parents"],
                          depths=host["depths"], ranks=host["ranks"], accepted=accepted, emitted=emitted, bonus=bonus,
                          timings=timings, matrix_rows=rows, matrix_values=values, matrix_probs=probs,
                          node_probs=node_probs, template=draft.name,
                          sources=list(draft.sources) if draft.sources is not None else None,
                          origins=list(draft.origins) if draft.origins is not None else None,
-                         answer=len(self.answer_starts) - 1, written=written, candidate_probs=candidate_probs)
+                         answer=len(self.answer_starts) - 1, written=written, candidate_probs=candidate_probs,
+                         rows_read=read, rows_read_values=read_values, rows_read_probs=read_probs,
+                         choices=host["targets"], **self._no_draft(draft, host))
+
+    def _no_draft(self, draft: Draft, host: dict[str, list]) -> dict[str, Any]:
+        """The event's `no_draft_reason` and `unverified` tree: set when the drafter says why it drafted nothing."""
+        if draft.no_draft is None or draft.size != 1:
+            return {}
+        return {"no_draft_reason": draft.no_draft.reason(self.token_text(host["tokens"][0])),
+                "unverified": draft.no_draft.unverified()}
 
     def _provenance(self, draft: Draft, host: dict[str, list]) -> tuple[list[list[int]], list[float]]:
         """Per node: [answer, step] of the step whose logits wrote its candidate (step -1: that answer's prompt
@@ -485,3 +502,31 @@ class Engine:
 def _drafter_part(host: dict[str, list]) -> dict[str, list]:
     """The synced tensors a drafter registered (under "drafter."), by their own names."""
     return {k[len("drafter."):]: v for k, v in host.items() if k.startswith("drafter.")}
+
+
+def packed_rows(matrix: AdjacencyMatrix, tokens: torch.Tensor) -> torch.Tensor:
+    """The matrix row of every node's token as it is now, each cell packed as id * 256 + stored probability (0..255)
+    in a float64 ([N, k]): one part of the step's sync at half the size of ids and probabilities apart, and
+    exact (ids < 2^31, so the packed value < 2^39 < 2^53); a float part, so the sync makes no Python ints of it."""
+    return matrix.table[tokens].double() * 256 + matrix.probs[tokens]
+
+
+def rows_read(host: dict[str, list], sources: tuple[str, ...] | None,
+              k: int) -> tuple[list[int], list[list[int]], list[list[float]]]:
+    """The rows the draft read (`packed_rows` of the parent of every node not copied from the context, each row
+    once, in parent order) as (rows [R], candidate ids [R, k], stored probabilities [R, k])."""
+    packed = host.get("rows_read")
+    if packed is None:  # nothing drafted, or a drafter that does not read the matrix
+        return [], [], []
+    tokens, parents = host["tokens"], host["parents"]
+    readers = sorted({parents[i] for i in range(1, len(tokens)) if sources is None or sources[i] != "context"})
+    rows, values, probs, seen = [], [], [], set()
+    for node in readers:
+        if tokens[node] in seen:  # two parent nodes of one token read the same row
+            continue
+        seen.add(tokens[node])
+        cells = [int(c) for c in packed[node * k : (node + 1) * k]]
+        rows.append(tokens[node])
+        values.append([c >> 8 for c in cells])
+        probs.append([round((c & 255) / 255, EVENT_DIGITS) for c in cells])
+    return rows, values, probs

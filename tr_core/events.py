@@ -25,7 +25,9 @@ class StepEvent:
     timings: dict[str, float]  # milliseconds: draft, forward, verify, commit, update, total
     matrix_rows: list[int] = field(default_factory=list)  # rows of the adjacency matrix rewritten by this step
     matrix_values: list[list[int]] = field(default_factory=list)  # their new candidate tokens, [len(rows), k]
-    matrix_probs: list[list[float]] = field(default_factory=list)  # their candidates' probabilities, [len(rows), k]
+    # their candidates' probabilities as the matrix stores them (1/255 steps, as `candidate_probs` and
+    # `rows_read_probs`: a row's figures agree from step to step), [len(rows), k]
+    matrix_probs: list[list[float]] = field(default_factory=list)
     node_probs: list[float] | None = None  # estimated probability of reaching each node (adaptive trees), else None
     template: str = ""  # the draft tree template used for this step
     # where each node's token came from: "root", "matrix", "context" (retrieved from the conversation) or "both";
@@ -38,6 +40,19 @@ class StepEvent:
     # copied from the context, or unknown, e.g. a matrix loaded from a file)
     written: list[list[int]] | None = None
     candidate_probs: list[float] | None = None  # per node, the probability the candidate had when written
+    # What the draft READ (one step under the microscope): the matrix rows its matrix nodes came from (each such
+    # node's parent token's row, in order of the parent node, each row once), as they were before this step
+    # rewrote any row; probabilities as the matrix stores them (1/255 steps). Empty for plain steps, older traces.
+    rows_read: list[int] = field(default_factory=list)  # the rows read, [R]
+    rows_read_values: list[list[int]] = field(default_factory=list)  # their candidate tokens before the step, [R, k]
+    rows_read_probs: list[list[float]] = field(default_factory=list)  # their stored probabilities then, [R, k]
+    choices: list[int] = field(default_factory=list)  # the model's own choice after every node, [N]; [] if unknown
+    # Why a step of a drafter that could draft verified the root alone, in plain words with the numbers that decided
+    # it ("no draft: the best tree (3 tokens) would add 0.31 accepted tokens ..."); None when it drafted
+    no_draft_reason: str | None = None
+    # The tree it would have drafted, NOT verified: {"tokens", "parents" (root -1), "expected" (per node, its
+    # estimated probability of being accepted; root 1)}, lists of one length; None when there was none
+    unverified: dict[str, list] | None = None
     kind: str = "step"
 
     def to_dict(self) -> dict[str, Any]:

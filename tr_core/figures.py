@@ -89,11 +89,12 @@ def tree_layout(parents: tuple[int, ...], ranks: tuple[int, ...] | None = None) 
 SOURCE_SYMBOLS = {"root": "circle", "matrix": "circle", "context": "square", "both": "diamond"}
 SOURCE_NAMES = {"matrix": "from the matrix", "context": "copied from the context", "both": "both agree"}  # the
 # legend draws each with its marker symbol (SOURCE_SYMBOLS) in front
+MIN_FONT = 16  # px: no text in the tree or the heatmap is smaller, so a lecture hall's back row can read it
 NODE_GROUPS = {  # the tree's node traces, drawn in this order (accepted on top); size: marker px, font: label px
-    "rejected": dict(color=REJECTED_COLOUR, size=11, font=10, text=REJECTED_TEXT, name="rejected draft tokens"),
-    "root": dict(color=ROOT_COLOUR, size=24, font=15, text=ROOT_COLOUR, name="root (last committed token)"),
-    "accepted": dict(color=ACCEPTED_COLOUR, size=22, font=15, text="#14532d", name="accepted draft tokens"),
-    "bonus": dict(color=BONUS_COLOUR, size=24, font=15, text="#92400e", name="bonus token (from the verify forward)"),
+    "rejected": dict(color=REJECTED_COLOUR, size=12, font=MIN_FONT, text=REJECTED_TEXT, name="rejected drafts"),
+    "root": dict(color=ROOT_COLOUR, size=24, font=MIN_FONT, text=ROOT_COLOUR, name="root (last committed token)"),
+    "accepted": dict(color=ACCEPTED_COLOUR, size=22, font=MIN_FONT, text="#14532d", name="accepted drafts"),
+    "bonus": dict(color=BONUS_COLOUR, size=24, font=MIN_FONT, text="#92400e", name="bonus token"),
 }
 LABEL_LEN = {"rejected": 6, "root": 8, "accepted": 8, "bonus": 10}  # characters shown before the cut '…'
 LABEL_POSITIONS = {  # where a node's label may go around its marker (plotly textposition), preferred first
@@ -102,6 +103,8 @@ LABEL_POSITIONS = {  # where a node's label may go around its marker (plotly tex
     "accepted": ("middle left", "middle right", "top center", "bottom center"),
     "bonus": ("middle right", "middle left", "bottom center"),
 }
+LARGE_TREE = 24  # nodes: a tree larger than this labels only its accepted path, the bonus and FEW_LABELS drafts
+FEW_LABELS = 8  # rejected drafts labelled in a large tree (the likeliest first); the others show on hover
 BONUS_NODE = -1  # LabelBox.node of the bonus token's label (the bonus is no tree node)
 SYMBOL_NOTES = {"␣": "␣ = space", "↵": "↵ = new line", "⇥": "⇥ = tab", "∅": "∅ = empty token",  # a note explains
                 BYTES_OPEN: f"{BYTES_OPEN}e4{BYTES_CLOSE} = a byte of a split character"}  # those shown
@@ -111,7 +114,8 @@ WIDE_SYMBOLS = "↵⇥∅…●■◆"
 LINE_EM = 1.2  # height of a one-line label in font sizes
 DESCENT_EM = 0.22  # of which below the baseline
 LABEL_GAP_PX = 2.0  # clearance between labels, markers and the plot area's edges, for the estimate's error
-LEGEND_ROW_PX = 20  # height of a row of the horizontal legend (font 12; plotly.js: 19)
+LEGEND_ROW_PX = 25  # height of a row of the horizontal legend (font MIN_FONT; plotly.js: 1.3 lines + 3 px)
+TREE_HEIGHT = 400  # px of the tree's figure (the presentation view gives it a 400 px cell of a 720 px screen)
 TREE_WIDTH = 640  # assumed width of the tree's plot in px (the studio lets it fill its column; wider is safe)
 
 
@@ -158,7 +162,7 @@ def tree_legend_names(ev: StepEvent) -> list[str]:
     return names + ([NODE_GROUPS["bonus"]["name"]] if ev.bonus is not None else [])
 
 
-def tree_frame(ev: StepEvent, width: int = TREE_WIDTH, height: int = 430) -> PlotFrame:
+def tree_frame(ev: StepEvent, width: int = TREE_WIDTH, height: int = TREE_HEIGHT) -> PlotFrame:
     """The tree figure's geometry: margins that hold the title and the legend, ranges that hold every node."""
     legend = legend_height(tree_legend_names(ev), width - 20, grouped=_has_retrieved(ev))
     depth = max(ev.depths) if ev.depths else 0
@@ -166,10 +170,10 @@ def tree_frame(ev: StepEvent, width: int = TREE_WIDTH, height: int = 430) -> Plo
 
 
 def legend_height(names: list[str], plot_width: float, grouped: bool = False) -> int:
-    """Estimated px height of a horizontal legend (font 12) under a plot, laid out as plotly.js does
+    """Estimated px height of a horizontal legend (font MIN_FONT) under a plot, laid out as plotly.js does
     (legend/draw.js): entries in one row if they fit, else a grid of the widest entry; with legend groups, rows
     that wrap entry by entry, 10 px apart. Plotly widens the margin if the legend needs more: labels would move."""
-    widths = [40 + text_width(name, 12) for name in names]  # symbol and gap, then the text
+    widths = [40 + text_width(name, MIN_FONT) for name in names]  # symbol and gap, then the text
     if not widths:
         return 0
     if grouped:
@@ -277,7 +281,7 @@ def segment_crosses(box: tuple[float, ...], seg: tuple[float, ...]) -> bool:
 def _symbol_note_box(frame: PlotFrame, note: str) -> tuple[float, ...]:
     """The px box of the symbol legend, in the plot area's top-right corner (kept free of labels)."""
     right, top = frame.width - frame.margin[1], frame.margin[2]
-    return right - text_width(note, 12) - 4, top, right, top + LINE_EM * 12 + 4
+    return right - text_width(note, MIN_FONT) - 4, top, right, top + LINE_EM * MIN_FONT + 4
 
 
 def symbol_note(texts: list[str]) -> str:
@@ -298,7 +302,10 @@ def _place_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText, fram
     note = symbol_note([w[4] for w in wishes])
     taken = [_symbol_note_box(frame, note)] if note else []  # reserved: the legend of ␣ and ↵ goes there
     kept: list[LabelBox] = []
+    rejected_left = FEW_LABELS if len(ev.tokens) > LARGE_TREE else len(ev.tokens)
     for node, group, x, y, text in wishes:
+        if group == "rejected" and rejected_left <= 0:
+            break  # a large tree labels its accepted path and its likeliest few drafts: read from the back of a hall
         options = []
         for position in LABEL_POSITIONS[group]:
             box = _label_box(frame, x, y, text, group, position)
@@ -311,17 +318,18 @@ def _place_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText, fram
         if group == "rejected" and any(cost):
             continue
         kept.append(LabelBox(*box, node, position, html.escape(text, quote=False)))
+        rejected_left -= group == "rejected"
         taken.append(box)
     return kept
 
 
-def label_boxes(ev: StepEvent, token_text: TokenText, width: int = TREE_WIDTH, height: int = 430) -> list[LabelBox]:
+def label_boxes(ev: StepEvent, token_text: TokenText, width: int = TREE_WIDTH, height: int = TREE_HEIGHT) -> list[LabelBox]:
     """The labels tree_figure(ev, token_text, height, width) draws, with their estimated px boxes (no two overlap
     where the tree has room for its accepted path; the nodes left out show their token on hover only)."""
     return _place_labels(ev, tree_layout(tuple(ev.parents), tuple(ev.ranks)), token_text, tree_frame(ev, width, height))
 
 
-def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = 430, width: int = TREE_WIDTH) -> Figure:
+def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = TREE_HEIGHT, width: int = TREE_WIDTH) -> Figure:
     """The draft tree of one step: accepted path green, bonus token amber star, rejected nodes muted.
 
     Hover shows token id, depth and candidate rank, or (hybrid trees) where the token came from: the adjacency
@@ -331,6 +339,8 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = 430, 
     fig = Figure.empty(height)
     if ev is None or not ev.tokens:
         return fig.note("The draft tree of each step appears here")
+    if len(ev.tokens) <= 1 and unverified_tree(ev) is not None:
+        return unverified_figure(ev, token_text, height)
     layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
     frame = tree_frame(ev, width, height)
     labels = {box.node: box for box in _place_labels(ev, layout, token_text, frame)}
@@ -352,6 +362,57 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = 430, 
     return fig
 
 
+UNVERIFIED_COLOUR = "#94a3b8"
+UNVERIFIED_LABELS = 6  # nodes of a tree that was never verified labelled with their token (the likeliest first)
+
+
+def unverified_tree(ev: StepEvent) -> tuple[list[int], list[int]] | None:
+    """(tokens, parents) of the tree a step would have drafted but did not verify (`StepEvent.unverified`, when the
+    cost-sized tree chose to draft nothing), or None when the step has none or it is malformed (it may come from a
+    file: every parent must precede its node)."""
+    raw = getattr(ev, "unverified", None)
+    if not isinstance(raw, dict):
+        return None
+    tokens, parents = raw.get("tokens"), raw.get("parents")
+    if not (isinstance(tokens, list) and isinstance(parents, list) and 1 < len(tokens) == len(parents) <= 512):
+        return None
+    ok = all(isinstance(t, int) for t in tokens) and parents[0] == -1 and all(
+        isinstance(p, int) and 0 <= p < i for i, p in enumerate(parents) if i)
+    return (tokens, parents) if ok else None
+
+
+def unverified_figure(ev: StepEvent, token_text: TokenText, height: int = TREE_HEIGHT) -> Figure:
+    """A step that drafted nothing, with the tree it would have drafted drawn dashed and grey, labelled NOT verified:
+    its tokens were never checked by the model, so nothing in it was accepted or rejected."""
+    tokens, parents = unverified_tree(ev)
+    layout = tree_layout(tuple(parents))
+    fig = Figure.empty(height)
+    ex: list[float | None] = []
+    ey: list[float | None] = []
+    for i in range(1, len(tokens)):
+        ex += [layout.x[parents[i]], layout.x[i], None]
+        ey += [layout.y[parents[i]], layout.y[i], None]
+    fig.add(type="scatter", x=ex, y=ey, mode="lines", hoverinfo="skip", showlegend=False,
+            line=dict(color=UNVERIFIED_COLOUR, width=2, dash="dash"))
+    shown = set(range(min(len(tokens), UNVERIFIED_LABELS)))  # BFS order from the drafter: root, then depth 1 first
+    fig.add(type="scatter", x=list(layout.x), y=list(layout.y), mode="markers+text", name="not verified (the model never saw it)",
+            text=[display_token(token_text(t), 6) if i in shown else "" for i, t in enumerate(tokens)],
+            textposition="middle right", textfont=dict(size=MIN_FONT, color=REJECTED_TEXT),
+            marker=dict(color="white", size=14, symbol="circle-open", line=dict(color=UNVERIFIED_COLOUR, width=2)),
+            hovertext=[f"{html.escape(repr(token_text(t)))} · not verified" for t in tokens], hoverinfo="text")
+    depth = max(layout.y) - min(layout.y)
+    fig.layout["xaxis"]["range"] = [-0.05, 1.15]
+    fig.layout["yaxis"]["range"] = [-depth - 0.6, 0.8]
+    fig.layout["margin"] = dict(l=10, r=10, t=64, b=30)
+    fig.layout["annotations"] = [dict(text="NOT VERIFIED: the tree it would have drafted", showarrow=False,
+                                      xref="paper", yref="paper", x=0.99, y=0.02, xanchor="right", yanchor="bottom",
+                                      font=dict(size=18, color=REJECTED_TEXT))]
+    reason = getattr(ev, "no_draft_reason", None) or "the cost-sized tree chose no draft"
+    fig.title(f"Step {ev.step + 1}: drafted nothing, one plain forward<br>"
+              f'<span style="font-size:{MIN_FONT}px;color:{REJECTED_TEXT}">{html.escape(reason[:120])}</span>')
+    return fig
+
+
 def _frame_tree(fig: Figure, frame: PlotFrame, note: str) -> None:
     """Margins and axis ranges as label placement assumed them; the legend of ␣/↵ in the top-right corner."""
     left, right, top, bottom = frame.margin
@@ -360,7 +421,7 @@ def _frame_tree(fig: Figure, frame: PlotFrame, note: str) -> None:
     fig.layout["yaxis"]["range"] = list(frame.y_range)
     if note:
         fig.layout["annotations"] = [dict(text=note, showarrow=False, xref="paper", yref="paper", x=1, y=1,
-                                          xanchor="right", yanchor="top", font=dict(size=12, color=REJECTED_TEXT))]
+                                          xanchor="right", yanchor="top", font=dict(size=MIN_FONT, color=REJECTED_TEXT))]
 
 
 def node_source(ev: StepEvent, i: int) -> str | None:
@@ -540,8 +601,11 @@ def unique_labels(rows: list[int], token_text: TokenText, max_len: int = 12) -> 
     return [f"{s} #{r}" if counts[s] > 1 else s for s, r in zip(shown, rows)]
 
 
+HEAT_CELL_LEN = 6  # characters of a candidate shown in its cell: 8 columns of MIN_FONT text fit a 600 px plot
+
+
 def heatmap_figure(tracker: MatrixTracker, ev: StepEvent | None, token_text: TokenText,
-                   max_rows: int = 12, height: int = 430) -> Figure:
+                   max_rows: int = 6, height: int = 270) -> Figure:
     """A window of the adjacency matrix: rows = tokens, columns = candidate rank, colour = candidate probability.
 
     It shows the matrix as it is after step `ev` (the tracker has folded in every step up to it): first the rows
@@ -561,7 +625,7 @@ def heatmap_figure(tracker: MatrixTracker, ev: StepEvent | None, token_text: Tok
         vals = tracker.values[r] + [None] * (k - len(tracker.values[r]))
         probs = tracker.probs.get(r, [])
         z.append([probs[j] if j < len(probs) else None for j in range(k)])
-        text.append([display_token(token_text(v), 8) if v is not None else "" for v in vals])
+        text.append([display_token(token_text(v), HEAT_CELL_LEN) if v is not None else "" for v in vals])
         hover.append([
             (f"row {html.escape(repr(token_text(r)))} (id {r}) → rank {j}: {html.escape(repr(token_text(v)))} (id {v})"
              + (f"<br>p = {probs[j]:.3f}" if j < len(probs) else "")
@@ -569,13 +633,14 @@ def heatmap_figure(tracker: MatrixTracker, ev: StepEvent | None, token_text: Tok
             if v is not None else "" for j, v in enumerate(vals)])
     # Reversed so that the first row is drawn at the top.
     fig.add(type="heatmap", z=z[::-1], x=[f"#{j}" for j in range(k)], y=labels[::-1], text=text[::-1],
-            texttemplate="%{text}", textfont=dict(size=13), hovertext=hover[::-1], hoverinfo="text",
+            texttemplate="%{text}", textfont=dict(size=MIN_FONT), hovertext=hover[::-1], hoverinfo="text",
             colorscale=PROB_SCALE, zmin=0.0, zmax=1.0, xgap=2, ygap=2,
             colorbar=dict(title=dict(text="p", side="right"), thickness=12, len=0.8))
     fig.layout["margin"] = dict(l=10, r=10, t=64, b=40)
-    fig.layout["xaxis"] = dict(visible=True, showgrid=False, side="bottom", tickfont=dict(size=12), type="category",
-                               title=dict(text="candidate rank", font=dict(size=12)))
-    fig.layout["yaxis"] = dict(visible=True, showgrid=False, tickfont=dict(size=14, family="monospace"), automargin=True)
+    fig.layout["xaxis"] = dict(visible=True, showgrid=False, side="bottom", tickfont=dict(size=MIN_FONT),
+                               type="category", title=dict(text="candidate rank", font=dict(size=MIN_FONT)))
+    fig.layout["yaxis"] = dict(visible=True, showgrid=False, tickfont=dict(size=MIN_FONT, family="monospace"),
+                               automargin=True)
     _caption_heatmap(fig, ev, [r in touched for r in rows], labels + [t for line in text for t in line])
     return fig
 
@@ -590,7 +655,7 @@ def _caption_heatmap(fig: Figure, ev: StepEvent | None, rewritten: list[bool], t
     else:
         why = "this step rewrote none of these rows · shown: most hits so far"
     title = "Adjacency matrix" + (f" after step {ev.step + 1}" if ev is not None else "")
-    fig.title(f'{title}<br><span style="font-size:12px;color:{REJECTED_TEXT}">{why}</span>')
+    fig.title(f'{title}<br><span style="font-size:{MIN_FONT}px;color:{REJECTED_TEXT}">{why}</span>')
     note = symbol_note(texts)
     if note:
         fig.layout["xaxis"]["title"]["text"] += f"     ({note})"
@@ -652,8 +717,8 @@ class Figure(dict):
         """A blank white figure of a given height, axes hidden."""
         return cls(data=[], layout=dict(
             height=height, margin=dict(l=10, r=10, t=44, b=10), paper_bgcolor="white", plot_bgcolor="white",
-            font=dict(size=14, color="#1f2937"), hoverlabel=dict(font=dict(size=14)), uirevision="keep",
-            legend=dict(orientation="h", yanchor="top", y=0.0, x=0.0, font=dict(size=12)),
+            font=dict(size=MIN_FONT, color="#1f2937"), hoverlabel=dict(font=dict(size=MIN_FONT)), uirevision="keep",
+            legend=dict(orientation="h", yanchor="top", y=0.0, x=0.0, font=dict(size=MIN_FONT)),
             xaxis=dict(visible=False), yaxis=dict(visible=False)))
 
     @property
@@ -673,7 +738,7 @@ class Figure(dict):
 
     def title(self, text: str) -> "Figure":
         """Set the title."""
-        self["layout"]["title"] = dict(text=text, x=0.01, font=dict(size=17))
+        self["layout"]["title"] = dict(text=text, x=0.01, font=dict(size=18))
         return self
 
     def note(self, text: str) -> "Figure":
@@ -748,6 +813,7 @@ def meter_html(v: MeterView) -> str:
         return fmt.format(x) if x is not None else "—"
 
     ratio_text, cls, label = _ratio_parts(v)
+    plain = None if v.state == "noisy" else v.plain_tps  # beside Token Recycling's, it would imply the unshown ratio
     if v.identical is None:
         flag = '<span class="tr-flag tr-flag-none">outputs not compared</span>'
     elif v.identical:
@@ -757,13 +823,13 @@ def meter_html(v: MeterView) -> str:
     live = ' <span class="tr-live">live</span>' if v.state == "live" else ""
     note = f'<div class="tr-note" title="{html.escape(v.note)}">{html.escape(v.note)}</div>' if v.note else ""
     return (
-        f'<div class="tr-meter tr-meter-{cls}" id="tr-meter">'
+        f'<div class="tr-meter tr-meter-{cls}" id="tr-meter" data-state="{html.escape(v.state)}">'
         f'<div class="tr-big"><span class="tr-ratio tr-ratio-{cls}" id="tr-ratio">{html.escape(ratio_text)}</span>'
         f'<span class="tr-biglabel">{html.escape(label)}{live}</span></div>'
         '<div class="tr-cells">'
         f'<div class="tr-cell"><span class="tr-val" id="tr-tps">{num(v.tr_tps)}</span><span class="tr-lab">Token Recycling tok/s</span></div>'
-        f'<div class="tr-cell"><span class="tr-val" id="tr-plain">{num(v.plain_tps)}</span><span class="tr-lab">plain tok/s (same tokens)</span></div>'
-        f'<div class="tr-cell"><span class="tr-val" id="tr-mat">{num(v.mean_accepted, "{:.2f}")}</span><span class="tr-lab">mean accepted tokens/step</span></div>'
+        f'<div class="tr-cell"><span class="tr-val" id="tr-plain">{num(plain)}</span><span class="tr-lab">plain tok/s, same tokens</span></div>'
+        f'<div class="tr-cell"><span class="tr-val" id="tr-mat">{num(v.mean_accepted, "{:.2f}")}</span><span class="tr-lab">tokens per step</span></div>'
         f'</div>{flag}{note}</div>'
     )
 

@@ -1,13 +1,19 @@
 """Token Recycling inside transformers' own `generate()`: `model.generate(..., custom_generate=tr_core.hf.generate)`.
 
 transformers 5 prepares the generation (config, logits processors, stopping criteria, streamer) and calls this
-function in place of its sampling loop. The adjacency matrix lives on the model between calls (it keeps
-learning, as in the studio); `reset(model)` forgets it. Greedy output is token-identical to plain `generate`;
+function in place of its sampling loop. The adjacency matrix is kept beside the model between calls (a weak
+mapping: it keeps learning, as in the studio, and goes with the model); `reset(model)` forgets it. Nothing is
+written onto the model: after a call it has no new attributes, pickles, and its own `generate` is stock. Greedy output is token-identical to plain `generate`;
 sampling draws from the same distribution, with position-keyed noise seeded from torch's generator (so
 `torch.manual_seed` makes it repeatable).
 """
 from __future__ import annotations
 
+import copy
+import inspect
+import os
+import threading
+import weakref
 from typing import Any
 
 import torch
@@ -18,7 +24,10 @@ from .events import SummaryEvent
 from .sampling import PER_NODE
 from .tree import default_template
 
-ENGINE_ATTR = "_token_recycling_engine"  # where the engine (and so the matrix) is kept on the model
+# model -> its engine, parked: the learned state (matrix, drafters) without the engine's references to the model, so
+# the weak key can die with the model (a value that held the model would keep it alive for ever)
+_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ENGINES_LOCK = threading.Lock()
 
 
 class _Vocabless:
@@ -30,20 +39,39 @@ class _Vocabless:
     def get_vocab(self) -> dict[str, int]:
         return {}
 
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """Events name tokens by id here: no tokenizer was given."""
+        return "".join(f"<{i}>" for i in ids)
+
+    def convert_ids_to_tokens(self, token_id: int) -> str:
+        return f"<{token_id}>"
+
 
 def engine_of(model: Any, topk_candidates: int = 8) -> Engine:
-    """The Engine kept on `model` (made on first use, or again when k changes)."""
-    engine = getattr(model, ENGINE_ATTR, None)
-    if engine is None or engine.matrix.k != topk_candidates:
-        engine = Engine(model, _Vocabless(), topk_candidates=topk_candidates)
-        setattr(model, ENGINE_ATTR, engine)
+    """An Engine on `model` sharing the learned state kept beside it (made on first use, or again when k changes)."""
+    with _ENGINES_LOCK:
+        parked = _ENGINES.get(model)
+        if parked is None or parked.matrix.k != topk_candidates:
+            engine = Engine(model, _Vocabless(), topk_candidates=topk_candidates)
+            _ENGINES[model] = parked = _park(engine)
+    engine = copy.copy(parked)  # shallow: the matrix, drafters and clock's history are the parked engine's own
+    engine.model, engine.runner = model, copy.copy(parked.runner)
+    engine.runner.model = model
     return engine
+
+
+def _park(engine: Engine) -> Engine:
+    """A shallow copy of `engine` holding no reference to its model (the weak mapping's value)."""
+    parked = copy.copy(engine)
+    parked.runner = copy.copy(engine.runner)
+    parked.model = parked.runner.model = None
+    return parked
 
 
 def reset(model: Any) -> None:
     """Forget everything the model's adjacency matrix learned (and the adaptive tree's calibration)."""
-    if hasattr(model, ENGINE_ATTR):
-        delattr(model, ENGINE_ATTR)
+    with _ENGINES_LOCK:
+        _ENGINES.pop(model, None)
 
 
 def _refuse_unsupported(input_ids: torch.Tensor, config: Any, model_kwargs: dict) -> None:
@@ -101,7 +129,7 @@ def generate(model: Any, input_ids: torch.LongTensor, logits_processor: Any = No
     `return_dict_in_generate=True` (with `scores` when `output_scores=True`).
     """
     config = generation_config
-    streamer = streamer if streamer is not None else _streamer_of_generate()
+    streamer = streamer if streamer is not None else _streamer_of_generate(inspect.currentframe())
     _refuse_unsupported(input_ids, config, model_kwargs)
     prompt = input_ids[0].tolist()
     processors, min_new = _split_processors(logits_processor, len(prompt))
@@ -110,6 +138,9 @@ def generate(model: Any, input_ids: torch.LongTensor, logits_processor: Any = No
     scores: list[torch.Tensor] = []
     hook = scores.append if getattr(config, "output_scores", False) else None
     new = _run(engine, prompt, cfg, processors, hook, stopping_criteria, streamer, input_ids)
+    with _ENGINES_LOCK:
+        if (parked := _ENGINES.get(model)) is not None and parked.matrix is engine.matrix:
+            parked.clock = engine.clock  # the matrix's stamps go on counting from here next call
     if streamer is not None:
         streamer.end()
     sequences = torch.cat([input_ids, torch.tensor([new], dtype=input_ids.dtype, device=input_ids.device)], dim=1)
@@ -122,27 +153,49 @@ def generate(model: Any, input_ids: torch.LongTensor, logits_processor: Any = No
                                      scores=tuple(r[None] for r in rows) if rows is not None else None)
 
 
-def _streamer_of_generate() -> Any:
-    """The `streamer` given to the `generate` call that called us.
+def _streamer_of_generate(frame: Any) -> Any:
+    """The `streamer` given to the `generate` call that called us (`frame`: our own), or None when none was given
+    or we were called directly rather than by transformers.
 
     transformers 5 hands a `custom_generate` callable only the arguments new to its signature, so `streamer`
     (which its own `_sample` takes) is dropped on the way, although `generate` already streamed the prompt to
-    it. It is read here from `generate`'s own frame, without changing anything there.
+    it; transformers offers no supported way to get it. It is read from `generate`'s own frame, without changing
+    anything there. Where transformers called us but that frame or its `streamer` cannot be found (a release that
+    moved it), this raises rather than return nothing: a `TextIteratorStreamer` consumer would wait for ever.
     """
-    import inspect
-
     from transformers.generation.utils import GenerationMixin
 
-    target = GenerationMixin.generate
-    while hasattr(target, "__wrapped__"):  # decorators (deprecations, no_grad)
-        target = target.__wrapped__
-    frame = inspect.currentframe()
+    caller = frame.f_back if frame is not None else None
     try:
-        while frame is not None and frame.f_code is not target.__code__:
-            frame = frame.f_back
-        return None if frame is None else frame.f_locals.get("streamer")
+        if caller is None or not _in_transformers(caller):
+            return None
+        target = _generate_code(GenerationMixin.generate)
+        while caller is not None and caller.f_code is not target:
+            caller = caller.f_back
+        if caller is None or "streamer" not in caller.f_locals:
+            import transformers
+
+            raise RuntimeError(
+                f"tr_core.hf cannot read the `streamer` of this generate call: transformers {transformers.__version__} "
+                "no longer keeps it where transformers 5.x did (a local of GenerationMixin.generate). Pass no streamer "
+                "to Token Recycling's generate, or a transformers release this version of tr_core was tested on")
+        return caller.f_locals["streamer"]
     finally:
-        del frame
+        del frame, caller
+
+
+def _generate_code(function: Any) -> Any:
+    """The code object of `generate` under its decorators (deprecations, no_grad)."""
+    while hasattr(function, "__wrapped__"):
+        function = function.__wrapped__
+    return function.__code__
+
+
+def _in_transformers(frame: Any) -> bool:
+    """True when `frame` runs transformers' own code (it called us as `custom_generate`)."""
+    import transformers
+
+    return frame.f_code.co_filename.startswith(os.path.dirname(transformers.__file__) + os.sep)
 
 
 def _run(engine: Engine, prompt: list[int], cfg: DecodeConfig, processors: list, hook: Any, stopping_criteria: Any,

@@ -158,6 +158,10 @@ class HybridDrafter(AdaptiveDrafter):
         self.next_size = size
         self.trust.watch(self.plan.tokens, self.plan.parents, ranked, curve)
         self.kept = self.plan.best(min(size, len(self.plan.tokens) - 1), ranked)
+        if len(self.kept) == 1:
+            why = self.why_not(first, curve, {"tokens": self.plan.tokens, "parents": self.plan.parents},
+                               self.plan.scores, ranked, context=True)
+            return root_alone(self.name, root, self.max_depth + 1, sources=("root",), origins=("",), no_draft=why)
         return self.take_plan(self.plan, self.kept, root)
 
     def grow_host(self, matrix: AdjacencyMatrix, root: torch.Tensor, budget: int, depth: int) -> dict[str, list]:
@@ -165,14 +169,14 @@ class HybridDrafter(AdaptiveDrafter):
         if self.on_host:
             return self.grow_lists(matrix, int(root), budget, depth)
         grown = self.grow(matrix, root, budget, depth)
-        return {name: getattr(grown, name).tolist() for name in _GROWN}
+        return live_part({name: getattr(grown, name).tolist() for name in (*_GROWN, "scores")})
 
     def lookahead_on_device(self, bonus: torch.Tensor, matrix: AdjacencyMatrix, budget: int,
                             depth: int) -> dict[str, torch.Tensor]:
         """On a GPU the next matrix tree rides the step's sync, to be merged on the host in `observe` (on a CPU
         `lookahead` grows it on the host)."""
         grown = self.grow(matrix, bonus, budget, depth)
-        return {f"grown.{name}": getattr(grown, name) for name in _GROWN}
+        return {f"grown.{name}": getattr(grown, name) for name in (*_GROWN, "scores")}
 
     def observe(self, result: StepResult) -> None:
         """Learn calibration, trust and cost; index the emitted tokens; merge the next step's tree."""
@@ -184,6 +188,7 @@ class HybridDrafter(AdaptiveDrafter):
         self.plan, grown, self.grown = None, self.grown, None
         if "grown.tokens" in result.extras:
             grown = {name: [int(v) for v in result.extras[f"grown.{name}"]] for name in _GROWN}
+            grown = live_part({**grown, "scores": result.extras["grown.scores"]})
         if grown is not None:
             self.plan = self.merge(grown, self.index.lookup(MAX_MATCHES, RETRIEVAL_DEPTH))
 
@@ -247,4 +252,16 @@ class HybridDrafter(AdaptiveDrafter):
                           sources=tuple(plan.sources[i] for i in keep), origins=tuple(plan.origins[i] for i in keep))
 
 
-__all__ = ["HybridDrafter", "Plan", "context_key"]
+def live_part(grown: dict[str, list]) -> dict[str, list]:
+    """A device-grown matrix tree without its nodes under unwritten rows (score 0, and so are their subtrees'), as
+    `adaptive.grow_lists` grows it on a CPU: parents renumbered, the root kept."""
+    keep = [i for i, score in enumerate(grown["scores"]) if i == 0 or score > 0]
+    if len(keep) == len(grown["scores"]):
+        return grown
+    new = {old: i for i, old in enumerate(keep)}
+    out = {name: [values[i] for i in keep] for name, values in grown.items()}
+    out["parents"] = [new[grown["parents"][i]] if i else 0 for i in keep]
+    return out
+
+
+__all__ = ["HybridDrafter", "Plan", "context_key", "live_part"]

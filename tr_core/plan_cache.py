@@ -6,6 +6,13 @@ the shapes and dtype of the model's linear layers, so it is timed once and kept 
 ($TR_PLAN_CACHE, else `linear_plans.json` in the model cache folder; TR_PLAN_CACHE= with nothing disables it).
 A later process on the same machine takes it from there, and says so in the plan's summary. A plan that cannot be
 used as it is (a way this torch build lacks, no room now for oneDNN's packed copies) is timed again.
+
+What makes an entry stale, and how it is noticed: another CPU, core count, torch threads or torch build, or other
+layer shapes or dtype give another key (`plan_key`), so such an entry is never found; each entry also records
+them, and one whose record disagrees with this process is not used. A timing that disagrees with what is observed
+later (kernels.check_kept times one- and eight-token forwards before a kept plan is used) makes it timed again.
+A plan whose timings were unsteady (kernels.STEADY_SPREAD) is never kept, and an entry without a record of its
+steadiness (an older file) is not used.
 """
 from __future__ import annotations
 
@@ -20,7 +27,8 @@ from typing import Any
 
 import torch
 
-from .kernels import ONEDNN, LinearPlan, available_ways, linear_layers, no_room_for_packs, weight_dtype
+from .kernels import (ONEDNN, STEADY_SPREAD, LinearPlan, available_ways, linear_layers, no_room_for_packs,
+                      weight_dtype)
 
 PLAN_CACHE_ENV = "TR_PLAN_CACHE"
 MAX_PLANS = 64  # plans kept in the file (the oldest go first)
@@ -48,10 +56,16 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def machine() -> dict[str, Any]:
+    """What a plan's timings depend on besides the model: the CPU, its cores, torch's threads and build."""
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+
+
 def plan_key(model: Any) -> str:
     """What a plan depends on: this machine, torch's build and threads, the linear layers' shapes and dtype."""
     shapes = Counter((layer.in_features, layer.out_features, layer.bias is not None) for layer in linear_layers(model))
-    what = [cpu_name(), os.cpu_count(), torch.get_num_threads(), torch.__version__, str(weight_dtype(model)),
+    here = machine()
+    what = [here["cpu"], here["cores"], here["threads"], here["torch"], str(weight_dtype(model)),
             sorted(shapes.items())]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]
 
@@ -65,8 +79,10 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def plan_to_dict(plan: LinearPlan) -> dict[str, Any]:
+    """A cache entry: the plan, how steady its timings were, and the machine and time they were taken on."""
     return {"ways": {str(n): way for n, way in plan.ways.items()}, "limit": plan.limit,
             "ms": {way: {str(n): v for n, v in per.items()} for way, per in plan.ms.items()}, "note": plan.note,
+            "spread": plan.spread, "agreement": plan.agreement, "machine": machine(),
             "timed": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
@@ -80,30 +96,48 @@ def plan_from_dict(data: dict[str, Any], where: Path) -> LinearPlan | None:
         return None
     if not ways or limit < max(ways) or any(n not in ms.get(way, {}) for n, way in ways.items()):
         return None
+    spread = data.get("spread")
+    agreement = data.get("agreement") if isinstance(data.get("agreement"), dict) else {}
     return LinearPlan(ways, limit, ms, note=str(data.get("note", "")),
-                      cached=f"timed on this machine {data.get('timed', 'earlier')}, kept in {where}")
+                      cached=f"timed on this machine {data.get('timed', 'earlier')}, kept in {where}",
+                      spread=float(spread) if isinstance(spread, (int, float)) else float("inf"), agreement=agreement)
 
 
-def load_plan(model: Any) -> LinearPlan | None:
-    """This machine's plan for `model`'s shapes, when one was kept and can be used now."""
+def load_plan(model: Any) -> tuple[LinearPlan | None, str]:
+    """(this machine's kept plan for `model`'s shapes, "") when one can be used now; else (None, why not: "" when
+    nothing was kept, or what was wrong with the entry)."""
     path = plan_cache_path()
     if path is None:
-        return None
+        return None, ""
     entry = _read(path).get(plan_key(model))
+    if entry is None:
+        return None, ""
     plan = plan_from_dict(entry, path) if isinstance(entry, dict) else None
     if plan is None:
-        return None
+        return None, f"the entry kept in {path} was malformed"
+    recorded = entry.get("machine")
+    if recorded != machine():
+        return None, f"the plan kept in {path} was timed on another machine or torch ({recorded})"
+    if not plan.steady:
+        return None, f"the plan kept in {path} has no steady timings"
     usable = set(available_ways(weight_dtype(model)))
-    if not set(plan.ways.values()) <= usable or (ONEDNN in plan.ways.values() and no_room_for_packs(model)):
-        return None
-    return plan
+    if not set(plan.ways.values()) <= usable:
+        return None, f"the plan kept in {path} names a way this torch build lacks"
+    if ONEDNN in plan.ways.values() and no_room_for_packs(model):
+        return None, f"the plan kept in {path} takes oneDNN, and memory is short now"
+    return plan, ""
 
 
-def save_plan(model: Any, plan: LinearPlan) -> None:
-    """Keep `plan` for `model`'s shapes on this machine (best effort: an unwritable cache is skipped)."""
+def save_plan(model: Any, plan: LinearPlan) -> str:
+    """Keep `plan` for `model`'s shapes on this machine when its timings were steady; what was done, in words."""
     path = plan_cache_path()
-    if path is None or not plan.ways:
-        return
+    if path is None:
+        return "not kept: the plan store is off (TR_PLAN_CACHE is set to nothing)"
+    if not plan.ways:
+        return "not kept: nothing was timed"
+    if not plan.steady:
+        return (f"not kept: its timings were too unsteady (one size varied {plan.spread:.0%} between rounds, "
+                f"more than {STEADY_SPREAD:.0%}); the next process times them again")
     plans = _read(path)
     plans.pop(key := plan_key(model), None)
     plans[key] = plan_to_dict(plan)
@@ -114,5 +148,6 @@ def save_plan(model: Any, plan: LinearPlan) -> None:
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(plans, indent=1) + "\n", encoding="utf-8")
         tmp.replace(path)
-    except OSError:
-        pass
+    except OSError as exc:
+        return f"not kept: cannot write {path} ({exc.strerror or exc})"
+    return f"kept in {path} for later runs"

@@ -2,14 +2,12 @@
 
 Nothing is decoded: Token Recycling's side follows the answer's own step timings (`StepEvent.timings["total"]`,
 their cumulative sums are the steps' timestamps); plain decoding's per-token times are not recorded, so its side
-is paced evenly, from what the trace does record about plain decoding (in order of preference):
+is paced evenly, its total being Token Recycling's recorded total times the ratio the interleaved speed meter
+measured (`Trace.speed`, trusted): the race finishes in the proportion the meter measured, and says so.
 
-1. `Trace.speed` trusted (the interleaved speed meter gave a ratio): plain decoding's total is Token Recycling's
-   recorded total times the measured ratio, so the race finishes in the proportion the honest meter measured.
-2. `Trace.speed` not trusted ("too noisy to measure"): the recorded timings as they are, plain decoding at the
-   meter's measured plain tokens/s; the caption says the ratio could not be measured.
-3. `Trace.plain` only (older traces, timed one method after the other): plain decoding at its total decode time
-   per token; the caption says the two were timed at different moments.
+The meter is the page's one measured speedup, so there is no race without its trusted figure: when it says "too
+noisy to measure", or for an older trace timed one method after the other (`Trace.plain`), a race would show a gap
+that nobody measured, and `NoRace` says that instead.
 
 `race_timeline` builds the plain-data timeline (the studio animates it in the browser, from its JSON);
 `race_frame` says what both panes show at a given time. The same trace gives the same race every time.
@@ -59,7 +57,7 @@ class RaceTimeline:
     text: str  # the answer (both runners emit the same tokens)
     tr: RaceSide  # Token Recycling: one unit per decoding step
     plain: RaceSide  # plain decoding: one unit per token
-    mode: str  # "measured" (meter's ratio), "unmeasured" (too noisy: timings as recorded), "sequential" (older trace)
+    mode: str  # "measured": plain decoding paced by the meter's trusted ratio (the only race there is)
     caption: str  # how the pace was obtained, in words
 
     @property
@@ -138,44 +136,33 @@ def _plain_side(ends: list[int], ms_per_token: float) -> RaceSide:
 
 
 def no_race_reason(trace: Trace | None) -> str:
-    """Why this trace cannot be raced ("" when it can)."""
+    """Why this trace cannot be raced ("" when it can): no steps, no timings, or no trusted speed measurement."""
     if trace is None or not trace.steps:
         return "there is no answer to race yet"
     if sum(ev.timings.get("total", 0.0) for ev in trace.steps) <= 0:
         return "this answer's step timings were not recorded"
     speed = trace.speed
-    if speed is None and trace.plain is None:
+    if speed is None and trace.plain is not None:
+        return ("this trace was timed one method after the other (an older studio), so the gap between them is not "
+                "a measurement")
+    if speed is None:
         return f"this answer was not measured against plain decoding ({MEASURE_HINT})"
-    if trace.plain is None and not (speed.get("trusted") and speed.get("ratio")) and not speed.get("plain_tps"):
-        return f"the speed meter measured nothing of plain decoding ({speed.get('reason') or 'no timings'})"
+    if not (speed.get("trusted") and speed.get("ratio")):
+        why = speed.get("reason") or "no timings"
+        return f"the speed meter could not measure the speedup ({why}), so a race would show a gap nobody measured"
     return ""
 
 
-def plain_pace(trace: Trace, tr_ms: float, tokens: int) -> tuple[float, str, str]:
-    """(ms per plain token, mode, the caption's sentence on plain decoding's pace); see the module docstring."""
-    speed = trace.speed
-    if speed is not None and speed.get("trusted") and speed.get("ratio"):
-        ratio, error = float(speed["ratio"]), float(speed.get("error") or 0.0)
-        over = speed.get("tokens") or 0
-        scope = f" over the first {over} of {tokens} tokens" if 0 < over < tokens else ""
-        return (tr_ms * ratio / tokens, "measured",
-                f"Plain decoding's per-token times are not recorded: it is paced evenly, scaled so that its time "
-                f"is {ratio:.2f}× Token Recycling's, the speedup the speed meter measured ({ratio:.2f}× ± {error:.2f}, "
-                f"both methods timed in turns over the same tokens{scope}).")
-    if speed is not None and speed.get("plain_tps"):
-        tps = float(speed["plain_tps"])
-        why = speed.get("reason") or "too noisy"
-        return (1000.0 / tps, "unmeasured",
-                f"The speed meter could not measure the ratio ({why}), so this race is not a measurement: it uses "
-                f"the timings as recorded, Token Recycling's own step times and plain decoding paced evenly at the "
-                f"{tps:.1f} tokens/s the meter timed.")
-    plain = trace.plain
-    n = plain.new_tokens or len(plain.tokens)
-    ms = plain.decode_s * 1000.0 / max(n, 1)
-    return (ms, "sequential",
-            f"Only plain decoding's total time is recorded (an older trace, timed after Token Recycling rather than "
-            f"in turns): it is paced evenly at {plain.decode_s:.2f} s / {n} tokens = {ms:.1f} ms a token; the two "
-            "were timed at different moments, so the gap is not a trusted measurement.")
+def plain_pace(trace: Trace, tr_ms: float, tokens: int) -> tuple[float, str]:
+    """(ms per plain token, the caption's sentence on plain decoding's pace), from the meter's trusted ratio."""
+    speed = trace.speed or {}
+    ratio, error = float(speed["ratio"]), float(speed.get("error") or 0.0)
+    over = speed.get("tokens") or 0
+    scope = f" over the first {over} of {tokens} tokens" if 0 < over < tokens else ""
+    return (tr_ms * ratio / tokens,
+            f"Plain decoding's per-token times are not recorded: it is paced evenly, scaled so that its time "
+            f"is {ratio:.2f}× Token Recycling's, the speedup the speed meter measured ({ratio:.2f}× ± {error:.2f}, "
+            f"both methods timed in turns over the same tokens{scope}).")
 
 
 def race_timeline(trace: Trace) -> RaceTimeline:
@@ -186,10 +173,10 @@ def race_timeline(trace: Trace) -> RaceTimeline:
     runs = step_runs(trace, trace.token_text)
     tr = _tr_side(trace, runs)
     ends = token_ends(trace, runs)
-    ms, mode, pace = plain_pace(trace, tr.total_ms, len(ends))
+    ms, pace = plain_pace(trace, tr.total_ms, len(ends))
     plain = _plain_side(ends, ms)
     head = (f"Token Recycling at its recorded step times: {len(ends)} tokens in {len(trace.steps)} steps, "
             f"{tr.total_ms / 1000:.2f} s; plain decoding, one token per forward: {plain.total_ms / 1000:.2f} s.")
     same = (trace.speed or {}).get("identical")
     differ = " The two runs' tokens differed: both panes show Token Recycling's text." if same is False else ""
-    return RaceTimeline(text="".join(runs), tr=tr, plain=plain, mode=mode, caption=f"{head} {pace}{differ}")
+    return RaceTimeline(text="".join(runs), tr=tr, plain=plain, mode="measured", caption=f"{head} {pace}{differ}")

@@ -1,7 +1,8 @@
 """One answer as a single self-contained HTML file: a replay that works anywhere, offline, without the app.
 
 The file holds plotly.js, the answer with each step's accepted run coloured, and per step the draft tree, the
-adjacency-matrix window and the step story (the same builders as the studio: tr_core.figures, tr_core.story).
+adjacency-matrix window, the step story and the step under the microscope (the same builders as the studio:
+tr_core.figures, tr_core.story, tr_core.microscope; the microscope's text blocks are drawn with textContent).
 A slider, previous/next buttons and the arrow keys move them together. Nothing is fetched: no CDN, no fonts,
 no images, and a Content-Security-Policy forbids any request. Every string from the trace is escaped (a trace
 may come from a stranger); the per-step data sits in a JSON script block whose '<', '>' and '&' are escaped.
@@ -13,6 +14,8 @@ import json
 from typing import Any, Callable
 
 from .figures import MatrixTracker, heatmap_figure, tree_figure
+from .microscope import CSS as MICROSCOPE_CSS
+from .microscope import explain, known_before, microscope_blocks, values_known
 from .story import step_story
 from .trace import Trace
 
@@ -27,13 +30,16 @@ PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "showSendToCloud": Fa
 
 
 def replay_steps(trace: Trace, token_text: TokenText) -> list[dict[str, Any]]:
-    """Per step: the tree and matrix-window figures (plotly JSON), the story and the tokens emitted."""
+    """Per step: the tree and matrix-window figures (plotly JSON), the story, the tokens emitted and the step under
+    the microscope (its text blocks, tr_core.microscope, drawn by the page's script with textContent)."""
     tracker = MatrixTracker()
     out = []
-    for ev in trace.steps:
-        before = tracker.update(ev)
+    for i, (ev, known) in enumerate(zip(trace.steps, known_before(trace))):
+        tracker.update(ev)
+        # the story counts new rows against what the microscope knows (the rows read too), so both say the same
         out.append({"tree": tree_figure(ev, token_text), "heat": heatmap_figure(tracker, ev, token_text),
-                    "story": step_story(ev, token_text, before), "emitted": len(ev.emitted)})
+                    "story": step_story(ev, token_text, values_known(known)), "emitted": len(ev.emitted),
+                    "microscope": microscope_blocks(explain(trace, i, known))})
     return out
 
 
@@ -97,7 +103,7 @@ def replay_html(trace: Trace, token_text: TokenText | None = None) -> str:
     n = len(trace.steps)
     title = html.escape(f"Token Recycling replay · {trace.model or 'unknown model'}")
     return PAGE.format(
-        csp=CSP, title=title, css=CSS, summary=html.escape(summary_line(trace)), n=max(n, 1),
+        csp=CSP, title=title, css=CSS + MICROSCOPE_CSS, summary=html.escape(summary_line(trace)), n=max(n, 1),
         messages=messages_html(trace), answer=answer_html(runs), plotly=plotly_js(), data=json_script(data, "tr-data"),
         script=SCRIPT)
 
@@ -118,6 +124,7 @@ PAGE = """<!DOCTYPE html>
 <main>
 <section class="text">
 <div id="tr-story" class="story" aria-live="polite"></div>
+<div id="tr-microscope" class="microscope"></div>
 <h2>Answer <small>each step's accepted run has its own colour; the shown step is outlined
 (click a run to go there)</small></h2>
 <div id="tr-answer" class="answer">{answer}</div>
@@ -181,6 +188,8 @@ SCRIPT = """
   var slider = document.getElementById("tr-step"), label = document.getElementById("tr-step-label");
   var prev = document.getElementById("tr-prev"), next = document.getElementById("tr-next");
   var story = document.getElementById("tr-story"), answer = document.getElementById("tr-answer");
+  var microscope = document.getElementById("tr-microscope");
+  var TAGS = ["div", "span", "details", "summary"];  // tr_core.microscope.BLOCK_TAGS
   var runs = [];
   answer.querySelectorAll(".run").forEach(function (el) { runs[Number(el.dataset.step)] = el; });
   var current = 0;
@@ -191,6 +200,14 @@ SCRIPT = """
     if (top < answer.scrollTop || bottom > answer.scrollTop + answer.clientHeight) {
       answer.scrollTop = Math.max(0, top - answer.clientHeight / 3);
     }
+  }
+
+  function block(b) {  // one microscope block: an element of a known tag, its class, and text or children
+    var el = document.createElement(TAGS.indexOf(b.t) >= 0 ? b.t : "div");
+    el.className = typeof b.c === "string" ? b.c : "";
+    if (typeof b.x === "string") el.textContent = b.x;
+    else if (Array.isArray(b.k)) b.k.forEach(function (c) { el.appendChild(block(c)); });
+    return el;
   }
 
   function show(i) {
@@ -206,6 +223,7 @@ SCRIPT = """
     label.textContent = "Step " + (current + 1) + " of " + n + " \\u00b7 " + s.emitted + " token"
       + (s.emitted === 1 ? "" : "s");
     story.textContent = s.story;
+    microscope.replaceChildren(block(s.microscope));
     prev.disabled = current === 0;
     next.disabled = current === n - 1;
     runs.forEach(function (el, j) {

@@ -98,7 +98,7 @@ class Trace:
         """Record the display string of every token the steps mention (all steps by default)."""
         texts = self.token_texts
         for ev in self.steps if steps is None else steps:
-            for ids in (ev.tokens, ev.emitted, ev.matrix_rows, *ev.matrix_values):
+            for ids in (ev.tokens, ev.emitted, ev.matrix_rows, *ev.matrix_values, *ev.rows_read_values, ev.choices):
                 for t in ids:
                     if t not in texts:
                         texts[t] = token_text(t)
@@ -351,7 +351,38 @@ def check_step(ev: Any, i: int, version: int = TRACE_VERSION) -> tuple[int, int]
     _check_str(ev.get("template", ""), f"{where}: \"template\"")
     _check_sources(ev, n, where, version)
     _check_provenance(ev, n, where, version)
-    return n, _check_matrix(ev, n, where)
+    _check_no_draft(ev, n, where)
+    return n, _check_matrix(ev, n, where) + _check_reads(ev, n, where)
+
+
+MAX_REASON_CHARS = 1000  # longest "no_draft_reason"
+
+
+def _check_no_draft(ev: dict, n: int, where: str) -> None:
+    """no_draft_reason (a string) and unverified ({"tokens", "parents" (root -1, each before its children),
+    "expected" (one number in [0, 1] per node)}): None, or set on a step that verified its root alone."""
+    reason, tree = ev.get("no_draft_reason"), ev.get("unverified")
+    if reason is None and tree is None:
+        return
+    if n != 1:
+        raise TraceError(f"{where}: \"no_draft_reason\" and \"unverified\" belong to a step that drafted nothing, "
+                         f"but this step drafted {n - 1} nodes")
+    if reason is not None:
+        _check_str(reason, f"{where}: \"no_draft_reason\"")
+        if len(reason) > MAX_REASON_CHARS:
+            raise TraceError(f"{where}: \"no_draft_reason\" is longer than {MAX_REASON_CHARS} characters")
+    if tree is None:
+        return
+    if type(tree) is not dict or set(tree) != {"tokens", "parents", "expected"}:
+        raise TraceError(f"{where}: \"unverified\" must be an object with exactly tokens, parents and expected")
+    tokens = _check_ints(tree["tokens"], f"{where}: \"unverified\" tokens", 0, TOKEN_ID_LIMIT, MAX_NODES_PER_STEP, 2)
+    m = len(tokens)
+    parents = _check_ints(tree["parents"], f"{where}: \"unverified\" parents", -1, MAX_NODES_PER_STEP, m, m)
+    if parents[0] != -1 or not all(0 <= parents[i] < i for i in range(1, m)):
+        raise TraceError(f"{where}: \"unverified\" parents must be -1 for the root, then an earlier node's index")
+    _check_numbers(tree["expected"], f"{where}: \"unverified\" expected", m, m, 0.0, 1.0)
+    if tokens[0] != ev["tokens"][0]:
+        raise TraceError(f"{where}: the unverified tree's root is not the step's root")
 
 
 def _check_provenance(ev: dict, n: int, where: str, version: int) -> None:
@@ -478,6 +509,31 @@ def _check_matrix(ev: dict, n: int, where: str) -> int:
             _check_numbers(probs[j], f"{where}: \"matrix_probs\"[{j}]", len(vals), len(vals), 0.0, 1.0)
         total += len(vals)
     return total
+
+
+def _check_reads(ev: dict, n: int, where: str) -> int:
+    """rows_read/values/probs (the rows the draft read, before the step): distinct tokens of the tree, one row of
+    candidates each, all of one length; choices: empty or one token per node. Return the candidates."""
+    rows = _check_ints(ev.get("rows_read", []), f"{where}: \"rows_read\"", 0, TOKEN_ID_LIMIT, n)
+    if len(set(rows)) != len(rows) or not set(rows) <= set(ev["tokens"]):
+        raise TraceError(f"{where}: \"rows_read\" must list distinct tokens of the step's tree")
+    values, probs = ev.get("rows_read_values", []), ev.get("rows_read_probs", [])
+    if type(values) is not list or type(probs) is not list or len(values) != len(rows) \
+            or len(probs) not in (0, len(rows)):
+        raise TraceError(f"{where}: {len(rows)} rows read, but \"rows_read_values\" and \"rows_read_probs\" "
+                         f"are not lists of {len(rows)} rows")
+    width = None
+    for j, row in enumerate(values):
+        vals = _check_ints(row, f"{where}: \"rows_read_values\"[{j}]", 0, TOKEN_ID_LIMIT, MAX_K, 1)
+        if width is not None and len(vals) != width:
+            raise TraceError(f"{where}: rows read hold {width} and {len(vals)} candidates (one k per matrix)")
+        width = len(vals)
+        if probs:
+            _check_numbers(probs[j], f"{where}: \"rows_read_probs\"[{j}]", width, width, 0.0, 1.0)
+    choices = ev.get("choices", [])
+    if choices != []:
+        _check_ints(choices, f"{where}: \"choices\"", 0, TOKEN_ID_LIMIT, n, n)
+    return len(rows) * (width or 0)
 
 
 def check_summary(summary: Any, where: str) -> None:

@@ -174,6 +174,19 @@ def bfs_draft(table: torch.Tensor, root_token: torch.Tensor, tree: DraftTree) ->
     return tokens
 
 
+def live_nodes(filled: torch.Tensor, tokens: torch.Tensor, tree: DraftTree) -> torch.Tensor:
+    """[N] bool: the nodes whose every ancestor's matrix row holds candidates (the root: always).
+
+    A row never written holds zeros: drafting from it proposes token 0 (`<|endoftext|>` in many vocabularies) k
+    times over, which no model accepts. filled: [V] bool (AdjacencyMatrix.filled); tokens: [N] long (bfs_draft).
+    One gather per depth, no host sync."""
+    live = torch.ones(tree.size, dtype=torch.bool, device=tokens.device)
+    for start, end in tree.level_slices:
+        parents = tree.parents[start:end]
+        live[start:end] = live[parents] & filled[tokens[parents]]
+    return live
+
+
 def attention_bias(
     tree_mask: torch.Tensor, past: int, dtype: torch.dtype, window: int | None = None, depths: torch.Tensor | None = None
 ) -> torch.Tensor:

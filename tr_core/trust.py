@@ -15,6 +15,7 @@ pays again. The same holds under seeded sampling, whose draw at each position is
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 
 TRUST_PRIOR = 2.0  # pseudo-tokens behind each trust factor's start at 1.0
@@ -75,6 +76,26 @@ class HindsightTrust:
 
     def __getitem__(self, c: int) -> float:
         return self.factors[c]
+
+    def state(self) -> dict[str, list[float]]:
+        """What it learned, as plain data: {"factors", "predicted", "realised"} per size class (TRUST_SIZES)."""
+        return {"factors": list(self.factors), "predicted": list(self.predicted), "realised": list(self.realised)}
+
+    def load_state(self, state: dict) -> None:
+        """Take a `state()` (e.g. a warm start's); raises ValueError, changing nothing, for anything malformed."""
+        classes = len(TRUST_SIZES)
+        if not isinstance(state, dict) or set(state) != {"factors", "predicted", "realised"}:
+            raise ValueError("a trust state holds exactly factors, predicted and realised")
+        for name, values in state.items():
+            if not isinstance(values, list) or len(values) != classes or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                    for v in values):
+                raise ValueError(f"trust {name}: {classes} finite numbers >= 0 expected")
+        if not all(0 < f <= TRUST_MAX for f in state["factors"]):
+            raise ValueError(f"trust factors must lie in (0, {TRUST_MAX}]")
+        self.factors = [float(v) for v in state["factors"]]
+        self.predicted = [float(v) for v in state["predicted"]]
+        self.realised = [float(v) for v in state["realised"]]
 
     def start_answer(self) -> None:
         """A new answer: the last one's trees still open are judged by its tokens so far (its end bounded what any

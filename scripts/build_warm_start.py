@@ -1,0 +1,65 @@
+"""Build the embedded model's warm start (tr_core/warm.py) from the project's own corpus.
+
+    python scripts/build_warm_start.py                      # all of assets/warm_start/corpus.jsonl, 128 tokens each
+    python scripts/build_warm_start.py --limit 4 --out /tmp/w.safetensors   # a quick check
+
+Decodes every corpus prompt greedily through the engine (alternating the hybrid and the adaptive tree, so both
+learn their calibration and trust; both fill the one matrix), then saves the matrix's written rows and the drafters'
+learned state as safetensors with a manifest, and the manifest as JSON beside it. Never reads the benchmark's
+question sets: the warm start is judged on them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tr_core import warm  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the options, decode the corpus, write the warm start; returns the exit code."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", default=str(warm.CORPUS), help="JSON lines {category, prompt} (default: %(default)s)")
+    p.add_argument("--out", default=str(warm.SHIPPED), help="the warm-start file (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per corpus answer (default: 128)")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts (a quick check)")
+    p.add_argument("--spread", type=int, default=None, metavar="N",
+                   help="use N prompts spread evenly over the corpus (every category; a slow machine)")
+    p.add_argument("--model", default=None, help="model (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    args = p.parse_args(argv)
+    import torch
+    from tqdm.auto import tqdm
+
+    from tr_core.engine import Engine
+    from tr_core.models import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prompts = warm.read_corpus(args.corpus)[: args.limit]
+    if args.spread:
+        prompts = warm.spread(prompts, args.spread)
+    model, tokenizer = load_model(args.model, device=args.device)
+    engine = Engine(model, tokenizer)
+    with tqdm(total=len(prompts), desc="warm start", unit="answer") as bar:
+        state = warm.learn(engine, prompts, args.max_new_tokens, lambda done, total: bar.update(done - bar.n))
+    state.manifest.update(model=args.model or "SmolLM2-135M-Instruct (embedded)", corpus=Path(args.corpus).name,
+                          corpus_sha256=warm.file_sha256(args.corpus), corpus_prompts=len(prompts),
+                          device=str(engine.device), dtype=str(engine.dtype).replace("torch.", ""),
+                          torch=torch.__version__)
+    out = Path(args.out)
+    warm.save(state, out)
+    out.with_suffix(".json").write_text(json.dumps(state.manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    m = state.manifest
+    print(f"wrote {out} ({out.stat().st_size:,} bytes): {m['answers']} answers, {m['tokens']:,} tokens in "
+          f"{m['steps']:,} steps, {m['rows_filled']:,} rows", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""One step under the microscope (tr_core/microscope.py): the rows a step read, the tree built from them, the verdict,
+the rows written back before and after; recorded by the engine (`rows_read*`, `choices`), checked on trace load."""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+from html.parser import HTMLParser
+
+import pytest
+import torch
+from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
+
+from tr_core import DecodeConfig, Engine, StepEvent
+from tr_core.microscope import (BLOCK_TAGS, CSS, KnownRows, microscope_blocks, microscope_view, render_blocks,
+                                rows_before, step_microscope)
+from tr_core.trace import Trace, TraceError
+
+TEXTS = {3: "three", 5: "five", 7: "seven", 8: "<b>eight</b>", 9: "nine", 1: "one", 2: "two", 4: "four", 6: "six",
+         0: "zero", 11: "eleven"}
+
+
+def step0() -> StepEvent:
+    """Root 5; row 5 gave nodes 1 (7, rank 0) and 2 (9, rank 1); row 7 gave node 3 (8, rank 0). The model chose 7
+    after 5 and 3 after 7: path 5 -> 7, bonus 3, the draft's 8 rejected."""
+    return StepEvent(step=0, position=10, tokens=[5, 7, 9, 8], parents=[-1, 0, 0, 1], depths=[0, 1, 1, 2],
+                     ranks=[-1, 0, 1, 0], accepted=[0, 1], emitted=[7, 3], bonus=3, timings={},
+                     rows_read=[5, 7], rows_read_values=[[7, 9, 2], [8, 4, 6]],
+                     rows_read_probs=[[0.6, 0.2, 0.1], [0.5, 0.3, 0.1]],
+                     matrix_rows=[5, 7, 9, 8], matrix_values=[[7, 1, 2], [3, 8, 4], [1, 2, 4], [6, 4, 2]],
+                     matrix_probs=[[0.7, 0.1, 0.1], [0.4, 0.4, 0.1], [0.3, 0.3, 0.3], [0.5, 0.2, 0.2]],
+                     choices=[7, 3, 1, 6])
+
+
+def step1() -> StepEvent:
+    """Root 3 (an empty row: drafts token 0), a token copied from the context; rewrites rows 3 and 5 (as before)."""
+    return StepEvent(step=1, position=12, tokens=[3, 0, 11], parents=[-1, 0, 0], depths=[0, 1, 1],
+                     ranks=[-1, 0, 3], accepted=[0, 2], emitted=[11, 5], bonus=5, timings={},
+                     sources=["root", "matrix", "context"], origins=["", "", "the prompt"],
+                     rows_read=[3], rows_read_values=[[0, 0, 0]], rows_read_probs=[[0.0, 0.0, 0.0]],
+                     matrix_rows=[3, 5], matrix_values=[[11, 1, 2], [7, 1, 2]],
+                     matrix_probs=[[0.9, 0.05, 0.01], [0.7, 0.1, 0.1]], choices=[11, 4, 5])
+
+
+def hand_trace() -> Trace:
+    return Trace(model="hand", steps=[step0(), step1()], token_texts=dict(TEXTS))
+
+
+# ------------------------------------------------------------------------------------------- hand-built
+
+
+def test_reads_say_which_row_gave_which_child():
+    m = step_microscope(hand_trace(), 0)
+    row5, row7 = m["reads"]
+    assert (row5["row"], row7["row"]) == (5, 7) and row5["depths"] == [0] and row7["depths"] == [1]
+    assert [(c["token"], c["prob"], c["nodes"], c["accepted"]) for c in row5["candidates"]] == [
+        (7, 0.6, [1], True), (9, 0.2, [2], False), (2, 0.1, [], False)]
+    assert [(c["token"], c["nodes"], c["accepted"]) for c in row7["candidates"]] == [
+        (8, [3], False), (4, [], False), (6, [], False)]
+    assert row5["on_path"] and row7["on_path"] and not row5["empty"] and m["copied"] == []
+
+
+def test_the_verdict_names_the_path_the_bonus_and_the_first_disagreement():
+    v = step_microscope(hand_trace(), 0)["verdict"]
+    assert [p["token"] for p in v["path"]] == [5, 7] and v["bonus"]["token"] == 3 and v["emitted"] == 2
+    assert [(n["choice"], n["agrees"], n["accepted"]) for n in v["nodes"]] == [
+        (7, None, True), (3, True, True), (1, False, False), (6, False, False)]
+    d = v["disagreement"]
+    assert d["node"] == 1 and [o["token"] for o in d["offered"]] == [8] and d["choice"] == 3
+
+
+def test_writes_before_and_after_exact_from_the_rows_read_and_the_earlier_steps():
+    trace = hand_trace()
+    w = {x["row"]: x for x in step_microscope(trace, 0)["writes"]}
+    assert [c["token"] for c in w[5]["before"]] == [7, 9, 2] and [c["token"] for c in w[5]["after"]] == [7, 1, 2]
+    assert w[5]["status"] == "changed" and [c["new"] for c in w[5]["after"]] == [False, True, False]
+    assert [c["prob"] for c in w[5]["before"]] == [0.6, 0.2, 0.1]  # as read: stored before the step
+    assert w[7]["status"] == "changed" and [c["new"] for c in w[7]["after"]] == [True, False, False]
+    assert w[9]["status"] == w[8]["status"] == "unknown" and w[9]["before"] is None
+    w1 = {x["row"]: x for x in step_microscope(trace, 1)["writes"]}
+    # row 5 was not read by step 2: its before is what step 1 wrote
+    assert [c["token"] for c in w1[5]["before"]] == [7, 1, 2] and w1[5]["status"] == "same"
+    assert w1[5]["before_from"] == "written by step 1" and w1[3]["status"] == "new"  # row 3 was read empty
+    assert rows_before(trace, 1) == {5: [7, 1, 2], 7: [3, 8, 4], 9: [1, 2, 4], 8: [6, 4, 2]}  # empty row 3: unknown
+
+
+def test_empty_rows_and_context_copies_are_labelled_and_a_new_answer_forgets_the_rows():
+    m = step_microscope(hand_trace(), 1)
+    (row3,) = m["reads"]
+    assert row3["empty"] and [c["prob"] for c in row3["candidates"]] == [None] * 3
+    assert row3["candidates"][0]["nodes"] == [1]  # the empty row drafted token 0 at rank 0
+    assert all(c["nodes"] == [] for c in row3["candidates"][1:])  # the copied node (rank 3) is no candidate
+    (copied,) = m["copied"]
+    assert (copied["node"], copied["token"], copied["origin"], copied["accepted"]) == (2, 11, "the prompt", True)
+    later = hand_trace()
+    later.steps[1].answer = 1  # a new answer: its prompt seeding may have rewritten any row
+    assert {w["row"]: w["status"] for w in step_microscope(later, 1)["writes"]}[5] == "unknown"
+
+
+def test_older_traces_without_reads_or_choices_still_explain_what_they_can():
+    trace = hand_trace()
+    for ev in trace.steps:
+        ev.rows_read, ev.rows_read_values, ev.rows_read_probs, ev.choices = [], [], [], []
+    m = step_microscope(trace, 0)
+    assert not m["recorded"] and m["reads"] == []
+    assert [n["choice"] for n in m["verdict"]["nodes"]] == [7, 3, None, None]  # the accepted path's, known
+    assert m["verdict"]["disagreement"]["choice"] == 3
+    assert "did not record" in microscope_view(trace, 0)
+    with pytest.raises(IndexError):
+        step_microscope(trace, 2)
+
+
+class Tags(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_view_is_escaped_text_in_known_tags_and_readable_in_a_hall():
+    trace = hand_trace()
+    trace.token_texts[9] = '<img src=x onerror="alert(1)">'
+    page = microscope_view(trace, 0)
+    parser = Tags()
+    parser.feed(page)
+    assert set(parser.tags) <= {"style", *BLOCK_TAGS} and "img" not in parser.tags
+    text = "".join(parser.text)
+    assert "<b>eight" in text and "<img␣src=x" in text  # shown as text (␣: a space, as the figures show it)
+    assert "Step 1 under the microscope" in text and "2 rows of the adjacency matrix" in text
+    assert "First disagreement after 'seven': the draft offered '<b>eight</b>'; the model chose 'three'" in text
+    sizes = [int(x) for x in re.findall(r"font-size:\s*(\d+)px", CSS)]
+    assert sizes and min(sizes) >= 16 and not re.search(r"font-size:\s*[\d.]+(rem|em|%)", CSS)
+    assert microscope_view(trace, 99) == microscope_view(trace, 1)  # clamped to the last step
+    assert "No step" in microscope_view(Trace(), 0)
+
+
+def test_render_refuses_unknown_tags():
+    assert render_blocks({"t": "script", "c": "x", "x": "alert(1)"}) == '<div class="x">alert(1)</div>'
+    assert render_blocks({"t": "span", "c": '"><b', "x": "<i>"}) == '<span class="&quot;&gt;&lt;b">&lt;i&gt;</span>'
+
+
+# ------------------------------------------------------------------------------------------- trace load
+
+
+def _dict(trace: Trace) -> dict:
+    return json.loads(json.dumps(trace.to_dict()))
+
+
+def test_reads_survive_a_trace_file():
+    back = Trace.from_dict(_dict(hand_trace()))
+    assert back.steps[0].rows_read_values == [[7, 9, 2], [8, 4, 6]] and back.steps[1].choices == [11, 4, 5]
+    assert step_microscope(back, 1) == step_microscope(hand_trace(), 1)
+
+
+HOSTILE = {
+    "rows_read not a list": ("rows_read", "5"),
+    "negative row": ("rows_read", [-1, 7]),
+    "row not a token of the tree": ("rows_read", [5, 42]),
+    "row read twice": ("rows_read", [5, 5]),
+    "boolean row": ("rows_read", [True, 7]),
+    "huge row": ("rows_read", [2**70, 7]),
+    "values missing": ("rows_read_values", [[7, 9, 2]]),
+    "values of two widths": ("rows_read_values", [[7, 9, 2], [8, 4]]),
+    "value not an id": ("rows_read_values", [[7, 9, "2"], [8, 4, 6]]),
+    "too many candidates": ("rows_read_values", [list(range(65)), list(range(65))]),
+    "probability above 1": ("rows_read_probs", [[0.6, 0.2, 1.5], [0.5, 0.3, 0.1]]),
+    "NaN probability": ("rows_read_probs", [[math.nan, 0.2, 0.1], [0.5, 0.3, 0.1]]),
+    "short probability row": ("rows_read_probs", [[0.6, 0.2], [0.5, 0.3, 0.1]]),
+    "probabilities not a list": ("rows_read_probs", {"a": 1}),
+    "choices of the wrong length": ("choices", [7, 3]),
+    "choices null": ("choices", None),
+    "negative choice": ("choices", [7, 3, -1, 6]),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_reads_are_refused_on_load(name):
+    key, value = HOSTILE[name]
+    data = _dict(hand_trace())
+    data["steps"][0][key] = value
+    with pytest.raises(TraceError) as err:
+        Trace.from_dict(copy.deepcopy(data))
+    assert "step 0" in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------- a real answer
+
+
+def _answer(engine: Engine, prompt: list[int], template: str) -> list[tuple[StepEvent, dict]]:
+    """(event, matrix just before its step) for every step after an answer's first (whose draft follows the prompt's
+    seeding inside the engine); the matrix copy is taken between steps, where the engine is suspended."""
+    out, before = [], None
+    for ev in engine.generate(prompt, DecodeConfig(template=template, max_new_tokens=40)):
+        if isinstance(ev, StepEvent):
+            if before is not None:
+                out.append((ev, before))
+            before = {"table": engine.matrix.table.clone(), "probs": engine.matrix.probs.clone()}
+    return out
+
+
+@pytest.mark.parametrize("template", ["2.2.2", "adaptive-fixed", "hybrid-fixed"])
+def test_recorded_reads_equal_the_matrix_before_the_step(template):
+    engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
+    pairs = [p for prompt in ([5, 9, 14, 22, 9, 14, 30, 31], [5, 9, 14, 40, 41, 9, 14])
+             for p in _answer(engine, prompt, template)]
+    trace = Trace(steps=[ev for ev, _ in pairs])
+    read = 0
+    for i, (ev, before) in enumerate(pairs):
+        rows = torch.tensor(ev.rows_read, dtype=torch.long)
+        assert ev.rows_read_values == before["table"][rows].tolist()
+        assert ev.rows_read_probs == [[round(q / 255, 4) for q in r] for r in before["probs"][rows].tolist()]
+        m = step_microscope(trace, i)
+        for r in m["reads"]:  # every matrix node is its parent row's candidate at its rank, as read
+            for c in r["candidates"]:
+                assert all(ev.tokens[n] == c["token"] and ev.ranks[n] == c["rank"] for n in c["nodes"])
+        matrix_nodes = [n for n in range(1, len(ev.tokens)) if not ev.sources or ev.sources[n] != "context"]
+        assert sorted(n for r in m["reads"] for c in r["candidates"] for n in c["nodes"]) == matrix_nodes
+        for w in m["writes"]:  # the before of every row written, when the trace knows it, is the matrix's
+            if w["before"] is not None:
+                assert [c["token"] for c in w["before"]] == before["table"][w["row"]].tolist()
+        read += len(ev.rows_read)
+    assert read > 20, "the check must cover many rows read"
+
+
+def test_choices_and_stored_probabilities_agree_with_the_path_and_the_matrix():
+    engine = Engine(tiny_model("qwen2"), TinyTokenizer(TINY_VOCAB))
+    for ev in engine.generate([5, 9, 14, 22, 9, 14, 30, 31], DecodeConfig(template="2.2.2", max_new_tokens=30)):
+        if not isinstance(ev, StepEvent):
+            continue
+        assert len(ev.choices) == len(ev.tokens)
+        path = ev.accepted
+        assert [ev.choices[a] for a in path[:-1]] == [ev.tokens[b] for b in path[1:]]
+        if ev.bonus is not None:
+            assert ev.choices[path[-1]] == ev.bonus
+        for row, probs in zip(ev.matrix_rows, ev.matrix_probs):  # as the matrix stores them, after the step
+            assert probs == [round(q / 255, 4) for q in engine.matrix.probs[row].tolist()]
+
+
+def test_blocks_are_plain_data():
+    blocks = microscope_blocks(step_microscope(hand_trace(), 0))
+    assert json.loads(json.dumps(blocks)) == blocks
+    assert KnownRows().before(step0())[5][2] == "read by this step"

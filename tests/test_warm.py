@@ -1,0 +1,297 @@
+"""Issue 40: empty matrix rows are never drafted, a step that drafts nothing says why, and the warm start."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
+
+from tr_core import AdjacencyMatrix, DecodeConfig, Engine, StepEvent, SummaryEvent, build_tree, validate_template
+from tr_core import warm
+from tr_core.adaptive import AdaptiveDrafter, grow_lists, grow_on_device
+from tr_core.drafters import StaticTreeDrafter, StepResult
+from tr_core.hybrid import live_part
+from tr_core.trace import TraceError, check_step
+from tr_core.tree import live_nodes, resolve_template
+
+# The hand-built tree of test_units:  0 -> 1 (rank 0), 2 (rank 1); 1 -> 3 (0), 4 (1); 3 -> 5 (0)
+PATHS = [(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]
+
+
+def hand_matrix(rows: dict[int, list[int]], vocab: int = 10, k: int = 2) -> AdjacencyMatrix:
+    """A matrix with only `rows` written (each row's candidates, probabilities falling)."""
+    m = AdjacencyMatrix(vocab, k)
+    for row, cands in rows.items():
+        m.table[row] = torch.tensor(cands, dtype=torch.int32)
+        m.probs[row] = torch.tensor([200, 40][:k], dtype=torch.uint8)
+        m.filled[row] = True
+    return m
+
+
+def static(paths=PATHS, k: int = 2, name: str = "t") -> StaticTreeDrafter:
+    return StaticTreeDrafter(build_tree(name, validate_template(paths, k=k)))
+
+
+# -- 1. empty rows are not drafted ---------------------------------------------------------------------------------
+def test_static_template_leaves_out_nodes_under_empty_rows():
+    drafter = static()
+    # root 3 -> [4, 5]; row 4 -> [6, 7]; row 6 never written: node 5 (candidate 0 of 6) is left out
+    m = hand_matrix({3: [4, 5], 4: [6, 7]})
+    d = drafter.draft(torch.tensor([3]), m)
+    assert d.tokens.tolist() == [3, 4, 5, 6, 7] and d.size == 5
+    assert d.parents.tolist() == [0, 0, 0, 1, 1] and d.ranks.tolist() == [0, 0, 1, 0, 1]
+    assert d.depths.tolist() == [0, 1, 1, 2, 2] and d.name == "t"
+    assert torch.equal(d.tree_mask, drafter.tree.tree_mask[:5, :5])
+    # row 4 empty too: the whole subtree under node 1 goes; node 2 ([1]) keeps its rank
+    d = drafter.draft(torch.tensor([3]), hand_matrix({3: [4, 5]}))
+    assert d.tokens.tolist() == [3, 4, 5] and d.ranks.tolist() == [0, 0, 1] and d.no_draft is None
+    # every row written: the template as it is
+    full = hand_matrix({r: [(r + 1) % 10, (r + 2) % 10] for r in range(10)})
+    assert drafter.draft(torch.tensor([3]), full).size == 6
+
+
+def test_static_template_on_an_empty_matrix_drafts_the_root_alone_and_says_why():
+    drafter = static(resolve_template("2.2.2", 8)[1], k=8, name="2.2.2")
+    d = drafter.draft(torch.tensor([7]), AdjacencyMatrix(50, 8))
+    assert d.size == 1 and d.tokens.tolist() == [7] and d.name == "2.2.2"
+    assert d.no_draft is not None and "no candidates after 'x'" in d.no_draft.reason("x")
+    assert d.no_draft.unverified() is None
+
+
+def test_static_lookahead_rides_the_sync_and_matches_a_direct_draft():
+    drafter, m = static(), hand_matrix({3: [4, 5], 4: [6, 7]})
+    live = drafter.lookahead(torch.tensor([3]), m)["live"]
+    assert live.tolist() == [True, True, True, True, True, False]
+    drafter.observe(StepResult(parents=[-1], accepted=[0], emitted=[3], forward_tokens=1, forward_ms=1.0,
+                               step_ms=1.0, extras={"live": [int(v) for v in live]}))
+    ahead = drafter.draft(torch.tensor([3]), m)
+    direct = drafter.draft(torch.tensor([3]), m)
+    assert ahead.tokens.tolist() == direct.tokens.tolist() == [3, 4, 5, 6, 7]
+
+
+def test_live_nodes_follows_every_ancestor():
+    tree = build_tree("t", validate_template(PATHS, k=2))
+    filled = torch.zeros(10, dtype=torch.bool)
+    filled[[3, 6]] = True  # row 4 empty: node 5, under 6 under 4, dies with its ancestor
+    assert live_nodes(filled, torch.tensor([3, 4, 5, 6, 7, 8]), tree).tolist() == [1, 1, 1, 0, 0, 0]
+
+
+def test_grown_trees_never_expand_an_empty_row():
+    m = hand_matrix({3: [4, 5], 4: [6, 7]})
+    rates = AdaptiveDrafter(torch.device("cpu")).rate_host
+    tree = grow_lists(m, 3, rates, 0, budget=20, max_depth=4)
+    assert sorted(tree["tokens"]) == [3, 4, 5, 6, 7]  # rows 5, 6, 7 never written: nothing under them
+    lut = torch.tensor([rates[k] for k in range(32) for _ in range(16)][:512])
+    grown = grow_on_device(m, torch.tensor([3]), lut, 0, budget=20, max_depth=4)
+    live = (grown.scores > 0).sum().item()
+    assert live == 5  # the device grows fixed shapes: nodes under empty rows score 0, and are cut before a draft
+    part = live_part({"tokens": grown.tokens.tolist(), "parents": grown.parents.tolist(),
+                      "scores": grown.scores.tolist()})
+    assert sorted(part["tokens"]) == [3, 4, 5, 6, 7]
+    assert all(part["parents"][i] < i for i in range(1, len(part["tokens"])))
+
+
+def test_a_cold_engine_never_drafts_token_zero_and_stays_lossless():
+    model = tiny_model("llama")
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB))
+    prompt = [5, 9, 17, 33, 5, 9]
+    plain = [e for e in engine.generate(prompt, DecodeConfig(max_new_tokens=40, plain=True))][-1].tokens
+    for template in ("2.2.2", "adaptive-fixed", "hybrid-fixed"):
+        engine.forget()
+        # unseeded, a cold matrix has no row at all (the hybrid still copies from the prompt)
+        cfg = DecodeConfig(max_new_tokens=40, template=template, prompt_seeding=False)
+        events = list(engine.generate(prompt, cfg))
+        steps = [e for e in events if isinstance(e, StepEvent)]
+        assert events[-1].tokens == plain, template
+        if template != "hybrid-fixed":
+            assert steps[0].tokens == [prompt[-1]]  # nothing under the root
+            assert steps[0].no_draft_reason is not None and "no candidates" in steps[0].no_draft_reason
+        written: set[int] = set()
+        for ev in steps:
+            for node in range(1, len(ev.tokens)):
+                parent_token = ev.tokens[ev.parents[node]]
+                from_matrix = ev.sources is None or ev.sources[node] != "context"
+                assert not from_matrix or parent_token in written, (template, ev.step)
+            written.update(ev.matrix_rows)
+
+
+# -- 3. why no draft -------------------------------------------------------------------------------------------------
+def _expensive(engine: Engine) -> None:
+    """Make every forward of more than one token look 20x a one-token one (a machine far too busy to draft)."""
+    for drafter in (engine.adaptive, engine.hybrid):
+        drafter.cost.measured = True
+        drafter.cost.ms = {n: 1.0 if n == 1 else 20.0 * n for n in drafter.cost.ms}
+        drafter.cost.probed = dict(drafter.cost.ms)
+
+
+@pytest.mark.parametrize("template", ["adaptive", "hybrid"])
+def test_a_cost_sized_tree_that_drafts_nothing_says_why_with_its_numbers(template):
+    engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB), tune_kernels=False)
+    prompt = [5, 9, 17, 33, 5, 9, 17, 33]
+    list(engine.generate(prompt, DecodeConfig(max_new_tokens=30, template=template)))  # the matrix learns
+    _expensive(engine)
+    steps = [e for e in engine.generate(prompt, DecodeConfig(max_new_tokens=30, template=template))
+             if isinstance(e, StepEvent)]
+    assert "first step" in steps[0].no_draft_reason or "prompt's own forward" in steps[0].no_draft_reason
+    costly = [e for e in steps[1:] if e.unverified is not None]
+    assert costly, "no step explained a tree too costly to verify"
+    for ev in costly:
+        assert len(ev.tokens) == 1 and "would not pay for its forward" in ev.no_draft_reason
+        tree = ev.unverified
+        assert tree["tokens"][0] == ev.tokens[0] and tree["parents"][0] == -1
+        assert len(tree["tokens"]) == len(tree["parents"]) == len(tree["expected"]) >= 2
+        assert all(0 <= tree["parents"][i] < i for i in range(1, len(tree["parents"])))
+        assert "× a one-token step" in ev.no_draft_reason
+        check_step(json.loads(json.dumps(ev.to_dict())), ev.step)  # a trace of it loads
+    assert all(e.no_draft_reason is None and e.unverified is None for e in steps if len(e.tokens) > 1)
+
+
+def test_trace_loader_refuses_a_malformed_unverified_tree():
+    ev = StepEvent(step=0, position=3, tokens=[7], parents=[-1], depths=[0], ranks=[-1], accepted=[0], emitted=[8],
+                   bonus=8, timings={"total": 1.0}, no_draft_reason="no draft: why",
+                   unverified={"tokens": [7, 8, 9], "parents": [-1, 0, 1], "expected": [1.0, 0.5, 0.2]}).to_dict()
+    check_step(ev, 0)
+    bad = [
+        {"tokens": [7, 8], "parents": [-1, 0]},  # a key missing
+        {"tokens": [7, 8], "parents": [-1, 1], "expected": [1.0, 0.5]},  # a parent after its child
+        {"tokens": [7, 8], "parents": [-1, 0], "expected": [1.0, 1.5]},  # not a probability
+        {"tokens": [7, -8], "parents": [-1, 0], "expected": [1.0, 0.5]},  # not a token id
+        {"tokens": [6, 8], "parents": [-1, 0], "expected": [1.0, 0.5]},  # another root
+        {"tokens": [7, 8], "parents": [-1, 0, 0], "expected": [1.0, 0.5]},  # lengths differ
+    ]
+    for tree in bad:
+        with pytest.raises(TraceError):
+            check_step({**ev, "unverified": tree}, 0)
+    with pytest.raises(TraceError):
+        check_step({**ev, "no_draft_reason": 3}, 0)
+    with pytest.raises(TraceError):  # a step that drafted cannot say it drafted nothing
+        check_step({**ev, "tokens": [7, 8], "parents": [-1, 0], "depths": [0, 1], "ranks": [-1, 0]}, 0)
+
+
+# -- 2. the warm start -----------------------------------------------------------------------------------------------
+CORPUS = ["abc", "hello there", "what is this", "more text to learn", "abcabc"]
+
+
+def tiny_engine(seed: int = 0) -> Engine:
+    return Engine(tiny_model("llama", seed=seed), TinyTokenizer(TINY_VOCAB), tune_kernels=False)
+
+
+def test_a_warm_start_round_trips_and_leaves_a_fresh_engine_warm(tmp_path):
+    engine = tiny_engine()
+    progress = []
+    state = warm.learn(engine, CORPUS, 24, lambda done, total: progress.append((done, total)))
+    assert progress[-1] == (5, 5) and state.manifest["answers"] == 5 and state.manifest["tokens"] > 0
+    assert engine.matrix.rows_filled == 0 and len(engine.hybrid.index) == 0  # learning leaves the engine cold
+    assert state.rows.numel() == state.manifest["rows_filled"] > 0
+    assert float(state.learned["hybrid"]["trials"].max()) <= warm.COUNT_CAP + 1e-9
+    path = tmp_path / "w.safetensors"
+    warm.save(state, path)
+    fresh = tiny_engine()
+    again = warm.read(path, fresh)
+    warm.apply(fresh, again)
+    assert fresh.matrix.rows_filled == state.manifest["rows_filled"]
+    assert torch.equal(fresh.matrix.table[state.rows], state.table)
+    assert (fresh.matrix.stamps == -1).all()  # written before any answer: rated as older rows
+    assert torch.allclose(fresh.hybrid.hits, state.learned["hybrid"]["hits"])
+    assert fresh.adaptive.trust.state() == state.learned["adaptive"]["trust"]
+    prompt = fresh.encode_chat([{"role": "user", "content": "hello"}])  # ends as the corpus's prompts do
+    cold = tiny_engine()
+    plain = list(cold.generate(prompt, DecodeConfig(max_new_tokens=30, plain=True)))[-1].tokens
+    steps = list(fresh.generate(prompt, DecodeConfig(max_new_tokens=30, template="2.2.2")))
+    assert steps[-1].tokens == plain  # still lossless
+    assert len(steps[0].tokens) > 1  # the paper's tree drafts at its first step, from the warm matrix
+    fresh.forget()
+    assert fresh.matrix.rows_filled == 0  # forget: back to empty, not to the warm state
+
+
+def test_a_warm_start_of_another_model_or_a_tampered_file_is_refused(tmp_path):
+    engine = tiny_engine()
+    state = warm.learn(engine, CORPUS[:2], 12)
+    path = tmp_path / "w.safetensors"
+    warm.save(state, path)
+    other = Engine(tiny_model("qwen2"), TinyTokenizer(TINY_VOCAB), tune_kernels=False)  # another network
+    with pytest.raises(warm.WarmStartError, match="another model"):
+        warm.read(path, other)
+    with pytest.raises(warm.WarmStartError, match="not found"):
+        warm.read(tmp_path / "missing.safetensors", engine)
+    (tmp_path / "junk.safetensors").write_bytes(b"not a file at all")
+    with pytest.raises(warm.WarmStartError, match="not a warm-start file"):
+        warm.read(tmp_path / "junk.safetensors", engine)
+    bad = warm.WarmState(rows=state.rows, table=state.table.clone(), probs=state.probs, learned=state.learned,
+                         manifest=state.manifest)
+    bad.table[0, 0] = TINY_VOCAB + 5
+    warm.save(bad, tmp_path / "bad.safetensors")
+    with pytest.raises(warm.WarmStartError, match="outside the vocabulary"):
+        warm.read(tmp_path / "bad.safetensors", engine)
+    before = engine.matrix.rows_filled
+    hacked = dict(state.manifest, trust={"adaptive": {"factors": [9.0] * 5, "predicted": [0.0] * 5,
+                                                      "realised": [0.0] * 5}, "hybrid": state.manifest["trust"]["hybrid"]})
+    warm.save(warm.WarmState(state.rows, state.table, state.probs, state.learned, hacked), tmp_path / "t.safetensors")
+    with pytest.raises(warm.WarmStartError, match="does not fit"):
+        warm.apply(engine, warm.read(tmp_path / "t.safetensors", engine))
+    assert engine.matrix.rows_filled == before  # refused before anything changed
+
+
+def test_warm_start_learns_once_for_another_model_then_reuses_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TR_CACHE", str(tmp_path))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"category": "t", "prompt": p}) + "\n" for p in CORPUS))
+    monkeypatch.setattr(warm, "CORPUS", corpus)
+    monkeypatch.setattr(warm, "LEARN_PROMPTS", 3)
+    monkeypatch.setattr(warm, "LEARN_TOKENS", 12)
+    engine = tiny_engine()
+    none = warm.warm_start(engine, "tiny-llama", learn=False)
+    assert none.source == "none" and engine.matrix.rows_filled == 0 and none.describe().startswith("Cold start")
+    calls = []
+    info = warm.warm_start(engine, "tiny-llama", progress=lambda d, t: calls.append(d))
+    assert info.source == "learned" and info.answers == 3 and calls == [1, 2, 3]
+    assert info.path.startswith(str(tmp_path / "warm-start")) and engine.warm == info
+    assert engine.matrix.rows_filled == info.rows_filled > 0
+    again = warm.warm_start(tiny_engine(), "tiny-llama")
+    assert again.source == "cached" and again.rows_filled == info.rows_filled
+    assert "learned once for this model on 3 generated answers" in again.describe()
+
+
+def test_the_shipped_warm_start_has_a_manifest_and_stays_small():
+    if not warm.SHIPPED.is_file():
+        pytest.skip("the warm start is not built in this checkout")
+    assert warm.SHIPPED.stat().st_size < 3_000_000
+    manifest = json.loads(warm.SHIPPED.with_suffix(".json").read_text())
+    assert manifest["format"] == warm.FORMAT and manifest["corpus_sha256"] == warm.file_sha256(warm.CORPUS)
+    assert manifest["answers"] >= 120 and manifest["rows_filled"] > 1000
+
+
+def test_the_corpus_is_the_projects_own_not_the_benchmarks():
+    prompts = warm.read_corpus()
+    assert 120 <= len(prompts) <= 200
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[1] / "bench" / "data"
+    bench = " ".join(t.lower() for f in data.glob("*.jsonl") for line in f.read_text().splitlines() if line.strip()
+                     for t in json.loads(line)["turns"])
+    for prompt in prompts:
+        words = prompt.lower().split()
+        assert not any(" ".join(words[i:i + 8]) in bench for i in range(len(words) - 7)), prompt
+
+
+def test_a_fresh_session_has_the_drafters_priors_and_keeps_the_machines_cost():
+    engine = tiny_engine()
+    list(engine.generate([5, 9, 17, 33, 5, 9], DecodeConfig(max_new_tokens=20, template="hybrid")))
+    engine.hybrid.cost.ms[4] = 123.0  # stands for this machine's measured curve
+    learned = engine.hybrid.trials.clone()
+    warm.fresh_session(engine)
+    assert engine.matrix.rows_filled == 0 and len(engine.hybrid.index) == 0 and engine.warm is None
+    assert not torch.equal(engine.hybrid.trials, learned)  # back to the priors
+    assert torch.equal(engine.hybrid.trials, type(engine.hybrid)(engine.device).trials)
+    assert engine.hybrid.cost.ms[4] == 123.0
+
+
+def test_the_command_line_starts_warm_by_default():
+    from tr_core.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["generate", "--prompt", "x"]).warm_start == "auto"
+    assert parser.parse_args(["generate", "--prompt", "x", "--warm-start", "off"]).warm_start == "off"
+    bench = parser.parse_args(["bench", "--questions", "q.jsonl", "--fresh-sessions"])
+    assert bench.warm_start == "auto" and bench.fresh_sessions

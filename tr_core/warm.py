@@ -1,0 +1,364 @@
+"""A warm start: what a fresh engine needs to draft well from its first answer, learned beforehand (issue 40).
+
+A new session starts with an empty adjacency matrix: the paper's tree then drafts from empty rows, and the
+cost-sized trees start from priors. A warm start is what a few hundred generated answers leave behind:
+
+- the adjacency matrix's written rows (candidate ids and their stored probabilities),
+- the cost-sized drafters' calibration (acceptance counts per key) and trust per size class (their size policy).
+
+Not the forward-cost curve (it describes a machine) and not the hybrid's context index (it holds conversations).
+
+It is learned by decoding a corpus the project ships (assets/warm_start/corpus.jsonl: generic instructions written
+for it, none taken from the benchmark's question sets), greedy, through the engine; never from a visitor's
+conversation, whose text a matrix row could leak to the next visitor. The embedded model's file is shipped
+(scripts/build_warm_start.py builds it); any other model learns one once from a bounded part of the corpus and keeps
+it in the cache folder (models.cache_dir() / "warm-start"). The library starts cold unless asked (`warm_start`); the
+command line's default is `--warm-start auto`.
+
+Files are safetensors (tensors only, nothing unpickled) whose metadata holds a JSON manifest: the model's
+fingerprint (vocabulary size, k, a hash of the tokenizer's vocabulary and the model's shape), the corpus hash, the
+date, the answers and tokens decoded and the rows filled. A file for another model is refused with the reason.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "token-recycling-warm-start/1"
+ASSETS = Path(__file__).resolve().parents[1] / "assets" / "warm_start"  # beside the package in a checkout
+CORPUS = ASSETS / "corpus.jsonl"
+SHIPPED = ASSETS / "smollm2-135m-instruct.safetensors"  # the embedded model's warm start
+EMBEDDED_NAMES = ("", "embedded", "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")
+LEARN_PROMPTS = 48  # another model learns from this many corpus prompts (spread over its categories) ...
+LEARN_TOKENS = 64  # ... of at most this many tokens each: about a minute for a 135M model on 2 CPU cores
+COUNT_CAP = 32.0  # calibration trials kept per key: the shipped rates start informed but still follow the session
+MAX_FILE_BYTES = 16 << 20  # a warm start of a 256k vocabulary with k = 8 is about 11 MB
+# The config fields that say which network this is (not where or in what precision it was loaded)
+_SHAPE_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "intermediate_size", "max_position_embeddings", "rope_theta",
+                 "tie_word_embeddings", "head_dim")
+_DRAFTERS = ("adaptive", "hybrid")
+
+
+class WarmStartError(ValueError):
+    """A warm-start file that cannot be used here; the message says why."""
+
+
+@dataclass(frozen=True)
+class WarmStartInfo:
+    """What a `warm_start` call did, as plain data for the page, the command line and the benchmark."""
+
+    # "shipped" (with the app), "cached" (learned earlier), "learned" (just now), "file" (a path given) or "none"
+    source: str
+    answers: int  # corpus answers the warm start was learned from (0: none)
+    tokens: int  # tokens those answers decoded
+    rows_filled: int  # adjacency-matrix rows it fills
+    path: str  # the file it came from or was saved to ("" for none)
+    note: str = ""  # for "none": why the engine starts cold
+
+    def describe(self) -> str:
+        """One plain-English line for the page."""
+        learned = f"{self.answers} generated answers ({self.rows_filled:,} rows)"
+        if self.source == "shipped":
+            return f"Warm start: the matrix was pre-learned on {learned} shipped with the app"
+        if self.source == "cached":
+            return f"Warm start: learned once for this model on {learned}, kept in {self.path}"
+        if self.source == "file":
+            return f"Warm start: from {self.path}, learned on {learned}"
+        if self.source == "learned":
+            return f"Warm start: learned just now for this model on {learned}, kept in {self.path} for next time"
+        return f"Cold start: the matrix starts empty{f' ({self.note})' if self.note else ''}"
+
+
+@dataclass
+class WarmState:
+    """A warm start in memory: the matrix's written rows, the drafters' learned state, the manifest."""
+
+    rows: torch.Tensor  # [R] long, the written rows (ascending)
+    table: torch.Tensor  # [R, k] int32, their candidate ids
+    probs: torch.Tensor  # [R, k] uint8, their stored probabilities (1/255 steps)
+    learned: dict[str, dict]  # per drafter ("adaptive", "hybrid"): AdaptiveDrafter.learned()
+    manifest: dict[str, Any]  # plain data, see the module docstring
+
+
+def is_embedded(model_name: str | None) -> bool:
+    """Whether a model name means the embedded SmolLM2-135M-Instruct (the model whose warm start is shipped)."""
+    return model_name is None or str(model_name).strip() in EMBEDDED_NAMES
+
+
+def model_fingerprint(engine) -> str:
+    """sha256 of what makes a matrix fit a model: the tokenizer's vocabulary, the network's shape fields, k."""
+    config = engine.model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    shape = {name: getattr(config, name, None) for name in _SHAPE_FIELDS}
+    vocab = sorted(engine.tokenizer.get_vocab().items(), key=lambda item: item[1])
+    text = json.dumps({"vocab": vocab, "shape": shape, "rows": engine.vocab_size, "k": engine.matrix.k},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def read_corpus(path: str | Path = CORPUS) -> list[str]:
+    """The corpus's prompts, in file order: JSON lines {"category", "prompt"}; raises WarmStartError if malformed."""
+    prompts = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            prompt = json.loads(line)["prompt"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise WarmStartError(f"{path}:{number}: not a JSON object with a prompt") from exc
+        if not isinstance(prompt, str) or not prompt.strip() or len(prompt) > 4000:
+            raise WarmStartError(f"{path}:{number}: a prompt is a non-empty string of at most 4000 characters")
+        prompts.append(prompt)
+    if not prompts:
+        raise WarmStartError(f"{path}: no prompts")
+    return prompts
+
+
+def spread(prompts: list[str], n: int) -> list[str]:
+    """n prompts taken evenly over the list (the corpus is grouped by category: each gets its share)."""
+    if n >= len(prompts):
+        return list(prompts)
+    return [prompts[i * len(prompts) // n] for i in range(n)]
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file's bytes."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# -- learning -------------------------------------------------------------------------------------------------------
+def learn(engine, prompts: list[str], max_new_tokens: int,
+          progress: Callable[[int, int], None] | None = None) -> WarmState:
+    """Decode `prompts` greedily from an empty engine, alternating the hybrid and the adaptive tree (each learns its
+    own calibration and trust; both fill the one matrix); returns what they learned. Leaves the engine cold again:
+    matrix and context index empty (the corpus's conversations are not kept), its forward costs measured."""
+    from .config import DecodeConfig
+    from .events import SummaryEvent
+
+    engine.forget()
+    answers = tokens = steps = 0
+    for i, prompt in enumerate(prompts):
+        ids = engine.encode_chat([{"role": "user", "content": prompt}])
+        if len(ids) + max_new_tokens < engine.context_limit:
+            cfg = DecodeConfig(max_new_tokens=max_new_tokens, template="hybrid" if i % 2 == 0 else "adaptive")
+            for event in engine.generate(ids, cfg):
+                if isinstance(event, SummaryEvent):
+                    answers, tokens, steps = answers + 1, tokens + event.new_tokens, steps + event.steps
+        if progress is not None:
+            progress(i + 1, len(prompts))
+    state = capture(engine, {"answers": answers, "tokens": tokens, "steps": steps, "max_new_tokens": max_new_tokens})
+    engine.forget()
+    return state
+
+
+def capped(hits: torch.Tensor, trials: torch.Tensor, cap: float = COUNT_CAP) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counts [keys] scaled down to at most `cap` trials per key, each key's rate kept."""
+    scale = torch.clamp(cap / trials.clamp(min=1e-9), max=1.0)
+    return hits * scale, trials * scale
+
+
+def capture(engine, manifest: dict[str, Any]) -> WarmState:
+    """The engine's learned state as a WarmState (its manifest: `manifest` plus the model and matrix facts)."""
+    matrix = engine.matrix
+    rows = matrix.filled.nonzero().view(-1).cpu()
+    learned = {}
+    for name in _DRAFTERS:
+        state = getattr(engine, name).learned()
+        hits, trials = capped(state["hits"], state["trials"])
+        learned[name] = {"hits": hits, "trials": trials, "trust": state["trust"]}
+    info = {"format": FORMAT, "fingerprint": model_fingerprint(engine), "vocab_size": matrix.vocab_size,
+            "k": matrix.k, "rows_filled": int(rows.numel()),
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "trust": {name: learned[name]["trust"] for name in _DRAFTERS}, **manifest}
+    return WarmState(rows=rows, table=matrix.table[rows.to(matrix.device)].cpu().to(torch.int32),
+                     probs=matrix.probs[rows.to(matrix.device)].cpu(), learned=learned, manifest=info)
+
+
+def apply(engine, state: WarmState) -> None:
+    """Replace what the engine learned by the warm state: the matrix (rows stamped -1: written before any answer,
+    so the drafters rate them as older rows), the drafters' calibration and trust; the context index emptied."""
+    for name in _DRAFTERS:  # checked first: a misfit changes nothing
+        try:
+            type(getattr(engine, name))(engine.device).take_learned(state.learned[name])
+        except ValueError as exc:
+            raise WarmStartError(f"the warm start's {name} state does not fit: {exc}") from exc
+    engine.forget()
+    matrix, rows = engine.matrix, state.rows.to(engine.matrix.device)
+    matrix.table[rows] = state.table.to(matrix.device)
+    matrix.probs[rows] = state.probs.to(matrix.device)
+    matrix.filled[rows] = True
+    for name in _DRAFTERS:
+        getattr(engine, name).take_learned(state.learned[name])
+
+
+def fresh_session(engine) -> None:
+    """The engine as a new session finds it: matrix and context index empty, the drafters' starting calibration and
+    trust; the forward-cost curve measured on this machine kept (a new session on the same machine)."""
+    from .adaptive import AdaptiveDrafter
+    from .hybrid import HybridDrafter
+
+    engine.forget()
+    for name, kind in (("adaptive", AdaptiveDrafter), ("hybrid", HybridDrafter)):
+        old, new = getattr(engine, name), kind(engine.device)
+        new.cost, new.on_host = old.cost, old.on_host
+        new._refresh()  # on a GPU the rates' lookup table follows on_host
+        setattr(engine, name, new)
+    engine.warm = None
+
+
+# -- files ----------------------------------------------------------------------------------------------------------
+def save(state: WarmState, path: str | Path) -> None:
+    """Write a warm start as safetensors with its manifest in the metadata (atomically)."""
+    from safetensors.torch import save_file
+
+    tensors = {"matrix.rows": state.rows.to(torch.int32), "matrix.table": state.table.contiguous(),
+               "matrix.probs": state.probs.contiguous()}
+    for name in _DRAFTERS:
+        tensors[f"{name}.hits"] = state.learned[name]["hits"].double().contiguous()
+        tensors[f"{name}.trials"] = state.learned[name]["trials"].double().contiguous()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={"manifest": json.dumps(state.manifest, sort_keys=True)})
+    tmp.replace(path)
+
+
+def load(path: str | Path, engine) -> WarmState:
+    """Read a warm-start file for `engine`'s model; raises WarmStartError with the reason when it does not fit."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise WarmStartError(f"warm-start file not found: {path}")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise WarmStartError(f"{path} is {path.stat().st_size:,} bytes, more than a warm start can be")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            manifest = json.loads((f.metadata() or {}).get("manifest", "null"))
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise WarmStartError(f"{path} is not a warm-start file ({type(exc).__name__})") from exc
+    check_manifest(manifest, engine, path)
+    return WarmState(*check_tensors(tensors, engine, path), manifest=manifest)
+
+
+def check_manifest(manifest: Any, engine, path: Path) -> None:
+    """Refuse a manifest of another format or model."""
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise WarmStartError(f"{path} is not a warm-start file (format {FORMAT!r} expected)")
+    if manifest.get("vocab_size") != engine.vocab_size or manifest.get("k") != engine.matrix.k:
+        raise WarmStartError(f"{path} was learned for vocabulary {manifest.get('vocab_size')} with k = "
+                             f"{manifest.get('k')}, but this model has vocabulary {engine.vocab_size} with k = "
+                             f"{engine.matrix.k}")
+    if manifest.get("fingerprint") != model_fingerprint(engine):
+        raise WarmStartError(f"{path} was learned for another model (its tokenizer or network shape differ from "
+                             f"this one's: fingerprint {str(manifest.get('fingerprint'))[:12]}...)")
+    for name in ("answers", "tokens", "rows_filled"):
+        if not isinstance(manifest.get(name), int) or manifest[name] < 0:
+            raise WarmStartError(f"{path}: manifest field {name} must be an integer >= 0")
+    trust = manifest.get("trust")
+    if not isinstance(trust, dict) or set(trust) != set(_DRAFTERS):
+        raise WarmStartError(f"{path}: manifest field trust must hold {', '.join(_DRAFTERS)}")
+
+
+def check_tensors(tensors: dict[str, torch.Tensor], engine,
+                  path: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, dict]]:
+    """(rows, table, probs, learned counts) of a file's tensors, every shape, type and id checked."""
+    names = {"matrix.rows", "matrix.table", "matrix.probs", *(f"{d}.{c}" for d in _DRAFTERS for c in ("hits", "trials"))}
+    if set(tensors) != names:
+        raise WarmStartError(f"{path}: tensors {sorted(names)} expected, found {sorted(tensors)}")
+    rows, table, probs = tensors["matrix.rows"], tensors["matrix.table"], tensors["matrix.probs"]
+    vocab, k = engine.vocab_size, engine.matrix.k
+    if rows.dtype != torch.int32 or table.dtype != torch.int32 or probs.dtype != torch.uint8:
+        raise WarmStartError(f"{path}: rows and candidate ids must be int32, probabilities uint8")
+    if rows.dim() != 1 or table.shape != (rows.numel(), k) or probs.shape != (rows.numel(), k):
+        raise WarmStartError(f"{path}: the matrix tensors' shapes do not agree (rows [R], candidates [R, {k}])")
+    if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= vocab or int(table.min()) < 0
+                         or int(table.max()) >= vocab or rows.unique().numel() != rows.numel()):
+        raise WarmStartError(f"{path}: row or candidate ids outside the vocabulary [0, {vocab}), or repeated rows")
+    learned = {d: {"hits": tensors[f"{d}.hits"], "trials": tensors[f"{d}.trials"]} for d in _DRAFTERS}
+    for counts in learned.values():
+        if any(t.dtype != torch.float64 or t.dim() != 1 or not bool(torch.isfinite(t).all())
+               for t in counts.values()):
+            raise WarmStartError(f"{path}: calibration counts must be finite float64 vectors")
+    return rows.long(), table, probs, learned
+
+
+def read(path: str | Path, engine) -> WarmState:
+    """`load`, with the trust of the manifest joined to the drafters' counts."""
+    state = load(path, engine)
+    for name in _DRAFTERS:
+        state.learned[name]["trust"] = state.manifest["trust"][name]
+    return state
+
+
+# -- the one call -----------------------------------------------------------------------------------------------------
+def cached_path(model_name: str, fingerprint: str) -> Path:
+    """Where another model's learned warm start is kept: the cache folder's warm-start/ (beside converted models)."""
+    from .models import cache_dir
+
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(str(model_name)).name or "model").strip("-.")[:60] or "model"
+    return cache_dir() / "warm-start" / f"{slug}-{fingerprint[:16]}.safetensors"
+
+
+def warm_start(engine, model_name: str | None, *, learn: bool = True,
+               progress: Callable[[int, int], None] | None = None) -> WarmStartInfo:
+    """Start `engine` warm: the shipped file for the embedded model, else the one cached for this model, else (when
+    `learn`) learn one now from the corpus, cache it and apply it. Returns what was done (`engine.warm` too).
+
+    progress(done, total) is called after each corpus answer while learning. A file that does not fit is refused
+    (WarmStartError) for the shipped one; a cached one that does not fit is learned again."""
+    if is_embedded(model_name) and SHIPPED.is_file():
+        return _applied(engine, read(SHIPPED, engine), "shipped", SHIPPED)
+    fingerprint = model_fingerprint(engine)
+    path = cached_path(model_name or "embedded", fingerprint)
+    if path.is_file():
+        try:
+            return _applied(engine, read(path, engine), "cached", path)
+        except (WarmStartError, ValueError):
+            pass  # a stale or damaged cache file: learned again below when allowed
+    if not learn or not CORPUS.is_file():
+        note = "no warm start learned for this model yet" if learn is False else f"the corpus {CORPUS} is missing"
+        info = WarmStartInfo("none", 0, 0, 0, "", note=note)
+        engine.warm = info
+        return info
+    return _learn_and_cache(engine, path, progress)
+
+
+def warm_from_file(engine, path: str | Path) -> WarmStartInfo:
+    """Apply the warm-start file `path` (WarmStartError when it does not fit this model)."""
+    return _applied(engine, read(path, engine), "file", Path(path))
+
+
+def _learn_and_cache(engine, path: Path, progress: Callable[[int, int], None] | None) -> WarmStartInfo:
+    """Learn from LEARN_PROMPTS corpus prompts spread over its categories; cache the file; apply it."""
+    prompts = read_corpus(CORPUS)
+    state = learn(engine, spread(prompts, LEARN_PROMPTS), LEARN_TOKENS, progress)
+    state.manifest.update(corpus_sha256=file_sha256(CORPUS), corpus_prompts=len(prompts))
+    try:
+        save(state, path)
+    except OSError as exc:  # a read-only cache still gets this session warm
+        apply(engine, state)
+        info = WarmStartInfo("learned", state.manifest["answers"], state.manifest["tokens"],
+                             state.manifest["rows_filled"], "", note=f"not cached: {exc}")
+        engine.warm = info
+        return info
+    return _applied(engine, state, "learned", path)
+
+
+def _applied(engine, state: WarmState, source: str, path: Path) -> WarmStartInfo:
+    apply(engine, state)
+    m = state.manifest
+    info = WarmStartInfo(source, m["answers"], m["tokens"], m["rows_filled"], str(path))
+    engine.warm = info
+    return info
+
