@@ -1,6 +1,6 @@
 """Build the embedded model's warm start (tr_core/warm.py) from the project's own corpus.
 
-    python scripts/build_warm_start.py                      # all of assets/warm_start/corpus.jsonl, 128 tokens each
+    python scripts/build_warm_start.py                      # all of tr_core/warm_start/corpus.jsonl, 128 tokens each
     python scripts/build_warm_start.py --limit 4 --out /tmp/w.safetensors   # a quick check
 
 Decodes every corpus prompt greedily through the engine (alternating the hybrid and the adaptive tree, so both
@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="model (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    p.add_argument("--linear", choices=("auto", "stock"), default="auto",
+                   help="CPU linear layers: auto times the products once per model (as the CLI); stock skips that")
     args = p.parse_args(argv)
     import torch
     from tqdm.auto import tqdm
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.spread:
         prompts = warm.spread(prompts, args.spread)
     model, tokenizer = load_model(args.model, device=args.device)
-    engine = Engine(model, tokenizer)
+    engine = Engine(model, tokenizer, tune_kernels=args.linear == "auto")
     with tqdm(total=len(prompts), desc="warm start", unit="answer") as bar:
         state = warm.learn(engine, prompts, args.max_new_tokens, lambda done, total: bar.update(done - bar.n))
     state.manifest.update(model=args.model or "SmolLM2-135M-Instruct (embedded)", corpus=Path(args.corpus).name,

@@ -27,8 +27,8 @@ from .config import StudioConfig
 from .models import REFUSED, ModelCatalog, ModelRefused, label
 from .session import DECODE_SLOT, InputError, PausingEngine, Session, SlotAbandoned, clean_text, decode_slot, take_slot
 from .views import (MEASURE_HINT, RACE_WAIT, STOPPED_HINT, CostCurve, best_step, blank_views, coloured_answer,
-                    cost_html, live_meter, marked_chat, matrix_info, measured_meter, message, race_html, replay_slider,
-                    step_story_view, step_views, trace_meter)
+                    cost_html, decoding_html, live_meter, marked_chat, matrix_info, measured_meter, message,
+                    microscope_html, race_html, replay_slider, step_story_view, step_views, trace_meter)
 
 RENDER_EVERY_S = 0.25  # redraw figures at most this often while streaming
 LIMITS = dict(max_new_tokens=(1, 1024), temperature=(0.0, 2.0), top_p=(0.05, 1.0), top_k=(0, 1000), seed=(0, 2**31 - 1),
@@ -415,7 +415,8 @@ def _stream(studio: Studio, s: Session, engine: Any, ids: list[int], cfg: Decode
             shown = coloured_answer(trace, colour=settings.colour)
             yield {"chat": pending[:-1] + [{"role": "assistant", "content": shown + " ▌"}],
                    "tree": tree_figure(last, text_of), "heat": heatmap_figure(tracker, last, text_of),
-                   "story": step_story_view(last, text_of, before), "cost": cost_html(last, curve),
+                   "story": step_story_view(last, text_of, before), "cost": cost_html(last, curve, trace),
+                   "microscope": microscope_html(trace, last.step), "decoding": decoding_html(trace.settings),
                    "chart": accepted_chart_explained(trace.steps), "meter": live_meter(trace, settings.compare),
                    "status": note_md or f"Step {last.step + 1} · {sum(len(e.emitted) for e in trace.steps)} tokens"}
     except Exception as exc:  # noqa: BLE001 - shown in the page; the session goes on
@@ -512,7 +513,9 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
     trace.speed = dataclasses.asdict(est)
     note = measure_note(est, trace.summary.new_tokens, stopped=stop.is_set())
     view = {"meter": measured_meter(est, note=note, answer_mean=answer_mean), "status": "  \n".join(notes) or "✓ Done.",
-            "race": race_html(trace), "trace_file": str(trace.save(s.files() / "trace.json"))}
+            "race": race_html(trace), "trace_file": str(trace.save(s.files() / "trace.json")),
+            # the cost panel's estimate follows the meter: withheld once it says "too noisy"
+            "cost": cost_html(trace.steps[best_step(trace)], cost_curve(s, trace), trace)}
     yield view
 
 

@@ -98,7 +98,7 @@ is not shown, and when the meter says *too noisy*, no panel claims a speed.
 **⚑ Race** replays a measured answer twice side by side, Token Recycling at its recorded step times and plain
 decoding at the pace the meter measured, in your browser: nothing is decoded again. Without the meter's trusted
 figure there is no race. **Presentation view** (or `?view=present` in the address) lays the meter, the tree, the
-matrix window, the step story and the step controls out for a 1280×720 projector; 🔬 opens the step microscope.
+matrix window, the step story and the step controls out for a 1280×720 projector; Microscope opens the step microscope.
 """
 
 
@@ -212,7 +212,7 @@ def _step_panel(ui: dict, blank: dict[str, Any]) -> None:
             with gr.Row(elem_id="tr-nav-buttons"):
                 ui["prev"] = gr.Button("◀ Previous step", size="sm", elem_id="tr-prev")
                 ui["next"] = gr.Button("Next step ▶", size="sm", elem_id="tr-next")
-                ui["micro_btn"] = gr.Button("🔬 Microscope", size="sm", elem_id="tr-micro-btn")
+                ui["micro_btn"] = gr.Button("Microscope", size="sm", elem_id="tr-micro-btn")
         with gr.Row(elem_id="tr-delay-row"):
             ui["delay"] = gr.Slider(0.0, 3.0, value=0.0, step=0.1, label="Slow motion: pause per step (s)", scale=3)
             ui["colour"] = gr.Checkbox(True, label="Colour accepted runs in the chat", scale=2)

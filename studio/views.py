@@ -164,7 +164,7 @@ def _unusable_why(curve: CostCurve | None) -> str:
 def no_draft_text(ev: StepEvent) -> str:
     """Why a step drafted nothing, in plain words (StepEvent.no_draft_reason, absent from older traces)."""
     reason = getattr(ev, "no_draft_reason", None)
-    return f"This step drafted nothing: {reason}." if reason else "This step drafted nothing."
+    return f"This step drafted nothing: {reason.rstrip('.')}." if reason else "This step drafted nothing."
 
 
 def cost_text(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None) -> tuple[str, str]:
@@ -236,7 +236,7 @@ def cost_html(ev: StepEvent | None, curve: CostCurve | None, trace: Trace | None
         return f'<div class="tr-cost tr-cost-none">{html.escape(COST_PLACEHOLDER)}</div>'
     speed = trace.speed if trace is not None else None
     main, cls = cost_text(ev, curve, speed)
-    rule = formula_text(trace.steps if trace is not None else [ev], curve, speed)
+    rule = formula_text(trace.steps if trace is not None else [], curve, speed)  # no trace: the bare formula
     return (f'<div class="tr-cost tr-cost-{cls}"><div class="tr-cost-full"><span class="tr-cost-head">'
             f'Cost of this step:</span> {html.escape(main)}<div class="tr-cost-rule">{html.escape(rule)}</div></div>'
             f'<div class="tr-cost-brief">{html.escape(cost_brief(ev, curve, speed))}</div></div>')

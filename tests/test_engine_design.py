@@ -113,6 +113,7 @@ def test_cost_sized_answers_start_with_a_plain_step_then_draft(monkeypatch, temp
 
     engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
     tokens_of(engine, PROMPTS[0], template=template, max_new_tokens=8)  # measures the cost, fills the matrix
+    engine.matrix.filled[:] = True  # every row counts as written: the tree's size, not its rows, is under test
     monkeypatch.setattr(AdaptiveDrafter, "choose_size", lambda self, expected, budget: min(3, len(expected) - 1))
     engine.adaptive.next_size = engine.hybrid.next_size = 30  # what a previous answer might have left
     events = list(engine.generate(PROMPTS[1], DecodeConfig(template=template, max_new_tokens=8)))

@@ -303,6 +303,15 @@ class Runner:
         return {"emitted": emitted, "answer": answer, "seconds": seconds, "steps": summary.steps,
                 "accepted": accepted, "tree_nodes": nodes}
 
+    def _products(self):
+        """The engines' timed matrix products installed on the model for a transformers baseline's call."""
+        import contextlib
+
+        from .kernels import installed
+
+        tuned = any(e.tune_kernels for e in self.engines.values())
+        return installed(self.model) if tuned else contextlib.nullcontext()
+
     def _hf_answer(self, kind: str, ids: list[int], max_new: int, seed_offset: int) -> dict:
         import torch
         from transformers import GenerationConfig
@@ -323,7 +332,9 @@ class Runner:
         try:
             if sample:
                 torch.manual_seed(self.args.seed + seed_offset)
-            with torch.inference_mode():
+            # the baselines multiply with the same timed products as the engine (kernels.py), installed for this
+            # call only, so that a speedup measures the method and not the matrix products
+            with torch.inference_mode(), self._products():
                 _sync(self.device)
                 t0 = time.perf_counter()
                 out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=config)

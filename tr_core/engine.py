@@ -525,8 +525,11 @@ def rows_read(host: dict[str, list], sources: tuple[str, ...] | None,
         if tokens[node] in seen:  # two parent nodes of one token read the same row
             continue
         seen.add(tokens[node])
-        cells = [int(c) for c in packed[node * k : (node + 1) * k]]
+        cells = [divmod(int(c), 256) for c in packed[node * k : (node + 1) * k]]  # (id, stored probability)
         rows.append(tokens[node])
-        values.append([c >> 8 for c in cells])
-        probs.append([round((c & 255) / 255, EVENT_DIGITS) for c in cells])
+        values.append([token for token, _ in cells])
+        probs.append([_STORED[q] for _, q in cells])
     return rows, values, probs
+
+
+_STORED = [round(q / 255, EVENT_DIGITS) for q in range(256)]  # a stored probability (1/255 steps) as events show it

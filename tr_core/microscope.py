@@ -287,7 +287,7 @@ def _read_section(m: dict[str, Any]) -> dict[str, Any]:
     if not m["recorded"]:
         head = "① Read: this trace did not record the rows the draft read (recorded by newer versions)"
     elif not reads and not m["copied"]:
-        head = "① Read: nothing. " + (m["no_draft"] or "No draft this step: the forward checks the last token alone")
+        head = f"① Read: nothing ({m['no_draft'] or 'no draft this step: the forward checks the last token alone'})"
     blocks = [_b("div", "trm-h", head)]
     if reads:
         blocks.append(_b("div", "trm-note", f"Each row: the {m['k']} tokens last seen after its token, with the "
@@ -352,7 +352,8 @@ def _write_section(m: dict[str, Any]) -> dict[str, Any]:
         return _b("div", "trm-sec", [_b("div", "trm-h", "③ Written back: nothing (plain decoding recycles nothing)")])
     order = {"changed": 0, "new": 1, "same": 2, "unknown": 3}
     shown = sorted(writes, key=lambda w: (not w["on_path"], order[w["status"]]))
-    head = f"③ Written back: {len(writes)} row{'s' if len(writes) != 1 else ''}, each from its node's top-{m['k']}"
+    each = "each from its node's" if len(writes) != 1 else "from its node's"
+    head = f"③ Written back: {len(writes)} row{'s' if len(writes) != 1 else ''}, {each} top-{m['k']}"
     new = counts["new"] + counts["unknown"]  # as the step story counts them: no earlier value known
     parts = [f"{counts['changed']} changed", f"{new} new", f"{counts['same']} with the same candidates"]
     note = ", ".join(parts) + ". + marks a candidate new to its row; the accepted path's rows come first."

@@ -110,7 +110,9 @@ def measure_curve(model, sizes: list[int], context: int, repeats: int, warmup: i
     from .cost import measure_forward_costs
     from .runner import ModelRunner
 
-    with torch.inference_mode():
+    from .kernels import installed
+
+    with torch.inference_mode(), installed(model):  # the products the engine runs (the plan, if tuned)
         ms = measure_forward_costs(ModelRunner(model), random_context(model, context, seed), sizes, repeats, warmup)
     return {n: [t / 1e3 for t in v] for n, v in ms.items()}
 

@@ -45,10 +45,12 @@ def step_story(ev: StepEvent, token_text: TokenText, matrix_before: dict[int, li
 def _plain_sentence(ev: StepEvent, token_text: TokenText) -> str:
     """A step without a draft: the forward gave one token."""
     token = ev.bonus if ev.bonus is not None else (ev.emitted[-1] if ev.emitted else None)
+    reason = getattr(ev, "no_draft_reason", None)  # the cost-sized tree's own words (absent from older traces)
+    head = f"Plain step: nothing was drafted ({reason})" if reason else "Plain step: nothing was drafted"
     if token is None:
-        return "Plain step: nothing was drafted, and the answer ended here."
+        return f"{head}, and the answer ended here."
     own = quoted(token_text(token))
-    return f"Plain step: nothing was drafted, so the forward gave one token, the model's own {own}."
+    return f"{head}, so the forward gave one token, the model's own {own}."
 
 
 def _draft_sentence(ev: StepEvent, token_text: TokenText) -> str:

@@ -8,7 +8,7 @@ cost-sized trees start from priors. A warm start is what a few hundred generated
 
 Not the forward-cost curve (it describes a machine) and not the hybrid's context index (it holds conversations).
 
-It is learned by decoding a corpus the project ships (assets/warm_start/corpus.jsonl: generic instructions written
+It is learned by decoding a corpus the project ships (tr_core/warm_start/corpus.jsonl: generic instructions written
 for it, none taken from the benchmark's question sets), greedy, through the engine; never from a visitor's
 conversation, whose text a matrix row could leak to the next visitor. The embedded model's file is shipped
 (scripts/build_warm_start.py builds it); any other model learns one once from a bounded part of the corpus and keeps
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 FORMAT = "token-recycling-warm-start/1"
-ASSETS = Path(__file__).resolve().parents[1] / "assets" / "warm_start"  # beside the package in a checkout
+ASSETS = Path(__file__).resolve().parent / "warm_start"  # package data: shipped with the wheel too
 CORPUS = ASSETS / "corpus.jsonl"
 SHIPPED = ASSETS / "smollm2-135m-instruct.safetensors"  # the embedded model's warm start
 EMBEDDED_NAMES = ("", "embedded", "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")
