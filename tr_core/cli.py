@@ -183,11 +183,34 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
     threads_option(p)
 
 
-def _generate(args: argparse.Namespace) -> int:
+def _prepared_engine(args: argparse.Namespace, cfg: Any) -> tuple[Any, Any] | int:
+    """The model loaded into an engine with its warm start (and --load-matrix), and the config with the device's
+    default tree; or the exit code after a one-line error."""
     from .engine import Engine
+    from .tree import default_template
+
+    loaded = load_model_or_report(args)
+    if loaded is None:
+        return 1
+    model, tokenizer = loaded
+    engine = Engine(model, tokenizer, topk_candidates=args.topk_candidates, tune_kernels=args.linear == "auto")
+    if args.template is None:
+        cfg = cfg.with_(template=default_template(engine.device))
+        if not args.plain and (problem := template_problem(cfg.template, args.topk_candidates)):
+            return report_error(problem, 2)
+    try:
+        if not args.plain:
+            apply_warm_start(args.warm_start, engine, args.model)
+        if args.load_matrix:
+            engine.matrix.load(args.load_matrix)
+    except ValueError as exc:
+        return report_error(exc, 1)
+    return engine, cfg
+
+
+def _generate(args: argparse.Namespace) -> int:
     from .kernels import needs_tuning, plan_of
     from .trace import Trace
-    from .tree import default_template
 
     if not args.prompt.strip():
         return report_error("--prompt is empty", 2)
@@ -200,25 +223,11 @@ def _generate(args: argparse.Namespace) -> int:
         return report_error(exc.as_option(), 2)
     if not args.plain and (problem := template_problem(args.template, args.topk_candidates)):
         return report_error(problem, 2)
-    loaded = load_model_or_report(args)
-    if loaded is None:
-        return 1
-    model, tokenizer = loaded
-    engine = Engine(model, tokenizer, topk_candidates=args.topk_candidates, tune_kernels=args.linear == "auto")
-    if args.template is None:
-        cfg = cfg.with_(template=default_template(engine.device))
-        if not args.plain and (problem := template_problem(cfg.template, args.topk_candidates)):
-            return report_error(problem, 2)
-    if not args.plain:
-        try:
-            apply_warm_start(args.warm_start, engine, args.model)
-        except ValueError as exc:
-            return report_error(exc, 1)
-    if args.load_matrix:
-        try:
-            engine.matrix.load(args.load_matrix)
-        except ValueError as exc:
-            return report_error(exc, 1)
+    prepared = _prepared_engine(args, cfg)
+    if isinstance(prepared, int):
+        return prepared
+    engine, cfg = prepared
+    tokenizer = engine.tokenizer
     ids = engine.encode_chat([{"role": "user", "content": args.prompt}]) if not args.raw else tokenizer(args.prompt)["input_ids"]
     try:
         engine.check_prompt(ids)
