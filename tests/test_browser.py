@@ -372,6 +372,8 @@ PROJECTOR = {"width": 1280, "height": 720}
 RECT_JS = ("(s) => { const r = document.querySelector(s).getBoundingClientRect();"
            " return {top: r.top, bottom: r.bottom, left: r.left, right: r.right, width: r.width}; }")
 FONT_JS = "(s) => parseFloat(getComputedStyle(document.querySelector(s)).fontSize)"
+SETTLED_JS = ("([sels, w, h]) => sels.every(s => { const r = document.querySelector(s).getBoundingClientRect();"
+              " return r.width > 0 && r.top >= 0 && r.left >= 0 && r.bottom <= h && r.right <= w; })")
 PRESENTING_JS = "() => document.documentElement.classList.contains('tr-present')"
 NOT_PRESENTING_JS = "() => !document.documentElement.classList.contains('tr-present')"
 
@@ -396,7 +398,14 @@ CUT_JS = ("(s) => { const el = document.querySelector(s);"
 
 def check_projector_screen(page) -> None:
     """Every panel lies inside the 1280x720 screen by its computed geometry, no two overlap, text panels hold all
-    their text, and no text in them is under 16 px."""
+    their text, and no text in them is under 16 px. It first waits for the layout to settle: a redrawn plot is
+    sized by plotly after the update that brought it (a moment later on a busy machine); if it never fits, the
+    asserts below say which panel does not."""
+    try:
+        page.wait_for_function(SETTLED_JS, arg=[list(PANELS), PROJECTOR["width"], PROJECTOR["height"]],
+                               timeout=30_000)
+    except Exception:  # noqa: BLE001 - the geometry asserts report the panel
+        pass
     rects = {sel: page.evaluate(RECT_JS, sel) for sel in PANELS}
     for sel, r in rects.items():
         assert r["width"] > 0 and r["top"] >= 0 and r["left"] >= 0, (sel, r)

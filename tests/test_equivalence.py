@@ -163,7 +163,8 @@ def test_events_are_plain_data_and_consistent():
     emitted = [t for e in events[:-1] for t in e.emitted]
     assert emitted == events[-1].tokens == reference[:30]
     for e in events[:-1]:
-        assert len(e.tokens) == len(e.parents) == len(e.depths) == len(e.ranks) == 81
+        # the paper's 81 nodes, less any under a row never written
+        assert len(e.tokens) == len(e.parents) == len(e.depths) == len(e.ranks) <= 81
         assert e.accepted[0] == 0
         assert all(e.parents[b] == a for a, b in zip(e.accepted, e.accepted[1:]))  # a root-down path
         drafts = [e.tokens[j] for j in e.accepted[1:]]
