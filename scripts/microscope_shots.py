@@ -28,8 +28,11 @@ def record(template: str, tokens: int) -> Trace:
     """A short answer of the embedded model, recorded as the studio records one."""
     from tr_core import DecodeConfig, Engine, load_model
 
+    from tr_core.warm import warm_start
+
     model, tokenizer = load_model(device="cpu")
     engine = Engine(model, tokenizer)
+    warm_start(engine, "embedded", learn=False)  # as a new studio session starts: the shipped warm start
     messages = [{"role": "user", "content": QUESTION}]
     trace = Trace(model="SmolLM2-135M-Instruct", settings={"template": template}, messages=messages)
     for _ in record_live(engine, engine.encode_chat(messages), DecodeConfig(max_new_tokens=tokens, template=template),

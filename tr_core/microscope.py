@@ -396,8 +396,8 @@ CSS = """
 .trm-row {margin: 4px 0 6px 0}
 .trm-rowname {font-weight: 600}
 .trm-cells, .trm-path {display: flex; flex-wrap: wrap; gap: 3px 4px; align-items: center; margin-top: 2px}
-.trm-cell {font-family: ui-monospace, "DejaVu Sans Mono", Menlo, monospace; font-size: 16px; white-space: pre;
-           border: 1px solid #cbd5e1; border-radius: 5px; padding: 0 4px; background: #f8fafc}
+.trm-cell {font-family: ui-monospace, "DejaVu Sans Mono", Menlo, monospace; font-size: 16px; white-space: pre-wrap;
+           overflow-wrap: anywhere; max-width: 100%; border: 1px solid #cbd5e1; border-radius: 5px; padding: 0 4px; background: #f8fafc}
 .trm-unused {color: #64748b; border-style: dashed}
 .trm-drafted {border: 2px solid #1e3a8a; background: #eff6ff}
 .trm-ok {border: 2px solid #16a34a; background: #dcfce7; font-weight: 700}
