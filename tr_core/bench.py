@@ -30,7 +30,6 @@ import argparse
 import datetime as _dt
 import json
 import os
-import platform
 import shlex
 import sys
 import time
@@ -705,15 +704,10 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores"
+    """The CPU's model name and core count, as the benchmark's header shows them."""
+    from .plan_cache import cpu_name
+
+    return f"{cpu_name()}, {os.cpu_count()} cores"
 
 
 def _git_commit() -> str:
