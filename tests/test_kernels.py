@@ -12,7 +12,7 @@ import torch
 from conftest import ARCHS, TINY_VOCAB, TinyTokenizer, tiny_model
 
 from tr_core import DecodeConfig, Engine
-from tr_core import kernels
+from tr_core import kernels, machine, tuning
 from tr_core.kernels import ONEDNN, STOCK, TRANSPOSED, LinearPlan
 
 WAYS_HERE = kernels.available_ways()
@@ -33,7 +33,7 @@ def test_each_product_equals_the_library_product(way, rows, bias):
     layer = torch.nn.Linear(24, 40, bias=bias)
     x = torch.randn(1, rows, 24, generator=g)
     with torch.no_grad():  # decoding's setting (the packed oneDNN product has no gradient)
-        out = kernels._PRODUCTS[way](x, layer.weight, layer.bias, rows)
+        out = kernels.PRODUCTS[way](x, layer.weight, layer.bias, rows)
     assert out.shape == (1, rows, 40) and out.is_contiguous()
     torch.testing.assert_close(out, torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
 
@@ -56,8 +56,8 @@ def test_routes_follow_the_nearest_timed_row_count():
     assert list(routes[1:]) == [t, t, s, t, t, s, s, o, o]
     assert LinearPlan({}, limit=4).routes() == ()
     ms = {STOCK: {1: 5.0, 2: 3.0, 3: 4.0}, TRANSPOSED: {1: 4.0, 2: 3.0, 3: 1.0}, ONEDNN: {1: 4.5, 2: 2.0}}
-    assert kernels.choose(ms) == {1: TRANSPOSED, 2: ONEDNN}, "the fastest way per size timed every way"
-    assert kernels.choose({STOCK: {1: 3.0}, TRANSPOSED: {1: 3.0}}) == {1: STOCK}, "a tie keeps the library's"
+    assert tuning.choose(ms) == {1: TRANSPOSED, 2: ONEDNN}, "the fastest way per size timed every way"
+    assert tuning.choose({STOCK: {1: 3.0}, TRANSPOSED: {1: 3.0}}) == {1: STOCK}, "a tie keeps the library's"
 
 
 def test_row_counts_past_the_largest_timed_follow_its_way(monkeypatch):
@@ -65,7 +65,7 @@ def test_row_counts_past_the_largest_timed_follow_its_way(monkeypatch):
     layer = torch.nn.Linear(8, 6)
     taken: list[tuple[str, int]] = []
     for way in (TRANSPOSED, STOCK):
-        monkeypatch.setitem(kernels._PRODUCTS, way, lambda x, w, b, rows, way=way: taken.append((way, rows)) or
+        monkeypatch.setitem(kernels.PRODUCTS, way, lambda x, w, b, rows, way=way: taken.append((way, rows)) or
                             torch.nn.functional.linear(x, w, b))
     kernels.set_plan(layer, LinearPlan({1: STOCK, 4: TRANSPOSED}, limit=4))
     with torch.no_grad(), kernels.installed(layer):
@@ -107,8 +107,8 @@ def test_greedy_recycling_is_lossless_with_every_row_count_routed_one_way(arch, 
 def test_one_timing_per_model_shared_by_every_engine(monkeypatch):
     model = tiny_model("llama")
     calls = []
-    real = kernels.tune
-    monkeypatch.setattr(kernels, "tune", lambda runner, context, **kw: calls.append(1) or real(runner, context, repeats=1))
+    real = tuning.tune
+    monkeypatch.setattr(tuning, "tune", lambda runner, context, **kw: calls.append(1) or real(runner, context, repeats=1))
     first = Engine(model, TinyTokenizer(TINY_VOCAB))
     assert first.times_forwards_first(DecodeConfig(plain=True)), "an untuned model's first answer times forwards"
     list(first.generate([3, 4, 5], DecodeConfig(max_new_tokens=4, plain=True)))
@@ -116,8 +116,8 @@ def test_one_timing_per_model_shared_by_every_engine(monkeypatch):
     list(second.generate([3, 4, 5], DecodeConfig(max_new_tokens=4, template="2.2.2")))
     assert calls == [1]
     plan = kernels.plan_of(model)
-    assert set(plan.ms) == set(WAYS_HERE) and set(plan.ms[STOCK]) == set(kernels.TUNE_SIZES)
-    assert plan.ways == kernels.choose(plan.ms)
+    assert set(plan.ms) == set(WAYS_HERE) and set(plan.ms[STOCK]) == set(tuning.TUNE_SIZES)
+    assert plan.ways == tuning.choose(plan.ms)
     described = kernels.describe_plan(model)
     assert described["ways"] == {str(n): w for n, w in plan.ways.items()} and "linear layers" in described["summary"]
     assert not second.times_forwards_first(DecodeConfig(plain=True))
@@ -210,13 +210,13 @@ def test_packs_are_made_only_where_free_memory_holds_them_twice_over():
     assert kernels.no_room_for_packs(model, free=2 * need) == ""
     note = kernels.no_room_for_packs(model, free=2 * need - 1)
     assert "packed" in note and "GiB" in note
-    free = kernels.free_memory()
+    free = machine.free_memory()
     assert free is None or free > 0  # this machine's own reading (Linux: /proc/meminfo and the control group)
 
 
 @pytest.mark.skipif(ONEDNN not in WAYS_HERE, reason="this torch build has no oneDNN product")
 def test_a_machine_without_room_for_the_packs_tunes_without_onednn(monkeypatch):
-    monkeypatch.setattr(kernels, "free_memory", lambda: 1024)
+    monkeypatch.setattr(machine, "free_memory", lambda: 1024)
     model = tiny_model("llama")
     engine = Engine(model, TinyTokenizer(TINY_VOCAB))
     plain = list(engine.generate([3, 4, 5], DecodeConfig(max_new_tokens=6, plain=True)))[-1].tokens
@@ -267,7 +267,7 @@ def test_profile_reports_how_the_linear_layers_multiply(tmp_path, capsys, choice
     assert linear["summary"] in capsys.readouterr().out
     if choice == "auto":
         assert set(linear["ms"]) == set(WAYS_HERE) and "by row count" in linear["summary"]
-        assert set(linear["ways"]) == {str(n) for n in kernels.TUNE_SIZES}
+        assert set(linear["ways"]) == {str(n) for n in tuning.TUNE_SIZES}
     else:
         assert linear["ways"] == {} and "not tuned" in linear["summary"]
 
@@ -302,10 +302,10 @@ def test_the_cost_probe_takes_the_tuned_forwards_and_times_only_the_larger_sizes
     plan = kernels.plan_of(model)
     assert plan is not None and timed == [[48, 81]]  # 64 is a tuned size too
     known = kernels.timed_costs(model)
-    assert set(known) == set(kernels.TUNE_SIZES)
+    assert set(known) == set(tuning.TUNE_SIZES)
     assert all(known[n] == plan.ms[plan.ways[n]][n] for n in known)
     curve = engine.adaptive.cost
-    assert all(curve.probed[n] == known[n] for n in kernels.TUNE_SIZES if n <= 81) and curve.probed[81] > 0
+    assert all(curve.probed[n] == known[n] for n in tuning.TUNE_SIZES if n <= 81) and curve.probed[81] > 0
     assert kernels.timed_costs(tiny_model("llama")) == {}  # never tuned: nothing known, the probe times every size
 
 
@@ -324,14 +324,14 @@ def test_half_precision_weights_on_a_cpu_tune_only_the_ways_that_run(dtype):
 def test_a_way_that_fails_on_the_real_model_is_dropped_from_the_plan(monkeypatch):
     """The small agreement check passes, but the way raises on the model's own shapes: the tuning goes on without it."""
     way = WAYS_HERE[-1]
-    real = kernels._PRODUCTS[way]
+    real = kernels.PRODUCTS[way]
 
     def fails_from_four_rows(x, weight, bias, rows):
         if rows >= 4:
             raise RuntimeError("could not create a primitive descriptor")
         return real(x, weight, bias, rows)
 
-    monkeypatch.setitem(kernels._PRODUCTS, way, fails_from_four_rows)
+    monkeypatch.setitem(kernels.PRODUCTS, way, fails_from_four_rows)
     model = tiny_model("llama")
     engine = Engine(model, TinyTokenizer(TINY_VOCAB))
     out = list(engine.generate([3, 4, 5], DecodeConfig(max_new_tokens=6, template="adaptive")))
@@ -348,10 +348,10 @@ def test_a_later_process_takes_the_plan_this_machine_timed_for_the_same_shapes(m
     path = tmp_path / "plans.json"
     monkeypatch.setenv("TR_PLAN_CACHE", str(path))
     monkeypatch.setattr(kernels, "STEADY_SPREAD", float("inf"))  # this busy machine's steadiness is tested below
-    monkeypatch.setattr(kernels, "check_kept", lambda runner, context, plan: "")  # and the staleness check too
+    monkeypatch.setattr(tuning, "check_kept", lambda runner, context, plan: "")  # and the staleness check too
     calls = []
-    real = kernels.tune
-    monkeypatch.setattr(kernels, "tune", lambda runner, context, **kw: calls.append(1) or real(runner, context, repeats=1))
+    real = tuning.tune
+    monkeypatch.setattr(tuning, "tune", lambda runner, context, **kw: calls.append(1) or real(runner, context, repeats=1))
     first = tiny_model("llama")
     list(Engine(first, TinyTokenizer(TINY_VOCAB)).generate([3, 4, 5], DecodeConfig(max_new_tokens=6, plain=True)))
     assert calls == [1] and path.is_file() and kernels.plan_of(first).cached == ""
@@ -364,7 +364,7 @@ def test_a_later_process_takes_the_plan_this_machine_timed_for_the_same_shapes(m
     assert f"kept in {path}" in kept.summary() and kernels.describe_plan(second)["cached"] == kept.cached
     assert kept.origin.startswith("loaded: timed on this machine")
     monkeypatch.setattr(torch, "get_num_threads", lambda: 97)  # other threads: another key, timed again
-    kernels.ensure_tuned(Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB)).runner, [3, 4])
+    tuning.ensure_tuned(Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB)).runner, [3, 4])
     assert calls == [1, 1]
     monkeypatch.undo()
     monkeypatch.setenv("TR_PLAN_CACHE", str(path))
@@ -395,7 +395,7 @@ def test_a_kept_plan_that_no_longer_holds_is_noticed_and_timed_again(monkeypatch
     path = tmp_path / "plans.json"
     monkeypatch.setenv("TR_PLAN_CACHE", str(path))
     model = tiny_model("llama")
-    _kept_entry(model, path, machine={**plan_cache.machine(), "torch": "1.0"})
+    _kept_entry(model, path, machine={**machine.timing_key(), "torch": "1.0"})
     assert plan_cache.load_plan(model)[1].startswith(f"the plan kept in {path} was timed on another machine")
     _kept_entry(model, path, spread=None)
     assert plan_cache.load_plan(model)[1] == f"the plan kept in {path} has no steady timings"
@@ -404,10 +404,10 @@ def test_a_kept_plan_that_no_longer_holds_is_noticed_and_timed_again(monkeypatch
     assert kept is not None and why == ""
     runner = Engine(model, TinyTokenizer(TINY_VOCAB)).runner
     slow = dataclasses.replace(kept, ms={STOCK: {1: 1e5, 8: 1e5}})  # 100 s a forward: nothing here is that slow
-    assert "where the kept plan said 100000.0 ms" in kernels.check_kept(runner, [3, 4, 5], slow)
-    monkeypatch.setattr(kernels, "tune", lambda runner, context, **kw: kernels.LinearPlan({1: STOCK}, 1, {STOCK: {1: 2.0}}))
+    assert "where the kept plan said 100000.0 ms" in tuning.check_kept(runner, [3, 4, 5], slow)
+    monkeypatch.setattr(tuning, "tune", lambda runner, context, **kw: kernels.LinearPlan({1: STOCK}, 1, {STOCK: {1: 2.0}}))
     _kept_entry(model, path, ms={STOCK: {"1": 1e5, "8": 1e5}})  # kept as 100 s a forward: stale on any machine
-    plan = kernels.ensure_tuned(runner, [3, 4, 5])
+    plan = tuning.ensure_tuned(runner, [3, 4, 5])
     assert plan.origin.startswith("timed now (the kept plan no longer held: a forward of 1 tokens took")
 
 
@@ -416,11 +416,11 @@ def test_an_unsteady_plan_is_retimed_then_not_kept_and_says_so(monkeypatch, tmp_
     monkeypatch.setenv("TR_PLAN_CACHE", str(path))
     monkeypatch.setattr(kernels, "STEADY_SPREAD", -1.0)  # every timing counts as unsteady
     rounds = []
-    real = kernels._time_round
-    monkeypatch.setattr(kernels, "_time_round", lambda *a, **kw: rounds.append(list(a[3])) or real(*a, **kw))
+    real = tuning._time_round
+    monkeypatch.setattr(tuning, "_time_round", lambda *a, **kw: rounds.append(list(a[3])) or real(*a, **kw))
     model = tiny_model("llama")
-    plan = kernels.ensure_tuned(Engine(model, TinyTokenizer(TINY_VOCAB)).runner, [3, 4, 5])
-    assert len(rounds) == 3 + kernels.MAX_EXTRA_ROUNDS, "a warm-up, two rounds, then the bounded re-timing"
+    plan = tuning.ensure_tuned(Engine(model, TinyTokenizer(TINY_VOCAB)).runner, [3, 4, 5])
+    assert len(rounds) == 3 + tuning.MAX_EXTRA_ROUNDS, "a warm-up, two rounds, then the bounded re-timing"
     assert not plan.steady and not path.exists()
     assert "not kept: its timings were too unsteady" in plan.origin and "timings unsteady" in plan.summary()
     assert kernels.timed_costs(model) == {}, "the cost probe must not take unsteady timings as fact"
@@ -430,13 +430,13 @@ def test_an_unsteady_plan_is_retimed_then_not_kept_and_says_so(monkeypatch, tmp_
 def test_products_are_admitted_by_their_agreement_with_the_one_row_product(monkeypatch):
     """A way that adds more rounding than the library's own n-row product already does is not timed at all."""
     model = tiny_model("llama")
-    ways, agree, note = kernels.admitted_ways(model)
+    ways, agree, note = tuning.admitted_ways(model)
     assert ways[0] == STOCK and set(ways[1:]) == set(agree)
     for way in ways[1:]:
-        assert agree[way]["way_rel"] <= kernels.ADMIT_FACTOR * max(agree[way]["library_rel"], 5e-7)
-    real = kernels._PRODUCTS[TRANSPOSED]
-    monkeypatch.setitem(kernels._PRODUCTS, TRANSPOSED, lambda x, w, b, rows: real(x, w, b, rows) * (1 + 1e-4))
-    ways, agree, note = kernels.admitted_ways(model)
+        assert agree[way]["way_rel"] <= tuning.ADMIT_FACTOR * max(agree[way]["library_rel"], 5e-7)
+    real = kernels.PRODUCTS[TRANSPOSED]
+    monkeypatch.setitem(kernels.PRODUCTS, TRANSPOSED, lambda x, w, b, rows: real(x, w, b, rows) * (1 + 1e-4))
+    ways, agree, note = tuning.admitted_ways(model)
     assert TRANSPOSED not in ways and "transposed not tried" in note
 
 
@@ -448,7 +448,7 @@ def test_the_cli_says_what_this_run_did_with_the_matrix_products(monkeypatch, tm
 
     monkeypatch.setenv("TR_PLAN_CACHE", str(tmp_path / "plans.json"))
     monkeypatch.setattr(kernels, "STEADY_SPREAD", float("inf"))  # steadiness and staleness: tested above
-    monkeypatch.setattr(kernels, "check_kept", lambda runner, context, plan: "")
+    monkeypatch.setattr(tuning, "check_kept", lambda runner, context, plan: "")
     folder = _tiny_model_folder(tmp_path / "tiny")
     said = []
     for _ in range(2):

@@ -209,13 +209,13 @@ def test_a_forked_engine_measures_from_the_answers_starting_state_without_touchi
 
 
 def test_a_twin_taken_before_the_first_answer_reads_its_probe_instead_of_timing_forwards_again(monkeypatch):
-    from tr_core.kernels import ensure_tuned
+    from tr_core.tuning import ensure_tuned
 
     engine = tiny_engine()
     prompt = [3, 4, 5, 6, 7, 8, 9, 10]
     cfg = DecodeConfig(max_new_tokens=16, template="adaptive")
     assert engine.times_forwards_first(cfg.with_(template="small-16")), "an untuned model: its products are timed"
-    ensure_tuned(engine.runner, prompt)  # the model's matrix products, once per model (kernels.py)
+    ensure_tuned(engine.runner, prompt)  # the model's matrix products, once per model (tuning.py)
     twin = forked(engine)  # before the answer: no forward cost measured yet
     assert not engine.adaptive.cost.measured
     assert engine.times_forwards_first(cfg) and not engine.times_forwards_first(cfg.with_(template="small-16"))

@@ -15,7 +15,8 @@ from conftest import ARCHS, TINY_VOCAB, TinyTokenizer, tiny_config, tiny_model
 
 import tr_core.hf as trhf
 from tr_core import DecodeConfig, Engine, kernels
-from tr_core.kernels import STOCK, TRANSPOSED, TUNE_SIZES, LinearPlan
+from tr_core.kernels import STOCK, TRANSPOSED, LinearPlan
+from tr_core.tuning import TUNE_SIZES
 
 WAYS_HERE = kernels.available_ways()
 DATA = Path(__file__).resolve().parents[1] / "bench" / "data"
@@ -54,8 +55,8 @@ class _Sink:
 def spy_products(monkeypatch) -> list[tuple[str, int]]:
     """(way, rows) of every call of a timed product from now on."""
     calls: list[tuple[str, int]] = []
-    for way, product in list(kernels._PRODUCTS.items()):
-        monkeypatch.setitem(kernels._PRODUCTS, way, lambda x, w, b, rows, way=way, product=product:
+    for way, product in list(kernels.PRODUCTS.items()):
+        monkeypatch.setitem(kernels.PRODUCTS, way, lambda x, w, b, rows, way=way, product=product:
                             calls.append((way, rows)) or product(x, w, b, rows))
     return calls
 
@@ -110,8 +111,8 @@ def test_accelerate_hooks_keep_running_around_the_timed_product(monkeypatch):
     wrappers = {name: dict(layer.__dict__) for name, layer in (("hooked", hooked), ("foreign", foreign))}
     kernels.set_plan(model, mixed_plan(TRANSPOSED, WAYS_HERE[-1]))
     weights: list[int] = []
-    for way, product in list(kernels._PRODUCTS.items()):
-        monkeypatch.setitem(kernels._PRODUCTS, way, lambda x, w, b, rows, product=product:
+    for way, product in list(kernels.PRODUCTS.items()):
+        monkeypatch.setitem(kernels.PRODUCTS, way, lambda x, w, b, rows, product=product:
                             weights.append(id(w)) or product(x, w, b, rows))
     engine = Engine(model, TinyTokenizer(TINY_VOCAB))
     for cfg in (DecodeConfig(max_new_tokens=20, plain=True), DecodeConfig(max_new_tokens=20, template="hybrid")):

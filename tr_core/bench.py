@@ -703,13 +703,6 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _machine() -> str:
-    """The CPU's model name and core count, as the benchmark's header shows them."""
-    from .plan_cache import cpu_name
-
-    return f"{cpu_name()}, {os.cpu_count()} cores"
-
-
 def _git_commit() -> str:
     """Short commit of the code that ran (with '+changes' when the tree differs), or '' outside git."""
     import subprocess
@@ -730,15 +723,15 @@ def run_meta(args: argparse.Namespace, model, device) -> dict[str, Any]:
     import torch
     import transformers
 
+    from .machine import describe
     from .runner import GQA_SWITCH
 
     dev = str(device)
-    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else _machine()
     name = Path(args.model).name if args.model else "SmolLM2-135M-Instruct (embedded, Q4_1 GGUF dequantised)"
     return {
         "model": name,
         "device": dev,
-        "machine": machine,
+        "machine": describe(device),
         "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

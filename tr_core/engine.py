@@ -27,7 +27,7 @@ from .config import DecodeConfig
 from .cost import StepClock, sync
 from .drafters import Draft, DraftContext, Drafter, PlainDrafter, StaticTreeDrafter, StepResult
 from .events import StepEvent, SummaryEvent
-from .kernels import ensure_tuned, installed, needs_tuning
+from .kernels import installed, needs_tuning
 from .kv_cache import TreeKVCache
 from .matrix import AdjacencyMatrix
 from .packet import SyncPacket
@@ -36,6 +36,7 @@ from .runner import ModelRunner
 from .sampling import build_processors, choose_tokens, needs_prefix, node_prefixes, process
 from .tree import DYNAMIC, HYBRID, HYBRID_FIXED, DraftTree, build_tree, resolve_template
 from .token_text import partial_token_text
+from .tuning import ensure_tuned
 
 # Token strings that end a chat turn in common chat templates (used when they are single tokens of the vocabulary).
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "<|end_of_text|>", "</s>",

@@ -17,9 +17,8 @@ time just to break even. Two other ways to compute the same product are tried:
   are made when first used and dropped when the plan routes no row count this way (`drop_packs`); where free memory
   would not hold them twice over, this way is not tried (`no_room_for_packs`).
 
-Other CPUs and BLAS builds differ, so nothing is assumed: `tune` times whole forwards every admitted way at each
-row count of TUNE_SIZES on this machine, re-times sizes whose rounds disagreed (bounded), records how steady the
-deciding timings were (`LinearPlan.spread`), and `set_plan` keeps the fastest way per row count.
+Other CPUs and BLAS builds differ, so nothing is assumed: tuning.py times whole forwards every admitted way on this
+machine and `set_plan` keeps the fastest way per row count (a `LinearPlan`, with how steady its timings were).
 
 The model is left as it was found. A plan is kept beside the model (`plan_of`, a weak mapping), shared by every
 engine and by the engine's plain decoding, so the speedup is measured against plain decoding at its own best. The
@@ -29,12 +28,8 @@ one installation, and the last to end, close or raise restores every layer exact
 swapped for the call and put back); any other per-instance wrapper stays in charge of its layer. Only plain
 `nn.Linear` layers on a CPU are routed; GPUs and other layer kinds keep their own path.
 
-Exactness. No way, the library's own included, gives a row of an n-row product the bits of that row multiplied
-alone (the one-row product plain decoding and transformers' `generate` compute): on this machine's MKL the library's
-n-row product is already up to 4e-6 away from it. So bit-equality cannot be the rule; a way is admitted only where
-it adds no more than ADMIT_FACTOR times the rounding the library's own n-row product carries (`agreement`, measured
-on the model's own layer shapes). docs/exactness.md gives the measurements and the tests that hold greedy output to
-an untouched model's `generate` under mixed plans.
+Exactness: a way is routed only where tuning.py admitted it (`tuning.agreement`); docs/exactness.md gives the
+measurements and the tests that hold greedy output to an untouched model's `generate` under mixed plans.
 """
 from __future__ import annotations
 
@@ -50,22 +45,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import machine
+
 STOCK, TRANSPOSED, ONEDNN = "stock", "transposed", "onednn"
 WAYS = (STOCK, TRANSPOSED, ONEDNN)  # a route is an index into this tuple
-# row counts timed; others follow the nearest one timed, and more than the largest (long prompts) follow the largest
-TUNE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 # a plan whose deciding timings varied more than this between rounds (the median's distance above the fastest,
-# relative) is re-timed at those sizes, at most MAX_EXTRA_ROUNDS more rounds, and never kept on disk if still so
+# relative) is re-timed at those sizes (tuning.py) and never kept on disk if still so
 STEADY_SPREAD = 0.25
-MAX_EXTRA_ROUNDS = 2
-STALE_RATIO = 1.5  # a kept plan whose forwards now take more than this factor more or less time is timed again
-# A way is admitted only where its largest deviation from the library's one-row product (what plain decoding and
-# transformers' generate compute) is at most this many times the library's own n-row product's deviation from it
-# (what any tree forward already carries): docs/exactness.md has the measurements behind it.
-ADMIT_FACTOR = 4.0
-AGREE_ROWS = (1, 2, 3, 4, 8, 16)  # row counts the agreement is measured at
 PACK_ROOM = 2.0  # oneDNN's packed weights are made only where free memory holds them this many times over
-_LOCK = threading.Lock()  # one tuning at a time in a process (the app's sessions share models)
 
 
 @dataclass(frozen=True)
@@ -169,38 +156,14 @@ def is_packed(weight: torch.Tensor) -> bool:
 
 def no_room_for_packs(model: Any, free: int | None = None) -> str:
     """Why oneDNN's packed copies of `model`'s linear weights must not be made ("" when they may): they take the
-    weights' memory once more, and are made only where free memory (`free_memory()` unless given) holds them
+    weights' memory once more, and are made only where free memory (`machine.free_memory()` unless given) holds them
     PACK_ROOM times over, so a large model on a small machine keeps its memory rather than run out of it."""
     need = sum(layer.weight.numel() * layer.weight.element_size() for layer in linear_layers(model))
-    free = free_memory() if free is None else free
+    free = machine.free_memory() if free is None else free
     if free is None or free >= PACK_ROOM * need:
         return ""
     return (f"oneDNN's packed product not tried: its copies of the weights ({need / 2**30:.1f} GiB) need "
             f"{PACK_ROOM * need / 2**30:.1f} GiB free, {free / 2**30:.1f} GiB is")
-
-
-def free_memory() -> int | None:
-    """Bytes this process may still take: the smaller of the system's available memory and the room left under its
-    control group's limit (a container's); None where neither can be read (not Linux)."""
-    found = []
-    meminfo = _read_text("/proc/meminfo")
-    for line in meminfo.splitlines():
-        if line.startswith("MemAvailable:") and line.split()[1].isdigit():
-            found.append(int(line.split()[1]) * 1024)
-    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2, then v1
-                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
-        cap, used = _read_text(limit).strip(), _read_text(usage).strip()
-        if cap.isdigit() and used.isdigit():  # "max": no limit
-            found.append(int(cap) - int(used))
-    return min(found) if found else None
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path, encoding="ascii") as f:
-            return f.read()
-    except (OSError, ValueError):
-        return ""
 
 
 def drop_packs(model: Any) -> None:
@@ -220,7 +183,7 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-_PRODUCTS = {TRANSPOSED: transposed_linear, ONEDNN: onednn_linear}
+PRODUCTS = {TRANSPOSED: transposed_linear, ONEDNN: onednn_linear}
 
 
 def available_ways(dtype: torch.dtype = torch.float32) -> tuple[str, ...]:
@@ -248,7 +211,7 @@ def _routed_forward(layer: torch.nn.Linear, routes: tuple[int, ...], inner: Any,
     way = routes[rows] if rows < len(routes) else routes[-1]  # past the largest timed count: its way
     weight = layer.weight
     if way and rows and x.device.type == "cpu" and weight.device.type == "cpu" and x.dtype == weight.dtype:
-        return _PRODUCTS[WAYS[way]](x, weight, layer.bias, rows)
+        return PRODUCTS[WAYS[way]](x, weight, layer.bias, rows)
     return F.linear(x, weight, layer.bias) if inner is None else inner(x)
 
 
@@ -356,7 +319,7 @@ def is_routed(model: Any) -> bool:
     return routing is not None and bool(routing.slots)
 
 
-def _reroute(model: Any, routes: tuple[int, ...]) -> None:
+def reroute(model: Any, routes: tuple[int, ...]) -> None:
     """Change the routes of a model in use (tuning tries each way; a new plan takes over); no-op when unused."""
     with _ROUTING_LOCK:
         routing = _ROUTINGS.get(id(model))
@@ -367,7 +330,7 @@ def _reroute(model: Any, routes: tuple[int, ...]) -> None:
 def uninstall(model: Any) -> None:
     """Forget `model`'s plan and its packed weights; layers in use go back to the library's product."""
     _PLANS.pop(model, None)
-    _reroute(model, ())
+    reroute(model, ())
     drop_packs(model)
 
 
@@ -384,7 +347,7 @@ def set_plan(model: Any, plan: LinearPlan) -> None:
     if ONEDNN not in plan.ways.values():
         drop_packs(model)
     _PLANS[model] = dataclasses.replace(plan, ways=dict(plan.ways), layers=len(linear_layers(model)))
-    _reroute(model, plan.routes())
+    reroute(model, plan.routes())
 
 
 def describe_plan(model: Any) -> dict[str, Any]:
@@ -411,166 +374,3 @@ def timed_costs(model: Any) -> dict[int, float]:
 def needs_tuning(model: Any, device: torch.device) -> bool:
     """True when `model` runs on a CPU, has linear layers to route and was never tuned."""
     return device.type == "cpu" and plan_of(model) is None and bool(linear_layers(model))
-
-
-def choose(ms: dict[str, dict[int, float]]) -> dict[int, str]:
-    """The fastest way for each row count timed every way (the library's product on a tie)."""
-    sizes = set.intersection(*(set(per) for per in ms.values())) if ms else set()
-    return {n: min((way for way in WAYS if way in ms), key=lambda way: (ms[way][n], way != STOCK))
-            for n in sorted(sizes)}
-
-
-def _distinct_layers(model: Any) -> list[torch.nn.Linear]:
-    """One linear layer of each (in, out, bias) shape of `model`."""
-    seen: dict[tuple[int, int, bool], torch.nn.Linear] = {}
-    for layer in linear_layers(model):
-        seen.setdefault((layer.in_features, layer.out_features, layer.bias is not None), layer)
-    return list(seen.values())
-
-
-@torch.no_grad()
-def agreement(model: Any, way: str, rows: tuple[int, ...] = AGREE_ROWS, seed: int = 0) -> dict[str, float]:
-    """How far `way`'s product of n rows is from the library's product of each row alone (plain decoding's), on one
-    layer of each shape of `model` with random inputs [n, in]; beside it, how far the library's own n-row product
-    is. Largest absolute ("way_abs", "library_abs") and relative to the output's largest value ("way_rel",
-    "library_rel"); "bit_equal": 1.0 when the way gave the one-row bits at every row count."""
-    g = torch.Generator().manual_seed(seed)
-    product = _PRODUCTS.get(way, lambda x, w, b, n: F.linear(x, w, b))
-    worst = {"way_abs": 0.0, "way_rel": 0.0, "library_abs": 0.0, "library_rel": 0.0, "bit_equal": 1.0}
-    for layer in _distinct_layers(model):
-        w, b = layer.weight, layer.bias
-        x = torch.randn(max(rows), w.shape[1], generator=g).to(w.dtype)
-        one = torch.cat([F.linear(x[i : i + 1], w, b) for i in range(max(rows))]).float()  # [rows, out]
-        scale = max(float(one.abs().max()), 1e-30)
-        for n in rows:
-            for key, got in (("way", product(x[:n], w, b, n)), ("library", F.linear(x[:n], w, b))):
-                gap = float((got.float() - one[:n]).abs().max())
-                worst[f"{key}_abs"] = max(worst[f"{key}_abs"], gap)
-                worst[f"{key}_rel"] = max(worst[f"{key}_rel"], gap / scale)
-                if key == "way" and gap:
-                    worst["bit_equal"] = 0.0
-    return worst
-
-
-def admitted_ways(model: Any) -> tuple[tuple[str, ...], dict[str, dict[str, float]], str]:
-    """(ways to time, each admitted way's `agreement`, why any was left out) for `model` on this machine: those that
-    run in its dtype, that add no more rounding than a tree forward already carries (ADMIT_FACTOR) and, for oneDNN,
-    whose packed copies fit in memory."""
-    dtype = weight_dtype(model)
-    floor = 4 * torch.finfo(dtype).eps  # a library that is itself row-invariant still leaves the last bits free
-    ways, measured, notes = [STOCK], {}, []
-    for way in available_ways(dtype)[1:]:
-        if way == ONEDNN and (room := no_room_for_packs(model)):
-            notes.append(room)
-            continue
-        try:
-            agree = agreement(model, way)
-        except (RuntimeError, NotImplementedError, TypeError) as exc:  # a shape the small check did not cover
-            notes.append(f"{way} not tried: it failed on this model's shapes ({exc})")
-            continue
-        if agree["way_rel"] > ADMIT_FACTOR * max(agree["library_rel"], floor):
-            notes.append(f"{way} not tried: {agree['way_rel']:.1e} from the one-row product, more than "
-                         f"{ADMIT_FACTOR:g}x the library's own {agree['library_rel']:.1e}")
-            continue
-        ways.append(way)
-        measured[way] = {k: float(f"{v:.3g}") for k, v in agree.items()}
-    return tuple(ways), measured, "; ".join(notes)
-
-
-def _time_round(timer: Any, model: Any, ways: tuple[str, ...], sizes: list[int], rnd: int,
-                times: dict[str, dict[int, list[float]]], failed: set[str], keep: bool) -> None:
-    """One round: a forward of every size every way (the first way rotating), added to `times` when `keep`."""
-    for i, n in enumerate(sizes):
-        turn = (rnd + i) % len(ways)  # rotate which way goes first
-        for way in ways[turn:] + ways[:turn]:
-            if way in failed:
-                continue
-            _reroute(model, (0,) + (WAYS.index(way),) * max(sizes))
-            try:
-                ms = timer.time(n)
-            except (RuntimeError, NotImplementedError):
-                if way == STOCK:
-                    raise
-                failed.add(way)  # a way that raised on this model (a shape or dtype the small check did not cover)
-                timer.cache.truncate(timer.past)  # layers that ran before the failure wrote entries
-                continue
-            if keep:
-                times[way][n].append(ms)
-
-
-def _deciding_spread(times: dict[str, dict[int, list[float]]], chosen: dict[int, str]) -> dict[int, float]:
-    """Per size: the relative spread of the chosen way's timings there."""
-    from .cost import relative_spread
-
-    return {n: relative_spread(times[way][n]) for n, way in chosen.items()}
-
-
-def tune(runner: Any, context: list[int], sizes: tuple[int, ...] = TUNE_SIZES, repeats: int = 2,
-         extra_rounds: int = MAX_EXTRA_ROUNDS) -> LinearPlan:
-    """Time whole forwards of each size every admitted way on this machine (interleaved; `repeats` rounds after one
-    warm-up round, and up to `extra_rounds` more at sizes whose deciding timings were unsteady), keep the fastest
-    way per size for `model` and return the plan. 12-15 s with 2 threads on a 2-core CPU for the embedded model."""
-    from .cost import ForwardTimer, timing_context
-
-    context, sized = timing_context(runner, context, sizes)
-    sized = list(sized) or [1]
-    model = runner.model
-    ways, agree, note = admitted_ways(model)
-    times: dict[str, dict[int, list[float]]] = {way: {n: [] for n in sized} for way in ways}
-    failed: set[str] = set()
-    with installed(model), ForwardTimer(runner, context) as timer:  # the routing the rounds switch between
-        for rnd in range(repeats + 1):
-            _time_round(timer, model, ways, sized, rnd, times, failed, keep=rnd > 0)
-        for rnd in range(extra_rounds):
-            best = {way: {n: min(v) for n, v in per.items()} for way, per in times.items() if way not in failed}
-            shaky = [n for n, spread in _deciding_spread(times, choose(best)).items() if spread > STEADY_SPREAD]
-            if not shaky:
-                break
-            _time_round(timer, model, ways, shaky, repeats + 1 + rnd, times, failed, keep=True)
-        best = {way: {n: min(v) for n, v in per.items()} for way, per in times.items() if way not in failed}
-        chosen = choose(best)
-        spread = max(_deciding_spread(times, chosen).values(), default=0.0)
-        set_plan(model, LinearPlan(chosen, max(sized), best, note=note, spread=spread,
-                                   agreement={w: a for w, a in agree.items() if w not in failed}))
-    return plan_of(model)
-
-
-def check_kept(runner: Any, context: list[int], plan: LinearPlan, sizes: tuple[int, ...] = (1, 8)) -> str:
-    """Why a plan kept from an earlier process no longer holds here ("" when it does): forwards of `sizes` tokens
-    timed now (the fastest of 2, after a warm-up), the plan's way, must take within STALE_RATIO of what it says."""
-    from .cost import ForwardTimer, timing_context
-
-    context, sized = timing_context(runner, context, [n for n in sizes if n in plan.ways])
-    if not sized:
-        return ""
-    with installed(runner.model), ForwardTimer(runner, context) as timer:
-        _reroute(runner.model, plan.routes())
-        timer.time(sized[0])
-        for n in sized:
-            now, said = min(timer.time(n) for _ in range(2)), plan.ms[plan.ways[n]][n]
-            if not said / STALE_RATIO <= now <= said * STALE_RATIO:
-                return f"a forward of {n} tokens took {now:.1f} ms where the kept plan said {said:.1f} ms"
-    return ""
-
-
-def ensure_tuned(runner: Any, context: list[int]) -> LinearPlan | None:
-    """Tune `runner`'s model once (CPU only; later calls and other engines of the same model reuse the plan), or take
-    the plan this machine timed for the same shapes in an earlier process (plan_cache.py), when a quick check of its
-    timings still agrees. The plan's `origin` says which happened."""
-    if not needs_tuning(runner.model, runner.device):
-        return plan_of(runner.model)
-    from .plan_cache import load_plan, save_plan
-
-    with _LOCK:
-        if needs_tuning(runner.model, runner.device):
-            context = context or [0]
-            kept, why = load_plan(runner.model)
-            stale = check_kept(runner, context, kept) if kept is not None else ""
-            if kept is not None and not stale:
-                set_plan(runner.model, dataclasses.replace(kept, origin=f"loaded: {kept.cached}"))
-            else:
-                plan = tune(runner, context)
-                where = save_plan(runner.model, plan)
-                before = f" ({why or 'the kept plan no longer held: ' + stale})" if (why or stale) else ""
-                set_plan(runner.model, dataclasses.replace(plan, origin=f"timed now{before}; {where}"))
-    return plan_of(runner.model)

@@ -1,4 +1,4 @@
-"""The timed choice of matrix products (kernels.py), kept on disk per machine and model shape.
+"""The timed choice of matrix products (kernels.py, tuning.py), kept on disk per machine and model shape.
 
 Timing every way at every row count costs whole forwards: 12-15 s for the embedded model on a 2-core CPU, about
 30 s for a 0.5B model. The choice depends only on the machine (its CPU, cores, torch threads, torch build) and on
@@ -10,7 +10,7 @@ used as it is (a way this torch build lacks, no room now for oneDNN's packed cop
 What makes an entry stale, and how it is noticed: another CPU, core count, torch threads or torch build, or other
 layer shapes or dtype give another key (`plan_key`), so such an entry is never found; each entry also records
 them, and one whose record disagrees with this process is not used. A timing that disagrees with what is observed
-later (kernels.check_kept times one- and eight-token forwards before a kept plan is used) makes it timed again.
+later (tuning.check_kept times one- and eight-token forwards before a kept plan is used) makes it timed again.
 A plan whose timings were unsteady (kernels.STEADY_SPREAD) is never kept, and an entry without a record of its
 steadiness (an older file) is not used.
 """
@@ -19,16 +19,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .kernels import (ONEDNN, STEADY_SPREAD, LinearPlan, available_ways, linear_layers, no_room_for_packs,
                       weight_dtype)
+from .machine import timing_key
 
 PLAN_CACHE_ENV = "TR_PLAN_CACHE"
 MAX_PLANS = 64  # plans kept in the file (the oldest go first)
@@ -44,27 +42,10 @@ def plan_cache_path() -> Path | None:
     return cache_dir() / "linear_plans.json"
 
 
-def cpu_name() -> str:
-    """The CPU's model name (Linux: /proc/cpuinfo), else what the platform says."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name") and ":" in line:
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine() -> dict[str, Any]:
-    """What a plan's timings depend on besides the model: the CPU, its cores, torch's threads and build."""
-    return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__}
-
-
 def plan_key(model: Any) -> str:
     """What a plan depends on: this machine, torch's build and threads, the linear layers' shapes and dtype."""
     shapes = Counter((layer.in_features, layer.out_features, layer.bias is not None) for layer in linear_layers(model))
-    here = machine()
+    here = timing_key()
     what = [here["cpu"], here["cores"], here["threads"], here["torch"], str(weight_dtype(model)),
             sorted(shapes.items())]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]
@@ -82,7 +63,7 @@ def plan_to_dict(plan: LinearPlan) -> dict[str, Any]:
     """A cache entry: the plan, how steady its timings were, and the machine and time they were taken on."""
     return {"ways": {str(n): way for n, way in plan.ways.items()}, "limit": plan.limit,
             "ms": {way: {str(n): v for n, v in per.items()} for way, per in plan.ms.items()}, "note": plan.note,
-            "spread": plan.spread, "agreement": plan.agreement, "machine": machine(),
+            "spread": plan.spread, "agreement": plan.agreement, "machine": timing_key(),
             "timed": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
@@ -116,7 +97,7 @@ def load_plan(model: Any) -> tuple[LinearPlan | None, str]:
     if plan is None:
         return None, f"the entry kept in {path} was malformed"
     recorded = entry.get("machine")
-    if recorded != machine():
+    if recorded != timing_key():
         return None, f"the plan kept in {path} was timed on another machine or torch ({recorded})"
     if not plan.steady:
         return None, f"the plan kept in {path} has no steady timings"

@@ -118,8 +118,9 @@ def measure_curve(model, sizes: list[int], context: int, repeats: int, warmup: i
 
 
 def tune_linears(model, context: int, seed: int = 0) -> dict[str, Any]:
-    """Choose the linear layers' product on this machine (kernels.tune; CPU only) and describe the choice."""
-    from .kernels import describe_plan, ensure_tuned
+    """Choose the linear layers' product on this machine (tuning.tune; CPU only) and describe the choice."""
+    from .kernels import describe_plan
+    from .tuning import ensure_tuned
     from .runner import ModelRunner
 
     ensure_tuned(ModelRunner(model), random_context(model, context, seed))
@@ -229,12 +230,12 @@ def _meta(args: argparse.Namespace, model, name: str, device) -> dict[str, Any]:
     import torch
     import transformers
 
-    from .bench import _machine
+    from .machine import describe
 
     params = sum(p.numel() for p in model.parameters())
     return {
         "model": f"{name}, {params / 1e6:.1f}M params", "device": str(device),
-        "machine": torch.cuda.get_device_name(device) if device.type == "cuda" else _machine(),
+        "machine": describe(device),
         "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "torch": torch.__version__,
         "transformers": transformers.__version__, "context": args.context, "repeats": args.repeats,
         "threads": torch.get_num_threads(),

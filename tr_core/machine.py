@@ -1,0 +1,62 @@
+"""The machine this process runs on, described once: its CPU, cores, memory and what timings taken here depend on.
+
+Every reading of the machine lives here (/proc/cpuinfo for the CPU's name, /proc/meminfo and the control group for
+free memory), so a plan kept on disk (plan_cache.py), oneDNN's room for packed weights (kernels.py) and the headers
+of `bench` and `profile` describe the same machine the same way.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+import torch
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what the platform says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name") and ":" in line:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe(device: Any = None) -> str:
+    """One line for a report's header: the GPU's name on a CUDA `device`, else the CPU's name and core count."""
+    if device is not None and torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{cpu_name()}, {os.cpu_count()} cores"
+
+
+def timing_key() -> dict[str, Any]:
+    """What a timing taken in this process depends on besides the model: the CPU, its cores, torch's threads and
+    build (a plan kept on disk records it, and is not used where it differs)."""
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+
+
+def free_memory() -> int | None:
+    """Bytes this process may still take: the smaller of the system's available memory and the room left under its
+    control group's limit (a container's); None where neither can be read (not Linux)."""
+    found = []
+    meminfo = _read_text("/proc/meminfo")
+    for line in meminfo.splitlines():
+        if line.startswith("MemAvailable:") and line.split()[1].isdigit():
+            found.append(int(line.split()[1]) * 1024)
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2, then v1
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        cap, used = _read_text(limit).strip(), _read_text(usage).strip()
+        if cap.isdigit() and used.isdigit():  # "max": no limit
+            found.append(int(cap) - int(used))
+    return min(found) if found else None
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read()
+    except (OSError, ValueError):
+        return ""

@@ -1,0 +1,196 @@
+"""The timed choice of matrix products (kernels.py): which way each row count multiplies, chosen by timing this machine.
+
+`tune` times whole forwards every admitted way at each row count of TUNE_SIZES on this machine, re-times sizes whose
+rounds disagreed (bounded), records how steady the deciding timings were (`LinearPlan.spread`), and keeps the
+fastest way per row count (`kernels.set_plan`). `ensure_tuned` does that once per model, or takes the plan this
+machine timed for the same shapes in an earlier process (plan_cache.py) when a quick check (`check_kept`) still
+agrees with it.
+
+Exactness. No way, the library's own included, gives a row of an n-row product the bits of that row multiplied
+alone (the one-row product plain decoding and transformers' `generate` compute): on this machine's MKL the library's
+n-row product is already up to 4e-6 away from it. So bit-equality cannot be the rule; a way is admitted only where
+it adds no more than ADMIT_FACTOR times the rounding the library's own n-row product carries (`agreement`, measured
+on the model's own layer shapes). docs/exactness.md gives the measurements and the tests that hold greedy output to
+an untouched model's `generate` under mixed plans.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from . import kernels
+from .cost import ForwardTimer, relative_spread, timing_context
+from .kernels import (ONEDNN, STOCK, WAYS, LinearPlan, available_ways, installed, linear_layers, needs_tuning,
+                      no_room_for_packs, plan_of, reroute, set_plan, weight_dtype)
+from .plan_cache import load_plan, save_plan
+
+# row counts timed; others follow the nearest one timed, and more than the largest (long prompts) follow the largest
+TUNE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+# sizes whose deciding timings varied more than kernels.STEADY_SPREAD between rounds get at most this many more rounds
+MAX_EXTRA_ROUNDS = 2
+STALE_RATIO = 1.5  # a kept plan whose forwards now take more than this factor more or less time is timed again
+# A way is admitted only where its largest deviation from the library's one-row product (what plain decoding and
+# transformers' generate compute) is at most this many times the library's own n-row product's deviation from it
+# (what any tree forward already carries): docs/exactness.md has the measurements behind it.
+ADMIT_FACTOR = 4.0
+AGREE_ROWS = (1, 2, 3, 4, 8, 16)  # row counts the agreement is measured at
+_LOCK = threading.Lock()  # one tuning at a time in a process (the app's sessions share models)
+
+
+def choose(ms: dict[str, dict[int, float]]) -> dict[int, str]:
+    """The fastest way for each row count timed every way (the library's product on a tie)."""
+    sizes = set.intersection(*(set(per) for per in ms.values())) if ms else set()
+    return {n: min((way for way in WAYS if way in ms), key=lambda way: (ms[way][n], way != STOCK))
+            for n in sorted(sizes)}
+
+
+def _distinct_layers(model: Any) -> list[torch.nn.Linear]:
+    """One linear layer of each (in, out, bias) shape of `model`."""
+    seen: dict[tuple[int, int, bool], torch.nn.Linear] = {}
+    for layer in linear_layers(model):
+        seen.setdefault((layer.in_features, layer.out_features, layer.bias is not None), layer)
+    return list(seen.values())
+
+
+@torch.no_grad()
+def agreement(model: Any, way: str, rows: tuple[int, ...] = AGREE_ROWS, seed: int = 0) -> dict[str, float]:
+    """How far `way`'s product of n rows is from the library's product of each row alone (plain decoding's), on one
+    layer of each shape of `model` with random inputs [n, in]; beside it, how far the library's own n-row product
+    is. Largest absolute ("way_abs", "library_abs") and relative to the output's largest value ("way_rel",
+    "library_rel"); "bit_equal": 1.0 when the way gave the one-row bits at every row count."""
+    g = torch.Generator().manual_seed(seed)
+    product = kernels.PRODUCTS.get(way, lambda x, w, b, n: F.linear(x, w, b))
+    worst = {"way_abs": 0.0, "way_rel": 0.0, "library_abs": 0.0, "library_rel": 0.0, "bit_equal": 1.0}
+    for layer in _distinct_layers(model):
+        w, b = layer.weight, layer.bias
+        x = torch.randn(max(rows), w.shape[1], generator=g).to(w.dtype)
+        one = torch.cat([F.linear(x[i : i + 1], w, b) for i in range(max(rows))]).float()  # [rows, out]
+        scale = max(float(one.abs().max()), 1e-30)
+        for n in rows:
+            for key, got in (("way", product(x[:n], w, b, n)), ("library", F.linear(x[:n], w, b))):
+                gap = float((got.float() - one[:n]).abs().max())
+                worst[f"{key}_abs"] = max(worst[f"{key}_abs"], gap)
+                worst[f"{key}_rel"] = max(worst[f"{key}_rel"], gap / scale)
+                if key == "way" and gap:
+                    worst["bit_equal"] = 0.0
+    return worst
+
+
+def admitted_ways(model: Any) -> tuple[tuple[str, ...], dict[str, dict[str, float]], str]:
+    """(ways to time, each admitted way's `agreement`, why any was left out) for `model` on this machine: those that
+    run in its dtype, that add no more rounding than a tree forward already carries (ADMIT_FACTOR) and, for oneDNN,
+    whose packed copies fit in memory."""
+    dtype = weight_dtype(model)
+    floor = 4 * torch.finfo(dtype).eps  # a library that is itself row-invariant still leaves the last bits free
+    ways, measured, notes = [STOCK], {}, []
+    for way in available_ways(dtype)[1:]:
+        if way == ONEDNN and (room := no_room_for_packs(model)):
+            notes.append(room)
+            continue
+        try:
+            agree = agreement(model, way)
+        except (RuntimeError, NotImplementedError, TypeError) as exc:  # a shape the small check did not cover
+            notes.append(f"{way} not tried: it failed on this model's shapes ({exc})")
+            continue
+        if agree["way_rel"] > ADMIT_FACTOR * max(agree["library_rel"], floor):
+            notes.append(f"{way} not tried: {agree['way_rel']:.1e} from the one-row product, more than "
+                         f"{ADMIT_FACTOR:g}x the library's own {agree['library_rel']:.1e}")
+            continue
+        ways.append(way)
+        measured[way] = {k: float(f"{v:.3g}") for k, v in agree.items()}
+    return tuple(ways), measured, "; ".join(notes)
+
+
+def _time_round(timer: Any, model: Any, ways: tuple[str, ...], sizes: list[int], rnd: int,
+                times: dict[str, dict[int, list[float]]], failed: set[str], keep: bool) -> None:
+    """One round: a forward of every size every way (the first way rotating), added to `times` when `keep`."""
+    for i, n in enumerate(sizes):
+        turn = (rnd + i) % len(ways)  # rotate which way goes first
+        for way in ways[turn:] + ways[:turn]:
+            if way in failed:
+                continue
+            reroute(model, (0,) + (WAYS.index(way),) * max(sizes))
+            try:
+                ms = timer.time(n)
+            except (RuntimeError, NotImplementedError):
+                if way == STOCK:
+                    raise
+                failed.add(way)  # a way that raised on this model (a shape or dtype the small check did not cover)
+                timer.cache.truncate(timer.past)  # layers that ran before the failure wrote entries
+                continue
+            if keep:
+                times[way][n].append(ms)
+
+
+def _deciding_spread(times: dict[str, dict[int, list[float]]], chosen: dict[int, str]) -> dict[int, float]:
+    """Per size: the relative spread of the chosen way's timings there."""
+    return {n: relative_spread(times[way][n]) for n, way in chosen.items()}
+
+
+def tune(runner: Any, context: list[int], sizes: tuple[int, ...] = TUNE_SIZES, repeats: int = 2,
+         extra_rounds: int = MAX_EXTRA_ROUNDS) -> LinearPlan:
+    """Time whole forwards of each size every admitted way on this machine (interleaved; `repeats` rounds after one
+    warm-up round, and up to `extra_rounds` more at sizes whose deciding timings were unsteady), keep the fastest
+    way per size for `model` and return the plan. 12-15 s with 2 threads on a 2-core CPU for the embedded model."""
+    context, sized = timing_context(runner, context, sizes)
+    sized = list(sized) or [1]
+    model = runner.model
+    ways, agree, note = admitted_ways(model)
+    times: dict[str, dict[int, list[float]]] = {way: {n: [] for n in sized} for way in ways}
+    failed: set[str] = set()
+    with installed(model), ForwardTimer(runner, context) as timer:  # the routing the rounds switch between
+        for rnd in range(repeats + 1):
+            _time_round(timer, model, ways, sized, rnd, times, failed, keep=rnd > 0)
+        for rnd in range(extra_rounds):
+            best = {way: {n: min(v) for n, v in per.items()} for way, per in times.items() if way not in failed}
+            shaky = [n for n, spread in _deciding_spread(times, choose(best)).items() if spread > kernels.STEADY_SPREAD]
+            if not shaky:
+                break
+            _time_round(timer, model, ways, shaky, repeats + 1 + rnd, times, failed, keep=True)
+        best = {way: {n: min(v) for n, v in per.items()} for way, per in times.items() if way not in failed}
+        chosen = choose(best)
+        spread = max(_deciding_spread(times, chosen).values(), default=0.0)
+        set_plan(model, LinearPlan(chosen, max(sized), best, note=note, spread=spread,
+                                   agreement={w: a for w, a in agree.items() if w not in failed}))
+    return plan_of(model)
+
+
+def check_kept(runner: Any, context: list[int], plan: LinearPlan, sizes: tuple[int, ...] = (1, 8)) -> str:
+    """Why a plan kept from an earlier process no longer holds here ("" when it does): forwards of `sizes` tokens
+    timed now (the fastest of 2, after a warm-up), the plan's way, must take within STALE_RATIO of what it says."""
+    context, sized = timing_context(runner, context, [n for n in sizes if n in plan.ways])
+    if not sized:
+        return ""
+    with installed(runner.model), ForwardTimer(runner, context) as timer:
+        reroute(runner.model, plan.routes())
+        timer.time(sized[0])
+        for n in sized:
+            now, said = min(timer.time(n) for _ in range(2)), plan.ms[plan.ways[n]][n]
+            if not said / STALE_RATIO <= now <= said * STALE_RATIO:
+                return f"a forward of {n} tokens took {now:.1f} ms where the kept plan said {said:.1f} ms"
+    return ""
+
+
+def ensure_tuned(runner: Any, context: list[int]) -> LinearPlan | None:
+    """Tune `runner`'s model once (CPU only; later calls and other engines of the same model reuse the plan), or take
+    the plan this machine timed for the same shapes in an earlier process (plan_cache.py), when a quick check of its
+    timings still agrees. The plan's `origin` says which happened."""
+    if not needs_tuning(runner.model, runner.device):
+        return plan_of(runner.model)
+    with _LOCK:
+        if needs_tuning(runner.model, runner.device):
+            context = context or [0]
+            kept, why = load_plan(runner.model)
+            stale = check_kept(runner, context, kept) if kept is not None else ""
+            if kept is not None and not stale:
+                set_plan(runner.model, dataclasses.replace(kept, origin=f"loaded: {kept.cached}"))
+            else:
+                plan = tune(runner, context)
+                where = save_plan(runner.model, plan)
+                before = f" ({why or 'the kept plan no longer held: ' + stale})" if (why or stale) else ""
+                set_plan(runner.model, dataclasses.replace(plan, origin=f"timed now{before}; {where}"))
+    return plan_of(runner.model)
