@@ -20,7 +20,7 @@ from studio.handlers import WARMING, Studio, new_engine, share_costs  # noqa: E4
 from studio.models import ModelCatalog  # noqa: E402
 from studio.page import CSS, build_demo  # noqa: E402
 from studio.session import decode_slot  # noqa: E402
-from tr_core.cli import apply_threads, threads_option  # noqa: E402
+from tr_core.cli.options import apply_threads, threads_option  # noqa: E402
 
 MODEL_ENV = "TR_MODEL"  # environment variable naming the default model (hub id, folder or .gguf); empty = embedded
 

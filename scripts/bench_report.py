@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tr_core.bench import format_header, format_tables, write_html  # noqa: E402
+from tr_core.bench.bench import format_header, format_tables, write_html  # noqa: E402
 
 
 def main() -> int:

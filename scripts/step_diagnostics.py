@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tr_core import DecodeConfig, Engine  # noqa: E402
 from tr_core.models import load_model  # noqa: E402
-from tr_core.questions import load_questions, task_of  # noqa: E402
+from tr_core.bench.questions import load_questions, task_of  # noqa: E402
 
 DATA = ROOT / "bench" / "data"
 

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tr_core.events import StepEvent
-from tr_core.figures import (MatrixTracker, MeterView, accepted_chart_explained, coloured_markdown, heatmap_figure,
-                             marked_markdown, meter_html, ratio_class, safe_markdown, tree_figure)
-from tr_core.microscope import microscope_view
-from tr_core.race import NoRace, race_timeline
-from tr_core.speed import SpeedEstimate
-from tr_core.story import step_story
-from tr_core.trace import Trace, boundaries_from_texts
+from tr_core.report.figures import (MatrixTracker, MeterView, accepted_chart_explained, coloured_markdown,
+                                    heatmap_figure, marked_markdown, meter_html, ratio_class, safe_markdown,
+                                    tree_figure)
+from tr_core.report.microscope import microscope_view
+from tr_core.report.race import NoRace, race_timeline
+from tr_core.report.speed import SpeedEstimate
+from tr_core.report.story import step_story
+from tr_core.report.trace import Trace, boundaries_from_texts
 
 # Every output a handler may set, in the order of the endpoints' outputs (the API's documented order: new names
 # go at the end). "replay_html" (the HTML replay's download) is an output of its own endpoint only.
@@ -60,7 +61,7 @@ def story_html(text: str = STORY_PLACEHOLDER) -> str:
 
 
 def step_story_view(ev: StepEvent, token_text: Callable[[int], str], before: dict[int, list[int]] | None) -> str:
-    """The story of one step for the page (see tr_core.story.step_story)."""
+    """The story of one step for the page (see tr_core.report.story.step_story)."""
     return story_html(step_story(ev, token_text, before))
 
 
@@ -80,7 +81,7 @@ def step_views(trace: Trace, step: int, cost: CostCurve | None = None) -> dict[s
 
 
 def microscope_html(trace: Trace | None, step: int) -> str:
-    """One step under the microscope (tr_core.microscope: rows read, tree built, verdict, rows written back)."""
+    """One step under the microscope (tr_core.report.microscope: rows read, tree built, verdict, rows written back)."""
     if trace is None or not trace.steps:
         return f'<div class="tr-microscope tr-microscope-none">{html.escape(MICROSCOPE_PLACEHOLDER)}</div>'
     return f'<div class="tr-microscope">{microscope_view(trace, step)}</div>'  # escaped HTML of its own
@@ -111,7 +112,7 @@ def decoding_html(settings: dict[str, Any] | None) -> str:
 
 
 # ------------------------------------------------------------------------------------------ cost panel
-# One speed story: the meter's interleaved measurement (tr_core.speed) is the only measured speedup on the page.
+# One speed story: the meter's interleaved measurement (tr_core.report.speed) is the only measured speedup on the page.
 # The cost panel's figures are estimates from this machine's cost curve, labelled as such, and are withheld when the
 # curve was measured on a busy machine or when the meter found the timings too noisy (nothing may then imply one).
 

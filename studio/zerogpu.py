@@ -163,8 +163,8 @@ def gpu_decode(model_name: str, k: int, state: bytes, ids: list[int], cfg: Any, 
 def gpu_measure(model_name: str, k: int, state: bytes, ids: list[int], cfg: Any, max_s: float, chunk_ms: float,
                 duration: int) -> Iterator[Any]:
     """(decorated with spaces.GPU) The interleaved speed measurement from the answer's starting state: its
-    SpeedEstimates (tr_core.speed.interleave); closing the call stops it after its current round."""
-    from tr_core.speed import forked, interleave
+    SpeedEstimates (tr_core.report.speed.interleave); closing the call stops it after its current round."""
+    from tr_core.report.speed import forked, interleave
 
     twin = worker_engine(model_name, k, state)
 

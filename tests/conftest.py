@@ -123,8 +123,8 @@ def embedded():
 
 def load_questions(name: str, n: int) -> list[dict]:
     """The first n questions of a development set, spread over its categories (round-robin)."""
-    from tr_core.questions import interleave_categories
-    from tr_core.questions import load_questions as read_questions
+    from tr_core.bench.questions import interleave_categories
+    from tr_core.bench.questions import load_questions as read_questions
 
     chosen = interleave_categories(read_questions(DATA / name))[:n]
     return [{"question_id": q.question_id, "category": q.category, "turns": list(q.turns)} for q in chosen]

@@ -10,14 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from tr_core import bench, profile
-from tr_core.questions import (
+from tr_core.bench import bench, profile
+from tr_core.bench.questions import (
     MULTI_TURN,
     QuestionFileError,
     load_questions,
     select_questions,
     task_of,
 )
+from tr_core.cli import bench as bench_command
+from tr_core.cli import profile as profile_command
 
 DATA = Path(__file__).resolve().parents[1] / "bench" / "data"  # the development question sets, in the repository
 DEV_FILES = ["mbpp_dev.jsonl", "spec_bench_dev.jsonl"]
@@ -26,8 +28,8 @@ DEV_FILES = ["mbpp_dev.jsonl", "spec_bench_dev.jsonl"]
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tr_core")
     sub = p.add_subparsers(dest="command", required=True)
-    bench.register(sub)
-    profile.register(sub)
+    bench_command.register(sub)
+    profile_command.register(sub)
     return p
 
 
@@ -210,10 +212,10 @@ def test_bad_input_exits_before_loading_a_model(tmp_path, capsys, monkeypatch):
 def test_without_template_the_bench_runs_the_tree_the_app_uses_on_the_device(tmp_path):
     good = _write(tmp_path, "good.jsonl", GOOD)
     args = _parser().parse_args(["bench", "--questions", str(good), "--device", "cpu"])
-    _, specs = bench.validate_args(args)
+    _, specs = bench_command.validate_args(args)
     assert [s.template for s in specs if s.kind == "recycling"] == ["hybrid"] and args.template == "hybrid"
     args = _parser().parse_args(["bench", "--questions", str(good), "--device", "cuda"])
-    assert [s.template for s in bench.validate_args(args)[1] if s.kind == "recycling"] == ["2.2.2"]
+    assert [s.template for s in bench_command.validate_args(args)[1] if s.kind == "recycling"] == ["2.2.2"]
 
 
 def test_cut_at_stop():
@@ -443,7 +445,7 @@ def test_warm_up_uses_the_first_questions_that_fit_and_a_made_up_prompt_when_non
     probe) would otherwise land in the first timed answer."""
     from types import SimpleNamespace
 
-    from tr_core.questions import Question
+    from tr_core.bench.questions import Question
 
     def fake_runner(limit):
         calls = []

@@ -15,7 +15,7 @@ import pytest
 
 from conftest_app import running_app
 from tr_core.events import StepEvent, SummaryEvent
-from tr_core.trace import Trace
+from tr_core.report.trace import Trace
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
@@ -479,7 +479,7 @@ def race_trace(steps: int = 8, step_ms: float = 250.0) -> Trace:
     """A trace measured at 1.5x whose answer carries markup: 8 steps of 3 tokens, 250 ms each (plain: 3 s)."""
     from dataclasses import asdict
 
-    from tr_core.speed import SpeedEstimate
+    from tr_core.report.speed import SpeedEstimate
 
     trace = Trace(model="tiny", settings={"template": "tiny", "k": 2}, messages=[{"role": "user", "content": "go"}])
     vocab = {t: f" w{t}" for t in range(10)}

@@ -9,12 +9,12 @@ from collections import Counter
 import pytest
 
 from tr_core.events import StepEvent, SummaryEvent
-from tr_core.figures import (ACCEPTED_COLOUR, BONUS_COLOUR, BONUS_NODE, REJECTED_COLOUR, MatrixTracker, MeterView,
-                             accepted_chart, boxes_overlap, coloured_markdown, display_token, heatmap_figure,
-                             label_boxes, meter_html, symbol_note, tree_figure, tree_frame, tree_layout,
-                             tree_legend_names, unique_labels)
-from tr_core.figures import FEW_LABELS, _path_segments, segment_crosses
-from tr_core.trace import TextAssembler, Trace, TraceError, boundaries_from_texts
+from tr_core.report.figures import (ACCEPTED_COLOUR, BONUS_COLOUR, BONUS_NODE, REJECTED_COLOUR, MatrixTracker,
+                                    MeterView, accepted_chart, boxes_overlap, coloured_markdown, display_token,
+                                    heatmap_figure, label_boxes, meter_html, symbol_note, tree_figure, tree_frame,
+                                    tree_layout, tree_legend_names, unique_labels)
+from tr_core.report.figures import FEW_LABELS, _path_segments, segment_crosses
+from tr_core.report.trace import TextAssembler, Trace, TraceError, boundaries_from_texts
 
 VOCAB = {0: "<root>", 1: " the", 2: " cat", 3: " sat", 4: " dog", 5: "the", 6: "\n", 7: " on", 8: " mat", 9: "!"}
 
@@ -228,7 +228,7 @@ def test_a_long_copied_run_is_labelled_on_alternate_sides_without_covering_its_o
     # the matrix's candidates, then runs 10 tokens copied from the context down one column, whose levels are closer
     # than a label is tall. Each of those labels took 'bottom center', over the next two markers of the path, rather
     # than be crossed by the path once at the column's top (11 overlaps with accepted markers); now none covers one.
-    from tr_core.figures import _marker_boxes
+    from tr_core.report.figures import _marker_boxes
 
     parents = [-1, 0, 0, 2, 2, 2, 2, 4, 5, 2, 2, 8, 8, 5, 13, *range(14, 24)]
     depths = [0, 1, 1, 2, 2, 2, 2, 3, 3, 2, 2, 4, 4, 3, 4, *range(5, 15)]
@@ -272,7 +272,7 @@ def test_dropped_labels_stay_on_hover_and_labels_are_escaped():
 
 
 def test_rejected_labels_keep_clear_of_markers():
-    from tr_core.figures import _marker_boxes
+    from tr_core.report.figures import _marker_boxes
 
     ev = paper_tree_event()
     frame = tree_frame(ev)
@@ -406,7 +406,7 @@ def test_meter_colour_follows_meaning_and_noise_says_noisy():
 
 
 def test_untrusted_text_cannot_carry_html_or_images():
-    from tr_core.figures import safe_markdown
+    from tr_core.report.figures import safe_markdown
 
     out = safe_markdown('<img src="http://x/a.png"> ![t](http://x/b.png) [l](http://x) `<b>`')
     assert "<img" not in out and "![" not in out and "&#91;l]" in out and "`<b>`" in out
@@ -433,7 +433,7 @@ def test_coloured_markdown_keeps_code_and_block_markers_plain():
 
 
 def test_marked_markdown_outlines_only_the_shown_steps_run():
-    from tr_core.figures import marked_markdown, safe_markdown
+    from tr_core.report.figures import marked_markdown, safe_markdown
 
     text = "Here:\n```python\nprint('x')\n```\n- item `a<b`\n# Title <b>"
     bounds = [3, 20, 35, len(text)]
@@ -447,7 +447,7 @@ def test_marked_markdown_outlines_only_the_shown_steps_run():
 
 
 def test_accepted_chart_explained_has_a_legend_for_each_colour():
-    from tr_core.figures import accepted_chart_explained
+    from tr_core.report.figures import accepted_chart_explained
 
     events = [make_event(i) for i in range(3)]
     fig = accepted_chart_explained(events, current=1)
@@ -507,7 +507,7 @@ def test_redrawing_an_80_node_step_reuses_the_layout():
 
     (Its cost is measured, not asserted: tests/measure_live_overhead.py; timed tests fail on slow runners.)
     """
-    from tr_core.figures import tree_layout
+    from tr_core.report.figures import tree_layout
     from tr_core.tree import TEMPLATES, build_tree
 
     tree = build_tree("2.2.2", TEMPLATES["2.2.2"])
@@ -554,7 +554,7 @@ class ScriptedEngine:
 
 
 def test_record_live_folds_events_into_the_trace_and_throttles():
-    from tr_core.trace import record_live
+    from tr_core.report.trace import record_live
 
     trace = Trace()
     batches = list(record_live(ScriptedEngine(5), [0], None, trace, every_s=10.0))
@@ -570,7 +570,7 @@ def test_record_live_folds_events_into_the_trace_and_throttles():
 
 
 def test_hover_says_which_step_each_draft_token_was_recycled_from():
-    from tr_core.figures import provenance_text
+    from tr_core.report.figures import provenance_text
 
     ev = make_hybrid_event()
     n = len(ev.tokens)
@@ -590,7 +590,7 @@ def test_hover_says_which_step_each_draft_token_was_recycled_from():
 
 
 def test_a_large_tree_labels_its_accepted_path_and_only_a_few_drafts_all_at_16_px_or_more():
-    from tr_core.figures import FEW_LABELS, MIN_FONT
+    from tr_core.report.figures import FEW_LABELS, MIN_FONT
 
     ev = paper_tree_event((0, 1, 0), 17)
     boxes = label_boxes(ev, words_of)

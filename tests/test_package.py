@@ -73,13 +73,17 @@ def venv(wheel, tmp_path_factory) -> Path:
 
 def test_wheel_installs_into_an_empty_folder_and_imports_without_the_app_packages(site, tmp_path):
     assert (site / "tr_core" / "engine.py").is_file() and not (site / "studio").exists()
+    for room in ("report", "bench", "cli"):  # the rooms above the library travel with it (tests/test_architecture.py)
+        assert (site / "tr_core" / room / "__init__.py").is_file(), room
+    assert (site / "tr_core" / "warm_start" / "corpus.jsonl").is_file()
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     env = dict(os.environ, PYTHONPATH=str(site))
     code = ("import sys, tr_core\n"
             "from tr_core import DecodeConfig, Engine\n"
             "assert tr_core.__file__.startswith(%r), tr_core.__file__\n"
-            "print(sorted(m for m in ('gradio', 'plotly', 'networkx') if m in sys.modules))\n") % str(site)
+            "print(sorted(m for m in sys.modules if m.startswith(('gradio', 'plotly', 'networkx', 'tr_core.report', "
+            "'tr_core.bench', 'tr_core.cli'))))\n") % str(site)
     assert run([sys.executable, "-c", code], cwd=outside, env=env).stdout.strip() == "[]"
 
 

@@ -1,5 +1,5 @@
-"""The offline HTML replay (tr_core/replay.py): self-contained, every step, escaped; then a real Chromium with every
-network request blocked steps through it. The CLI's `generate --replay-html` writes the same file.
+"""The offline HTML replay (tr_core/report/replay.py): self-contained, every step, escaped; then a real Chromium with
+every network request blocked steps through it. The CLI's `generate --replay-html` writes the same file.
 """
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
-from tr_core.microscope import microscope_blocks, render_blocks, step_microscope
-from tr_core.replay import replay_html
-from tr_core.story import step_story
-from tr_core.trace import Trace, record_live
+from tr_core.report.microscope import microscope_blocks, render_blocks, step_microscope
+from tr_core.report.replay import replay_html
+from tr_core.report.story import step_story
+from tr_core.report.trace import Trace, record_live
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOT = Path(os.environ.get("TR_REPLAY_SCREENSHOT", "/tmp/replay.png"))
@@ -123,7 +123,8 @@ def test_replay_holds_the_microscope_of_every_step(tiny_trace):
 def test_replay_needs_no_tokenizer_and_tr_core_does_not_import_plotly(tiny_trace):
     loaded = Trace.from_dict(json.loads(json.dumps(tiny_trace.to_dict())))  # the trace file alone
     assert step_data(replay_html(loaded)) == step_data(replay_html(tiny_trace))
-    code = "import sys, tr_core, tr_core.story, tr_core.replay; assert 'plotly' not in sys.modules, 'plotly imported'"
+    code = ("import sys, tr_core, tr_core.report.story, tr_core.report.replay; "
+            "assert 'plotly' not in sys.modules, 'plotly imported'")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 

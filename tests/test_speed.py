@@ -1,4 +1,5 @@
-"""The honest meter (tr_core.speed) and the decode's ownership by its consumer (tr_core.trace.record_live)."""
+"""The honest meter (tr_core.report.speed) and the decode's ownership by its consumer
+(tr_core.report.trace.record_live)."""
 from __future__ import annotations
 
 import random
@@ -11,8 +12,8 @@ from conftest import TinyTokenizer, tiny_model
 from tr_core.config import DecodeConfig
 from tr_core.engine import Engine
 from tr_core.events import StepEvent
-from tr_core.speed import ChunkPair, estimate, forked, interleave, measure_interleaved, plausible_limit
-from tr_core.trace import Trace, record_live
+from tr_core.report.speed import ChunkPair, estimate, forked, interleave, measure_interleaved, plausible_limit
+from tr_core.report.trace import Trace, record_live
 
 
 class Clock:
@@ -293,7 +294,7 @@ def test_a_single_pair_has_no_error_and_its_trace_still_loads(tmp_path):
     """One chunk pair has no spread: the error is unknown (None, not inf, which JSON cannot hold)."""
     import dataclasses
 
-    from tr_core.trace import Trace
+    from tr_core.report.trace import Trace
 
     est = estimate([ChunkPair(tokens=12, tr_ms=100.0, tr_steps=6, plain_ms=150.0)])
     assert est.error is None and not est.trusted and "too short" in est.reason
@@ -308,7 +309,7 @@ def test_a_pooled_measurement_is_saved_in_the_trace_and_a_bad_pass_count_refused
 
     import pytest
 
-    from tr_core.trace import Trace, TraceError
+    from tr_core.report.trace import Trace, TraceError
 
     pairs = [ChunkPair(tokens=6, tr_ms=60.0, tr_steps=3, plain_ms=80.0 + i) for i in range(8)]
     est = dataclasses.replace(estimate(pairs, identical=True), covered=24, passes=2)
@@ -346,7 +347,7 @@ def story_trace(speed: dict | None) -> Trace:
 def trusted(ratio: float = 1.5, error: float = 0.05) -> dict:
     from dataclasses import asdict
 
-    from tr_core.speed import SpeedEstimate
+    from tr_core.report.speed import SpeedEstimate
 
     return asdict(SpeedEstimate(ratio=ratio, error=error, tr_tps=30.0, plain_tps=20.0, mean_accepted=2.5, tokens=5,
                                 pairs=4, trusted=True, identical=True, covered=5))
@@ -386,7 +387,7 @@ def test_a_steady_curve_gives_labelled_estimates_and_the_formula_with_this_answe
 
 def test_too_noisy_leaves_no_figure_on_the_page_implying_a_speedup():
     from studio.views import cost_html, measured_meter, race_html
-    from tr_core.speed import SpeedEstimate
+    from tr_core.report.speed import SpeedEstimate
 
     trace = story_trace(noisy())
     meter = measured_meter(SpeedEstimate(**trace.speed))

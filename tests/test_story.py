@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from tr_core.events import StepEvent
-from tr_core.figures import MatrixTracker
-from tr_core.story import quoted, step_story
+from tr_core.report.figures import MatrixTracker
+from tr_core.report.story import quoted, step_story
 
 VOCAB = {0: "<root>", 1: " the", 2: " cat", 3: " sat", 4: " dog", 5: "the", 6: "\n", 7: " on", 8: " mat", 9: "!"}
 

@@ -1,4 +1,4 @@
-"""`python -m tr_core`: the command line of tr_core/cli.py, the same as the installed `token-recycling` command."""
+"""`python -m tr_core`: the command line of tr_core/cli/, the same as the installed `token-recycling` command."""
 import sys
 
 from .cli import main

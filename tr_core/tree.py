@@ -5,6 +5,7 @@ tree is the root (the last committed token); the other nodes follow in BFS order
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -50,6 +51,24 @@ def default_template(device: torch.device | str) -> str:
     cost; see the README's results, where the static tree runs at under half speed). On a GPU the paper's tree
     stays the default until `scripts/gpu_check.sh` has measured the hybrid trees there (no GPU was lent yet)."""
     return "2.2.2" if torch.device(device).type == "cuda" else HYBRID
+
+
+def check_template(name: str, where: str = "", names: Iterable[str] | None = None) -> str:
+    """Return `name` if it is a template the engine accepts (or one of `names`); else raise ValueError listing them."""
+    known = tuple(TEMPLATE_NAMES if names is None else names)
+    if name not in known:
+        raise ValueError(f"unknown template {name!r}{where}; choose from {', '.join(known)}")
+    return name
+
+
+def template_problem(template: str | None, k: int) -> str | None:
+    """Why a static template cannot be drafted with k candidates per matrix row (it names deeper ranks), or None."""
+    if template not in TEMPLATES:
+        return None  # the grown trees take whatever k gives
+    need = 1 + max(max(path) for path in TEMPLATES[template])
+    if k >= need:
+        return None
+    return f"--template {template} drafts candidates up to rank {need - 1}, so it needs --topk-candidates >= {need}, got {k}"
 
 
 class TemplateError(ValueError):

@@ -16,8 +16,8 @@ from typing import Any, Callable, NamedTuple
 
 import networkx as nx
 
-from .events import StepEvent
-from .token_text import BYTES_CLOSE, BYTES_OPEN
+from ..events import StepEvent
+from ..token_text import BYTES_CLOSE, BYTES_OPEN
 
 TokenText = Callable[[int], str]
 

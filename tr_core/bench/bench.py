@@ -28,20 +28,18 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cli import (add_model_options, add_sampling_options, check_template, decode_config,
-                  load_model_or_report, output_problem, report_error, template_problem, threads_option,
-                  warm_start_option)
-from .config import DecodeConfigError
-from .questions import Question, QuestionFileError, load_questions, select_questions, task_sort_key
+from ..config import DecodeConfig
+from ..tree import check_template
+from .questions import Question, load_questions, select_questions, task_sort_key
 
 METHOD_KINDS = ("vanilla", "recycling", "hf", "pld")
 BASELINE = "vanilla"
@@ -144,39 +142,6 @@ def load_all_questions(paths: list[str], per_task: int | None, limit: int | None
     return select_questions(questions, per_task=per_task, limit=limit)
 
 
-def validate_args(args: argparse.Namespace) -> tuple[list[Question], list[MethodSpec]]:
-    """Check every input before any model is loaded; return the selected questions and the methods."""
-    try:
-        decode_config(args)
-    except DecodeConfigError as exc:
-        raise BenchInputError(exc.as_option()) from None
-    if args.max_minutes is not None and not args.max_minutes > 0:
-        raise BenchInputError(f"--max-minutes must be > 0, got {args.max_minutes}")
-    if args.warmup < 0:
-        raise BenchInputError(f"--warmup must be >= 0, got {args.warmup}")
-    if getattr(args, "repeats", 1) < 1:
-        raise BenchInputError(f"--repeats must be >= 1, got {args.repeats}")
-    if args.pld_tokens < 1 or args.pld_ngram < 1:
-        raise BenchInputError("--pld-tokens and --pld-ngram must be >= 1")
-    if args.topk_candidates < 1:
-        raise BenchInputError(f"--topk-candidates must be >= 1, got {args.topk_candidates}")
-    for opt in ("json", "html"):
-        if problem := output_problem(getattr(args, opt), f"--{opt}"):
-            raise BenchInputError(problem)
-    if args.template is None:  # the tree the app and `generate` use on this device
-        from .models import default_device
-        from .tree import default_template
-
-        where = str(args.device or default_device())
-        args.template = default_template("cuda" if where.startswith("cuda") else "cpu")
-    specs = parse_methods(args.methods, args.template)
-    for spec in specs:
-        if problem := template_problem(spec.template or None, args.topk_candidates):
-            raise BenchInputError(problem)
-    questions = load_all_questions(args.questions, args.per_task, args.limit)
-    return questions, specs
-
-
 # ----------------------------------------------------------------------------- answers
 
 
@@ -200,8 +165,8 @@ def _sync(device: Any) -> None:
 class Runner:
     """Runs each method on one prompt; owns one Engine per engine method (each with its own matrix)."""
 
-    def __init__(self, model, tokenizer, specs: list[MethodSpec], args: argparse.Namespace) -> None:
-        from .engine import Engine
+    def __init__(self, model, tokenizer, specs: list[MethodSpec], args: argparse.Namespace, base: DecodeConfig) -> None:
+        from ..engine import Engine
 
         self.model = model
         self.tokenizer = tokenizer
@@ -213,7 +178,6 @@ class Runner:
         any_engine = next(iter(self.engines.values()))
         self.encoder = any_engine  # one chat template for every method
         self.stop_ids = set(int(t) for t in any_engine.stop_token_ids)
-        base = decode_config(args)
         self.configs = {s.name: base.with_(plain=True) if s.kind == "vanilla" else base.with_(template=s.template)
                         for s in specs if s.kind in ("vanilla", "recycling")}
         self.specs = {s.name: s for s in specs}
@@ -228,16 +192,16 @@ class Runner:
             if name in self.session_starts:
                 engine.matrix.copy_from(self.session_starts[name]["matrix"])
 
-    def start_sessions(self, choice: str, model_name: str | None) -> None:
-        """Put every engine in a new session's state (warm.fresh_session), the recycling ones warm unless `choice` is
-        "off" (see cli.apply_warm_start), and keep that state for `fresh_session` and `reset_matrices`."""
-        from . import warm
-        from .cli import apply_warm_start
+    def start_sessions(self, warm_start: Callable[[Any], Any]) -> None:
+        """Put every engine in a new session's state (warm.fresh_session), the recycling ones warmed by `warm_start`
+        (engine -> its WarmStartInfo, or None when it starts cold: `--warm-start`, applied by the command line), and
+        keep that state for `fresh_session` and `reset_matrices`."""
+        from .. import warm
 
         for name, engine in self.engines.items():
             warm.fresh_session(engine)
-            if self.specs[name].kind == "recycling" and choice != "off":
-                self.warm = apply_warm_start(choice, engine, model_name)
+            if self.specs[name].kind == "recycling" and (info := warm_start(engine)) is not None:
+                self.warm = info
             self.session_starts[name] = engine.snapshot()
 
     def fresh_session(self) -> None:
@@ -281,7 +245,7 @@ class Runner:
             self.engines[name].restore(snapshot)
 
     def _engine_answer(self, name: str, ids: list[int], max_new: int) -> dict:
-        from .events import StepEvent, SummaryEvent
+        from ..events import StepEvent, SummaryEvent
 
         engine, cfg = self.engines[name], self.configs[name].with_(max_new_tokens=max_new)
         accepted: list[int] = []
@@ -306,7 +270,7 @@ class Runner:
         """The engines' timed matrix products installed on the model for a transformers baseline's call."""
         import contextlib
 
-        from .kernels import installed
+        from ..kernels import installed
 
         tuned = any(e.tune_kernels for e in self.engines.values())
         return installed(self.model) if tuned else contextlib.nullcontext()
@@ -464,7 +428,7 @@ def _ratio(a: float, b: float) -> float | None:
 def _plausible(speedup: float | None, mean_accepted: float | None) -> bool | None:
     """False when a speedup exceeds what its mean accepted tokens per step allow (speed.plausible_limit): the
     machine's load changed during the run, and the figure is noise. None when either number is missing."""
-    from .speed import plausible_limit
+    from ..report.speed import plausible_limit
 
     if speedup is None or mean_accepted is None:
         return None
@@ -659,55 +623,11 @@ def _markdown_to_html(text: str) -> str:
     return "".join(out)
 
 
-# ----------------------------------------------------------------------------- command line
-
-
-def register(subparsers) -> argparse.ArgumentParser:
-    """Add the `bench` subcommand."""
-    p = subparsers.add_parser(
-        "bench", help="benchmark Token Recycling against plain decoding, transformers generate and PLD",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--questions", action="append", required=True, metavar="FILE.jsonl",
-                   help="question file (JSON lines with question_id, category, turns); repeat for several")
-    add_model_options(p)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--per-task", type=int, default=None, metavar="N",
-                   help="take the first N questions of each task (file order), round-robin over tasks")
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="then keep only the first N questions")
-    p.add_argument("--methods", default="vanilla,recycling,hf,pld",
-                   help="comma list of vanilla, recycling, recycling[TEMPLATE], hf, pld (vanilla is always run)")
-    p.add_argument("--template", default=None,
-                   help="draft tree template(s) for `recycling`, comma list; several give recycling[T] each "
-                        "(default: the device's default, as in the app: hybrid on a CPU, 2.2.2 on a GPU)")
-    add_sampling_options(p)
-    p.add_argument("--fresh-matrix", action="store_true",
-                   help="reset the adjacency matrix before every question (to the warm start's, or empty)")
-    p.add_argument("--fresh-sessions", action="store_true",
-                   help="answer only each question's first turn, every method from a new session's state (the warm "
-                        "start or empty; the drafters' starting calibration): what a new visitor's first answer gets")
-    warm_start_option(p)
-    p.add_argument("--topk-candidates", type=int, default=8, help="candidates per adjacency matrix row (k)")
-    p.add_argument("--pld-tokens", type=int, default=10, help="pld: prompt_lookup_num_tokens")
-    p.add_argument("--pld-ngram", type=int, default=2, help="pld: max_matching_ngram_size")
-    p.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up questions (short answers, discarded)")
-    p.add_argument("--repeats", type=int, default=1, metavar="R",
-                   help="answer every turn in R rounds of all methods, each from the same learned state, and keep "
-                        "each method's fastest time: a busy machine's slow spells then hit few answers")
-    threads_option(p)
-    p.add_argument("--json", default=None, metavar="OUT.json", help="write the results as JSON")
-    p.add_argument("--html", default=None, metavar="OUT.html", help="write a self-contained plotly report")
-    p.add_argument("--max-minutes", type=float, default=None, metavar="M",
-                   help="start no new question after M minutes; results cover the questions completed")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=run)
-    return p
-
-
 def _git_commit() -> str:
     """Short commit of the code that ran (with '+changes' when the tree differs), or '' outside git."""
     import subprocess
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10).stdout.strip()
@@ -723,8 +643,8 @@ def run_meta(args: argparse.Namespace, model, device) -> dict[str, Any]:
     import torch
     import transformers
 
-    from .machine import describe
-    from .runner import GQA_SWITCH
+    from ..machine import describe
+    from ..runner import GQA_SWITCH
 
     dev = str(device)
     name = Path(args.model).name if args.model else "SmolLM2-135M-Instruct (embedded, Q4_1 GGUF dequantised)"
@@ -755,51 +675,3 @@ def run_meta(args: argparse.Namespace, model, device) -> dict[str, Any]:
         "command": ("python -m tr_core " + shlex.join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py")
                     else shlex.join(sys.argv)),
     }
-
-
-def run(args: argparse.Namespace) -> int:
-    """Validate, load the model, warm up, run all methods interleaved, print tables, write JSON/HTML."""
-    try:
-        questions, specs = validate_args(args)
-    except (QuestionFileError, BenchInputError) as exc:
-        return report_error(exc, 2)
-    import torch
-    from tqdm.auto import tqdm
-
-    torch.set_grad_enabled(False)
-    loaded = load_model_or_report(args)
-    if loaded is None:
-        return 1
-    model, tokenizer = loaded
-    runner = Runner(model, tokenizer, specs, args)
-    meta = run_meta(args, model, runner.device)
-    n_answers = len(questions) if args.fresh_sessions else sum(len(q.turns) for q in questions)
-    print(f"bench: {len(questions)} questions ({n_answers} answers) x {len(specs)} methods "
-          f"({', '.join(s.name for s in specs)}) on {meta['device']} ({meta['machine']})", file=sys.stderr)
-    if args.warmup:
-        warm_up(runner, questions, specs, args.warmup)
-    try:
-        runner.start_sessions(args.warm_start, args.model)
-    except ValueError as exc:  # a --warm-start file that does not fit this model
-        return report_error(exc, 1)
-    meta["warm_start"] = {"option": args.warm_start, **(asdict(runner.warm) if runner.warm is not None else {}),
-                          "described": runner.warm.describe() if runner.warm is not None else "cold (empty matrix)"}
-    with tqdm(total=n_answers * len(specs), desc="bench", unit="answer", file=sys.stderr,
-              disable=args.no_progress, mininterval=2.0) as bar:
-        skipped: list[dict] = []
-        records = run_questions(runner, questions, specs, args, progress=bar, skipped=skipped)
-    from .kernels import describe_plan
-
-    meta["linear"] = describe_plan(model)
-    print(meta["linear"]["summary"], file=sys.stderr)
-    result = build_result(records, specs, questions, meta, skipped)
-    print(format_header(result))
-    print()
-    print(format_tables(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}", file=sys.stderr)
-    if args.html:
-        write_html(result, args.html)
-        print(f"wrote {args.html}", file=sys.stderr)
-    return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 from typing import Callable
 
-from .events import StepEvent
+from ..events import StepEvent
 from .figures import display_token, node_source
 
 TokenText = Callable[[int], str]

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .events import StepEvent
+from ..events import StepEvent
 
 MIN_PAIRS = 3  # fewer chunk pairs than this cannot give a spread
 MAX_PASSES = 3  # an answer measured whole but too noisily is decoded again from the same start, up to this often

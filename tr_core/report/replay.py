@@ -2,7 +2,7 @@
 
 The file holds plotly.js, the answer with each step's accepted run coloured, and per step the draft tree, the
 adjacency-matrix window, the step story and the step under the microscope (the same builders as the studio:
-tr_core.figures, tr_core.story, tr_core.microscope; the microscope's text blocks are drawn with textContent).
+figures.py, story.py, microscope.py; the microscope's text blocks are drawn with textContent).
 A slider, previous/next buttons and the arrow keys move them together. Nothing is fetched: no CDN, no fonts,
 no images, and a Content-Security-Policy forbids any request. Every string from the trace is escaped (a trace
 may come from a stranger); the per-step data sits in a JSON script block whose '<', '>' and '&' are escaped.
@@ -31,7 +31,7 @@ PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "showSendToCloud": Fa
 
 def replay_steps(trace: Trace, token_text: TokenText) -> list[dict[str, Any]]:
     """Per step: the tree and matrix-window figures (plotly JSON), the story, the tokens emitted and the step under
-    the microscope (its text blocks, tr_core.microscope, drawn by the page's script with textContent)."""
+    the microscope (its text blocks, tr_core.report.microscope, drawn by the page's script with textContent)."""
     tracker = MatrixTracker()
     out = []
     for i, (ev, known) in enumerate(zip(trace.steps, known_before(trace))):
@@ -189,7 +189,7 @@ SCRIPT = """
   var prev = document.getElementById("tr-prev"), next = document.getElementById("tr-next");
   var story = document.getElementById("tr-story"), answer = document.getElementById("tr-answer");
   var microscope = document.getElementById("tr-microscope");
-  var TAGS = ["div", "span", "details", "summary"];  // tr_core.microscope.BLOCK_TAGS
+  var TAGS = ["div", "span", "details", "summary"];  // tr_core.report.microscope.BLOCK_TAGS
   var runs = [];
   answer.querySelectorAll(".run").forEach(function (el) { runs[Number(el.dataset.step)] = el; });
   var current = 0;

@@ -16,12 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-from .cli import output_problem
-from .cost import interpolate  # noqa: F401 - part of this module's interface (projections)
+from ..cost import interpolate  # noqa: F401 - part of this module's interface (projections)
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 80, 128)
 
@@ -107,10 +105,9 @@ def measure_curve(model, sizes: list[int], context: int, repeats: int, warmup: i
     """
     import torch
 
-    from .cost import measure_forward_costs
-    from .runner import ModelRunner
-
-    from .kernels import installed
+    from ..cost import measure_forward_costs
+    from ..kernels import installed
+    from ..runner import ModelRunner
 
     with torch.inference_mode(), installed(model):  # the products the engine runs (the plan, if tuned)
         ms = measure_forward_costs(ModelRunner(model), random_context(model, context, seed), sizes, repeats, warmup)
@@ -119,9 +116,9 @@ def measure_curve(model, sizes: list[int], context: int, repeats: int, warmup: i
 
 def tune_linears(model, context: int, seed: int = 0) -> dict[str, Any]:
     """Choose the linear layers' product on this machine (tuning.tune; CPU only) and describe the choice."""
-    from .kernels import describe_plan
-    from .tuning import ensure_tuned
-    from .runner import ModelRunner
+    from ..kernels import describe_plan
+    from ..runner import ModelRunner
+    from ..tuning import ensure_tuned
 
     ensure_tuned(ModelRunner(model), random_context(model, context, seed))
     return describe_plan(model)
@@ -165,72 +162,14 @@ def format_report(meta: dict[str, Any], curve: dict[int, dict[str, float]], rows
     return "\n".join(lines)
 
 
-def register(subparsers) -> argparse.ArgumentParser:
-    """Add the `profile` subcommand."""
-    from .cli import linear_option, threads_option
-
-    p = subparsers.add_parser("profile", help="forward cost curve t(N)/t(1) and projected speedup",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="model to load (embedded default, folder, .gguf, hub id)")
-    p.add_argument("--config", default=None, choices=sorted(CONFIGS),
-                   help="instead of --model: a Llama-shaped model with random weights")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU)")
-    p.add_argument("--context", type=int, default=512, help="KV cache length before the timed forward")
-    p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="query token counts N, comma list")
-    p.add_argument("--repeats", type=int, default=10, help="timed forwards per N (the median is reported)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed rounds over all N first")
-    p.add_argument("--mean-accepted", type=float, default=None, metavar="X",
-                   help="mean accepted tokens per step measured with a real model (for the projection)")
-    p.add_argument("--tree-nodes", type=float, default=81,
-                   help="draft tree size N for --mean-accepted (default 81: the 80-node 2.2.2 tree plus its root)")
-    p.add_argument("--bench-json", default=None, metavar="FILE", help="take mean accepted and tree sizes from a bench JSON")
-    threads_option(p, help="CPU threads for torch (default: torch's choice); 1 is far steadier on a busy small machine")
-    linear_option(p)
-    p.add_argument("--json", default=None, metavar="OUT.json", help="write the curve and projections as JSON")
-    p.set_defaults(func=run)
-    return p
-
-
-def validate(args: argparse.Namespace) -> tuple[list[int], dict | None]:
-    """(sizes, bench methods) from the arguments; raises ProfileInputError before any model is touched."""
-    sizes = parse_sizes(args.sizes)
-    if args.context < 1 or args.repeats < 1 or args.warmup < 0:
-        raise ProfileInputError("--context and --repeats must be >= 1, --warmup >= 0")
-    if args.model and args.config:
-        raise ProfileInputError("give --model or --config, not both")
-    if args.mean_accepted is not None and not args.mean_accepted >= 1:
-        raise ProfileInputError(f"--mean-accepted must be >= 1, got {args.mean_accepted}")
-    if args.tree_nodes < 1:
-        raise ProfileInputError(f"--tree-nodes must be >= 1, got {args.tree_nodes}")
-    bench = read_bench_json(args.bench_json) if args.bench_json else None
-    if problem := output_problem(args.json, "--json"):
-        raise ProfileInputError(problem)
-    return sizes, bench
-
-
-def _model_for(args: argparse.Namespace):
-    """(model, name, device) for --config (random weights) or --model; raises ValueError/RuntimeError/OSError."""
-    if args.config:
-        from .models import check_device, parse_dtype
-
-        device = check_device(args.device)
-        return build_random_model(args.config, device, parse_dtype(args.dtype, device)), \
-            f"{args.config} (random weights)", device
-    from .models import load_model
-
-    model, _ = load_model(args.model, device=args.device, dtype=args.dtype)
-    return model, args.model or "SmolLM2-135M-Instruct (embedded)", next(model.parameters()).device
-
-
-def _meta(args: argparse.Namespace, model, name: str, device) -> dict[str, Any]:
+def run_meta(args: argparse.Namespace, model, name: str, device) -> dict[str, Any]:
     """What was measured where, for the report."""
     import datetime as _dt
 
     import torch
     import transformers
 
-    from .machine import describe
+    from ..machine import describe
 
     params = sum(p.numel() for p in model.parameters())
     return {
@@ -241,38 +180,3 @@ def _meta(args: argparse.Namespace, model, name: str, device) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
-
-
-def run(args: argparse.Namespace) -> int:
-    """Validate, build or load the model, time the forwards, print the curve and projections."""
-    try:
-        sizes, bench = validate(args)
-    except ProfileInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    import torch
-
-    from .cli import apply_threads
-
-    torch.set_grad_enabled(False)
-    apply_threads(args.threads)
-    try:
-        model, name, device = _model_for(args)
-    except (RuntimeError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2 if args.config else 1
-    meta = _meta(args, model, name, device)
-    print(f"profile: {meta['model']} on {meta['device']} ({meta['machine']}), {meta['dtype']}", file=sys.stderr)
-    from .kernels import describe_plan
-
-    meta["linear"] = tune_linears(model, args.context) if args.linear == "auto" else describe_plan(model)
-    print(meta["linear"]["summary"], file=sys.stderr)
-    times = measure_curve(model, sizes, args.context, args.repeats, args.warmup)
-    curve = summarize(times)
-    rows = projections(curve, args.mean_accepted, bench, args.tree_nodes)
-    print(format_report(meta, curve, rows))
-    if args.json:
-        doc = {**meta, "curve": {str(n): c for n, c in curve.items()}, "projections": rows}
-        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 0

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .events import StepEvent, SummaryEvent, event_from_dict
+from ..events import StepEvent, SummaryEvent, event_from_dict
 
 TRACE_FORMAT = "token-recycling-trace"
 # written by this version; 2 added where each node came from: the steps' "sources" and "origins" (hybrid trees)

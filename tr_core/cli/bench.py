@@ -1,0 +1,139 @@
+"""`python -m tr_core bench`: its options, their checks before any model is loaded, and the run (tr_core/bench/bench.py
+measures; this module reads the command line and writes what it asks for)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..bench import bench
+from ..bench.questions import QuestionFileError
+from ..config import DecodeConfigError
+from ..tree import template_problem
+from .options import (add_model_options, add_sampling_options, apply_warm_start, decode_config, load_model_or_report,
+                      output_problem, report_error, threads_option, warm_start_option)
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add the `bench` subcommand."""
+    p = subparsers.add_parser(
+        "bench", help="benchmark Token Recycling against plain decoding, transformers generate and PLD",
+        description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--questions", action="append", required=True, metavar="FILE.jsonl",
+                   help="question file (JSON lines with question_id, category, turns); repeat for several")
+    add_model_options(p)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--per-task", type=int, default=None, metavar="N",
+                   help="take the first N questions of each task (file order), round-robin over tasks")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="then keep only the first N questions")
+    p.add_argument("--methods", default="vanilla,recycling,hf,pld",
+                   help="comma list of vanilla, recycling, recycling[TEMPLATE], hf, pld (vanilla is always run)")
+    p.add_argument("--template", default=None,
+                   help="draft tree template(s) for `recycling`, comma list; several give recycling[T] each "
+                        "(default: the device's default, as in the app: hybrid on a CPU, 2.2.2 on a GPU)")
+    add_sampling_options(p)
+    p.add_argument("--fresh-matrix", action="store_true",
+                   help="reset the adjacency matrix before every question (to the warm start's, or empty)")
+    p.add_argument("--fresh-sessions", action="store_true",
+                   help="answer only each question's first turn, every method from a new session's state (the warm "
+                        "start or empty; the drafters' starting calibration): what a new visitor's first answer gets")
+    warm_start_option(p)
+    p.add_argument("--topk-candidates", type=int, default=8, help="candidates per adjacency matrix row (k)")
+    p.add_argument("--pld-tokens", type=int, default=10, help="pld: prompt_lookup_num_tokens")
+    p.add_argument("--pld-ngram", type=int, default=2, help="pld: max_matching_ngram_size")
+    p.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up questions (short answers, discarded)")
+    p.add_argument("--repeats", type=int, default=1, metavar="R",
+                   help="answer every turn in R rounds of all methods, each from the same learned state, and keep "
+                        "each method's fastest time: a busy machine's slow spells then hit few answers")
+    threads_option(p)
+    p.add_argument("--json", default=None, metavar="OUT.json", help="write the results as JSON")
+    p.add_argument("--html", default=None, metavar="OUT.html", help="write a self-contained plotly report")
+    p.add_argument("--max-minutes", type=float, default=None, metavar="M",
+                   help="start no new question after M minutes; results cover the questions completed")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+    return p
+
+
+def validate_args(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
+    """Check every input before any model is loaded; return the selected questions and the methods."""
+    try:
+        decode_config(args)
+    except DecodeConfigError as exc:
+        raise bench.BenchInputError(exc.as_option()) from None
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        raise bench.BenchInputError(f"--max-minutes must be > 0, got {args.max_minutes}")
+    if args.warmup < 0:
+        raise bench.BenchInputError(f"--warmup must be >= 0, got {args.warmup}")
+    if getattr(args, "repeats", 1) < 1:
+        raise bench.BenchInputError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.pld_tokens < 1 or args.pld_ngram < 1:
+        raise bench.BenchInputError("--pld-tokens and --pld-ngram must be >= 1")
+    if args.topk_candidates < 1:
+        raise bench.BenchInputError(f"--topk-candidates must be >= 1, got {args.topk_candidates}")
+    for opt in ("json", "html"):
+        if problem := output_problem(getattr(args, opt), f"--{opt}"):
+            raise bench.BenchInputError(problem)
+    if args.template is None:  # the tree the app and `generate` use on this device
+        from ..models import default_device
+        from ..tree import default_template
+
+        where = str(args.device or default_device())
+        args.template = default_template("cuda" if where.startswith("cuda") else "cpu")
+    specs = bench.parse_methods(args.methods, args.template)
+    for spec in specs:
+        if problem := template_problem(spec.template or None, args.topk_candidates):
+            raise bench.BenchInputError(problem)
+    questions = bench.load_all_questions(args.questions, args.per_task, args.limit)
+    return questions, specs
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate, load the model, warm up, run all methods interleaved, print tables, write JSON/HTML."""
+    try:
+        questions, specs = validate_args(args)
+    except (QuestionFileError, bench.BenchInputError) as exc:
+        return report_error(exc, 2)
+    import torch
+    from tqdm.auto import tqdm
+
+    torch.set_grad_enabled(False)
+    loaded = load_model_or_report(args)
+    if loaded is None:
+        return 1
+    model, tokenizer = loaded
+    runner = bench.Runner(model, tokenizer, specs, args, decode_config(args))
+    meta = bench.run_meta(args, model, runner.device)
+    n_answers = len(questions) if args.fresh_sessions else sum(len(q.turns) for q in questions)
+    print(f"bench: {len(questions)} questions ({n_answers} answers) x {len(specs)} methods "
+          f"({', '.join(s.name for s in specs)}) on {meta['device']} ({meta['machine']})", file=sys.stderr)
+    if args.warmup:
+        bench.warm_up(runner, questions, specs, args.warmup)
+    try:
+        runner.start_sessions(lambda engine: apply_warm_start(args.warm_start, engine, args.model))
+    except ValueError as exc:  # a --warm-start file that does not fit this model
+        return report_error(exc, 1)
+    meta["warm_start"] = {"option": args.warm_start, **(asdict(runner.warm) if runner.warm is not None else {}),
+                          "described": runner.warm.describe() if runner.warm is not None else "cold (empty matrix)"}
+    with tqdm(total=n_answers * len(specs), desc="bench", unit="answer", file=sys.stderr,
+              disable=args.no_progress, mininterval=2.0) as bar:
+        skipped: list[dict] = []
+        records = bench.run_questions(runner, questions, specs, args, progress=bar, skipped=skipped)
+    from ..kernels import describe_plan
+
+    meta["linear"] = describe_plan(model)
+    print(meta["linear"]["summary"], file=sys.stderr)
+    result = bench.build_result(records, specs, questions, meta, skipped)
+    print(bench.format_header(result))
+    print()
+    print(bench.format_tables(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.html:
+        bench.write_html(result, args.html)
+        print(f"wrote {args.html}", file=sys.stderr)
+    return 0

@@ -1,0 +1,162 @@
+"""The command line's shared options: argparse helpers, checks made before any work, and the model and warm start
+they ask for (the commands themselves: generate.py, bench.py, profile.py)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..config import DecodeConfig
+
+THREADS_HELP = "CPU threads for torch (default: torch's choice); 1 is far steadier on a busy small machine"
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _template(text: str) -> str:
+    """argparse type: a known template name (see tree.check_template)."""
+    from ..tree import check_template
+
+    try:
+        return check_template(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def threads_option(p: argparse.ArgumentParser, default: int | None = None, help: str = THREADS_HELP) -> None:
+    """Add `--threads N` (an int >= 1, refused by argparse otherwise)."""
+    p.add_argument("--threads", type=_positive_int, default=default, metavar="N", help=help)
+
+
+def apply_threads(threads: int | None) -> None:
+    """Give torch `threads` CPU threads (None: leave torch's choice)."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """`--model`, `--device`, `--dtype`: which model to load, where and in what precision."""
+    p.add_argument("--model", default=None, help="hub id, local folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)")
+    linear_option(p)
+
+
+def linear_option(p: argparse.ArgumentParser) -> None:
+    """`--linear auto|stock`: how linear layers multiply on a CPU (tr_core/kernels.py)."""
+    p.add_argument("--linear", choices=("auto", "stock"), default="auto",
+                   help="linear layers on a CPU: auto times the library's product, W @ x^T and oneDNN's once per model "
+                        "and takes the fastest for each number of tokens (default); stock keeps the library's")
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    """`--temperature`, `--top-p`, `--top-k`, `--repetition-penalty`, `--seed` (checked by DecodeConfig)."""
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1.0 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="> 0; 1.0 = off; above 1 makes tokens already in the text less likely (as in transformers)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def output_problem(path: str | None, option: str) -> str | None:
+    """Why the output file `path` of `option` could not be written, or None; checked before any work is done."""
+    if not path:
+        return None
+    target = Path(path).expanduser()
+    if target.is_dir():
+        return f"{option}: {path} is a folder, not a file"
+    parent = target.resolve().parent
+    if not parent.is_dir():
+        return f"{option}: folder {parent} does not exist"
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        return f"{option}: {path} is not writable"
+    return None
+
+
+def report_error(error: object, code: int) -> int:
+    """Print `error: ...` to stderr; return the exit code `code`."""
+    print(f"error: {error}", file=sys.stderr)
+    return code
+
+
+def load_model_or_report(args: argparse.Namespace) -> tuple[Any, Any] | None:
+    """Apply `--threads`, load (model, tokenizer) of `--model`, `--device`, `--dtype`; None after printing why not."""
+    from ..models import load_model
+
+    apply_threads(args.threads)
+    try:
+        return load_model(args.model, device=args.device, dtype=args.dtype)
+    except (RuntimeError, ValueError, OSError) as exc:  # ModelLoadError is a RuntimeError
+        report_error(exc, 1)
+        return None
+
+
+WARM_START_HELP = ("start the adjacency matrix and the cost-sized trees' calibration warm: auto (default) takes the "
+                   "warm start shipped for the embedded model, else the one learned for this model earlier, else "
+                   "learns one now from the project's own corpus (once, with a progress bar; cached); off starts "
+                   "cold (empty matrix); or the path of a warm-start file")
+
+
+def warm_start_option(p: argparse.ArgumentParser) -> None:
+    """`--warm-start {auto,off,PATH}` (default auto)."""
+    p.add_argument("--warm-start", default="auto", metavar="{auto,off,PATH}", help=WARM_START_HELP)
+
+
+def apply_warm_start(choice: str, engine: Any, model_name: str | None) -> Any:
+    """Apply `--warm-start` to an engine and say on stderr what it did; returns the WarmStartInfo (None for off).
+    Raises ValueError (warm.WarmStartError) when a file does not fit the model."""
+    from .. import warm
+
+    if choice == "off":
+        return None
+    if choice != "auto":
+        info = warm.warm_from_file(engine, choice)
+    else:
+        from tqdm.auto import tqdm
+
+        bar = None
+
+        def progress(done: int, total: int) -> None:
+            nonlocal bar
+            if bar is None:
+                bar = tqdm(total=total, desc="learning a warm start for this model (once)", unit="answer",
+                           file=sys.stderr)
+            bar.update(done - bar.n)
+
+        try:
+            info = warm.warm_start(engine, model_name, progress=progress)
+        finally:
+            if bar is not None:
+                bar.close()
+    print(info.describe(), file=sys.stderr)
+    return info
+
+
+def decode_config(args: argparse.Namespace, **fields: Any) -> DecodeConfig:
+    """The DecodeConfig of `--max-new-tokens` and the sampling options, plus `fields`; raises DecodeConfigError."""
+    return DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                        top_k=args.top_k, repetition_penalty=args.repetition_penalty, seed=args.seed, **fields)
+
+
+def add_decode_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by every command that decodes."""
+    from ..tree import TEMPLATE_NAMES
+
+    add_model_options(p)
+    p.add_argument("--max-new-tokens", type=_positive_int, default=256)
+    add_sampling_options(p)
+    p.add_argument("--template", type=_template, default=None,
+                   help=f"draft tree: {', '.join(TEMPLATE_NAMES)} (default: 2.2.2 on a GPU, hybrid on a CPU)")
+    p.add_argument("--topk-candidates", type=_positive_int, default=8, help="k, candidates per adjacency-matrix row")
+    threads_option(p)
