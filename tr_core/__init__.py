@@ -2,6 +2,21 @@
 
 Luo et al., "Turning Trash into Treasure: Accelerating Inference of Large Language Models with Token
 Recycling", ACL 2025 (arXiv 2408.08696).
+
+The public API is what this file exports (the engine, its settings and events, the draft trees, the adjacency
+matrix, model loading), and beside it:
+- tr_core.hf.generate: Token Recycling as transformers' `generate(custom_generate=...)`;
+- tr_core.warm.warm_start(engine, model_name): start an engine's matrix warm.
+
+The rooms, lowest first; each imports only its own room or lower ones (tests/test_architecture.py):
+- tr_core/*.py, the library: engine, config, events, sampling, reduce, packet, tree, matrix, the drafters (drafters,
+  adaptive, hybrid, context, trust, cost), model access (models, runner, kv_cache, hf, warm, token_text), the CPU's
+  timed matrix products (kernels, tuning, plan_cache) and the machine they run on (machine);
+- tr_core.report: the views of a decode (trace, speed meter, figures, story, microscope, replay, race);
+- tr_core.bench: the benchmark, the forward-cost profile and their question files;
+- tr_core.cli: the command line (`token-recycling` = `python -m tr_core`);
+- tr_core.vllm, beside them: the vLLM integration, over the library alone.
+`import tr_core` loads the library alone: nothing of the views, the benchmark, the command line or the studio.
 """
 from .config import DecodeConfig
 from .engine import Engine, verify_tree
