@@ -2,9 +2,10 @@
 included, relative ones resolved):
 
 - layers, lowest first: the library (tr_core/*.py) < its views (tr_core.report) < benchmarking (tr_core.bench) < the
-  command line (tr_core.cli) < `python -m tr_core` (tr_core/__main__.py); the vLLM integration (tr_core.vllm) is a side
-  room over the library alone. A module imports its own room or a lower one; the studio (studio/, app.py) may import
-  anything of tr_core, and nothing in tr_core imports the studio;
+  command line (tr_core.cli) < `python -m tr_core` (tr_core/__main__.py); the vLLM integration (tr_core.vllm) stands
+  beside benchmarking, over the library and its views, and only the command line may use it. A module imports its own
+  room or a lower one; the studio (studio/, app.py) may import anything of tr_core, and nothing in tr_core imports the
+  studio;
 - no import cycle, between modules or between rooms;
 - `import tr_core` loads nothing of the views, the benchmark, the command line, the studio, gradio or plotly;
 - one module reads /proc/cpuinfo (tr_core/machine.py);
@@ -26,10 +27,10 @@ MAX_FUNCTION_LINES = 50
 MAY_IMPORT = {
     "library": set(),
     "report": {"library"},
-    "vllm": {"library"},
     "bench": {"library", "report"},
-    "cli": {"library", "report", "bench"},
-    "main": {"library", "report", "bench", "cli"},
+    "vllm": {"library", "report", "bench"},
+    "cli": {"library", "report", "bench", "vllm"},
+    "main": {"library", "report", "bench", "vllm", "cli"},
     "studio": {"library", "report", "bench", "cli", "vllm", "studio"},
 }
 LOADED_BY_NOTHING_AT_IMPORT = ("tr_core.report", "tr_core.bench", "tr_core.cli", "tr_core.vllm", "studio", "gradio",

@@ -15,7 +15,7 @@ The rooms, lowest first; each imports only its own room or lower ones (tests/tes
 - tr_core.report: the views of a decode (trace, speed meter, figures, story, microscope, replay, race);
 - tr_core.bench: the benchmark, the forward-cost profile and their question files;
 - tr_core.cli: the command line (`token-recycling` = `python -m tr_core`);
-- tr_core.vllm, beside them: the vLLM integration, over the library alone.
+- tr_core.vllm, beside the benchmark: the vLLM integration (below the command line, over the rest).
 `import tr_core` loads the library alone: nothing of the views, the benchmark, the command line or the studio.
 """
 from .config import DecodeConfig
