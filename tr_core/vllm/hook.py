@@ -1,0 +1,110 @@
+"""The runner hook: hands the target logits of every verified row to the proposer's matrix and calibration.
+
+vLLM gives a custom proposer no logits, and refuses logits processors when speculative decoding is on. Its model
+runner's `_sample(logits, spec_decode_metadata)` sees them all: row r of `logits` is the model's output after input
+token `input_ids[logits_indices[r]]` (vLLM reads its draft tokens the same way). For request i the rows
+cu_num_sampled_tokens[i] - (n_i + 1) .. cu_num_sampled_tokens[i] - 1 follow its last accepted token and then its
+n_i draft tokens. The wrapper reads them before sampling (which may scale logits in place), lets vLLM sample and
+verify as usual, and only then reads how many drafts were accepted. Runners without a TokenRecyclingProposer
+are not touched. Installed once per process, by the `vllm.general_plugins` entry point and by the proposer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import threading
+from typing import Any
+
+import torch
+
+from .support import SUPPORTED_TEXT, UnsupportedVLLM
+
+_LOCK = threading.Lock()
+_MARK = "_token_recycling_hook"
+METADATA_FIELDS = {"draft_token_ids", "num_draft_tokens", "cu_num_sampled_tokens", "logits_indices"}
+
+
+def _runner_class() -> Any:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    return GPUModelRunner
+
+
+def check_internals(runner_class: Any) -> None:
+    """Raise UnsupportedVLLM unless the runner's `_sample` and the spec-decode metadata look as on 0.32."""
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    sample = getattr(runner_class, "_sample", None)
+    params = list(inspect.signature(sample).parameters) if sample else []
+    fields = {f.name for f in dataclasses.fields(SpecDecodeMetadata)}
+    if params[:3] != ["self", "logits", "spec_decode_metadata"] or not METADATA_FIELDS <= fields:
+        raise UnsupportedVLLM(f"this vLLM's model runner differs from {SUPPORTED_TEXT}'s (_sample{params}, "
+                              f"SpecDecodeMetadata fields {sorted(fields)}); tr_core.vllm cannot read verified rows")
+
+
+def install() -> bool:
+    """Wrap the model runner's `_sample` (once per process). Returns True when it was installed by this call."""
+    with _LOCK:
+        runner_class = _runner_class()
+        if getattr(runner_class._sample, _MARK, False):
+            return False
+        check_internals(runner_class)
+        runner_class._sample = _wrap(runner_class._sample)
+        return True
+
+
+def installed() -> bool:
+    """Whether the hook is in place in this process."""
+    return bool(getattr(_runner_class()._sample, _MARK, False))
+
+
+def _wrap(sample: Any) -> Any:
+    @functools.wraps(sample)
+    def sample_and_recycle(runner: Any, logits: torch.Tensor | None, spec_decode_metadata: Any) -> Any:
+        proposer = _proposer_of(runner)
+        inputs = None
+        if proposer is not None and logits is not None:
+            inputs = verified_inputs(runner, spec_decode_metadata, logits.shape[0])
+            if inputs is not None:
+                proposer.matrix.update(inputs, logits)
+        output = sample(runner, logits, spec_decode_metadata)
+        if inputs is not None and spec_decode_metadata is not None:
+            _calibrate(proposer, inputs, spec_decode_metadata, output.sampled_token_ids)
+        return output
+
+    setattr(sample_and_recycle, _MARK, True)
+    return sample_and_recycle
+
+
+def _proposer_of(runner: Any) -> Any:
+    """The runner's drafter if it is a TokenRecyclingProposer (known by its RECYCLES mark), else None."""
+    drafter = getattr(runner, "drafter", None)
+    return drafter if getattr(type(drafter), "RECYCLES", False) else None
+
+
+def verified_inputs(runner: Any, spec_decode_metadata: Any, rows: int) -> torch.Tensor | None:
+    """[rows] the input token behind each logits row, or None when the rows cannot be matched to inputs."""
+    if spec_decode_metadata is not None:
+        positions = spec_decode_metadata.logits_indices
+    else:  # one row per request: its last scheduled token
+        num_reqs = runner.input_batch.num_reqs
+        positions = runner.query_start_loc.gpu[1: num_reqs + 1] - 1
+    if positions.shape[0] != rows:
+        return None
+    return runner.input_ids.gpu[positions.long()]
+
+
+def _calibrate(proposer: Any, inputs: torch.Tensor, meta: Any, sampled: torch.Tensor) -> None:
+    """Tell the proposer, per request, its last token, its draft and how many of the draft were accepted."""
+    counts = meta.num_draft_tokens
+    accepted = ((sampled != -1).sum(dim=1) - 1).clamp(min=0).tolist()  # -1: vLLM's placeholder after a rejection
+    drafts_flat = meta.draft_token_ids.tolist()
+    ends = meta.cu_num_sampled_tokens.tolist()
+    inputs_list = inputs.tolist()
+    drafts, firsts, start = [], [], 0
+    for n, end in zip(counts, ends):
+        drafts.append(drafts_flat[start: start + n])
+        firsts.append(inputs_list[end - n - 1])
+        start += n
+    proposer.observe(firsts, drafts, accepted[: len(counts)])

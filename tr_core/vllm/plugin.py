@@ -1,0 +1,24 @@
+"""vLLM's `vllm.general_plugins` entry point: installs the runner hook in every vLLM process.
+
+vLLM runs each registered general plugin in its engine and worker processes before models are built. On a vLLM
+this integration does not support, it logs why and changes nothing: vLLM without Token Recycling keeps working,
+and asking for the proposer then fails with the reason.
+"""
+from __future__ import annotations
+
+import logging
+
+from .support import UnsupportedVLLM, check_supported
+
+log = logging.getLogger("tr_core.vllm")
+
+
+def register() -> None:
+    """Install the hook if this vLLM is supported (idempotent: vLLM may call plugins more than once)."""
+    try:
+        check_supported()
+        from . import hook
+
+        hook.install()
+    except UnsupportedVLLM as error:
+        log.warning("Token Recycling is not available: %s", error)
