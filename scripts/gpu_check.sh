@@ -80,10 +80,22 @@ profile() {
   done
 }
 
+# Token Recycling inside vLLM on a GPU (docs/vllm.md), where vLLM 0.32 and this project are installed in the active
+# Python (the lent machines cannot download vLLM's GPU build, so it has not run yet). Checks: greedy float32 output
+# identical to plain vLLM alone and batched, sampling and `vllm serve` (tests/vllm); the matrix on cuda; tokens/s
+# at 1, 8 and 32 concurrent requests against plain vLLM and ngram.
+vllm_check() {
+  python3 -c "import vllm, tr_core.vllm; print('vLLM', vllm.__version__)" || { echo "vLLM is not installed" >&2; return 1; }
+  VLLM_CPU_KVCACHE_SPACE= python3 -m pytest -q tests/vllm -p no:cacheprovider 2>&1 | tail -n 20 | tee "$OUT/vllm_tests.txt"
+  timeout 900 python3 -m tr_core.vllm.bench --questions $DATA/spec_bench_dev.jsonl --questions $DATA/mbpp_dev.jsonl \
+    --per-task 2 --rounds 3 --concurrency 1 8 32 --out "$OUT/vllm_gpu.json" 2>&1 | tail -n 12 | tee "$OUT/vllm_bench.txt"
+}
+
 case "${1:-}" in
   part1) part1 ;;
   check) model; wheels; convert ;;   # join + verify the model, install the wheels, convert; no benchmark
   bench) bench ;;
   profile) profile ;;
-  *) echo "usage: $0 part1|check|bench|profile" >&2; exit 2 ;;
+  vllm) vllm_check ;;
+  *) echo "usage: $0 part1|check|bench|profile|vllm" >&2; exit 2 ;;
 esac

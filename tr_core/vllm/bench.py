@@ -125,7 +125,7 @@ def summarise(cell: dict[str, Any], plain: dict[str, Any] | None) -> dict[str, A
             "identical": same, "answers": len(cell["answers"])}
 
 
-def studio_engine(model_dir: str, prompts: list, max_tokens: int, rounds: int) -> dict[str, Any]:
+def studio_engine(name: str | None, model_dir: str, prompts: list, max_tokens: int, rounds: int) -> dict[str, Any]:
     """The library's Engine (the CPU's default drafting, warm start), one question at a time, greedy."""
     import torch
 
@@ -136,7 +136,7 @@ def studio_engine(model_dir: str, prompts: list, max_tokens: int, rounds: int) -
 
     model, tokenizer = load_model(model_dir, dtype=torch.float32)
     engine = Engine(model, tokenizer)
-    warm_start(engine, model_dir)
+    warm_start(engine, name)  # None: the embedded model's shipped warm start
     cfg = DecodeConfig(max_new_tokens=max_tokens, template=default_template(torch.device("cpu")))
     times, tokens, steps = [], 0, 0
     for _ in range(rounds):
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     cells = measure(engines, prompts, args)
     rows = [summarise(cell, cells.get(f"plain@{cell['concurrency']}")) for cell in cells.values()]
     if args.studio:
-        rows.append(studio_engine(model, prompts, args.max_tokens, args.rounds))
+        rows.append(studio_engine(args.model, model, prompts, args.max_tokens, args.rounds))
     print(table(rows))
     if args.out:
         meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": model, "questions": len(prompts),
