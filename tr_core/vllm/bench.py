@@ -170,11 +170,11 @@ def main(argv: list[str] | None = None) -> int:
 
     model = model_folder(args.model)
     prompts = load_prompts(args)
+    # the library's engine first: idle vLLM engines keep polling for work and would slow it down
+    studio = [studio_engine(args.model, model, prompts, args.max_tokens, args.rounds)] if args.studio else []
     engines = build_engines(args, model)
     cells = measure(engines, prompts, args)
-    rows = [summarise(cell, cells.get(f"plain@{cell['concurrency']}")) for cell in cells.values()]
-    if args.studio:
-        rows.append(studio_engine(args.model, model, prompts, args.max_tokens, args.rounds))
+    rows = [summarise(cell, cells.get(f"plain@{cell['concurrency']}")) for cell in cells.values()] + studio
     print(table(rows))
     if args.out:
         meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": model, "questions": len(prompts),
