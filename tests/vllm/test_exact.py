@@ -3,7 +3,7 @@ scheduler pushed to chunk prefills and pre-empt requests."""
 from __future__ import annotations
 
 import pytest
-from conftest import TR, counters, make_llm, questions, shut
+from vllm_support import TR, counters, make_llm, questions, shut, model_dir  # noqa: F401 - model_dir is a fixture
 
 MAX_TOKENS = 64
 

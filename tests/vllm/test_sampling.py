@@ -7,7 +7,7 @@ import math
 from collections import Counter
 
 import pytest
-from conftest import TR, counters, make_llm, shut
+from vllm_support import TR, counters, make_llm, shut, model_dir  # noqa: F401 - model_dir is a fixture
 
 PROMPT = [{"role": "user", "content": "Name the planets of the solar system, in order."}]
 TEMPERATURE = 0.5  # random enough to spread over many answers, predictable enough for drafts to be accepted

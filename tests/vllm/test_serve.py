@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import TR, make_llm, questions, shut
+from vllm_support import TR, make_llm, questions, shut, model_dir  # noqa: F401 - model_dir is a fixture
 
 MAX_TOKENS = 48
 START_TIMEOUT = 300  # seconds for the server to load the model and answer /health

@@ -1,7 +1,7 @@
-"""vLLM's own environment only (`make test-vllm`): engines built once per module on the embedded model, float32.
-
-The main suite does not collect this folder (tests/conftest.py) unless vLLM is installed.
-"""
+"""Shared parts of tests/vllm/ (vLLM's own environment only, `make test-vllm`): the embedded model's folder, engines
+in float32, vLLM's counters. Not a conftest.py: a second module named `conftest` would shadow tests/conftest.py
+for the main suite's `from conftest import ...`. The main suite does not collect this folder unless vLLM is
+installed (tests/conftest.py)."""
 from __future__ import annotations
 
 import gc
