@@ -54,11 +54,6 @@ def install() -> bool:
         return True
 
 
-def installed() -> bool:
-    """Whether the hook is in place in this process."""
-    return bool(getattr(_runner_class()._sample, _MARK, False))
-
-
 def _wrap(sample: Any) -> Any:
     @functools.wraps(sample)
     def sample_and_recycle(runner: Any, logits: torch.Tensor | None, spec_decode_metadata: Any) -> Any:

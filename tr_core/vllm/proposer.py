@@ -58,7 +58,6 @@ class TokenRecyclingProposer:
         self.acceptance = Acceptance(self.device)
         self.min_reach = min_reach_setting()
         self.pending: dict[tuple[int, tuple[int, ...]], list[int]] = {}  # (last token, draft) -> its kinds
-        self.stats = {"steps": 0, "drafted": 0, "accepted": 0}
         self.calls = 0  # propose calls so far (every EXPLORE-th explores)
         hook.install()
         cpu_fixes.install()
@@ -100,6 +99,3 @@ class TokenRecyclingProposer:
                 counts.append(n)
         if kinds:
             self.acceptance.record(kinds, counts)
-        self.stats["steps"] += len(drafts)
-        self.stats["drafted"] += sum(len(d) for d in drafts)
-        self.stats["accepted"] += sum(accepted)
