@@ -67,9 +67,8 @@ def shoot(pages: dict[str, tuple[Path, int]], out: Path) -> None:
                 for _ in range(step):
                     page.click("#tr-next")
                 page.wait_for_timeout(500)
-                page.locator("main").screenshot(path=str(out / f"{name}.png"))
-            else:
-                page.screenshot(path=str(out / f"{name}.png"), full_page=True)
+                page.evaluate("window.scrollTo(0, 0)")  # from the top: the sticky step bar covers nothing
+            page.screenshot(path=str(out / f"{name}.png"), full_page=True)
             page.close()
         browser.close()
 

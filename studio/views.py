@@ -118,7 +118,8 @@ def decoding_html(settings: dict[str, Any] | None) -> str:
 
 COST_PLACEHOLDER = ("What the shown step's forward cost on this machine, against what it gained, is worked out here: "
                     "speedup ≈ tokens gained per step ÷ the cost of the step's forward.")
-FORMULA = "Speedup ≈ mean accepted tokens per step ÷ t(N)/t(1), the cost of a forward of N tokens against one of 1 token"
+FORMULA = ("Speedup ≈ mean accepted tokens per step ÷ t(N)/t(1), where t(N)/t(1) is what one forward of N tokens (the last "
+           "token and its drafts) costs against a one-token forward")
 NOISY_WITHHELD = "the meter found this answer's timings too noisy, so no speed is claimed here either"
 
 
@@ -225,8 +226,8 @@ def cost_brief(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None
     if speed_state(speed) == "noisy":
         return f"Cost: {n} tokens in one forward gained {_tokens(gained)}; no speed claimed: the meter says too noisy"
     c = curve.cost(n)
-    return (f"Cost: {n} tokens in one forward = {c:.2f}× one token's; gained {gained} → {gained} ÷ {c:.2f} ≈ "
-            f"{gained / c:.2f}× plain speed (estimate)")
+    return (f"Cost: {n} tokens in one forward = {c:.2f}× one token's; gained {gained} → this step alone ≈ "
+            f"{gained} ÷ {c:.2f} = {gained / c:.2f}× a plain step (estimate)")
 
 
 def cost_html(ev: StepEvent | None, curve: CostCurve | None, trace: Trace | None = None) -> str:

@@ -42,10 +42,11 @@ def test_story_counts_distinct_rows_and_context_copies():
     ev = make_event(sources=["root", "matrix", "context", "matrix", "both", "matrix", "matrix"],
                     origins=["", "", "copied from the prompt", "", "copied from the prompt", "", ""])
     story = step_story(ev, text_of)
-    assert "drafted 6 tokens after '<root>', read from 4 rows of the adjacency matrix; 2 of them were copied from the context." in story
+    assert ("drafted 6 tokens after '<root>': 4 read from 4 rows of the adjacency matrix, 1 copied from the "
+            "conversation and 1 found both in a matrix row and in the conversation.") in story
     only_context = make_event(tokens=[0, 1], parents=[-1, 0], depths=[0, 1], ranks=[-1, 8], accepted=[0, 1],
                               emitted=[1, 2], bonus=2, sources=["root", "context"], origins=["", "x"])
-    assert "drafted 1 token after '<root>', all copied from the context." in step_story(only_context, text_of)
+    assert "drafted 1 token after '<root>', all copied from the conversation." in step_story(only_context, text_of)
 
 
 def test_story_of_a_rejected_draft_a_plain_step_and_a_stop():

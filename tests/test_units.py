@@ -494,5 +494,8 @@ def test_prompt_seeding_puts_the_prompt_successor_first():
     assert m.table[4].tolist() == [8, 5, 6]  # seeded first, the old candidates shift right
     assert m.table[6].tolist()[0] == 2 and m.table[2].tolist()[0] == 4
     assert m.get_probs()[4, 0].item() == pytest.approx(0.5, abs=0.01)
+    probs = m.get_probs()[4].tolist()  # the kept candidates share the other half: still sorted, summing to <= 1
+    assert probs == sorted(probs, reverse=True) and sum(probs) <= 1.0 + 1e-6
+    assert probs[1] == pytest.approx(0.5 * torch.softmax(torch.tensor([0.0] * 5 + [3.0, 2.0, 1.0, 0.0, 0.0]), 0)[5].item(), abs=0.01)
     m.seed_from_text([4, 5])  # a candidate already in the row moves to the front instead of repeating
     assert m.table[4].tolist() == [5, 8, 6]

@@ -72,7 +72,8 @@ class AdjacencyMatrix:
         """Put each token's successor in `ids` first in its row (the last occurrence wins); returns rows changed.
 
         Text that copies its prompt (summaries, retrieval answers, code) then drafts from the prompt itself.
-        The other candidates shift right; the seeded one gets probability `prob`.
+        The other candidates shift right; the seeded one gets probability `prob` and the others keep their share of
+        the rest (each scaled by 1 - prob), so a row's probabilities stay sorted and sum to at most 1.
         """
         succ: dict[int, int] = {}
         for a, b in zip(ids, ids[1:]):
@@ -88,7 +89,7 @@ class AdjacencyMatrix:
         # stable order: kept old candidates after the seeded one, dropped ones last
         order = torch.argsort((~keep).int(), dim=1, stable=True)
         shifted_ids = torch.gather(old_ids, 1, order)
-        shifted_probs = torch.gather(old_probs * keep, 1, order)
+        shifted_probs = torch.gather((old_probs.float() * keep * (1 - prob)).round_(), 1, order)
         self.table[rows] = torch.cat([new[:, None], shifted_ids[:, : self.k - 1]], dim=1)
         self.probs[rows] = torch.cat([torch.full_like(new[:, None], round(prob * 255)).to(torch.uint8),
                                       shifted_probs[:, : self.k - 1].to(torch.uint8)], dim=1)

@@ -635,10 +635,11 @@ def heatmap_figure(tracker: MatrixTracker, ev: StepEvent | None, token_text: Tok
     fig.add(type="heatmap", z=z[::-1], x=[f"#{j}" for j in range(k)], y=labels[::-1], text=text[::-1],
             texttemplate="%{text}", textfont=dict(size=MIN_FONT), hovertext=hover[::-1], hoverinfo="text",
             colorscale=PROB_SCALE, zmin=0.0, zmax=1.0, xgap=2, ygap=2,
-            colorbar=dict(title=dict(text="p", side="right"), thickness=12, len=0.8))
+            colorbar=dict(title=dict(text="probability", side="right"), thickness=12, len=0.8))
     fig.layout["margin"] = dict(l=10, r=10, t=64, b=40)
     fig.layout["xaxis"] = dict(visible=True, showgrid=False, side="bottom", tickfont=dict(size=MIN_FONT),
-                               type="category", title=dict(text="candidate rank", font=dict(size=MIN_FONT)))
+                               type="category", automargin=True,  # the title below the rank labels, never on them
+                               title=dict(text="candidate rank", font=dict(size=MIN_FONT), standoff=8))
     fig.layout["yaxis"] = dict(visible=True, showgrid=False, tickfont=dict(size=MIN_FONT, family="monospace"),
                                automargin=True)
     _caption_heatmap(fig, ev, [r in touched for r in rows], labels + [t for line in text for t in line])
@@ -795,7 +796,8 @@ def _ratio_parts(v: MeterView) -> tuple[str, str, str]:
         err = f" ± {v.error:.2f}" if v.error is not None else ""
         verb = {"up": "faster than plain decoding", "down": "slower than plain decoding",
                 "par": "about as fast as plain decoding"}[ratio_class(v.ratio, v.error or 0.0)]
-        return f"{v.ratio:.2f}×{err}", ratio_class(v.ratio, v.error or 0.0), f"measured: {verb}"
+        label = f"measured over the whole answer: {verb}" + (" (± one standard error)" if err else "")
+        return f"{v.ratio:.2f}×{err}", ratio_class(v.ratio, v.error or 0.0), label
     if v.state == "noisy":
         return "too noisy to measure", "none", "speedup not shown"
     if v.state in ("live", "measuring"):

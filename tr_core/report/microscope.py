@@ -21,6 +21,7 @@ MAX_WRITES_SHOWN = 2  # rows written shown open, before and after
 MAX_READS_LISTED = 24  # rows read listed in all (open and folded); a step of the paper's tree reads about 20-40
 MAX_WRITES_LISTED = 10  # rows written listed in all (a step writes one per node: 81 for the paper's tree)
 MAX_OFFERED = 4  # tokens the draft offered at the first disagreement, quoted one by one
+MAX_COPIED_SHOWN = 16  # tokens copied from the conversation listed one by one; more are counted
 TOKEN_CHARS = 12  # longest token label
 BLOCK_TAGS = ("div", "span", "details", "summary")  # the only tags a block may be (the JS renderer checks too)
 
@@ -31,10 +32,10 @@ def _text(trace: Trace, token: int) -> str:
 
 
 def _percent(p: float | None) -> str:
-    """'41%'; '' under 1% (most of a row: a label per cell would drown the tokens) or when unknown."""
-    if p is None or p < 0.005:
+    """'41%'; '<1%' under half a percent; '' when unknown."""
+    if p is None:
         return ""
-    return f"{p * 100:.0f}%"
+    return "<1%" if p < 0.005 else f"{p * 100:.0f}%"
 
 
 # ------------------------------------------------------------------------------------------------- the data
@@ -291,16 +292,27 @@ def _read_section(m: dict[str, Any]) -> dict[str, Any]:
     blocks = [_b("div", "trm-h", head)]
     if reads:
         blocks.append(_b("div", "trm-note", f"Each row: the {m['k']} tokens last seen after its token, with the "
-                                            "probability stored (from 1%). Outlined: drafted; green ✓: accepted."))
+                                            "probability stored when it was written. Outlined: drafted; green ✓: accepted."))
     blocks += _folded([_read_row(r) for r in reads[:MAX_READS_LISTED]], n, "rows read", MAX_READS_SHOWN)
-    copied = [_b("span", "trm-cell " + ("trm-ok" if c["accepted"] else "trm-drafted"),
-                 f"{_q(c['text'])} after {_q(c['after'])}" + (f" ({c['origin']})" if c["origin"] else "")
-                 + (" ✓" if c["accepted"] else "")) for c in m["copied"]]
-    if copied:
-        blocks.append(_b("div", "trm-row", [_b("div", "trm-rowname", f"{len(copied)} drafted from the conversation, "
-                                                                      "not from the matrix"),
-                                            _b("div", "trm-cells", copied[:8])]))
+    if reads and m["copied"] and not any(c["nodes"] for r in reads for c in r["candidates"]):
+        blocks.append(_b("div", "trm-note", "None of these rows' candidates was drafted: the copies from the "
+                                            "conversation below were rated more likely to be accepted."))
+    if m["copied"]:
+        blocks.append(_copied_row(m["copied"]))
     return _b("div", "trm-sec", blocks)
+
+
+def _copied_row(copied: list[dict[str, Any]]) -> dict[str, Any]:
+    """The draft tokens copied from the conversation, every one listed (up to MAX_COPIED_SHOWN, then counted)."""
+    both = sum(1 for c in copied if c["also_matrix"])
+    head = f"{len(copied)} drafted from the conversation" + (
+        f" ({both} of them also a candidate in a matrix row)" if both else ", not from the matrix")
+    cells = [_b("span", "trm-cell " + ("trm-ok" if c["accepted"] else "trm-drafted"),
+                f"{_q(c['text'])} after {_q(c['after'])}" + (f" ({c['origin']})" if c["origin"] else "")
+                + (" ✓" if c["accepted"] else "")) for c in copied[:MAX_COPIED_SHOWN]]
+    if len(copied) > MAX_COPIED_SHOWN:
+        cells.append(_b("span", "trm-label", f"… and {len(copied) - MAX_COPIED_SHOWN} more"))
+    return _b("div", "trm-row", [_b("div", "trm-rowname", head), _b("div", "trm-cells", cells)])
 
 
 def _verdict_section(m: dict[str, Any]) -> dict[str, Any]:
@@ -355,8 +367,10 @@ def _write_section(m: dict[str, Any]) -> dict[str, Any]:
     each = "each from its node's" if len(writes) != 1 else "from its node's"
     head = f"③ Written back: {len(writes)} row{'s' if len(writes) != 1 else ''}, {each} top-{m['k']}"
     new = counts["new"] + counts["unknown"]  # as the step story counts them: no earlier value known
-    parts = [f"{counts['changed']} changed", f"{new} new", f"{counts['same']} with the same candidates"]
-    note = ", ".join(parts) + ". + marks a candidate new to its row; the accepted path's rows come first."
+    parts = [f"{counts['changed']} rows changed", f"{new} rows written for the first time",
+             f"{counts['same']} rows with the same candidates"]
+    note = (", ".join(parts) + ". + marks a candidate that was not in its row before; the accepted path's rows "
+            "come first.")
     return _b("div", "trm-sec", [_b("div", "trm-h", head), _b("div", "trm-note", note),
                                  *_folded([_write_row(w) for w in shown[:MAX_WRITES_LISTED]], len(shown),
                                           "rows written", MAX_WRITES_SHOWN)])

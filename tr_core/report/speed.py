@@ -126,8 +126,8 @@ def _distrust(pairs: list[ChunkPair], ratio: float, error: float, median_ratio: 
     if len(pairs) < MIN_PAIRS:
         return f"the answer was too short to measure ({tokens} tokens); ask for a longer one"
     if ratio > plausible_limit(mean_acc):
-        return (f"{ratio:.2f}× is more than the {mean_acc:.2f} accepted tokens per step of the measured chunks "
-                "allow: the machine was busy while measuring")
+        return ("the timings make Token Recycling faster than its accepted tokens per step allow (a tree forward "
+                "never costs less than a one-token forward): the machine's load changed while measuring")
     if error > MAX_REL_ERROR * ratio or abs(ratio - median_ratio) > 2 * error:
         return f"the timings varied by ±{error / ratio:.0%} between chunks: the machine was busy while measuring"
     return ""

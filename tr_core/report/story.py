@@ -54,21 +54,29 @@ def _plain_sentence(ev: StepEvent, token_text: TokenText) -> str:
 
 
 def _draft_sentence(ev: StepEvent, token_text: TokenText) -> str:
-    """How many tokens were drafted after the root, from how many matrix rows, how many copied from the context."""
+    """How many tokens were drafted after the root and where each came from: read from the adjacency matrix (from
+    how many rows, written by which steps), copied from the conversation, or found in both."""
     nodes = range(1, len(ev.tokens))
-    copied = sum(1 for i in nodes if node_source(ev, i) in COPIED)
-    from_matrix = [i for i in nodes if node_source(ev, i) != "context"]
-    rows = {ev.tokens[ev.parents[i]] for i in from_matrix}
+    source = {i: node_source(ev, i) for i in nodes}
+    from_matrix = [i for i in nodes if source[i] not in COPIED]
+    copied = sum(1 for i in nodes if source[i] == "context")
+    both = sum(1 for i in nodes if source[i] == "both")
     head = f"Step {ev.step + 1} drafted {_count(len(nodes), 'token')} after {quoted(token_text(ev.tokens[0]))}"
-    if not rows:
-        return f"{head}, all copied from the context."
-    head += f", read from {_count(len(rows), 'row')} of the adjacency matrix"
-    writers = _writers(ev, from_matrix)
-    if writers:
-        head += f" (written by {writers})"
+    if not from_matrix and not both:
+        return f"{head}, all copied from the conversation."
+    parts = []
+    if from_matrix:
+        rows = {ev.tokens[ev.parents[i]] for i in from_matrix}
+        writers = _writers(ev, from_matrix)
+        parts.append(f"{len(from_matrix)} read from {_count(len(rows), 'row')} of the adjacency matrix"
+                     + (f" (written by {writers})" if writers else ""))
     if copied:
-        head += f"; {copied} of them {'was' if copied == 1 else 'were'} copied from the context"
-    return head + "."
+        parts.append(f"{copied} copied from the conversation")
+    if both:
+        parts.append(f"{both} found both in a matrix row and in the conversation")
+    if len(parts) == 1 and from_matrix:
+        return f"{head}, read from {parts[0].split(' read from ', 1)[1]}."
+    return f"{head}: {_listed(parts)}."
 
 
 def _writers(ev: StepEvent, nodes: list[int]) -> str:
