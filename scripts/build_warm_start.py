@@ -4,8 +4,10 @@
     python scripts/build_warm_start.py --limit 4 --out /tmp/w.safetensors   # a quick check
 
 Decodes every corpus prompt greedily through the engine (alternating the hybrid and the adaptive tree, so both
-learn their calibration and trust; both fill the one matrix), then saves the matrix's written rows and the drafters'
-learned state as safetensors with a manifest, and the manifest as JSON beside it. Never reads the benchmark's
+learn their calibration and trust; both fill the one matrix), averages each row over the answers, answers one
+prompt in four again from such a matrix to calibrate the drafters (tr_core/warm.py, `learn`), then saves the
+matrix's written rows and the drafters' learned state as safetensors with a manifest, and the manifest as JSON
+beside it. Never reads the benchmark's
 question sets: the warm start is judged on them.
 """
 from __future__ import annotations
@@ -48,8 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         prompts = warm.spread(prompts, args.spread)
     model, tokenizer = load_model(args.model, device=args.device)
     engine = Engine(model, tokenizer, tune_kernels=args.linear == "auto")
+    def tick(done: int, total: int) -> None:
+        bar.total = total  # the corpus's answers, then the calibration answers (warm.learn)
+        bar.update(done - bar.n)
+
     with tqdm(total=len(prompts), desc="warm start", unit="answer") as bar:
-        state = warm.learn(engine, prompts, args.max_new_tokens, lambda done, total: bar.update(done - bar.n))
+        state = warm.learn(engine, prompts, args.max_new_tokens, tick)
     state.manifest.update(model=args.model or "SmolLM2-135M-Instruct (embedded)", corpus=Path(args.corpus).name,
                           corpus_sha256=warm.file_sha256(args.corpus), corpus_prompts=len(prompts),
                           device=str(engine.device), dtype=str(engine.dtype).replace("torch.", ""),

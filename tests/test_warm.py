@@ -205,6 +205,48 @@ def test_a_warm_start_round_trips_and_leaves_a_fresh_engine_warm(tmp_path):
     assert fresh.matrix.rows_filled == 0  # forget: back to empty, not to the warm state
 
 
+def test_learning_averages_the_rows_and_calibrates_from_a_warm_matrix(monkeypatch):
+    """Pass 2: every row that precedes an answer token is the average over the answers; pass 3: one prompt in
+    CALIBRATE_EVERY is answered again from rows averaged over the other prompts' answers, after the older-row
+    calibration of pass 1 is dropped, so the shipped older-row counts are those of warm first answers."""
+    from tr_core.adaptive import MATRIX_KEYS, N_BINS
+
+    prompts = CORPUS + ["one more prompt", "and another", "the eighth prompt"]  # 8: two calibration answers
+    engine = tiny_engine()
+    answers: dict = {}
+    decode = warm._decode
+
+    def spy(engine, prompt, max_new_tokens, template):
+        out = decode(engine, prompt, max_new_tokens, template)
+        answers.setdefault(prompt, []).append((out[0], engine.matrix.rows_filled))
+        return out
+
+    monkeypatch.setattr(warm, "_decode", spy)
+    calibrating: list[float] = []
+    real_calibrate = warm.calibrate
+
+    def watch(engine, held, max_new_tokens, tick):
+        calibrating.append(float(engine.hybrid.trials[N_BINS:MATRIX_KEYS].sum()))
+        real_calibrate(engine, held, max_new_tokens, tick)
+        calibrating.append(float(engine.hybrid.trials[N_BINS:MATRIX_KEYS].sum()))
+
+    monkeypatch.setattr(warm, "calibrate", watch)
+    progress = []
+    state = warm.learn(engine, prompts, 16, lambda done, total: progress.append((done, total)))
+    held = prompts[::warm.CALIBRATE_EVERY]
+    assert progress[-1] == (10, 10) and state.manifest["calibration_answers"] == 2
+    assert [len(answers[p]) for p in prompts] == [2 if p in held else 1 for p in prompts]
+    for p in held:  # greedy: the same answer again, and started from a matrix that was not empty
+        (first, _), (again, filled) = answers[p]
+        assert again == first and filled > 0
+    assert calibrating[1] > 0  # the dropped older-row counts were learned again from warm answers
+    rows, table, probs = warm.average_rows(engine.model, [answers[p][0][0] for p in prompts], TINY_VOCAB, 8)
+    at = {r: i for i, r in enumerate(state.rows.tolist())}
+    assert set(rows.tolist()) <= set(at)
+    picked = torch.tensor([at[r] for r in rows.tolist()])
+    assert torch.equal(state.table[picked], table) and torch.equal(state.probs[picked], probs)
+
+
 def test_a_warm_start_of_another_model_or_a_tampered_file_is_refused(tmp_path):
     engine = tiny_engine()
     state = warm.learn(engine, CORPUS[:2], 12)
@@ -265,7 +307,7 @@ def test_the_shipped_warm_start_has_a_manifest_and_stays_small():
 
 def test_the_corpus_is_the_projects_own_not_the_benchmarks():
     prompts = warm.read_corpus()
-    assert 120 <= len(prompts) <= 200
+    assert 200 <= len(prompts) <= 300
     from pathlib import Path
 
     data = Path(__file__).resolve().parents[1] / "bench" / "data"
@@ -296,3 +338,29 @@ def test_the_command_line_starts_warm_by_default():
     assert parser.parse_args(["generate", "--prompt", "x", "--warm-start", "off"]).warm_start == "off"
     bench = parser.parse_args(["bench", "--questions", "q.jsonl", "--fresh-sessions"])
     assert bench.warm_start == "auto" and bench.fresh_sessions
+
+
+def test_average_rows_keeps_what_most_often_follows_each_token():
+    """Each row: the candidates of highest summed probability over every place the token precedes an answer token,
+    stored with their mean probability; checked against a direct count on a tiny model."""
+    model = tiny_model("llama")
+    k = 3
+    answers = [([1, 5, 7], [9, 5, 2, 5]), ([3, 9], [5, 11, 9, 5]), ([4], [2])]
+    rows, table, probs = warm.average_rows(model, answers, TINY_VOCAB, k)
+    summed: dict[int, dict[int, float]] = {}
+    seen: dict[int, int] = {}
+    with torch.no_grad():
+        for prompt, answer in answers:
+            ids = prompt + answer
+            p = torch.softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+            for pos in range(len(prompt) - 1, len(ids)):
+                top, cand = p[pos, :TINY_VOCAB].topk(k)
+                seen[ids[pos]] = seen.get(ids[pos], 0) + 1
+                for c, v in zip(cand.tolist(), top.tolist()):
+                    summed.setdefault(ids[pos], {})[c] = summed.setdefault(ids[pos], {}).get(c, 0.0) + v
+    assert rows.tolist() == sorted(summed)  # 7, 9, 5, 2, 11, 4 ... each token that precedes an answer token
+    for row, cands, stored in zip(rows.tolist(), table.tolist(), probs.tolist()):
+        best = sorted(summed[row].items(), key=lambda item: -item[1])[:k]
+        assert [c for c, _ in best] == cands
+        assert stored == [round(v / seen[row] * 255) for _, v in best]
+    assert seen[5] == 4 and len(set(table[rows.tolist().index(5)].tolist())) == k  # row 5: four places, averaged

@@ -136,28 +136,130 @@ def file_sha256(path: str | Path) -> str:
 
 
 # -- learning -------------------------------------------------------------------------------------------------------
+CALIBRATE_EVERY = 4  # one corpus prompt in this many is decoded again, from the warm matrix, to calibrate the drafters
+
+
 def learn(engine, prompts: list[str], max_new_tokens: int,
           progress: Callable[[int, int], None] | None = None) -> WarmState:
-    """Decode `prompts` greedily from an empty engine, alternating the hybrid and the adaptive tree (each learns its
-    own calibration and trust; both fill the one matrix); returns what they learned. Leaves the engine cold again:
-    matrix and context index empty (the corpus's conversations are not kept), its forward costs measured."""
+    """What a fresh engine should start from, learned from `prompts` (three passes; leaves the engine cold again,
+    its forward costs measured):
+
+    1. decode every prompt greedily from an empty engine, alternating the hybrid and the adaptive tree (each
+       learns its calibration and trust; both fill the one matrix);
+    2. replace every row that precedes an answer token by the model's average top-k after that token over the
+       answers (`average_rows`; one forward per answer, no decoding);
+    3. calibrate the drafters to such a matrix: one prompt in CALIBRATE_EVERY is answered again, each answer
+       starting from the rows averaged over the OTHER prompts' answers (as a visitor's first answer starts from
+       rows learned on other questions), after the older-row calibration of pass 1 is dropped.
+    The matrix kept is averaged over all the answers. progress(done, total) counts answers over passes 1 and 3."""
+    engine.forget()
+    held = set(range(0, len(prompts), CALIBRATE_EVERY)) if len(prompts) >= 2 * CALIBRATE_EVERY else set()
+    total = len(prompts) + len(held)
+    tick = (lambda i: progress(i, total)) if progress is not None else (lambda i: None)
+    answers, steps = decode_answers(engine, prompts, max_new_tokens, tick)
+    if held:
+        others = [a for i, a in answers.items() if i not in held]
+        set_rows(engine.matrix, *average_rows(engine.model, others, engine.vocab_size, engine.matrix.k))
+        calibrate(engine, [prompts[i] for i in sorted(held)], max_new_tokens, lambda i: tick(len(prompts) + i))
+    set_rows(engine.matrix, *average_rows(engine.model, list(answers.values()), engine.vocab_size, engine.matrix.k))
+    state = capture(engine, {"answers": len(answers), "tokens": sum(len(a) for _, a in answers.values()),
+                             "steps": steps, "max_new_tokens": max_new_tokens,
+                             "calibration_answers": len(held)})
+    engine.forget()
+    return state
+
+
+def decode_answers(engine, prompts: list[str], max_new_tokens: int, tick: Callable[[int], None]
+                   ) -> tuple[dict[int, tuple[list[int], list[int]]], int]:
+    """Pass 1 of `learn`: {prompt index: (prompt ids, answer ids)} and the steps taken, alternating the trees."""
+    answers, steps = {}, 0
+    for i, prompt in enumerate(prompts):
+        answer, answer_steps = _decode(engine, prompt, max_new_tokens, "hybrid" if i % 2 == 0 else "adaptive")
+        if answer is not None:
+            answers[i], steps = answer, steps + answer_steps
+        tick(i + 1)
+    return answers, steps
+
+
+def set_rows(matrix, rows: torch.Tensor, table: torch.Tensor, probs: torch.Tensor) -> None:
+    """Write whole rows into the matrix (rows [R] long, candidates [R, k] int32, probabilities [R, k] uint8)."""
+    on = rows.to(matrix.device)
+    matrix.table[on], matrix.probs[on] = table.to(matrix.device), probs.to(matrix.device)
+    matrix.filled[on] = True
+
+
+def calibrate(engine, prompts: list[str], max_new_tokens: int, tick: Callable[[int], None]) -> None:
+    """Pass 3 of `learn`: answer `prompts`, each from the matrix as it is now (restored before every answer; the
+    context index emptied), so that the drafters learn how often candidates of such rows are accepted. The
+    older-row calibration learned in pass 1 (rows last written by another answer) is dropped first."""
+    from .adaptive import MATRIX_KEYS, N_BINS
+
+    for name in _DRAFTERS:
+        drafter = getattr(engine, name)
+        drafter.hits[N_BINS:MATRIX_KEYS] = 0.0
+        drafter.trials[N_BINS:MATRIX_KEYS] = 0.0
+        drafter._refresh()
+    start = engine.matrix.clone()
+    start.stamps.fill_(-1)  # every row written before the answers: rated as older rows, as in a warm session
+    for i, prompt in enumerate(prompts):
+        engine.forget()
+        engine.matrix.copy_from(start)
+        _decode(engine, prompt, max_new_tokens, "hybrid" if i % 2 == 0 else "adaptive")
+        tick(i + 1)
+    engine.forget()
+    engine.matrix.copy_from(start)
+
+
+def _decode(engine, prompt: str, max_new_tokens: int,
+            template: str) -> tuple[tuple[list[int], list[int]] | None, int]:
+    """((prompt ids, answer ids), steps) of one greedy answer; (None, 0) when the prompt leaves no room."""
     from .config import DecodeConfig
     from .events import SummaryEvent
 
-    engine.forget()
-    answers = tokens = steps = 0
-    for i, prompt in enumerate(prompts):
-        ids = engine.encode_chat([{"role": "user", "content": prompt}])
-        if len(ids) + max_new_tokens < engine.context_limit:
-            cfg = DecodeConfig(max_new_tokens=max_new_tokens, template="hybrid" if i % 2 == 0 else "adaptive")
-            for event in engine.generate(ids, cfg):
-                if isinstance(event, SummaryEvent):
-                    answers, tokens, steps = answers + 1, tokens + event.new_tokens, steps + event.steps
-        if progress is not None:
-            progress(i + 1, len(prompts))
-    state = capture(engine, {"answers": answers, "tokens": tokens, "steps": steps, "max_new_tokens": max_new_tokens})
-    engine.forget()
-    return state
+    ids = engine.encode_chat([{"role": "user", "content": prompt}])
+    if len(ids) + max_new_tokens >= engine.context_limit:
+        return None, 0
+    for event in engine.generate(ids, DecodeConfig(max_new_tokens=max_new_tokens, template=template)):
+        if isinstance(event, SummaryEvent):
+            return (ids, list(event.tokens)), event.steps
+    return None, 0
+
+
+@torch.no_grad()
+def average_rows(model, answers: list[tuple[list[int], list[int]]], vocab_size: int,
+                 k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each token's row as the model's average top-k after it over `answers` [(prompt ids, answer ids)]:
+    (rows [R] long, candidates [R, k] int32, probabilities [R, k] uint8), rows ascending.
+
+    The paper's matrix keeps the candidates LAST seen after a token: right for the conversation at hand, but for a
+    warm start that last place is an accident of the corpus's order. Averaged over every place the token precedes
+    an answer token (the answers fed back whole: one forward each, no decoding), a row holds what most often
+    follows it. A candidate's score is its summed probability; its stored probability the mean over the places."""
+    device = next(model.parameters()).device
+    keys, scores, seen = [], [], torch.zeros(vocab_size, dtype=torch.float64)
+    for prompt, answer in answers:
+        ids, start = list(prompt) + list(answer), len(prompt) - 1
+        if start < 0 or not answer:
+            continue
+        logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0, start:, :vocab_size]
+        probs, cands = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)  # [L, k]
+        rows = torch.tensor(ids[start:], dtype=torch.long)
+        seen.index_add_(0, rows, torch.ones(rows.numel(), dtype=torch.float64))
+        keys.append((rows[:, None] * vocab_size + cands.cpu()).view(-1))
+        scores.append(probs.cpu().double().view(-1))
+    if not keys:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, k, dtype=torch.int32), torch.zeros(0, k, dtype=torch.uint8)
+    pairs, where = torch.unique(torch.cat(keys), return_inverse=True)  # ascending: by row, then candidate
+    score = torch.zeros(pairs.numel(), dtype=torch.float64).index_add_(0, where, torch.cat(scores))
+    row = pairs // vocab_size
+    order = torch.argsort(-score, stable=True)
+    order = order[torch.argsort(row[order], stable=True)]  # by row, best candidate first
+    row, cand, score = row[order], (pairs % vocab_size)[order], score[order]
+    starts = torch.searchsorted(row, row, right=False)  # each entry's row's first index
+    keep = torch.arange(row.numel()) - starts < k  # every row has >= k candidates: each place gave k distinct ones
+    rows = row[keep].view(-1, k)[:, 0]
+    probs = (score[keep] / seen[row[keep]]).view(-1, k)
+    return rows, cand[keep].view(-1, k).to(torch.int32), (probs * 255).round().clamp(0, 255).to(torch.uint8)
 
 
 def capped(hits: torch.Tensor, trials: torch.Tensor, cap: float = COUNT_CAP) -> tuple[torch.Tensor, torch.Tensor]:
