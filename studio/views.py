@@ -305,7 +305,8 @@ def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer
     why = est.reason
     if est.trusted:
         over = f"over {est.covered} tokens decoded {est.passes} times" if est.passes > 1 else f"over {est.tokens} tokens"
-        why = f"{over}, both methods timed in {est.pairs} alternating chunks"
+        why = (f"the whole answer, {over}, both methods timed in {est.pairs} alternating chunks"
+               + ("; ± is one standard error" if est.error is not None else ""))
     # too noisy: plain decoding's tokens/s is left out too, since beside Token Recycling's it would imply the ratio
     return meter_html(MeterView(state=state, tr_tps=est.tr_tps, plain_tps=est.plain_tps if est.trusted else None,
                                 mean_accepted=est.mean_accepted, ratio=est.ratio if est.trusted else None,

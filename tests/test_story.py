@@ -31,7 +31,7 @@ def test_story_of_a_drafted_step_says_draft_rows_agreement_bonus_and_write_back(
     story = step_story(make_event(4), text_of)
     # 6 draft tokens; their parents' tokens (the rows they were read from): <root>, ␣the, ␣dog, ␣cat -> 4 rows
     assert story.startswith("Step 5 drafted 6 tokens after '<root>', read from 4 rows of the adjacency matrix.")
-    assert "The model agreed with 2 ('␣the', '␣cat') and added the bonus token '␣mat': 3 tokens from one forward pass of the model" in story
+    assert "The model agreed with 2 ('␣the', '␣cat') and added the bonus token '␣mat': 3 tokens from one forward pass." in story
     assert "It wrote 4 rows of the matrix back" in story and "the row of '<root>' now starts with '␣the'." in story
     assert "context" not in story and "<b>" not in story and "&" not in story  # plain text, not HTML
     assert sentences(story) == 3

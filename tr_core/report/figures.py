@@ -796,8 +796,7 @@ def _ratio_parts(v: MeterView) -> tuple[str, str, str]:
         err = f" ± {v.error:.2f}" if v.error is not None else ""
         verb = {"up": "faster than plain decoding", "down": "slower than plain decoding",
                 "par": "about as fast as plain decoding"}[ratio_class(v.ratio, v.error or 0.0)]
-        label = f"measured over the whole answer: {verb}" + (" (± one standard error)" if err else "")
-        return f"{v.ratio:.2f}×{err}", ratio_class(v.ratio, v.error or 0.0), label
+        return f"{v.ratio:.2f}×{err}", ratio_class(v.ratio, v.error or 0.0), f"measured: {verb}"
     if v.state == "noisy":
         return "too noisy to measure", "none", "speedup not shown"
     if v.state in ("live", "measuring"):

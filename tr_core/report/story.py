@@ -119,8 +119,7 @@ def _verify_sentence(ev: StepEvent, token_text: TokenText) -> str:
     bonus = quoted(token_text(ev.bonus))
     if not agreed:
         return f"{head}; its own next token {bonus} is the bonus, so the step still gains one token."
-    return (f"{head} and added the bonus token {bonus}: {_count(len(ev.emitted), 'token')} from one forward pass of "
-            "the model (the bonus is the model's own next token).")
+    return f"{head} and added the bonus token {bonus}: {_count(len(ev.emitted), 'token')} from one forward pass."
 
 
 def _write_sentence(ev: StepEvent, token_text: TokenText, before: dict[int, list[int]] | None) -> str:
