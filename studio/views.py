@@ -210,8 +210,19 @@ def formula_text(steps: list[StepEvent], curve: CostCurve | None, speed: dict | 
             f"{curve.source or 'this machine'}).")
     if speed_state(speed) == "measured":
         err = f" ± {speed['error']:.2f}" if speed.get("error") is not None else ""
-        text += f" Measured by the meter: {speed['ratio']:.2f}×{err}."
+        text += f" Measured by the meter: {speed['ratio']:.2f}×{err}." + _disagreement(e, speed)
     return text
+
+
+def _disagreement(expected: float, speed: dict) -> str:
+    """A sentence when the formula's estimate and the meter's measurement disagree by more than the meter's error
+    (three standard errors, and at least 10%): the page says so rather than show two speedups silently."""
+    ratio, error = speed["ratio"], speed.get("error") or 0.0
+    if abs(expected - ratio) <= max(3 * error, 0.10 * ratio):
+        return ""
+    return (f" The two disagree: the estimate takes t(N)/t(1) from the drafter's own timings of single forwards, "
+            f"the meter times this answer's whole steps against plain decoding over the same tokens, so the "
+            f"meter's {ratio:.2f}× is the figure to trust.")
 
 
 def cost_brief(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None) -> str:

@@ -382,6 +382,10 @@ def test_a_steady_curve_gives_labelled_estimates_and_the_formula_with_this_answe
     assert "An estimate for this step alone" in shown and "this step alone ≈ 3 ÷ 1.75 = 1.71× a plain step (estimate)" in shown
     # the formula over the whole answer: 2.50 tokens per step ÷ mean cost (1.75 + 2.75) / 2 = 2.25 -> 1.11x
     assert "2.50 ÷ 2.25 ≈ 1.11× expected (estimate" in shown and "Measured by the meter: 1.50× ± 0.05" in shown
+    # 1.11x against 1.50x +- 0.05: more than the meter's error apart, and the page says which to trust
+    assert "The two disagree" in shown and "the meter&#x27;s 1.50× is the figure to trust" in shown
+    from studio.views import _disagreement
+    assert _disagreement(1.45, {"ratio": 1.50, "error": 0.05}) == ""  # within three standard errors and 10%
     assert step_views(trace, 0, linear_curve())["cost"] == shown
 
 

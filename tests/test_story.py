@@ -115,3 +115,11 @@ def test_story_says_which_steps_wrote_the_rows_it_read():
         chain, text_of)
     unknown = step_story(make_event(written=[[-1, -1]] * 7), text_of)  # a loaded matrix: nothing to say
     assert "written by" not in unknown and "(written" not in step_story(make_event(), text_of)
+
+
+def test_a_row_the_step_read_is_not_counted_new_as_in_the_microscope():
+    # rows 0 (read, holding candidates) and 4 (read, empty: never written) are read; none is known from earlier steps
+    ev = make_event(rows_read=[0, 4], rows_read_values=[[1, 4], [0, 0]], rows_read_probs=[[0.5, 0.2], [0.0, 0.0]])
+    story = step_story(ev, text_of, matrix_before={})
+    assert "It wrote 4 rows of the matrix back from this forward's candidates (3 new)" in story  # 1, 2 and 4
+    assert "the row of '<root>' now starts with '␣the' (as before)" in story  # row 0 started with '␣the' when read

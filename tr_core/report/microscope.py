@@ -367,7 +367,7 @@ def _write_section(m: dict[str, Any]) -> dict[str, Any]:
     each = "each from its node's" if len(writes) != 1 else "from its node's"
     head = f"③ Written back: {len(writes)} row{'s' if len(writes) != 1 else ''}, {each} top-{m['k']}"
     new = counts["new"] + counts["unknown"]  # as the step story counts them: no earlier value known
-    parts = [f"{counts['changed']} rows changed", f"{new} rows written for the first time",
+    parts = [f"{counts['changed']} rows changed", f"{new} rows new (empty, or not seen earlier in this answer)",
              f"{counts['same']} rows with the same candidates"]
     note = (", ".join(parts) + ". + marks a candidate that was not in its row before; the accepted path's rows "
             "come first.")

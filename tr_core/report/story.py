@@ -122,6 +122,17 @@ def _verify_sentence(ev: StepEvent, token_text: TokenText) -> str:
     return f"{head} and added the bonus token {bonus}: {_count(len(ev.emitted), 'token')} from one forward pass."
 
 
+def _read_rows(ev: StepEvent) -> dict[int, list[int]]:
+    """The rows this step read that held candidates (a row never written reads as zeros): row -> its candidates."""
+    out = {}
+    for j, row in enumerate(ev.rows_read):
+        values = ev.rows_read_values[j] if j < len(ev.rows_read_values) else []
+        probs = ev.rows_read_probs[j] if j < len(ev.rows_read_probs) else []
+        if any(values) or any(probs):
+            out[row] = list(values)
+    return out
+
+
 def _write_sentence(ev: StepEvent, token_text: TokenText, before: dict[int, list[int]] | None) -> str:
     """How many matrix rows the step rewrote, and one example: the root's row (the one the next draft reads first)."""
     rows = ev.matrix_rows
@@ -131,6 +142,7 @@ def _write_sentence(ev: StepEvent, token_text: TokenText, before: dict[int, list
     row, values = rows[j], ev.matrix_values[j] if j < len(ev.matrix_values) else []
     head = f"It wrote {_count(len(rows), 'row')} of the matrix back from this forward's candidates"
     if before is not None:
+        before = {**before, **_read_rows(ev)}  # as the microscope counts: a row this step read is not new
         new = sum(1 for r in rows if r not in before)
         head += f" ({new} new)" if new else " (none new)"
     if not values:
