@@ -274,7 +274,8 @@ def _folded(rows: list[dict[str, Any]], total: int, what: str, shown: int) -> li
     """The first `shown` row blocks open, the other listed ones in a folded list; of `total` rows in all."""
     if total <= shown:
         return rows
-    more = [_b("summary", "", f"{total - shown} more {what}"), *rows[shown:]]
+    left = total - shown
+    more = [_b("summary", "", f"{left} more {what.replace('rows', 'row', 1) if left == 1 else what}"), *rows[shown:]]
     if total > len(rows):
         more.append(_b("div", "trm-note", f"… and {total - len(rows)} more, not listed here"))
     return rows[:shown] + [_b("details", "trm-more", more)]
