@@ -7,8 +7,7 @@ Decodes every corpus prompt greedily through the engine (alternating the hybrid 
 learn their calibration and trust; both fill the one matrix), averages each row over the answers, answers one
 prompt in four again from such a matrix to calibrate the drafters (tr_core/warm.py, `learn`), then saves the
 matrix's written rows and the drafters' learned state as safetensors with a manifest, and the manifest as JSON
-beside it. Never reads the benchmark's
-question sets: the warm start is judged on them.
+beside it. Never reads the benchmark's question sets: the warm start is judged on them.
 """
 from __future__ import annotations
 
@@ -50,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = warm.spread(prompts, args.spread)
     model, tokenizer = load_model(args.model, device=args.device)
     engine = Engine(model, tokenizer, tune_kernels=args.linear == "auto")
+
     def tick(done: int, total: int) -> None:
         bar.total = total  # the corpus's answers, then the calibration answers (warm.learn)
         bar.update(done - bar.n)

@@ -197,6 +197,13 @@ class AdaptiveDrafter:
         trust state (not the forward cost, which describes this machine)."""
         return {"hits": self.hits.clone(), "trials": self.trials.clone(), "trust": self.trust.state()}
 
+    def drop_older_row_calibration(self) -> None:
+        """Forget what was learned of rows written before an answer began (the older-row keys, back to leaning on
+        this answer's bins), e.g. before learning it again for another kind of older row (warm.calibrate)."""
+        self.hits[N_BINS:MATRIX_KEYS] = 0.0
+        self.trials[N_BINS:MATRIX_KEYS] = 0.0
+        self._refresh()
+
     def take_learned(self, learned: dict) -> None:
         """Start from `learned` (a `learned()` of the same drafter kind); raises ValueError, changing nothing, when it
         does not fit."""

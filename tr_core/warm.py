@@ -157,11 +157,12 @@ def learn(engine, prompts: list[str], max_new_tokens: int,
     total = len(prompts) + len(held)
     tick = (lambda i: progress(i, total)) if progress is not None else (lambda i: None)
     answers, steps = decode_answers(engine, prompts, max_new_tokens, tick)
+    vocab, k = engine.vocab_size, engine.matrix.k
+    tops = dict(zip(answers, answer_tops(engine.model, list(answers.values()), vocab, k)))  # one forward each
     if held:
-        others = [a for i, a in answers.items() if i not in held]
-        set_rows(engine.matrix, *average_rows(engine.model, others, engine.vocab_size, engine.matrix.k))
+        set_rows(engine.matrix, *average_tops([t for i, t in tops.items() if i not in held], vocab, k))
         calibrate(engine, [prompts[i] for i in sorted(held)], max_new_tokens, lambda i: tick(len(prompts) + i))
-    set_rows(engine.matrix, *average_rows(engine.model, list(answers.values()), engine.vocab_size, engine.matrix.k))
+    set_rows(engine.matrix, *average_tops(list(tops.values()), vocab, k))
     state = capture(engine, {"answers": len(answers), "tokens": sum(len(a) for _, a in answers.values()),
                              "steps": steps, "max_new_tokens": max_new_tokens,
                              "calibration_answers": len(held)})
@@ -192,13 +193,8 @@ def calibrate(engine, prompts: list[str], max_new_tokens: int, tick: Callable[[i
     """Pass 3 of `learn`: answer `prompts`, each from the matrix as it is now (restored before every answer; the
     context index emptied), so that the drafters learn how often candidates of such rows are accepted. The
     older-row calibration learned in pass 1 (rows last written by another answer) is dropped first."""
-    from .adaptive import MATRIX_KEYS, N_BINS
-
     for name in _DRAFTERS:
-        drafter = getattr(engine, name)
-        drafter.hits[N_BINS:MATRIX_KEYS] = 0.0
-        drafter.trials[N_BINS:MATRIX_KEYS] = 0.0
-        drafter._refresh()
+        getattr(engine, name).drop_older_row_calibration()
     start = engine.matrix.clone()
     start.stamps.fill_(-1)  # every row written before the answers: rated as older rows, as in a warm session
     for i, prompt in enumerate(prompts):
@@ -225,7 +221,6 @@ def _decode(engine, prompt: str, max_new_tokens: int,
     return None, 0
 
 
-@torch.no_grad()
 def average_rows(model, answers: list[tuple[list[int], list[int]]], vocab_size: int,
                  k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each token's row as the model's average top-k after it over `answers` [(prompt ids, answer ids)]:
@@ -235,22 +230,39 @@ def average_rows(model, answers: list[tuple[list[int], list[int]]], vocab_size: 
     warm start that last place is an accident of the corpus's order. Averaged over every place the token precedes
     an answer token (the answers fed back whole: one forward each, no decoding), a row holds what most often
     follows it. A candidate's score is its summed probability; its stored probability the mean over the places."""
+    return average_tops(answer_tops(model, answers, vocab_size, k), vocab_size, k)
+
+
+@torch.no_grad()
+def answer_tops(model, answers: list[tuple[list[int], list[int]]], vocab_size: int,
+                k: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per answer: (the tokens that precede its answer tokens [L] long, the model's top-k after each [L, k] long and
+    their probabilities [L, k] float64), on the CPU; one forward per answer. An answer with nothing gives empties."""
     device = next(model.parameters()).device
-    keys, scores, seen = [], [], torch.zeros(vocab_size, dtype=torch.float64)
+    out = []
     for prompt, answer in answers:
         ids, start = list(prompt) + list(answer), len(prompt) - 1
         if start < 0 or not answer:
+            out.append((torch.zeros(0, dtype=torch.long), torch.zeros(0, k, dtype=torch.long),
+                        torch.zeros(0, k, dtype=torch.float64)))
             continue
         logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0, start:, :vocab_size]
         probs, cands = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)  # [L, k]
-        rows = torch.tensor(ids[start:], dtype=torch.long)
-        seen.index_add_(0, rows, torch.ones(rows.numel(), dtype=torch.float64))
-        keys.append((rows[:, None] * vocab_size + cands.cpu()).view(-1))
-        scores.append(probs.cpu().double().view(-1))
-    if not keys:
+        out.append((torch.tensor(ids[start:], dtype=torch.long), cands.cpu(), probs.cpu().double()))
+    return out
+
+
+def average_tops(tops: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], vocab_size: int,
+                 k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`average_rows` from the answers' `answer_tops`: each row's k candidates of highest summed probability."""
+    if not any(rows.numel() for rows, _, _ in tops):
         return torch.zeros(0, dtype=torch.long), torch.zeros(0, k, dtype=torch.int32), torch.zeros(0, k, dtype=torch.uint8)
-    pairs, where = torch.unique(torch.cat(keys), return_inverse=True)  # ascending: by row, then candidate
-    score = torch.zeros(pairs.numel(), dtype=torch.float64).index_add_(0, where, torch.cat(scores))
+    seen = torch.zeros(vocab_size, dtype=torch.float64)
+    for rows, _, _ in tops:
+        seen.index_add_(0, rows, torch.ones(rows.numel(), dtype=torch.float64))
+    keys = torch.cat([(rows[:, None] * vocab_size + cands).view(-1) for rows, cands, _ in tops])
+    pairs, where = torch.unique(keys, return_inverse=True)  # ascending: by row, then candidate
+    score = torch.zeros(pairs.numel(), dtype=torch.float64).index_add_(0, where, torch.cat([p.view(-1) for *_, p in tops]))
     row = pairs // vocab_size
     order = torch.argsort(-score, stable=True)
     order = order[torch.argsort(row[order], stable=True)]  # by row, best candidate first
@@ -294,10 +306,7 @@ def apply(engine, state: WarmState) -> None:
         except ValueError as exc:
             raise WarmStartError(f"the warm start's {name} state does not fit: {exc}") from exc
     engine.forget()
-    matrix, rows = engine.matrix, state.rows.to(engine.matrix.device)
-    matrix.table[rows] = state.table.to(matrix.device)
-    matrix.probs[rows] = state.probs.to(matrix.device)
-    matrix.filled[rows] = True
+    set_rows(engine.matrix, state.rows, state.table, state.probs)
     for name in _DRAFTERS:
         getattr(engine, name).take_learned(state.learned[name])
 

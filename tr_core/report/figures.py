@@ -424,6 +424,12 @@ def _frame_tree(fig: Figure, frame: PlotFrame, note: str) -> None:
                                           xanchor="right", yanchor="top", font=dict(size=MIN_FONT, color=REJECTED_TEXT))]
 
 
+def row_is_empty(values: list[int], probs: list[float] | None) -> bool:
+    """A row never written, as a step read it: every candidate token 0 with probability 0 (a written row holds k
+    distinct tokens)."""
+    return len(values) > 1 and not any(values) and not any(probs or [])
+
+
 def node_source(ev: StepEvent, i: int) -> str | None:
     """Where node i's token came from ("root", "matrix", "context" or "both"); None when the step does not say."""
     return ev.sources[i] if ev.sources is not None and i < len(ev.sources) else None

@@ -13,7 +13,7 @@ import html
 from typing import Any, Iterator
 
 from ..events import StepEvent
-from .figures import node_source, visible_token
+from .figures import node_source, row_is_empty, visible_token
 from .trace import Trace
 
 MAX_READS_SHOWN = 3  # rows read shown open; the others sit in a folded list below them
@@ -67,11 +67,6 @@ class KnownRows:
             self.rows[row] = (list(ev.matrix_values[j]), probs, f"written by step {ev.step + 1}")
 
 
-def _is_empty(values: list[int], probs: list[float] | None) -> bool:
-    """A row never written: every candidate token 0 with probability 0 (a written row holds k distinct tokens)."""
-    return len(values) > 1 and not any(values) and not any(probs or [])
-
-
 def _children(ev: StepEvent) -> dict[int, list[int]]:
     """Node -> its child nodes."""
     kids: dict[int, list[int]] = {}
@@ -107,7 +102,7 @@ def _reads(trace: Trace, ev: StepEvent) -> list[dict[str, Any]]:
             for c in kids[p]:
                 if node_source(ev, c) != "context" and 0 <= ev.ranks[c] < len(values):
                     made.setdefault(ev.ranks[c], []).append(c)
-        empty = _is_empty(values, probs)
+        empty = row_is_empty(values, probs)
         cands = [{"rank": r, "token": t, "text": _text(trace, t), "prob": probs[r] if probs and not empty else None,
                   "nodes": made.get(r, []), "accepted": any(c in accepted for c in made.get(r, []))}
                  for r, t in enumerate(values)]
@@ -171,7 +166,7 @@ def _writes(trace: Trace, ev: StepEvent, known: dict) -> list[dict[str, Any]]:
         probs = ev.matrix_probs[j] if j < len(ev.matrix_probs) else None
         old = known.get(row)
         before_vals, before_probs, said = old if old is not None else (None, None, "")
-        if before_vals is not None and _is_empty(before_vals, before_probs):
+        if before_vals is not None and row_is_empty(before_vals, before_probs):
             status = "new"
         elif before_vals is None:
             status = "unknown"
@@ -221,7 +216,7 @@ def _known_at(trace: Trace, i: int) -> dict:
 
 def values_known(known: dict) -> dict[int, list[int]]:
     """The candidates of the known rows that were not empty."""
-    return {row: values for row, (values, probs, _) in known.items() if not _is_empty(values, probs)}
+    return {row: values for row, (values, probs, _) in known.items() if not row_is_empty(values, probs)}
 
 
 def step_microscope(trace: Trace, i: int) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import html
 from typing import Callable
 
 from ..events import StepEvent
-from .figures import display_token, node_source
+from .figures import display_token, node_source, row_is_empty
 
 TokenText = Callable[[int], str]
 MAX_QUOTED = 6  # accepted tokens quoted one by one; more are counted
@@ -68,14 +68,14 @@ def _draft_sentence(ev: StepEvent, token_text: TokenText) -> str:
     if from_matrix:
         rows = {ev.tokens[ev.parents[i]] for i in from_matrix}
         writers = _writers(ev, from_matrix)
-        parts.append(f"{len(from_matrix)} read from {_count(len(rows), 'row')} of the adjacency matrix"
-                     + (f" (written by {writers})" if writers else ""))
+        where = f"{_count(len(rows), 'row')} of the adjacency matrix" + (f" (written by {writers})" if writers else "")
+        if not copied and not both:
+            return f"{head}, read from {where}."
+        parts.append(f"{len(from_matrix)} read from {where}")
     if copied:
         parts.append(f"{copied} copied from the conversation")
     if both:
         parts.append(f"{both} found both in a matrix row and in the conversation")
-    if len(parts) == 1 and from_matrix:
-        return f"{head}, read from {parts[0].split(' read from ', 1)[1]}."
     return f"{head}: {_listed(parts)}."
 
 
@@ -127,8 +127,8 @@ def _read_rows(ev: StepEvent) -> dict[int, list[int]]:
     out = {}
     for j, row in enumerate(ev.rows_read):
         values = ev.rows_read_values[j] if j < len(ev.rows_read_values) else []
-        probs = ev.rows_read_probs[j] if j < len(ev.rows_read_probs) else []
-        if any(values) or any(probs):
+        probs = ev.rows_read_probs[j] if j < len(ev.rows_read_probs) else None
+        if not row_is_empty(values, probs):
             out[row] = list(values)
     return out
 
