@@ -4,8 +4,9 @@
     python scripts/build_warm_start.py --limit 4 --out /tmp/w.safetensors   # a quick check
 
 Decodes every corpus prompt greedily through the engine (alternating the hybrid and the adaptive tree, so both
-learn their calibration and trust; both fill the one matrix), averages each row over the answers, answers one
-prompt in four again from such a matrix to calibrate the drafters (tr_core/warm.py, `learn`), then saves the
+learn their calibration and trust; both fill the one matrix), averages each row over the answers, fills the rows
+no answer wrote with the model's guess after the token alone, answers one prompt in four again from such a matrix to
+calibrate the drafters (tr_core/warm.py, `learn`), then saves the
 matrix's written rows and the drafters' learned state as safetensors with a manifest, and the manifest as JSON
 beside it. Never reads the benchmark's question sets: the warm start is judged on them.
 """
@@ -30,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=None, help="use only the first N prompts (a quick check)")
     p.add_argument("--spread", type=int, default=None, metavar="N",
                    help="use N prompts spread evenly over the corpus (every category; a slow machine)")
+    p.add_argument("--context-free", default="all", metavar="N",
+                   help="rows no answer writes: the model's guess after the token alone, for every id (all), the N "
+                        "lowest ids, or none (0) (default: all)")
     p.add_argument("--model", default=None, help="model (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
@@ -54,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         bar.total = total  # the corpus's answers, then the calibration answers (warm.learn)
         bar.update(done - bar.n)
 
-    with tqdm(total=len(prompts), desc="warm start", unit="answer") as bar:
-        state = warm.learn(engine, prompts, args.max_new_tokens, tick)
+    with tqdm(total=len(prompts), desc="warm start (answers, context-free forwards, calibration answers)") as bar:
+        state = warm.learn(engine, prompts, args.max_new_tokens, tick,
+                           context_free=None if args.context_free == "all" else int(args.context_free))
     state.manifest.update(model=args.model or "SmolLM2-135M-Instruct (embedded)", corpus=Path(args.corpus).name,
                           corpus_sha256=warm.file_sha256(args.corpus), corpus_prompts=len(prompts),
                           device=str(engine.device), dtype=str(engine.dtype).replace("torch.", ""),
@@ -65,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     out.with_suffix(".json").write_text(json.dumps(state.manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     m = state.manifest
     print(f"wrote {out} ({out.stat().st_size:,} bytes): {m['answers']} answers, {m['tokens']:,} tokens in "
-          f"{m['steps']:,} steps, {m['rows_filled']:,} rows", file=sys.stderr)
+          f"{m['steps']:,} steps, {m['rows_filled']:,} rows ({m['rows_context_free']:,} context-free)", file=sys.stderr)
     return 0
 
 

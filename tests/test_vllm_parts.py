@@ -109,3 +109,32 @@ def test_importing_the_integration_does_not_import_vllm():
     code = "import sys, tr_core.vllm; print('vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_vllm_benchmark_gives_every_cell_unseen_questions_of_every_task():
+    from tr_core.vllm import bench
+
+    args = bench.parse_args(["--questions", "bench/data/spec_bench_dev.jsonl", "--questions",
+                             "bench/data/mbpp_dev.jsonl", "--per-task", "2", "--rounds", "2"])
+    cells = bench.cell_prompts(args)
+    assert list(cells) == ["0/1", "0/8", "1/1", "1/8"]
+    seen = [m[0]["content"] for prompts in cells.values() for m in prompts]
+    assert all(len(prompts) == 14 for prompts in cells.values()) and len(set(seen)) == len(seen) == 56
+    with pytest.raises(SystemExit, match="too few questions"):
+        bench.cell_prompts(bench.parse_args(["--questions", "bench/data/spec_bench_dev.jsonl", "--per-task", "20"]))
+
+
+def test_the_vllm_benchmark_counts_steps_and_identical_answers_over_its_cells():
+    from tr_core.vllm import bench
+
+    plain = {"0/1": {"seconds": 2.0, "answers": [[1, 2, 3, 4]], "accepted": 0.0, "drafted": 0.0},
+             "1/1": {"seconds": 2.0, "answers": [[5, 6]], "accepted": 0.0, "drafted": 0.0},
+             "0/8": {"seconds": 1.0, "answers": [[7]], "accepted": 0.0, "drafted": 0.0}}
+    mine = {"0/1": {"seconds": 1.0, "answers": [[1, 2, 3, 4]], "accepted": 2.0, "drafted": 6.0},
+            "1/1": {"seconds": 1.0, "answers": [[5, 9]], "accepted": 0.0, "drafted": 3.0},
+            "0/8": {"seconds": 0.5, "answers": [[7]], "accepted": 0.0, "drafted": 0.0}}
+    row = bench.summarise("token-recycling", 1, mine, plain)
+    assert row["tokens"] == 6 and row["tok_s"] == 3.0 and row["per_round"] == [4.0, 2.0]
+    assert row["tokens_per_step"] == 6 / 4 and row["identical"] == 1 and row["answers"] == 2
+    assert row["drafted"] == 9.0 and row["accepted"] == 2.0
+    assert "| token-recycling | 1 | 3.0 | 4.0, 2.0 | 1.50 | 9 | 2 | 1/2 |" in bench.table([row])

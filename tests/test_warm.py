@@ -181,7 +181,7 @@ def test_a_warm_start_round_trips_and_leaves_a_fresh_engine_warm(tmp_path):
     engine = tiny_engine()
     progress = []
     state = warm.learn(engine, CORPUS, 24, lambda done, total: progress.append((done, total)))
-    assert progress[-1] == (5, 5) and state.manifest["answers"] == 5 and state.manifest["tokens"] > 0
+    assert progress[-1] == (6, 6) and state.manifest["answers"] == 5 and state.manifest["tokens"] > 0
     assert engine.matrix.rows_filled == 0 and len(engine.hybrid.index) == 0  # learning leaves the engine cold
     assert state.rows.numel() == state.manifest["rows_filled"] > 0
     assert float(state.learned["hybrid"]["trials"].max()) <= warm.COUNT_CAP + 1e-9
@@ -234,7 +234,7 @@ def test_learning_averages_the_rows_and_calibrates_from_a_warm_matrix(monkeypatc
     progress = []
     state = warm.learn(engine, prompts, 16, lambda done, total: progress.append((done, total)))
     held = prompts[::warm.CALIBRATE_EVERY]
-    assert progress[-1] == (10, 10) and state.manifest["calibration_answers"] == 2
+    assert progress[-1] == (11, 11) and state.manifest["calibration_answers"] == 2
     assert [len(answers[p]) for p in prompts] == [2 if p in held else 1 for p in prompts]
     for p in held:  # greedy: the same answer again, and started from a matrix that was not empty
         (first, _), (again, filled) = answers[p]
@@ -287,7 +287,7 @@ def test_warm_start_learns_once_for_another_model_then_reuses_the_cache(tmp_path
     assert none.source == "none" and engine.matrix.rows_filled == 0 and none.describe().startswith("Cold start")
     calls = []
     info = warm.warm_start(engine, "tiny-llama", progress=lambda d, t: calls.append(d))
-    assert info.source == "learned" and info.answers == 3 and calls == [1, 2, 3]
+    assert info.source == "learned" and info.answers == 3 and calls == [1, 2, 3, 4]  # + 1 context-free forward
     assert info.path.startswith(str(tmp_path / "warm-start")) and engine.warm == info
     assert engine.matrix.rows_filled == info.rows_filled > 0
     again = warm.warm_start(tiny_engine(), "tiny-llama")
@@ -364,3 +364,46 @@ def test_average_rows_keeps_what_most_often_follows_each_token():
         assert [c for c, _ in best] == cands
         assert stored == [round(v / seen[row] * 255) for _, v in best]
     assert seen[5] == 4 and len(set(table[rows.tolist().index(5)].tolist())) == k  # row 5: four places, averaged
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_context_free_rows_are_the_models_top_k_after_the_request_then_the_token(arch, monkeypatch):
+    """Each row: the model's top-k after CONTEXT_FREE_REQUEST's prompt and the token, as one plain forward gives it,
+    though many tokens go through one forward (siblings over one cache); gemma3's sliding layers see a prompt
+    longer than their window."""
+    from conftest import tiny_model
+
+    monkeypatch.setattr(warm, "CONTEXT_FREE_REQUEST", " ".join(str(i) for i in range(2, 40)))
+    monkeypatch.setattr(warm, "context_free_batch", lambda vocab: 7)  # several forwards, the last one short
+    engine = Engine(tiny_model(arch), TinyTokenizer(TINY_VOCAB), tune_kernels=False)
+    tokens = [5, 9, 2, 40, 77, 3, 11, 60, 8, 31]
+    ticks = []
+    rows, table, probs = warm.context_free_rows(engine, tokens, ticks.append)
+    assert rows.tolist() == tokens and ticks == [1, 2] and table.dtype == torch.int32
+    prompt = engine.encode_chat([{"role": "user", "content": warm.CONTEXT_FREE_REQUEST}])
+    assert len(prompt) > 24  # past the sliding window
+    with torch.no_grad():
+        for i, t in enumerate(tokens):
+            logits = engine.model(input_ids=torch.tensor([prompt + [t]])).logits[0, -1, :TINY_VOCAB].float()
+            p, c = torch.softmax(logits, -1).topk(engine.matrix.k)
+            assert table[i].tolist() == c.tolist()
+            assert (probs[i].int() - (p * 255).round().int()).abs().max() <= 1
+
+
+def test_learning_fills_the_rows_no_answer_wrote_with_context_free_guesses():
+    """Rows that precede an answer token hold the averaged rows; the other rows of the 40 lowest ids, the model's
+    context-free guess; the manifest counts those; context_free=0 leaves them out."""
+    engine = tiny_engine()
+    state = warm.learn(engine, CORPUS[:2], 12, context_free=40)
+    answers = [warm._decode(tiny_engine(), p, 12, "hybrid")[0] for p in CORPUS[:2]]  # greedy: the same answers
+    averaged = warm.average_rows(engine.model, answers, TINY_VOCAB, 8)
+    at = {r: i for i, r in enumerate(state.rows.tolist())}
+    guessed = sorted(set(range(40)) - set(averaged[0].tolist()))
+    assert guessed and state.manifest["rows_context_free"] == len(guessed)
+    free = warm.context_free_rows(engine, guessed)
+    assert torch.equal(state.table[[at[r] for r in guessed]], free[1])
+    assert torch.equal(state.table[[at[r] for r in averaged[0].tolist()]], averaged[1])
+    none = warm.learn(tiny_engine(), CORPUS[:2], 12, context_free=0)
+    assert none.manifest["rows_context_free"] == 0 and not set(guessed) <= set(none.rows.tolist())
+    info = warm.WarmStartInfo("shipped", 2, 24, len(at), "", context_free=len(guessed))
+    assert f"{len(guessed)} more rows hold the model's guess after the token alone" in info.describe()

@@ -39,6 +39,10 @@ SHIPPED = ASSETS / "smollm2-135m-instruct.safetensors"  # the embedded model's w
 EMBEDDED_NAMES = ("", "embedded", "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")
 LEARN_PROMPTS = 48  # another model learns from this many corpus prompts (spread over its categories) ...
 LEARN_TOKENS = 64  # ... of at most this many tokens each: about a minute for a 135M model on 2 CPU cores
+# ... and the context-free rows of the lowest ids (a BPE vocabulary's first merges: its commonest tokens); the shipped
+# file has every id's (scripts/build_warm_start.py)
+LEARN_CONTEXT_FREE = 16384
+CONTEXT_FREE_REQUEST = "Hello."  # the conversation a context-free row's token opens the answer to
 COUNT_CAP = 32.0  # calibration trials kept per key: the shipped rates start informed but still follow the session
 MAX_FILE_BYTES = 16 << 20  # a warm start of a 256k vocabulary with k = 8 is about 11 MB
 # The config fields that say which network this is (not where or in what precision it was loaded)
@@ -63,10 +67,13 @@ class WarmStartInfo:
     rows_filled: int  # adjacency-matrix rows it fills
     path: str  # the file it came from or was saved to ("" for none)
     note: str = ""  # for "none": why the engine starts cold
+    context_free: int = 0  # of those rows, how many hold the model's context-free guess (no answer used the token)
 
     def describe(self) -> str:
         """One plain-English line for the page."""
-        learned = f"{self.answers} generated answers ({self.rows_filled:,} rows)"
+        learned = f"{self.answers} generated answers ({self.rows_filled - self.context_free:,} rows"
+        learned += (f"; {self.context_free:,} more rows hold the model's guess after the token alone)"
+                    if self.context_free else ")")
         if self.source == "shipped":
             return f"Warm start: the matrix was pre-learned on {learned} shipped with the app"
         if self.source == "cached":
@@ -140,7 +147,8 @@ CALIBRATE_EVERY = 4  # one corpus prompt in this many is decoded again, from the
 
 
 def learn(engine, prompts: list[str], max_new_tokens: int,
-          progress: Callable[[int, int], None] | None = None) -> WarmState:
+          progress: Callable[[int, int], None] | None = None,
+          context_free: int | None = LEARN_CONTEXT_FREE) -> WarmState:
     """What a fresh engine should start from, learned from `prompts` (three passes; leaves the engine cold again,
     its forward costs measured):
 
@@ -151,21 +159,33 @@ def learn(engine, prompts: list[str], max_new_tokens: int,
     3. calibrate the drafters to such a matrix: one prompt in CALIBRATE_EVERY is answered again, each answer
        starting from the rows averaged over the OTHER prompts' answers (as a visitor's first answer starts from
        rows learned on other questions), after the older-row calibration of pass 1 is dropped.
-    The matrix kept is averaged over all the answers. progress(done, total) counts answers over passes 1 and 3."""
+    Rows no answer wrote hold the model's context-free guess (`context_free_rows`) for the `context_free` lowest ids
+    (None: every id; 0: none), under the averaged rows in pass 3 and in the matrix kept, which is averaged over all
+    the answers. progress(done, total) counts pass 1's answers, the context-free rows' forwards, pass 3's answers."""
     engine.forget()
     held = set(range(0, len(prompts), CALIBRATE_EVERY)) if len(prompts) >= 2 * CALIBRATE_EVERY else set()
-    total = len(prompts) + len(held)
+    vocab, k = engine.vocab_size, engine.matrix.k
+    try:
+        named = min(vocab, len(engine.tokenizer))  # ids past the tokenizer's are never emitted
+    except TypeError:  # a tokenizer without a length
+        named = vocab
+    guessed = list(range(named if context_free is None else min(named, context_free)))
+    forwards = -(-len(guessed) // context_free_batch(vocab))
+    total = len(prompts) + forwards + len(held)
     tick = (lambda i: progress(i, total)) if progress is not None else (lambda i: None)
     answers, steps = decode_answers(engine, prompts, max_new_tokens, tick)
-    vocab, k = engine.vocab_size, engine.matrix.k
     tops = dict(zip(answers, answer_tops(engine.model, list(answers.values()), vocab, k)))  # one forward each
+    set_rows(engine.matrix, *context_free_rows(engine, guessed, lambda i: tick(len(prompts) + i)))
     if held:
         set_rows(engine.matrix, *average_tops([t for i, t in tops.items() if i not in held], vocab, k))
-        calibrate(engine, [prompts[i] for i in sorted(held)], max_new_tokens, lambda i: tick(len(prompts) + i))
-    set_rows(engine.matrix, *average_tops(list(tops.values()), vocab, k))
+        calibrate(engine, [prompts[i] for i in sorted(held)], max_new_tokens,
+                  lambda i: tick(len(prompts) + forwards + i))
+    averaged = average_tops(list(tops.values()), vocab, k)
+    set_rows(engine.matrix, *averaged)
     state = capture(engine, {"answers": len(answers), "tokens": sum(len(a) for _, a in answers.values()),
                              "steps": steps, "max_new_tokens": max_new_tokens,
-                             "calibration_answers": len(held)})
+                             "calibration_answers": len(held),
+                             "rows_context_free": len(set(guessed) - set(averaged[0].tolist()))})
     engine.forget()
     return state
 
@@ -180,6 +200,46 @@ def decode_answers(engine, prompts: list[str], max_new_tokens: int, tick: Callab
             answers[i], steps = answer, steps + answer_steps
         tick(i + 1)
     return answers, steps
+
+
+def context_free_batch(vocab_size: int) -> int:
+    """Tokens per forward of `context_free_rows`: 256, fewer for vocabularies whose logits would pass 128 MB."""
+    return max(16, min(256, (32 << 20) // max(vocab_size, 1)))
+
+
+@torch.no_grad()
+def context_free_rows(engine, tokens: list[int], tick: Callable[[int], None] = lambda i: None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each token's row as the model's top-k after it when it opens an answer to CONTEXT_FREE_REQUEST: a guess
+    for the rows no corpus answer wrote (without one, a warm session drafts nothing after such a token; a word's
+    first piece is mostly followed by its usual second). (rows [R] long, candidates [R, k] int32, probabilities
+    [R, k] uint8), in the order of `tokens`.
+
+    The request's prompt is run into a cache once; then each forward takes `context_free_batch` tokens at the same
+    position, each seeing the prompt and itself (a tree of siblings), and is cut back off the cache. tick(i) after
+    the i-th forward."""
+    from .kv_cache import TreeKVCache
+
+    runner, k, vocab = engine.runner, engine.matrix.k, engine.vocab_size
+    prompt = engine.encode_chat([{"role": "user", "content": CONTEXT_FREE_REQUEST}])
+    cache = TreeKVCache()
+    runner.prefill(prompt, cache)
+    past, size = len(prompt), context_free_batch(vocab)
+    tables, probs = [], []
+    for i, start in enumerate(range(0, len(tokens), size)):
+        chunk = torch.tensor(tokens[start:start + size], dtype=torch.long, device=runner.device)
+        n = chunk.numel()
+        depths = torch.zeros(n, dtype=torch.long, device=runner.device)
+        alone = torch.eye(n, dtype=torch.bool, device=runner.device)
+        logits = runner.forward(chunk[None], (past + depths)[None], runner.mask(alone, depths, past), cache)
+        cache.truncate(past)
+        top_p, top_ids = torch.softmax(logits[:, :vocab].float(), dim=-1).topk(k, dim=-1)
+        tables.append(top_ids.to(torch.int32).cpu())
+        probs.append((top_p * 255).round().clamp(0, 255).to(torch.uint8).cpu())
+        tick(i + 1)
+    if not tables:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, k, dtype=torch.int32), torch.zeros(0, k, dtype=torch.uint8)
+    return torch.tensor(tokens, dtype=torch.long), torch.cat(tables), torch.cat(probs)
 
 
 def set_rows(matrix, rows: torch.Tensor, table: torch.Tensor, probs: torch.Tensor) -> None:
@@ -373,7 +433,9 @@ def check_manifest(manifest: Any, engine, path: Path) -> None:
     if manifest.get("fingerprint") != model_fingerprint(engine):
         raise WarmStartError(f"{path} was learned for another model (its tokenizer or network shape differ from "
                              f"this one's: fingerprint {str(manifest.get('fingerprint'))[:12]}...)")
-    for name in ("answers", "tokens", "rows_filled"):
+    for name in ("answers", "tokens", "rows_filled", "rows_context_free"):
+        if name == "rows_context_free" and name not in manifest:
+            continue  # files from before context-free rows
         if not isinstance(manifest.get(name), int) or manifest[name] < 0:
             raise WarmStartError(f"{path}: manifest field {name} must be an integer >= 0")
     trust = manifest.get("trust")
@@ -460,7 +522,8 @@ def _learn_and_cache(engine, path: Path, progress: Callable[[int, int], None] | 
     except OSError as exc:  # a read-only cache still gets this session warm
         apply(engine, state)
         info = WarmStartInfo("learned", state.manifest["answers"], state.manifest["tokens"],
-                             state.manifest["rows_filled"], "", note=f"not cached: {exc}")
+                             state.manifest["rows_filled"], "", note=f"not cached: {exc}",
+                             context_free=int(state.manifest.get("rows_context_free", 0)))
         engine.warm = info
         return info
     return _applied(engine, state, "learned", path)
@@ -469,7 +532,8 @@ def _learn_and_cache(engine, path: Path, progress: Callable[[int, int], None] | 
 def _applied(engine, state: WarmState, source: str, path: Path) -> WarmStartInfo:
     apply(engine, state)
     m = state.manifest
-    info = WarmStartInfo(source, m["answers"], m["tokens"], m["rows_filled"], str(path))
+    info = WarmStartInfo(source, m["answers"], m["tokens"], m["rows_filled"], str(path),
+                         context_free=int(m.get("rows_context_free", 0)))
     engine.warm = info
     return info
 

@@ -1,13 +1,18 @@
-"""Benchmark Token Recycling inside vLLM against plain vLLM and vLLM's own speculative methods, interleaved.
+"""Benchmark Token Recycling inside vLLM against plain vLLM and vLLM's own speculative methods, on unseen questions.
 
     python -m tr_core.vllm.bench --questions bench/data/spec_bench_dev.jsonl --questions bench/data/mbpp_dev.jsonl
 
-Every method gets its own vLLM engine, all built before timing starts; then each round runs every method on the same
-questions, in rotating order, at each concurrency (1: one request at a time; 8: eight at once), so a busy moment of
-the machine falls on all methods alike. Reported per method and concurrency: tokens/s (generated tokens over wall
-time, best and median of the rounds), mean accepted tokens per step (generated tokens over model steps per
-request, steps without a draft included), drafted and accepted tokens, and how many greedy answers are identical
-to plain vLLM's. `--studio` adds the library's own one-at-a-time engine on the same questions for comparison.
+Every method runs in its own process with its own vLLM engine (so vLLM's speculative-decoding counters are that
+method's alone), all built before timing starts. Each cell (a round at one concurrency: 1 request at a time, or 8
+at once) gets its own questions, `--per-task` of each task that no earlier cell asked: Token Recycling's shared
+matrix learns only from questions answered before, as a server learns from earlier users, and never sees a
+question twice. Within a round the methods take turns on the cell's questions in rotating order; while one runs,
+the others' processes are paused (SIGSTOP), since an idle vLLM engine keeps polling for work.
+
+Reported per method and concurrency, over all rounds: tokens/s (generated tokens over wall time), mean accepted
+tokens per step (generated tokens over model steps per request, steps without a draft included, from vLLM's
+counters), drafted and accepted tokens, and how many greedy answers are identical to plain vLLM's. `--studio` adds
+the library's own one-at-a-time engine (warm start, the CPU's default tree) on the same cells.
 Runs in vLLM's environment (see docs/vllm.md); nothing here is imported by tr_core.
 """
 from __future__ import annotations
@@ -15,8 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -26,46 +33,54 @@ METHODS = {
     "ngram": {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4},
     "suffix": {"method": "suffix"},
     "token-recycling": {"method": "custom_class", "model": "tr_core.vllm.TokenRecyclingProposer"},
+    "studio": None,  # the library's Engine, one request at a time (--studio)
 }
+DONE = "[[bench: cell done]]"  # a worker's line on stdout after each command
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tr_core.vllm.bench", description=__doc__.split("\n")[0])
     p.add_argument("--model", help="a model folder or hub id (default: the embedded model, converted once)")
     p.add_argument("--questions", action="append", required=True, help="a .jsonl question file (repeatable)")
-    p.add_argument("--per-task", type=int, default=2, help="questions per task category (default 2)")
+    p.add_argument("--per-task", type=int, default=2, help="questions per task in each cell (default 2)")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--draft", type=int, default=6, help="num_speculative_tokens of every speculative method")
-    p.add_argument("--methods", nargs="+", default=["plain", "ngram", "token-recycling"], choices=list(METHODS))
+    p.add_argument("--methods", nargs="+", default=["plain", "ngram", "token-recycling"],
+                   choices=[m for m in METHODS if m != "studio"])
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the first warms the matrix up too")
+    p.add_argument("--rounds", type=int, default=2, help="rounds, each with unseen questions at every concurrency")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--studio", action="store_true", help="also time the library's engine, one question at a time")
     p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--worker", choices=list(METHODS), help=argparse.SUPPRESS)  # internal: one method's process
     return p.parse_args(argv)
 
 
-def load_prompts(args: argparse.Namespace) -> list[list[dict[str, str]]]:
-    """The first turn of `per_task` questions of each task, as chat messages."""
+def cell_prompts(args: argparse.Namespace) -> dict[str, list[list[dict[str, str]]]]:
+    """{"round/concurrency": the cell's chat messages}: `per_task` questions of each task per cell, no question in
+    two cells (the first turn of each)."""
     from tr_core.bench.questions import load_questions, select_questions
 
-    questions = []
+    cells = [f"{r}/{c}" for r in range(args.rounds) for c in args.concurrency]
+    per_file = []
     for path in args.questions:
-        questions += select_questions(load_questions(path), per_task=args.per_task)
-    return [[{"role": "user", "content": q.turns[0]}] for q in questions]
+        chosen = select_questions(load_questions(path), per_task=args.per_task * len(cells))
+        tasks = len({q.task for q in chosen})
+        if len(chosen) < args.per_task * len(cells) * tasks:
+            raise SystemExit(f"{path} has too few questions per task for {len(cells)} cells of {args.per_task}")
+        per_file.append((chosen, args.per_task * tasks))  # round-robin over tasks: each slice spans them
+    return {cell: [[{"role": "user", "content": q.turns[0]}] for chosen, n in per_file for q in chosen[i * n:(i + 1) * n]]
+            for i, cell in enumerate(cells)}
 
 
-def build_engines(args: argparse.Namespace, model: str) -> dict[str, Any]:
-    """One vLLM engine per method (the same model, dtype and limits), built before any timing."""
+# -- one method's process --------------------------------------------------------------------------------------------
+def build_engine(name: str, args: argparse.Namespace, model: str) -> Any:
+    """The method's vLLM engine (float32, eager, the same limits for all)."""
     from vllm import LLM
 
-    engines = {}
-    for name in args.methods:
-        spec = METHODS[name] and {**METHODS[name], "num_speculative_tokens": args.draft}
-        print(f"[bench] building the {name} engine", file=sys.stderr, flush=True)
-        engines[name] = LLM(model=model, dtype=args.dtype, max_model_len=2048, seed=0, enforce_eager=True,
-                            speculative_config=spec, disable_log_stats=False)
-    return engines
+    spec = METHODS[name] and {**METHODS[name], "num_speculative_tokens": args.draft}
+    return LLM(model=model, dtype=args.dtype, max_model_len=2048, seed=0, enforce_eager=True,
+               speculative_config=spec, disable_log_stats=False)
 
 
 def spec_counters(llm: Any) -> dict[str, float]:
@@ -79,107 +94,196 @@ def spec_counters(llm: Any) -> dict[str, float]:
     return counts
 
 
-def run_batch(llm: Any, prompts: list, concurrency: int, max_tokens: int) -> tuple[float, list[list[int]]]:
-    """Answer every prompt, `concurrency` at a time, greedily. Returns (seconds, token ids per prompt)."""
+def run_vllm_cell(llm: Any, prompts: list, concurrency: int, max_tokens: int) -> dict[str, Any]:
+    """Answer every prompt, `concurrency` at a time, greedily: seconds, answers (token ids), counter deltas."""
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    before = spec_counters(llm)
     answers: list[list[int]] = []
     start = time.perf_counter()
     for i in range(0, len(prompts), concurrency):
         out = llm.chat(prompts[i: i + concurrency], params, use_tqdm=False)
         answers += [list(o.outputs[0].token_ids) for o in out]
-    return time.perf_counter() - start, answers
+    seconds = time.perf_counter() - start
+    after = spec_counters(llm)
+    return {"seconds": seconds, "answers": answers, **{k: after[k] - before[k] for k in after}}
 
 
-def measure(engines: dict[str, Any], prompts: list, args: argparse.Namespace) -> dict[str, Any]:
-    """Interleaved rounds; per (method, concurrency): seconds per round, counters of the last round, answers."""
-    results: dict[str, Any] = {}
-    names = list(engines)
-    for r in range(args.rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for concurrency in args.concurrency:
-            for name in order:
-                before = spec_counters(engines[name])
-                seconds, answers = run_batch(engines[name], prompts, concurrency, args.max_tokens)
-                after = spec_counters(engines[name])
-                cell = results.setdefault(f"{name}@{concurrency}", {"method": name, "concurrency": concurrency,
-                                                                     "seconds": []})
-                cell["seconds"].append(seconds)
-                cell["answers"] = answers
-                cell["counters"] = {k: after[k] - before[k] for k in after}
-                print(f"[bench] round {r + 1} {name} x{concurrency}: {seconds:.1f}s", file=sys.stderr, flush=True)
+class StudioRunner:
+    """The library's Engine (the CPU's default tree, the shipped or cached warm start), one question at a time."""
+
+    def __init__(self, name: str | None, model_dir: str, max_tokens: int) -> None:
+        import torch
+
+        from tr_core import DecodeConfig, Engine
+        from tr_core.models import load_model
+        from tr_core.tree import default_template
+        from tr_core.warm import warm_start
+
+        model, tokenizer = load_model(model_dir, dtype=torch.float32)
+        self.engine = Engine(model, tokenizer)
+        warm_start(self.engine, name)  # None: the embedded model's shipped warm start
+        self.cfg = DecodeConfig(max_new_tokens=max_tokens, template=default_template(torch.device("cpu")))
+        self.run([[{"role": "user", "content": "Say hello."}]], 1)  # its one-time timing of the matrix products
+
+    def run(self, prompts: list, concurrency: int) -> dict[str, Any]:
+        from tr_core import StepEvent, SummaryEvent
+
+        answers, steps, drafted = [], 0, 0
+        start = time.perf_counter()
+        for messages in prompts:
+            for event in self.engine.generate(self.engine.encode_chat(messages), self.cfg):
+                if isinstance(event, StepEvent):
+                    steps, drafted = steps + 1, drafted + len(event.tokens) - 1
+                elif isinstance(event, SummaryEvent):
+                    answers.append(list(event.tokens))
+        seconds = time.perf_counter() - start
+        return {"seconds": seconds, "answers": answers, "drafts": steps, "drafted": float(drafted),
+                "accepted": float(sum(map(len, answers)) - steps)}  # each step emits its accepted drafts + 1
+
+
+def worker(args: argparse.Namespace) -> int:
+    """One method's process: build its engine, print DONE, then run each cell named on stdin ("round/concurrency")
+    and write its result to the file named after it (a JSON line: {"cell", "out"})."""
+    from tr_core.vllm.models import model_folder
+
+    model, cells = model_folder(args.model), cell_prompts(args)
+    if args.worker == "studio":
+        runner = StudioRunner(args.model, model, args.max_tokens)
+        run = runner.run
+    else:
+        llm = build_engine(args.worker, args, model)
+        run = lambda prompts, c: run_vllm_cell(llm, prompts, c, args.max_tokens)  # noqa: E731
+    print(DONE, flush=True)
+    for line in sys.stdin:
+        order = json.loads(line)
+        if order.get("quit"):
+            break
+        result = run(cells[order["cell"]], 1 if args.worker == "studio" else int(order["cell"].split("/")[1]))
+        Path(order["out"]).write_text(json.dumps(result))
+        print(DONE, flush=True)
+    return 0
+
+
+# -- the conductor ---------------------------------------------------------------------------------------------------
+class Worker:
+    """A method's process, paused (its whole process group) whenever it is not running a cell."""
+
+    def __init__(self, name: str, argv: list[str]) -> None:
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, "-m", "tr_core.vllm.bench", *argv, "--worker", name],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        self.wait_done()
+        self.pause()
+
+    def wait_done(self) -> None:
+        for line in self.proc.stdout:  # vLLM may print on stdout too: skip to the marker
+            if line.strip() == DONE:
+                return
+        raise SystemExit(f"the {self.name} worker ended early (exit {self.proc.wait()})")
+
+    def pause(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
+    def run(self, cell: str, out: Path) -> dict[str, Any]:
+        self.resume()
+        try:
+            self.proc.stdin.write(json.dumps({"cell": cell, "out": str(out)}) + "\n")
+            self.proc.stdin.flush()
+            self.wait_done()
+        finally:
+            self.pause()
+        return json.loads(out.read_text())
+
+    def close(self) -> None:
+        self.resume()
+        try:
+            self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def measure(args: argparse.Namespace, argv: list[str]) -> dict[str, dict[str, Any]]:
+    """Every method on every cell: {method: {cell: result}}, the methods rotating within each round."""
+    names = [*args.methods, *(["studio"] if args.studio else [])]
+    workers: dict[str, Worker] = {}
+    results: dict[str, dict[str, Any]] = {name: {} for name in names}
+    try:
+        for name in names:  # one at a time: building an engine is heavy
+            print(f"[bench] building the {name} engine", file=sys.stderr, flush=True)
+            workers[name] = Worker(name, argv)
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in range(args.rounds):
+                order = names[r % len(names):] + names[: r % len(names)]
+                for c in args.concurrency:
+                    for name in order:
+                        if name == "studio" and c != 1:
+                            continue  # the library's engine answers one request at a time
+                        cell = f"{r}/{c}"
+                        results[name][cell] = workers[name].run(cell, Path(tmp) / f"{name}-{r}-{c}.json")
+                        print(f"[bench] round {r + 1} {name} x{c}: {results[name][cell]['seconds']:.1f}s",
+                              file=sys.stderr, flush=True)
+    finally:
+        for w in workers.values():
+            w.close()
     return results
 
 
-def summarise(cell: dict[str, Any], plain: dict[str, Any] | None) -> dict[str, Any]:
-    """The reported figures of one (method, concurrency), from the rounds after the first."""
-    tokens = sum(len(a) for a in cell["answers"])
-    timed = cell["seconds"][1:] or cell["seconds"]
-    accepted = cell["counters"]["accepted"]
-    same = sum(a == b for a, b in zip(cell["answers"], plain["answers"])) if plain else None
-    return {"method": cell["method"], "concurrency": cell["concurrency"], "tokens": tokens,
-            "tok_s_best": tokens / min(timed), "tok_s_median": tokens / statistics.median(timed),
-            "seconds": cell["seconds"], "drafted": cell["counters"]["drafted"], "accepted": accepted,
-            "tokens_per_step": tokens / max(tokens - accepted, 1),
-            "identical": same, "answers": len(cell["answers"])}
-
-
-def studio_engine(name: str | None, model_dir: str, prompts: list, max_tokens: int, rounds: int) -> dict[str, Any]:
-    """The library's Engine (the CPU's default drafting, warm start), one question at a time, greedy."""
-    import torch
-
-    from tr_core import DecodeConfig, Engine, StepEvent
-    from tr_core.models import load_model
-    from tr_core.tree import default_template
-    from tr_core.warm import warm_start
-
-    model, tokenizer = load_model(model_dir, dtype=torch.float32)
-    engine = Engine(model, tokenizer)
-    warm_start(engine, name)  # None: the embedded model's shipped warm start
-    cfg = DecodeConfig(max_new_tokens=max_tokens, template=default_template(torch.device("cpu")))
-    times, tokens, steps = [], 0, 0
-    for _ in range(rounds):
-        start, tokens, steps = time.perf_counter(), 0, 0
-        for messages in prompts:
-            for event in engine.generate(engine.encode_chat(messages), cfg):
-                if isinstance(event, StepEvent):
-                    tokens, steps = tokens + len(event.emitted), steps + 1
-        times.append(time.perf_counter() - start)
-    timed = times[1:] or times
-    return {"method": f"studio engine ({cfg.template}, one at a time)", "concurrency": 1, "tokens": tokens,
-            "tok_s_best": tokens / min(timed), "tok_s_median": tokens / statistics.median(timed), "seconds": times,
-            "tokens_per_step": tokens / max(steps, 1)}
+def summarise(name: str, concurrency: int, cells: dict[str, Any], plain: dict[str, Any] | None) -> dict[str, Any]:
+    """The figures of one (method, concurrency) over its cells (every round)."""
+    mine = {cell: out for cell, out in cells.items() if int(cell.split("/")[1]) == concurrency}
+    tokens = sum(len(a) for out in mine.values() for a in out["answers"])
+    seconds = sum(out["seconds"] for out in mine.values())
+    accepted = sum(out["accepted"] for out in mine.values())
+    same = None
+    if plain is not None:
+        same = sum(a == b for cell, out in mine.items() for a, b in zip(out["answers"], plain[cell]["answers"]))
+    steps = tokens - accepted  # a step emits its accepted draft tokens and one more
+    return {"method": name, "concurrency": concurrency, "tokens": tokens,
+            "seconds": seconds, "tok_s": tokens / seconds,
+            "per_round": [len(sum(out["answers"], [])) / out["seconds"] for out in mine.values()],
+            "drafted": sum(out["drafted"] for out in mine.values()), "accepted": accepted,
+            "tokens_per_step": tokens / max(steps, 1), "identical": same,
+            "answers": sum(len(out["answers"]) for out in mine.values())}
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| method | concurrency | tok/s (best) | tok/s (median) | tokens/step | drafted | accepted | identical |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| method | concurrency | tok/s | per round | tokens/step | drafted | accepted | identical |",
+             "|---|---:|---:|---|---:|---:|---:|---:|"]
     for r in rows:
         same = "" if r.get("identical") is None else f"{r['identical']}/{r['answers']}"
-        lines.append(f"| {r['method']} | {r['concurrency']} | {r['tok_s_best']:.1f} | {r['tok_s_median']:.1f} | "
-                     f"{r.get('tokens_per_step', 1.0):.2f} | {int(r.get('drafted', 0))} | {int(r.get('accepted', 0))} "
-                     f"| {same} |")
+        rounds = ", ".join(f"{v:.1f}" for v in r["per_round"])
+        lines.append(f"| {r['method']} | {r['concurrency']} | {r['tok_s']:.1f} | {rounds} | {r['tokens_per_step']:.2f} "
+                     f"| {int(r['drafted'])} | {int(r['accepted'])} | {same} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    from tr_core.vllm.models import model_folder
-
-    model = model_folder(args.model)
-    prompts = load_prompts(args)
-    # the library's engine first: idle vLLM engines keep polling for work and would slow it down
-    studio = [studio_engine(args.model, model, prompts, args.max_tokens, args.rounds)] if args.studio else []
-    engines = build_engines(args, model)
-    cells = measure(engines, prompts, args)
-    rows = [summarise(cell, cells.get(f"plain@{cell['concurrency']}")) for cell in cells.values()] + studio
+    if args.worker:
+        return worker(args)
+    cell_prompts(args)  # refuse too few questions before building anything
+    results = measure(args, argv)
+    rows = []
+    for c in args.concurrency:
+        for name, cells in results.items():
+            if name != "studio" or c == 1:
+                rows.append(summarise(name, c, cells, results.get("plain") if name != "plain" else None))
     print(table(rows))
     if args.out:
-        meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": model, "questions": len(prompts),
-                "max_tokens": args.max_tokens, "draft": args.draft, "rounds": args.rounds, "dtype": args.dtype,
-                "machine": machine_line()}
+        from tr_core.vllm.models import model_folder
+
+        meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": model_folder(args.model),
+                "questions_per_cell": len(next(iter(cell_prompts(args).values()))), "max_tokens": args.max_tokens,
+                "draft": args.draft, "rounds": args.rounds, "dtype": args.dtype, "machine": machine_line()}
         Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     return 0
 
