@@ -88,7 +88,7 @@ vllm_check() {
   python3 -c "import vllm, tr_core.vllm; print('vLLM', vllm.__version__)" || { echo "vLLM is not installed" >&2; return 1; }
   VLLM_CPU_KVCACHE_SPACE= python3 -m pytest -q tests/vllm -p no:cacheprovider 2>&1 | tail -n 20 | tee "$OUT/vllm_tests.txt"
   timeout 900 python3 -m tr_core.vllm.bench --questions $DATA/spec_bench_dev.jsonl --questions $DATA/mbpp_dev.jsonl \
-    --per-task 2 --rounds 3 --concurrency 1 8 32 --out "$OUT/vllm_gpu.json" 2>&1 | tail -n 12 | tee "$OUT/vllm_bench.txt"
+    --per-task 4 --rounds 2 --concurrency 1 8 32 --out "$OUT/vllm_gpu.json" 2>&1 | tail -n 12 | tee "$OUT/vllm_bench.txt"
 }
 
 case "${1:-}" in

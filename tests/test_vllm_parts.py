@@ -120,6 +120,12 @@ def test_the_vllm_benchmark_gives_every_cell_unseen_questions_of_every_task():
     assert list(cells) == ["0/1", "0/8", "1/1", "1/8"]
     seen = [m[0]["content"] for prompts in cells.values() for m in prompts]
     assert all(len(prompts) == 14 for prompts in cells.values()) and len(set(seen)) == len(seen) == 56
+    later = bench.cell_prompts(bench.parse_args(["--questions", "bench/data/spec_bench_dev.jsonl", "--questions",
+                                                 "bench/data/mbpp_dev.jsonl", "--per-task", "2", "--rounds", "2",
+                                                 "--skip-per-task", "8"]))
+    later_seen = [m[0]["content"] for prompts in later.values() for m in prompts]
+    assert len(set(later_seen)) == 56 and not set(later_seen) & set(seen)  # questions 9-16 of each task
+    assert all(len(prompts) == 14 for prompts in later.values())
     with pytest.raises(SystemExit, match="too few questions"):
         bench.cell_prompts(bench.parse_args(["--questions", "bench/data/spec_bench_dev.jsonl", "--per-task", "20"]))
 

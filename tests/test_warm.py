@@ -273,6 +273,10 @@ def test_a_warm_start_of_another_model_or_a_tampered_file_is_refused(tmp_path):
     with pytest.raises(warm.WarmStartError, match="does not fit"):
         warm.apply(engine, warm.read(tmp_path / "t.safetensors", engine))
     assert engine.matrix.rows_filled == before  # refused before anything changed
+    too_many = dict(state.manifest, rows_context_free=state.manifest["rows_filled"] + 1)
+    warm.save(warm.WarmState(state.rows, state.table, state.probs, state.learned, too_many), tmp_path / "c.safetensors")
+    with pytest.raises(warm.WarmStartError, match="more context-free rows than rows"):
+        warm.read(tmp_path / "c.safetensors", engine)
 
 
 def test_warm_start_learns_once_for_another_model_then_reuses_the_cache(tmp_path, monkeypatch):

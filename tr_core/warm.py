@@ -165,11 +165,7 @@ def learn(engine, prompts: list[str], max_new_tokens: int,
     engine.forget()
     held = set(range(0, len(prompts), CALIBRATE_EVERY)) if len(prompts) >= 2 * CALIBRATE_EVERY else set()
     vocab, k = engine.vocab_size, engine.matrix.k
-    try:
-        named = min(vocab, len(engine.tokenizer))  # ids past the tokenizer's are never emitted
-    except TypeError:  # a tokenizer without a length
-        named = vocab
-    guessed = list(range(named if context_free is None else min(named, context_free)))
+    guessed = lowest_ids(engine, context_free)
     forwards = -(-len(guessed) // context_free_batch(vocab))
     total = len(prompts) + forwards + len(held)
     tick = (lambda i: progress(i, total)) if progress is not None else (lambda i: None)
@@ -200,6 +196,15 @@ def decode_answers(engine, prompts: list[str], max_new_tokens: int, tick: Callab
             answers[i], steps = answer, steps + answer_steps
         tick(i + 1)
     return answers, steps
+
+
+def lowest_ids(engine, n: int | None) -> list[int]:
+    """The n lowest token ids (None: all) of those the tokenizer names (ids past its length are never emitted)."""
+    try:
+        named = min(engine.vocab_size, len(engine.tokenizer))
+    except TypeError:  # a tokenizer without a length
+        named = engine.vocab_size
+    return list(range(named if n is None else min(named, n)))
 
 
 def context_free_batch(vocab_size: int) -> int:
@@ -438,6 +443,8 @@ def check_manifest(manifest: Any, engine, path: Path) -> None:
             continue  # files from before context-free rows
         if not isinstance(manifest.get(name), int) or manifest[name] < 0:
             raise WarmStartError(f"{path}: manifest field {name} must be an integer >= 0")
+    if manifest.get("rows_context_free", 0) > manifest["rows_filled"]:
+        raise WarmStartError(f"{path}: manifest counts more context-free rows than rows")
     trust = manifest.get("trust")
     if not isinstance(trust, dict) or set(trust) != set(_DRAFTERS):
         raise WarmStartError(f"{path}: manifest field trust must hold {', '.join(_DRAFTERS)}")

@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", help="a model folder or hub id (default: the embedded model, converted once)")
     p.add_argument("--questions", action="append", required=True, help="a .jsonl question file (repeatable)")
     p.add_argument("--per-task", type=int, default=2, help="questions per task in each cell (default 2)")
+    p.add_argument("--skip-per-task", type=int, default=0,
+                   help="leave out the first N questions of each task (e.g. those a setting was tuned on)")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--draft", type=int, default=6, help="num_speculative_tokens of every speculative method")
     p.add_argument("--methods", nargs="+", default=["plain", "ngram", "token-recycling"],
@@ -58,16 +60,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def cell_prompts(args: argparse.Namespace) -> dict[str, list[list[dict[str, str]]]]:
     """{"round/concurrency": the cell's chat messages}: `per_task` questions of each task per cell, no question in
-    two cells (the first turn of each)."""
+    two cells (the first turn of each), after the first `skip_per_task` of each task."""
     from tr_core.bench.questions import load_questions, select_questions
 
     cells = [f"{r}/{c}" for r in range(args.rounds) for c in args.concurrency]
     per_file = []
     for path in args.questions:
-        chosen = select_questions(load_questions(path), per_task=args.per_task * len(cells))
+        wanted = args.per_task * len(cells) + args.skip_per_task
+        chosen = select_questions(load_questions(path), per_task=wanted)
         tasks = len({q.task for q in chosen})
-        if len(chosen) < args.per_task * len(cells) * tasks:
-            raise SystemExit(f"{path} has too few questions per task for {len(cells)} cells of {args.per_task}")
+        if len(chosen) < wanted * tasks:
+            raise SystemExit(f"{path} has too few questions per task for {len(cells)} cells of {args.per_task}"
+                             + (f" after {args.skip_per_task}" if args.skip_per_task else ""))
+        chosen = chosen[args.skip_per_task * tasks:]  # round-robin over tasks: the first N of each
         per_file.append((chosen, args.per_task * tasks))  # round-robin over tasks: each slice spans them
     return {cell: [[{"role": "user", "content": q.turns[0]}] for chosen, n in per_file for q in chosen[i * n:(i + 1) * n]]
             for i, cell in enumerate(cells)}
@@ -283,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
 
         meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": model_folder(args.model),
                 "questions_per_cell": len(next(iter(cell_prompts(args).values()))), "max_tokens": args.max_tokens,
-                "draft": args.draft, "rounds": args.rounds, "dtype": args.dtype, "machine": machine_line()}
+                "skip_per_task": args.skip_per_task, "draft": args.draft, "rounds": args.rounds, "dtype": args.dtype,
+                "min_reach": os.environ.get("TR_VLLM_MIN_REACH", "default"), "machine": machine_line()}
         Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     return 0
 
