@@ -248,3 +248,9 @@ def test_blocks_are_plain_data():
     blocks = microscope_blocks(step_microscope(hand_trace(), 0))
     assert json.loads(json.dumps(blocks)) == blocks
     assert KnownRows().before(step0())[5][2] == "read by this step"
+
+
+def test_written_back_counts_are_singular_for_one_row():
+    blocks = json.dumps(microscope_blocks(step_microscope(hand_trace(), 1)))  # rewrites row 3 (new) and row 5 (same)
+    assert "0 rows changed, 1 row new (empty, or not seen earlier in this answer), 1 row with the same" in blocks
+    assert "Written back: 2 rows, each from" in blocks

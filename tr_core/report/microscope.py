@@ -353,6 +353,10 @@ def _write_row(w: dict[str, Any]) -> dict[str, Any]:
     return _b("div", "trm-row", lines)
 
 
+def _rows(n: int) -> str:
+    return f"{n} row" if n == 1 else f"{n} rows"
+
+
 def _write_section(m: dict[str, Any]) -> dict[str, Any]:
     """③ the rows written back from this forward's top-k, before and after."""
     writes, counts = m["writes"], m["write_counts"]
@@ -361,10 +365,10 @@ def _write_section(m: dict[str, Any]) -> dict[str, Any]:
     order = {"changed": 0, "new": 1, "same": 2, "unknown": 3}
     shown = sorted(writes, key=lambda w: (not w["on_path"], order[w["status"]]))
     each = "each from its node's" if len(writes) != 1 else "from its node's"
-    head = f"③ Written back: {len(writes)} row{'s' if len(writes) != 1 else ''}, {each} top-{m['k']}"
+    head = f"③ Written back: {_rows(len(writes))}, {each} top-{m['k']}"
     new = counts["new"] + counts["unknown"]  # as the step story counts them: no earlier value known
-    parts = [f"{counts['changed']} rows changed", f"{new} rows new (empty, or not seen earlier in this answer)",
-             f"{counts['same']} rows with the same candidates"]
+    parts = [f"{_rows(counts['changed'])} changed", f"{_rows(new)} new (empty, or not seen earlier in this answer)",
+             f"{_rows(counts['same'])} with the same candidates"]
     note = (", ".join(parts) + ". + marks a candidate that was not in its row before; the accepted path's rows "
             "come first.")
     return _b("div", "trm-sec", [_b("div", "trm-h", head), _b("div", "trm-note", note),
