@@ -512,7 +512,8 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
         notes.append("⚠ Token Recycling and plain decoding produced different tokens.")
     trace.speed = dataclasses.asdict(est)
     note = measure_note(est, trace.summary.new_tokens, stopped=stop.is_set())
-    view = {"meter": measured_meter(est, note=note, answer_mean=answer_mean), "status": "  \n".join(notes) or "✓ Done.",
+    view = {"meter": measured_meter(est, note=note, answer_mean=answer_mean, answer_tokens=trace.summary.new_tokens),
+            "status": "  \n".join(notes) or "✓ Done.",
             "race": race_html(trace), "trace_file": str(trace.save(s.files() / "trace.json")),
             # the cost panel's estimate follows the meter: withheld once it says "too noisy"
             "cost": cost_html(trace.steps[best_step(trace)], cost_curve(s, trace), trace)}

@@ -180,7 +180,7 @@ def cost_text(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None)
         return f"{head} What a {n}-token forward costs against a one-token forward is not shown: {_unusable_why(curve)}.", "none"
     if speed_state(speed) == "noisy":
         return f"{head} No estimate of its speed: {NOISY_WITHHELD}.", "none"
-    c = curve.cost(n)
+    c = round(curve.cost(n), 2)  # the shown figure, so that the division on screen is exact to its last digit
     speed_x = gained / c
     return (f"This step verified {n} tokens in one forward (the last token and {n - 1} drafted): on this machine that "
             f"costs {c:.2f}× a one-token forward. It gained {_tokens(gained)}, so this step ran at {gained} ÷ {c:.2f} = "
@@ -236,7 +236,7 @@ def cost_brief(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None
                 + ("was timed on a busy machine: not shown" if busy else "was not measured here"))
     if speed_state(speed) == "noisy":
         return f"Cost: {n} tokens in one forward gained {_tokens(gained)}; no speed claimed: the meter says too noisy"
-    c = curve.cost(n)
+    c = round(curve.cost(n), 2)  # as cost_text
     return (f"Cost: {n} tokens in one forward = {c:.2f}× one token's; gained {gained} → this step alone ≈ "
             f"{gained} ÷ {c:.2f} = {gained / c:.2f}× a plain step (estimate)")
 
@@ -300,11 +300,24 @@ def live_meter(trace: Trace, measured_after: bool = True) -> str:
                                 mean_accepted=n / max(len(trace.steps), 1), note="engine-timed, UI excluded"))
 
 
-def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer_mean: float | None = None) -> str:
+def measured_span(est: SpeedEstimate, answer_tokens: int | None) -> str:
+    """What a trusted measurement covers, in words that agree with the answer's length: "the whole answer" only when
+    both methods decoded all of it, and which tokens the figure is over when disturbed chunk pairs were left out."""
+    span = "the whole answer" if answer_tokens is not None and est.covered >= answer_tokens else "this answer"
+    if est.passes > 1:
+        return f"{span}, over {est.covered} tokens decoded {est.passes} times"
+    if est.tokens < est.covered:
+        return f"{span}, over {est.tokens} of the {est.covered} tokens timed"
+    return f"{span}, over {est.tokens} tokens"
+
+
+def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer_mean: float | None = None,
+                   answer_tokens: int | None = None) -> str:
     """The meter from an interleaved measurement: a ratio ± error, or 'too noisy to measure' and why.
 
     `answer_mean`: the answer's own mean accepted tokens per step, shown instead of the measured chunks' (which
-    cover only part of the answer when the measurement was cut), so that it agrees with the chart beside it."""
+    cover only part of the answer when the measurement was cut), so that it agrees with the chart beside it.
+    `answer_tokens`: the answer's length (None: unknown), for what the figure covers (`measured_span`)."""
     if answer_mean is not None:
         est = dataclasses.replace(est, mean_accepted=answer_mean)
     if not done:
@@ -315,8 +328,8 @@ def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer
     state = "measured" if est.trusted else "noisy"
     why = est.reason
     if est.trusted:
-        over = f"over {est.covered} tokens decoded {est.passes} times" if est.passes > 1 else f"over {est.tokens} tokens"
-        why = (f"the whole answer, {over}, both methods timed in {est.pairs} alternating chunks"
+        pairs = "1 alternating chunk pair" if est.pairs == 1 else f"{est.pairs} alternating chunk pairs"
+        why = (f"{measured_span(est, answer_tokens)}, both methods timed in {pairs}"
                + ("; ± is one standard error" if est.error is not None else ""))
     # too noisy: plain decoding's tokens/s is left out too, since beside Token Recycling's it would imply the ratio
     return meter_html(MeterView(state=state, tr_tps=est.tr_tps, plain_tps=est.plain_tps if est.trusted else None,
@@ -342,7 +355,8 @@ def trace_meter(trace: Trace, note: str = MEASURE_HINT, loaded: bool = False) ->
     """The meter of a finished or loaded trace: its recorded measurement, else its own speed only."""
     if trace.speed is not None:
         return measured_meter(SpeedEstimate(**trace.speed), note="recorded with the trace" if loaded else "",
-                              answer_mean=trace.summary.mean_accepted if trace.summary else None)
+                              answer_mean=trace.summary.mean_accepted if trace.summary else None,
+                              answer_tokens=trace.summary.new_tokens if trace.summary else None)
     s = trace.summary
     if loaded:
         note = "no speed measurement is recorded in this trace"

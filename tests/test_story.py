@@ -42,7 +42,8 @@ def test_story_counts_distinct_rows_and_context_copies():
     ev = make_event(sources=["root", "matrix", "context", "matrix", "both", "matrix", "matrix"],
                     origins=["", "", "copied from the prompt", "", "copied from the prompt", "", ""])
     story = step_story(ev, text_of)
-    assert ("drafted 6 tokens after '<root>': 4 read from 4 rows of the adjacency matrix, 1 copied from the "
+    # the 4 rows are those of the matrix-only drafts: the row a draft found in both was read too, but is not counted
+    assert ("drafted 6 tokens after '<root>': 4 read from the adjacency matrix alone (4 rows), 1 copied from the "
             "conversation and 1 found both in a matrix row and in the conversation.") in story
     only_context = make_event(tokens=[0, 1], parents=[-1, 0], depths=[0, 1], ranks=[-1, 8], accepted=[0, 1],
                               emitted=[1, 2], bonus=2, sources=["root", "context"], origins=["", "x"])

@@ -47,10 +47,11 @@ class Match:
     contested: bool = False  # earlier occurrences of the matched n-gram were followed by different tokens
 
     def describe(self, used: int) -> str:
-        """Hover text for the first `used` tokens of the continuation (1-based token numbers, as people count)."""
+        """Where the `used`-th token of the continuation was copied from (1-based token numbers, as people count),
+        and where its run began when it is not the first."""
         first = self.offset + 1
         last = self.offset + max(used, 1)
-        span = f"token {first}" if last == first else f"tokens {first}-{last}"
+        span = f"token {first}" if last == first else f"token {last}, in a run from token {first}"
         return f"copied from {self.where}, {span} (after a {self.match_len}-token match)"
 
 

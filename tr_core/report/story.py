@@ -71,7 +71,8 @@ def _draft_sentence(ev: StepEvent, token_text: TokenText) -> str:
         where = f"{_count(len(rows), 'row')} of the adjacency matrix" + (f" (written by {writers})" if writers else "")
         if not copied and not both:
             return f"{head}, read from {where}."
-        parts.append(f"{len(from_matrix)} read from {where}")
+        rows_of = _count(len(rows), "row") + (f", written by {writers}" if writers else "")
+        parts.append(f"{len(from_matrix)} read from the adjacency matrix alone ({rows_of})")  # "both" are not counted
     if copied:
         parts.append(f"{copied} copied from the conversation")
     if both:
