@@ -561,7 +561,7 @@ def measure_note(est: SpeedEstimate, answer_tokens: int, stopped: bool = False) 
         parts.append(f"measured over the first {est.covered} of {answer_tokens} tokens ({why})")
     if est.left_out:
         pairs = ("1 chunk pair", "its") if est.left_out == 1 else (f"{est.left_out} chunk pairs", "their")
-        parts.append(f"{pairs[0]} left out (a load change fell between {pairs[1]} two halves)")
+        parts.append(f"{pairs[0]} left out (the load changed between {pairs[1]} halves)")
     return "; ".join(parts)
 
 

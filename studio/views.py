@@ -302,13 +302,15 @@ def live_meter(trace: Trace, measured_after: bool = True) -> str:
 
 def measured_span(est: SpeedEstimate, answer_tokens: int | None) -> str:
     """What a trusted measurement covers, in words that agree with the answer's length: "the whole answer" only when
-    both methods decoded all of it, and which tokens the figure is over when disturbed chunk pairs were left out."""
-    span = "the whole answer" if answer_tokens is not None and est.covered >= answer_tokens else "this answer"
+    both methods decoded all of it (else the measure note says how far they got), and how many tokens the figure is
+    over when disturbed chunk pairs were left out."""
+    if answer_tokens is None or est.covered < answer_tokens:
+        return "this answer"
     if est.passes > 1:
-        return f"{span}, over {est.covered} tokens decoded {est.passes} times"
+        return f"the whole answer, over {est.covered} tokens decoded {est.passes} times"
     if est.tokens < est.covered:
-        return f"{span}, over {est.tokens} of the {est.covered} tokens timed"
-    return f"{span}, over {est.tokens} tokens"
+        return f"the whole answer ({est.covered} tokens), the figure over the {est.tokens} kept"
+    return f"the whole answer, over {est.tokens} tokens"
 
 
 def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer_mean: float | None = None,
@@ -330,7 +332,7 @@ def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer
     if est.trusted:
         pairs = "1 alternating chunk pair" if est.pairs == 1 else f"{est.pairs} alternating chunk pairs"
         why = (f"{measured_span(est, answer_tokens)}, both methods timed in {pairs}"
-               + ("; ± is one standard error" if est.error is not None else ""))
+               + ("; ±: one standard error" if est.error is not None else ""))
     # too noisy: plain decoding's tokens/s is left out too, since beside Token Recycling's it would imply the ratio
     return meter_html(MeterView(state=state, tr_tps=est.tr_tps, plain_tps=est.plain_tps if est.trusted else None,
                                 mean_accepted=est.mean_accepted, ratio=est.ratio if est.trusted else None,
