@@ -356,9 +356,12 @@ def blank_views() -> dict[str, Any]:
 def trace_meter(trace: Trace, note: str = MEASURE_HINT, loaded: bool = False) -> str:
     """The meter of a finished or loaded trace: its recorded measurement, else its own speed only."""
     if trace.speed is not None:
-        return measured_meter(SpeedEstimate(**trace.speed), note="recorded with the trace" if loaded else "",
-                              answer_mean=trace.summary.mean_accepted if trace.summary else None,
-                              answer_tokens=trace.summary.new_tokens if trace.summary else None)
+        est, total = SpeedEstimate(**trace.speed), trace.summary.new_tokens if trace.summary else None
+        notes = ["recorded with the trace"] if loaded else []
+        if total is not None and est.covered < total:
+            notes.append(f"measured over the first {est.covered} of {total} tokens")
+        return measured_meter(est, note="; ".join(notes), answer_tokens=total,
+                              answer_mean=trace.summary.mean_accepted if trace.summary else None)
     s = trace.summary
     if loaded:
         note = "no speed measurement is recorded in this trace"

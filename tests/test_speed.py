@@ -2,6 +2,7 @@
 (tr_core.report.trace.record_live)."""
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -460,3 +461,18 @@ def test_the_meter_says_the_whole_answer_only_when_both_methods_decoded_all_of_i
     assert measured_span(est, None) == "this answer"
     meter = measured_meter(est, answer_tokens=42)
     assert "the figure over the 28 kept, both methods timed in 4 alternating chunk pairs" in meter
+
+
+def test_a_replayed_trace_measured_over_part_of_its_answer_says_so():
+    from tr_core.events import SummaryEvent
+    from studio.views import trace_meter
+
+    trace = story_trace(trusted())  # the measurement covered 5 tokens
+    trace.summary = SummaryEvent(tokens=list(range(12)), prompt_tokens=3, new_tokens=12, steps=2, mean_accepted=2.5,
+                                 tokens_per_s=30.0, prefill_s=0.1, decode_s=0.4, wall_s=0.5, stop_reason="length",
+                                 method="recycling", template="adaptive", matrix_rows_filled=5, matrix_mb=0.1)
+    meter = trace_meter(trace, loaded=True)
+    assert "this answer, both methods timed in 4 alternating chunk pairs" in meter and "whole answer" not in meter
+    assert "recorded with the trace; measured over the first 5 of 12 tokens" in meter
+    trace.summary = dataclasses.replace(trace.summary, new_tokens=5, tokens=list(range(5)))
+    assert "the whole answer, over 5 tokens" in trace_meter(trace)
