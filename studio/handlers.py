@@ -27,7 +27,8 @@ from .config import StudioConfig
 from .models import REFUSED, ModelCatalog, ModelRefused, label
 from .session import DECODE_SLOT, InputError, PausingEngine, Session, SlotAbandoned, clean_text, decode_slot, take_slot
 from .views import (MEASURE_HINT, RACE_WAIT, STOPPED_HINT, CostCurve, best_step, blank_views, coloured_answer,
-                    cost_html, decoding_html, live_meter, marked_chat, matrix_info, measured_meter, message,
+                    cost_html, coverage_note, decoding_html, live_meter, marked_chat, matrix_info, measured_meter,
+                    message,
                     microscope_html, race_html, replay_slider, step_story_view, step_views, trace_meter)
 
 RENDER_EVERY_S = 0.25  # redraw figures at most this often while streaming
@@ -558,7 +559,7 @@ def measure_note(est: SpeedEstimate, answer_tokens: int, stopped: bool = False) 
     parts = []
     if est.covered < answer_tokens:
         why = "stopped" if stopped else "time cap"
-        parts.append(f"measured over the first {est.covered} of {answer_tokens} tokens ({why})")
+        parts.append(coverage_note(est.covered, answer_tokens, why))
     if est.left_out:
         pairs = ("1 chunk pair", "its") if est.left_out == 1 else (f"{est.left_out} chunk pairs", "their")
         parts.append(f"{pairs[0]} left out (the load changed between {pairs[1]} halves)")

@@ -300,6 +300,11 @@ def live_meter(trace: Trace, measured_after: bool = True) -> str:
                                 mean_accepted=n / max(len(trace.steps), 1), note="engine-timed, UI excluded"))
 
 
+def coverage_note(covered: int, total: int, why: str = "") -> str:
+    """How far a measurement got through an answer ("measured over the first 30 of 128 tokens (time cap)")."""
+    return f"measured over the first {covered} of {total} tokens" + (f" ({why})" if why else "")
+
+
 def measured_span(est: SpeedEstimate, answer_tokens: int | None) -> str:
     """What a trusted measurement covers, in words that agree with the answer's length: "the whole answer" only when
     both methods decoded all of it (else the measure note says how far they got), and how many tokens the figure is
@@ -359,7 +364,7 @@ def trace_meter(trace: Trace, note: str = MEASURE_HINT, loaded: bool = False) ->
         est, total = SpeedEstimate(**trace.speed), trace.summary.new_tokens if trace.summary else None
         notes = ["recorded with the trace"] if loaded else []
         if total is not None and est.covered < total:
-            notes.append(f"measured over the first {est.covered} of {total} tokens")
+            notes.append(coverage_note(est.covered, total))
         return measured_meter(est, note="; ".join(notes), answer_tokens=total,
                               answer_mean=trace.summary.mean_accepted if trace.summary else None)
     s = trace.summary

@@ -144,7 +144,7 @@ class StudioRunner:
                 elif isinstance(event, SummaryEvent):
                     answers.append(list(event.tokens))
         seconds = time.perf_counter() - start
-        return {"seconds": seconds, "answers": answers, "drafts": steps, "drafted": float(drafted),
+        return {"seconds": seconds, "answers": answers, "drafted": float(drafted),
                 "accepted": float(sum(map(len, answers)) - steps)}  # each step emits its accepted drafts + 1
 
 
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     if args.worker:
         return worker(args)
-    cell_prompts(args)  # refuse too few questions before building anything
+    cells = cell_prompts(args)  # refuse too few questions before building anything
     results = measure(args, argv)
     rows = []
     for c in args.concurrency:
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         from tr_core.vllm.models import model_folder
 
         meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": model_folder(args.model),
-                "questions_per_cell": len(next(iter(cell_prompts(args).values()))), "max_tokens": args.max_tokens,
+                "questions_per_cell": len(next(iter(cells.values()))), "max_tokens": args.max_tokens,
                 "skip_per_task": args.skip_per_task, "draft": args.draft, "rounds": args.rounds, "dtype": args.dtype,
                 "min_reach": os.environ.get("TR_VLLM_MIN_REACH", "default"), "machine": machine_line()}
         Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
