@@ -22,6 +22,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tr_core import warm  # noqa: E402
 
 
+def context_free_count(text: str) -> int | None:
+    """--context-free: "all" (None: every id) or a number of lowest ids >= 0."""
+    if text == "all":
+        return None
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"give 'all' or a number of ids >= 0, not {text!r}")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse the options, decode the corpus, write the warm start; returns the exit code."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -31,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=None, help="use only the first N prompts (a quick check)")
     p.add_argument("--spread", type=int, default=None, metavar="N",
                    help="use N prompts spread evenly over the corpus (every category; a slow machine)")
-    p.add_argument("--context-free", default="all", metavar="N",
+    p.add_argument("--context-free", default=None, type=context_free_count, metavar="N",
                    help="rows no answer writes: the model's guess after the token alone, for every id (all), the N "
                         "lowest ids, or none (0) (default: all)")
     p.add_argument("--model", default=None, help="model (default: the embedded SmolLM2-135M-Instruct)")
@@ -60,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tqdm(total=len(prompts), desc="warm start (answers, context-free forwards, calibration answers)") as bar:
         state = warm.learn(engine, prompts, args.max_new_tokens, tick,
-                           context_free=None if args.context_free == "all" else int(args.context_free))
+                           context_free=args.context_free)
     state.manifest.update(model=args.model or "SmolLM2-135M-Instruct (embedded)", corpus=Path(args.corpus).name,
                           corpus_sha256=warm.file_sha256(args.corpus), corpus_prompts=len(prompts),
                           device=str(engine.device), dtype=str(engine.dtype).replace("torch.", ""),
