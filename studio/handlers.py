@@ -28,8 +28,8 @@ from .models import REFUSED, ModelCatalog, ModelRefused, label
 from .session import DECODE_SLOT, InputError, PausingEngine, Session, SlotAbandoned, clean_text, decode_slot, take_slot
 from .views import (MEASURE_HINT, RACE_WAIT, STOPPED_HINT, CostCurve, best_step, blank_views, coloured_answer,
                     cost_html, coverage_note, decoding_html, live_meter, marked_chat, matrix_info, measured_meter,
-                    message,
-                    microscope_html, race_html, replay_slider, step_story_view, step_views, trace_meter)
+                    message, meter_curve, microscope_html, race_html, replay_slider, step_story_view, step_views,
+                    trace_meter)
 
 RENDER_EVERY_S = 0.25  # redraw figures at most this often while streaming
 LIMITS = dict(max_new_tokens=(1, 1024), temperature=(0.0, 2.0), top_p=(0.05, 1.0), top_k=(0, 1000), seed=(0, 2**31 - 1),
@@ -448,8 +448,18 @@ def _finish_trace(trace: Trace, engine: Any, ids: list[int], cfg: DecodeConfig, 
 
 
 def cost_curve(s: Session, trace: Trace | None) -> CostCurve:
-    """This machine's measured t(n)/t(1) from the session's engine (the adaptive and hybrid trees time forwards of
-    every size on their first answer, then refine it with every step), or why it cannot be shown."""
+    """What a step of n tokens costs: from the meter's timings once it measured the trace (views.meter_curve: its
+    own record, also for a trace loaded from a file), else this machine's measured t(n)/t(1) from the session's engine
+    (the adaptive and hybrid trees time forwards of every size on their first answer, then refine it with every
+    step), or why it cannot be shown."""
+    live = engine_curve(s, trace)
+    metered = meter_curve(trace.speed if trace is not None else None,
+                          shape=live.ms if live.relative is not None and live.steady else None)
+    return metered or live
+
+
+def engine_curve(s: Session, trace: Trace | None) -> CostCurve:
+    """This machine's measured t(n)/t(1) from the session's engine's cost-sized drafter, or why there is none."""
     engine = s.engine
     if engine is None:
         return CostCurve(None, "no model has answered in this tab yet")
@@ -462,7 +472,8 @@ def cost_curve(s: Session, trace: Trace | None) -> CostCurve:
         if cost is not None and getattr(cost, "measured", False) and cost(1) > 0:
             spread = float(getattr(cost, "spread", 0.0) or 0.0)
             return CostCurve(lambda n, c=cost: c(n) / c(1), source=f"the {name} tree on this machine",
-                             steady=steady(cost), note="" if steady(cost) else f"its repeats spread ±{spread:.0%}")
+                             steady=steady(cost), note="" if steady(cost) else f"its repeats spread ±{spread:.0%}",
+                             ms=cost)
     return CostCurve(None, "only the adaptive and hybrid trees time forwards of every size (on their first answer, "
                            "in a few seconds); the static trees never do, so ask once with one of them")
 

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from tr_core.cost import interpolate
 from tr_core.events import StepEvent
 from tr_core.report.figures import (MatrixTracker, MeterView, accepted_chart_explained, coloured_markdown,
                                     heatmap_figure, marked_markdown, meter_html, ratio_class, safe_markdown,
@@ -113,29 +114,63 @@ def decoding_html(settings: dict[str, Any] | None) -> str:
 
 # ------------------------------------------------------------------------------------------ cost panel
 # One speed story: the meter's interleaved measurement (tr_core.report.speed) is the only measured speedup on the page.
-# The cost panel's figures are estimates from this machine's cost curve, labelled as such, and are withheld when the
-# curve was measured on a busy machine or when the meter found the timings too noisy (nothing may then imply one).
+# Once it has measured an answer, the cost panel's step costs are the meter's own timings (Token Recycling's steps of
+# each size against plain decoding's steps, over the same tokens: `meter_curve`), so the formula with them gives the
+# meter's figure. Before that, or without a measurement, they are estimates from this machine's cost curve, labelled
+# as such, and withheld when the curve was measured on a busy machine or when the meter found the timings too noisy
+# (nothing may then imply a speedup).
 
 COST_PLACEHOLDER = ("What the shown step's forward cost on this machine, against what it gained, is worked out here: "
                     "speedup ≈ tokens gained per step ÷ the cost of the step's forward.")
-FORMULA = ("Speedup ≈ mean accepted tokens per step ÷ t(N)/t(1), where t(N)/t(1) is what one forward of N tokens (the last "
-           "token and its drafts) costs against a one-token forward")
+FORMULA = ("Speedup ≈ mean accepted tokens per step ÷ t(N)/t(1), where t(N)/t(1) is what a step verifying N tokens (the "
+           "last token and its drafts) costs against a plain decoding step")
 NOISY_WITHHELD = "the meter found this answer's timings too noisy, so no speed is claimed here either"
+ONE_FORWARD, PLAIN_STEP = "a one-token forward", "a plain decoding step"
 
 
 @dataclass(frozen=True)
 class CostCurve:
-    """This machine's measured cost of one forward of n tokens relative to a one-token forward, or why there is none."""
+    """What a step verifying n tokens costs on this machine relative to one token, or why there is no such figure."""
 
     relative: Callable[[int], float] | None  # n -> t(n) / t(1); None: not measured
     why: str = ""  # why it could not be measured (when `relative` is None)
     source: str = ""  # what measured it, in words
     steady: bool = True  # False: timed while the machine was busy (ForwardCost.steady): its figures are not shown
     note: str = ""  # how steady the timing was, in words (e.g. "repeats spread ±35%"), shown with an unsteady curve
+    unit: str = ONE_FORWARD  # what t(1) is: the curve's own one-token forward, or the meter's plain decoding step
+    ms: Callable[[int], float] | None = None  # n -> ms of the curve this came from (the meter's shape; None: unknown)
+
+    @property
+    def metered(self) -> bool:
+        """True when the costs are the meter's timings (in plain decoding steps), not the cost curve's estimate."""
+        return self.unit == PLAIN_STEP
 
     def cost(self, n: int) -> float:
         """t(n)/t(1), never below 1: a forward of n tokens costs at least a one-token forward (timing noise aside)."""
         return max(self.relative(n), 1.0) if self.relative is not None else 1.0
+
+
+def meter_curve(speed: dict | None, shape: Callable[[int], float] | None = None) -> CostCurve | None:
+    """Step costs in plain decoding steps from the meter's trusted measurement (None without one): the ms of
+    Token Recycling's steps of each size it timed (`step_ms`) over plain decoding's ms per token, both from the same
+    chunk pairs. `shape` (n -> ms, this machine's cost curve; None when unknown or timed on a busy machine) spreads
+    them over every size: scaled so that the meter's own steps cost exactly what it timed. Without it the meter's
+    sizes are interpolated. Either way the formula over the meter's steps gives the meter's ratio."""
+    if speed_state(speed) != "measured" or not speed.get("step_ms") or not speed.get("plain_tps"):
+        return None
+    plain_ms = 1000.0 / float(speed["plain_tps"])
+    timed = [(int(n), float(ms), int(k)) for n, ms, k in speed["step_ms"]]
+    total = sum(ms * k for _, ms, k in timed)
+    if shape is not None:
+        scale = total / max(sum(shape(n) * k for n, _, k in timed), 1e-9)
+        relative, between = (lambda n: shape(n) * scale / plain_ms), ", other sizes by this machine's cost curve"
+    else:
+        points = {n: ms for n, ms, _ in timed}
+        relative, between = (lambda n: interpolate(points, n) / plain_ms), ""
+    sizes = sum(k for *_, k in timed)
+    return CostCurve(relative, unit=PLAIN_STEP,
+                     source=f"the meter: {sizes} Token Recycling steps against plain decoding's {plain_ms:.1f} ms a "
+                            f"token, over the same tokens{between}")
 
 
 def _tokens(n: int) -> str:
@@ -182,10 +217,15 @@ def cost_text(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None)
         return f"{head} No estimate of its speed: {NOISY_WITHHELD}.", "none"
     c = round(curve.cost(n), 2)  # the shown figure, so that the division on screen is exact to its last digit
     speed_x = gained / c
-    return (f"This step verified {n} tokens in one forward (the last token and {n - 1} drafted): on this machine that "
-            f"costs {c:.2f}× a one-token forward. It gained {_tokens(gained)}, so this step ran at {gained} ÷ {c:.2f} = "
-            f"{speed_x:.2f}× plain speed. An estimate for this step alone, from the cost curve; the measured figure is "
-            "the meter's, for the whole answer.", ratio_class(speed_x))
+    if curve.metered:
+        cost = (f"a step of that size cost {c:.2f}× a plain decoding step, as the meter timed this answer")
+        tail = "This step alone; the meter's figure is for the whole answer."
+    else:
+        cost = f"on this machine that costs {c:.2f}× {curve.unit}"
+        tail = "An estimate for this step alone, from the cost curve; the measured figure is the meter's, for the whole answer."
+    return (f"This step verified {n} tokens in one forward (the last token and {n - 1} drafted): {cost}. It gained "
+            f"{_tokens(gained)}, so this step ran at {gained} ÷ {c:.2f} = {speed_x:.2f}× plain speed. {tail}",
+            ratio_class(speed_x))
 
 
 def expected_speedup(steps: list[StepEvent], curve: CostCurve) -> tuple[float, float, float]:
@@ -206,23 +246,29 @@ def formula_text(steps: list[StepEvent], curve: CostCurve | None, speed: dict | 
     if not _usable(curve):
         return f"{FORMULA}. This answer: {a:.2f} tokens per step; t(N)/t(1) is not shown: {_unusable_why(curve)}."
     a, c, e = expected_speedup(steps, curve)
-    text = (f"{FORMULA}. This answer: {a:.2f} ÷ {c:.2f} ≈ {e:.2f}× expected (estimate; t measured by "
+    kind = "" if curve.metered else "expected (estimate; "
+    text = (f"{FORMULA}. This answer: {a:.2f} ÷ {c:.2f} ≈ {e:.2f}× {kind or '('}t timed by "
             f"{curve.source or 'this machine'}).")
     if speed_state(speed) == "measured":
         err = f" ± {speed['error']:.2f}" if speed.get("error") is not None else ""
-        text += f" Measured by the meter: {speed['ratio']:.2f}×{err}." + _disagreement(e, speed)
+        text += f" Measured by the meter: {speed['ratio']:.2f}×{err}." + _disagreement(e, speed, a, c, curve.metered)
     return text
 
 
-def _disagreement(expected: float, speed: dict) -> str:
-    """A sentence when the formula's estimate and the meter's measurement disagree by more than the meter's error
-    (three standard errors, and at least 10%): the page says so rather than show two speedups silently."""
+def _disagreement(expected: float, speed: dict, answer_mean: float, cost: float, metered: bool) -> str:
+    """A sentence when the formula's figure and the meter's measurement disagree by more than the meter's error
+    (three standard errors, and at least 10%): the page says so, and why, rather than show two speedups silently."""
     ratio, error = speed["ratio"], speed.get("error") or 0.0
     if abs(expected - ratio) <= max(3 * error, 0.10 * ratio):
         return ""
-    return (f" The two disagree: the estimate takes t(N)/t(1) from the drafter's own timings of single forwards, "
-            f"the meter times this answer's whole steps against plain decoding over the same tokens, so the "
-            f"meter's {ratio:.2f}× is the figure to trust.")
+    if metered:  # the same timings: only the steps differ (the meter re-decodes the answer from its starting state)
+        m = speed.get("mean_accepted") or 0.0
+        why = (f"the meter timed its own re-decoding of the answer, whose steps were not the answer's ({m:.2f} tokens "
+               f"per step at {m / ratio:.2f} plain steps each, against this answer's {answer_mean:.2f} at {cost:.2f})")
+    else:
+        why = ("the estimate takes t(N)/t(1) from the drafter's own timings, the meter times this answer's whole "
+               "steps against plain decoding over the same tokens")
+    return f" The two disagree: {why}, so the meter's {ratio:.2f}× is the figure to trust."
 
 
 def cost_brief(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None) -> str:
@@ -237,8 +283,9 @@ def cost_brief(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None
     if speed_state(speed) == "noisy":
         return f"Cost: {n} tokens in one forward gained {_tokens(gained)}; no speed claimed: the meter says too noisy"
     c = round(curve.cost(n), 2)  # as cost_text
-    return (f"Cost: {n} tokens in one forward = {c:.2f}× one token's; gained {gained} → this step alone ≈ "
-            f"{gained} ÷ {c:.2f} = {gained / c:.2f}× a plain step (estimate)")
+    unit, kind = ("a plain step's time", "timed by the meter") if curve.metered else ("one token's", "estimate")
+    return (f"Cost: {n - 1} drafted + the last token in one forward = {c:.2f}× {unit}; gained {gained} → this step alone ≈ "
+            f"{gained} ÷ {c:.2f} = {gained / c:.2f}× a plain step ({kind})")
 
 
 def cost_html(ev: StepEvent | None, curve: CostCurve | None, trace: Trace | None = None) -> str:

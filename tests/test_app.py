@@ -524,7 +524,7 @@ def test_the_cost_panel_puts_the_measured_cost_beside_the_gain_or_says_it_was_no
     assert ("This step verified 3 tokens in one forward (the last token and 2 drafted): on this machine that costs "
             "2.00× a one-token forward. It gained 2 tokens, so this step ran at 2 ÷ 2.00 = 1.00× plain speed.") in shown
     assert "tr-cost-par" in shown and "Speedup ≈ mean accepted tokens per step ÷ t(N)/t(1)" in shown
-    brief = "Cost: 3 tokens in one forward = 2.00× one token's; gained 2 → this step alone ≈ 2 ÷ 2.00 = 1.00× a plain step (estimate)"
+    brief = "Cost: 2 drafted + the last token in one forward = 2.00× one token's; gained 2 → this step alone ≈ 2 ÷ 2.00 = 1.00× a plain step (estimate)"
     assert f'<div class="tr-cost-brief">{html.escape(brief)}</div>' in shown  # the presentation view's one line
     cost.set_measured({1: [10.0], 2: [11.0], 3: [12.0], 4: [13.0]}, max_tokens=4)
     assert "2 ÷ 1.20 = 1.67× plain speed" in h.replay(session, 1, True)["cost"]

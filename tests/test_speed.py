@@ -386,7 +386,7 @@ def test_a_steady_curve_gives_labelled_estimates_and_the_formula_with_this_answe
     # 1.11x against 1.50x +- 0.05: more than the meter's error apart, and the page says which to trust
     assert "The two disagree" in shown and "the meter&#x27;s 1.50× is the figure to trust" in shown
     from studio.views import _disagreement
-    assert _disagreement(1.45, {"ratio": 1.50, "error": 0.05}) == ""  # within three standard errors and 10%
+    assert _disagreement(1.45, {"ratio": 1.50, "error": 0.05}, 2.5, 1.7, False) == ""  # within 3 standard errors and 10%
     assert step_views(trace, 0, linear_curve())["cost"] == shown
 
 
@@ -476,3 +476,109 @@ def test_a_replayed_trace_measured_over_part_of_its_answer_says_so():
     assert "recorded with the trace; measured over the first 5 of 12 tokens" in meter
     trace.summary = dataclasses.replace(trace.summary, new_tokens=5, tokens=list(range(5)))
     assert "the whole answer, over 5 tokens" in trace_meter(trace)
+
+
+def sized_run(clock: Clock, tokens: int, sizes=(1, 4, 8), gains=(1, 2, 3)):
+    """Token Recycling steps of cycling sizes (tokens in the forward) and gains, each costing 20 + 5 x size ms."""
+    done, i = 0, 0
+    while done < tokens:
+        n, gained = sizes[i % len(sizes)], min(gains[i % len(gains)], tokens - done)
+        ms = clock.cost(20.0 + 5.0 * n)
+        yield StepEvent(step=i, position=done, tokens=list(range(n)), parents=list(range(-1, n - 1)),
+                        depths=list(range(n)), ranks=[-1] + [0] * (n - 1), accepted=[0], emitted=[5] * gained,
+                        bonus=5, timings={"total": ms})
+        done, i = done + gained, i + 1
+
+
+def test_the_meter_records_what_each_size_of_step_cost_and_the_formula_with_it_gives_its_figure():
+    """One speed story: the cost panel's step costs are the meter's own timings (Token Recycling's steps of each size
+    against plain decoding's steps, the same chunk pairs), so the formula over the meter's steps gives exactly the
+    meter's ratio, with or without this machine's cost curve to shape the sizes between."""
+    from studio.views import expected_speedup, meter_curve
+
+    clock = Clock(lambda t: 1.0)
+    est = measure_interleaved(sized_run(clock, 120), fake_run(clock, 120, 1, 20.0), chunk_ms=100.0)
+    assert est.trusted
+    sizes = {n: (ms, k) for n, ms, k in est.step_ms}
+    assert set(sizes) == {1, 4, 8} and all(abs(ms - (20 + 5 * n)) < 1e-9 for n, (ms, _) in sizes.items())
+    assert sum(k for _, k in sizes.values()) == sum(1 for _ in sized_run(Clock(lambda t: 1.0), 120))
+    speed = dataclasses.asdict(est)
+    steps = list(sized_run(Clock(lambda t: 1.0), 120))  # the answer: the same steps the meter re-decoded
+    for shape in (None, lambda n: 30.0 + 3.0 * n):  # the meter's sizes alone, or spread by a (differently shaped) curve
+        curve = meter_curve(speed, shape)
+        assert curve.metered and "plain decoding step" in curve.unit and "the meter" in curve.source
+        a, c, e = expected_speedup(steps, curve)
+        assert abs(e - est.ratio) < 1e-9, (shape, e, est.ratio)
+    assert abs(meter_curve(speed).cost(4) - 40.0 / 20.0) < 1e-9  # a 4-token step: 40 ms against a 20 ms plain step
+    # no figure from a measurement that cannot be shown, or from an older record without the sizes
+    assert meter_curve(dict(speed, trusted=False)) is None and meter_curve(dict(speed, step_ms=())) is None
+    assert meter_curve(None) is None
+
+
+def test_the_cost_panel_uses_the_meters_timings_once_it_measured_even_for_a_loaded_trace():
+    import json
+
+    from studio.handlers import cost_curve
+    from studio.session import Session
+    from studio.views import cost_html
+
+    # the meter's re-decode: steps of 4 and 8 tokens, 36 and 64 ms, 5 tokens; plain decoding 20 ms a token -> 1.00x
+    trace = story_trace(dict(trusted(ratio=1.0, error=0.02), mean_accepted=2.5, plain_tps=50.0,
+                             step_ms=((4, 36.0, 1), (8, 64.0, 1))))
+    loaded = story_trace(json.loads(json.dumps(trace.speed)))  # as read from a file: the triples come back as lists
+    for t in (trace, loaded):
+        curve = cost_curve(Session(), t)  # no engine in this tab: the trace's own measurement
+        assert curve.metered and abs(curve.cost(4) - 36.0 / 20.0) < 1e-9 and abs(curve.cost(8) - 64.0 / 20.0) < 1e-9
+        shown = cost_html(t.steps[0], curve, t)
+        assert "a step of that size cost 1.80× a plain decoding step, as the meter timed this answer" in shown
+        assert "3 ÷ 1.80 = 1.67× plain speed" in shown and "(timed by the meter)" in shown
+        # the answer's steps: 2.50 tokens per step ÷ (1.80 + 3.20) / 2 = 2.50 -> 1.00x, the meter's figure
+        assert "2.50 ÷ 2.50 ≈ 1.00× (t timed by the meter" in shown and "Measured by the meter: 1.00×" in shown
+        assert "disagree" not in shown
+    # had the meter's re-decode taken other steps (3 tokens each at 1.5 plain steps: 2.00x), the page says so
+    other = story_trace(dict(trace.speed, ratio=2.0, mean_accepted=3.0, step_ms=((4, 30.0, 1), (8, 30.0, 1))))
+    shown = cost_html(other.steps[0], cost_curve(Session(), other), other)
+    assert "were not the answer&#x27;s (3.00 tokens per step at 1.50 plain steps each" in shown
+    assert cost_curve(Session(), story_trace(trusted())).relative is None  # an older record: no sizes, no engine
+
+
+def test_a_speed_record_with_bad_step_sizes_is_refused(tmp_path):
+    import json
+
+    import pytest
+
+    from tr_core.report.trace import TraceError
+
+    path = Trace(model="tiny", speed=dict(trusted(), step_ms=((4, 36.0, 1),))).save(tmp_path / "t.json")
+    assert Trace.load(path).speed["step_ms"] == [[4, 36.0, 1]]
+    data = json.loads(path.read_text())
+    for bad in ([[0, 36.0, 1]], [[4, -1.0, 1]], [[4, 36.0, 0]], [[4, 36.0]], "x", [[4, True, 1]], [[4.5, 1.0, 1]]):
+        data["speed"]["step_ms"] = bad
+        with pytest.raises(TraceError, match="step_ms"):
+            Trace.from_dict(data)
+
+
+def test_a_chunk_of_large_trees_is_not_taken_for_a_disturbed_one():
+    """On a steady machine every chunk pair is kept and the figure is plain time over Token Recycling time, also when
+    some chunks hold large trees that gained many tokens (their steps cost more, and that is not a load change: the
+    old per-step cost ratio left out exactly the best chunk of an answer, and the meter read 20% low)."""
+    def answer(clock: Clock):
+        yield from sized_run(clock, 60, sizes=(3, 2, 3, 3, 2, 3, 2, 3), gains=(2, 1, 1, 2, 1, 2, 1, 1))
+        yield from sized_run(clock, 24, sizes=(17,), gains=(12,))  # a run copied from the prompt: 2 steps of 17
+        yield from sized_run(clock, 60, sizes=(3, 2, 3, 3, 2, 3, 2, 3), gains=(2, 1, 1, 2, 1, 2, 1, 1))
+
+    steady = Clock(lambda t: 1.0)
+    truth_tr = sum(e.timings["total"] for e in answer(Clock(lambda t: 1.0)))
+    est = measure_interleaved(answer(steady), fake_run(steady, 144, 1, 20.0), chunk_ms=100.0)
+    assert est.left_out == 0 and est.tokens == 144
+    assert est.trusted and abs(est.ratio - 144 * 20.0 / truth_tr) < 1e-9 and est.error < 1e-9
+    # a real load change between a pair's halves is still caught: 3x busier during one plain chunk
+    flips = {"at": None}
+
+    def load(t: float) -> float:
+        return 3.0 if flips["at"] is not None and flips["at"] <= t < flips["at"] + 60 else 1.0
+
+    busy = Clock(load)
+    flips["at"] = 900.0
+    est = measure_interleaved(answer(busy), fake_run(busy, 144, 1, 20.0), chunk_ms=100.0)
+    assert est.left_out >= 1

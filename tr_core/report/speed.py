@@ -36,6 +36,8 @@ class ChunkPair:
     tr_ms: float  # Token Recycling engine time for them (sum of step timings)
     tr_steps: int  # Token Recycling steps in the chunk
     plain_ms: float  # plain decoding engine time for the same tokens
+    # Token Recycling's steps in the chunk by size: (tokens in the step's forward, their ms summed, steps)
+    tr_sizes: tuple[tuple[int, float, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -55,50 +57,79 @@ class SpeedEstimate:
     covered: int = 0  # tokens both runs decoded, including pairs left out as disturbed
     left_out: int = 0  # chunk pairs left out because a load change fell between their two chunks
     passes: int = 1  # times the answer was decoded by both methods (its chunk pairs pooled)
+    # Token Recycling's steps over the measured tokens by size: (tokens in the step's forward, mean ms, steps); with
+    # plain decoding's ms per token (1000 / plain_tps) it gives what a step of each size cost in plain steps
+    step_ms: tuple[tuple[int, float, int], ...] = ()
+
+
+def _sizes(p: ChunkPair) -> tuple[tuple[int, float, int], ...]:
+    """A pair's Token Recycling steps by size (one kind of step when it was recorded without sizes)."""
+    return p.tr_sizes or ((0, p.tr_ms, p.tr_steps),)
+
+
+def step_costs(pairs: list[ChunkPair]) -> dict[int, float]:
+    """The mean ms of a Token Recycling step of each size (tokens in its forward) over the pairs."""
+    ms: dict[int, float] = {}
+    steps: dict[int, int] = {}
+    for p in pairs:
+        for n, total, k in _sizes(p):
+            ms[n], steps[n] = ms.get(n, 0.0) + total, steps.get(n, 0) + k
+    return {n: ms[n] / steps[n] for n in ms if steps[n] > 0}
+
+
+def modelled_ratio(pairs: list[ChunkPair], fit: list[ChunkPair]) -> float:
+    """plain ms / Token Recycling ms of all `pairs`, each side costed at the rates fitted on `fit`: plain decoding's ms
+    per token, Token Recycling's mean ms per step of each size (a size absent from `fit`: its rate over all pairs).
+    The text decoded (its tokens, how many steps of which size) stays that of `pairs`."""
+    per_token = sum(p.plain_ms for p in fit) / max(sum(p.tokens for p in fit), 1)
+    costs, every = step_costs(fit), step_costs(pairs)
+    tr = sum(k * costs.get(n, every.get(n, 0.0)) for p in pairs for n, _, k in _sizes(p))
+    return per_token * sum(p.tokens for p in pairs) / max(tr, 1e-9)
 
 
 def jackknife_ratio(pairs: list[ChunkPair]) -> tuple[float, float]:
     """Ratio of sums (plain ms / TR ms) and its jackknife standard error from timing noise alone.
 
-    ratio = mean accepted tokens per step x (plain ms per step / TR ms per step). The first factor is
-    exact (the same tokens are decoded whatever the load); only the cost ratio is noisy, so the jackknife
-    resamples that, holding the accepted tokens fixed: how much a chunk's text happened to be drafted
-    well is not measurement noise.
+    The text decoded is exact (the same tokens, in the same steps, whatever the load); only what a token of plain
+    decoding and a step of each size of Token Recycling cost is noisy. So the jackknife re-fits those costs without
+    each pair in turn and re-costs the same text with them (`modelled_ratio`): how well a chunk's text happened to
+    be drafted, or how large its trees were, is not measurement noise.
     """
-    tokens, steps = sum(p.tokens for p in pairs), sum(p.tr_steps for p in pairs)
-    tr, plain = sum(p.tr_ms for p in pairs), sum(p.plain_ms for p in pairs)
-    ratio = plain / tr
+    ratio = sum(p.plain_ms for p in pairs) / sum(p.tr_ms for p in pairs)
     n = len(pairs)
     if n < 2:
         return ratio, math.inf
-    mean_acc = tokens / max(steps, 1)
-
-    def cost_ratio(t: int, s: int, tr_ms: float, plain_ms: float) -> float:
-        return (plain_ms / max(t, 1)) / (tr_ms / max(s, 1))
-
-    loo = [mean_acc * cost_ratio(tokens - p.tokens, steps - p.tr_steps, tr - p.tr_ms, plain - p.plain_ms)
-           for p in pairs]
+    loo = [modelled_ratio(pairs, pairs[:i] + pairs[i + 1:]) for i in range(n)]
     mean = sum(loo) / n
     return ratio, math.sqrt((n - 1) / n * sum((x - mean) ** 2 for x in loo))
 
 
-def cost_ratio(p: ChunkPair) -> float:
-    """A pair's plain ms per token over its Token Recycling ms per step: load-sensitive, content-insensitive."""
-    return (p.plain_ms / max(p.tokens, 1)) / (p.tr_ms / max(p.tr_steps, 1))
+def balances(pairs: list[ChunkPair]) -> list[float]:
+    """Each pair's plain half's load over its Token Recycling half's: about 1 when both chunks of a pair ran under the
+    same load, whatever text they decoded. Each half is timed against what its own steps cost over all pairs (plain
+    decoding's ms per token; Token Recycling's mean ms per step of each size), so a chunk of large trees is not
+    taken for a disturbed one (a cold reader's screenshot left out the best chunk of an answer as "the load
+    changed")."""
+    per_token = sum(p.plain_ms for p in pairs) / max(sum(p.tokens for p in pairs), 1)
+    costs = step_costs(pairs)
+    out = []
+    for p in pairs:
+        expected_tr = sum(k * costs[n] for n, _, k in _sizes(p))
+        out.append((p.plain_ms / max(p.tokens * per_token, 1e-9)) / max(p.tr_ms / max(expected_tr, 1e-9), 1e-9))
+    return out
 
 
 def drop_outliers(pairs: list[ChunkPair]) -> list[ChunkPair]:
-    """Pairs whose cost ratio is far from the rest (a load change fell between their two chunks) are left out.
-
-    Far: more than 4 median absolute deviations (at least 10%) from the median cost ratio.
-    """
+    """Pairs whose balance (`balances`) is far from the rest (a load change fell between their two chunks) are left
+    out. Far: more than 4 median absolute deviations (at least 10%) from the median balance."""
     if len(pairs) < 5:
         return pairs
-    ratios = sorted(cost_ratio(p) for p in pairs)
-    median = ratios[len(ratios) // 2]
-    mad = sorted(abs(r - median) for r in ratios)[len(ratios) // 2]
+    values = balances(pairs)
+    ordered = sorted(values)
+    median = ordered[len(ordered) // 2]
+    mad = sorted(abs(v - median) for v in ordered)[len(ordered) // 2]
     limit = max(4 * mad, 0.10 * median)
-    return [p for p in pairs if abs(cost_ratio(p) - median) <= limit]
+    return [p for p, v in zip(pairs, values) if abs(v - median) <= limit]
 
 
 def plausible_limit(mean_accepted: float) -> float:
@@ -107,17 +138,17 @@ def plausible_limit(mean_accepted: float) -> float:
 
 
 def robust_ratio(pairs: list[ChunkPair]) -> tuple[float, float]:
-    """The ratio from the median pair (mean accepted x median cost ratio) and its MAD-based standard error.
+    """The ratio from the median pair (the ratio of sums x the median balance) and its MAD-based standard error.
 
     Bursts of load that fall between a pair's two chunks move the mean, not the median; a median far from
     the ratio of sums therefore means the figure rests on a few disturbed pairs.
     """
-    ratios = sorted(cost_ratio(p) for p in pairs)
-    n = len(ratios)
-    median = (ratios[(n - 1) // 2] + ratios[n // 2]) / 2
-    mad = sorted(abs(r - median) for r in ratios)[n // 2] * 1.4826  # ~ standard deviation for normal noise
-    mean_acc = sum(p.tokens for p in pairs) / max(sum(p.tr_steps for p in pairs), 1)
-    return mean_acc * median, mean_acc * 1.2533 * mad / math.sqrt(n)  # 1.2533: standard error of a median
+    ratio = sum(p.plain_ms for p in pairs) / sum(p.tr_ms for p in pairs)
+    values = sorted(ratio * b for b in balances(pairs))
+    n = len(values)
+    median = (values[(n - 1) // 2] + values[n // 2]) / 2
+    mad = sorted(abs(v - median) for v in values)[n // 2] * 1.4826  # ~ standard deviation for normal noise
+    return median, 1.2533 * mad / math.sqrt(n)  # 1.2533: standard error of a median
 
 
 def _distrust(pairs: list[ChunkPair], ratio: float, error: float, median_ratio: float, mean_acc: float) -> str:
@@ -156,22 +187,37 @@ def estimate(pairs: list[ChunkPair], identical: bool | None = None) -> SpeedEsti
     error = error if math.isfinite(error) else None  # one pair has no spread: unknown (and JSON has no inf)
     return SpeedEstimate(ratio=ratio, error=error, tr_tps=tokens / tr_s, plain_tps=tokens / plain_s,
                          mean_accepted=mean_acc, tokens=tokens, pairs=len(pairs), trusted=not reason,
-                         reason=reason, identical=identical, covered=covered, left_out=left_out)
+                         reason=reason, identical=identical, covered=covered, left_out=left_out,
+                         step_ms=pooled_sizes(pairs))
+
+
+def pooled_sizes(pairs: list[ChunkPair]) -> tuple[tuple[int, float, int], ...]:
+    """The pairs' Token Recycling steps by size: (tokens in the forward, mean ms, steps), smallest size first."""
+    ms: dict[int, float] = {}
+    steps: dict[int, int] = {}
+    for pair in pairs:
+        for n, total, count in pair.tr_sizes:
+            ms[n], steps[n] = ms.get(n, 0.0) + total, steps.get(n, 0) + count
+    return tuple((n, ms[n] / steps[n], steps[n]) for n in sorted(ms) if steps[n] > 0)
 
 
 def _advance(events: Iterator[Any], until: Callable[[int, float], bool], state: dict) -> bool:
-    """Pull step events into `state` ("tokens", "ms", "steps", "emitted") until `until(tokens, chunk_ms)`.
+    """Pull step events into `state` ("tokens", "ms", "steps", "emitted"; "sizes": this round's steps by forward size,
+    n -> [ms, steps]) until `until(tokens, chunk_ms)`.
 
     Returns False when the generator is exhausted.
     """
     chunk_ms = 0.0
     for ev in events:
         if isinstance(ev, StepEvent):
+            ms = ev.timings.get("total", 0.0)
             state["tokens"] += len(ev.emitted)
             state["emitted"].extend(ev.emitted)
-            state["ms"] += ev.timings.get("total", 0.0)
+            state["ms"] += ms
             state["steps"] += 1
-            chunk_ms += ev.timings.get("total", 0.0)
+            size = state["sizes"].setdefault(len(ev.tokens), [0.0, 0])
+            size[0], size[1] = size[0] + ms, size[1] + 1
+            chunk_ms += ms
             if until(state["tokens"], chunk_ms):
                 return True
     return False
@@ -179,7 +225,7 @@ def _advance(events: Iterator[Any], until: Callable[[int, float], bool], state: 
 
 def _fresh() -> dict:
     """Counters of one run inside `interleave`."""
-    return {"tokens": 0, "ms": 0.0, "steps": 0, "emitted": []}
+    return {"tokens": 0, "ms": 0.0, "steps": 0, "emitted": [], "sizes": {}}
 
 
 def interleave(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: float = 250.0,
@@ -232,6 +278,7 @@ def _one_pass(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: f
         more = True
         while more:
             before_tr, before_plain = dict(tr), dict(plain)
+            tr["sizes"] = {}  # this round's steps only
             if len(pairs) % 2 == 0:
                 more = _advance(tr_events, lambda _t, ms: ms >= chunk_ms, tr)
             else:
@@ -244,7 +291,8 @@ def _one_pass(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: f
                 more = _advance(plain_events, lambda t, _ms: t >= target, plain) and more
             pairs.append(ChunkPair(tokens=min(tr["tokens"], plain["tokens"]) - before_tr["tokens"],
                                    tr_ms=tr["ms"] - before_tr["ms"], tr_steps=tr["steps"] - before_tr["steps"],
-                                   plain_ms=plain["ms"] - before_plain["ms"]))
+                                   plain_ms=plain["ms"] - before_plain["ms"],
+                                   tr_sizes=tuple((n, ms, k) for n, (ms, k) in sorted(tr["sizes"].items()))))
             n = min(len(tr["emitted"]), len(plain["emitted"]))
             yield estimate(pairs, identical=tr["emitted"][:n] == plain["emitted"][:n])
     finally:

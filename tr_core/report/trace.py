@@ -238,6 +238,24 @@ def check_speed(speed: Any) -> None:
     if speed.get("identical") is not None and type(speed.get("identical")) is not bool:
         raise TraceError("\"speed\": \"identical\" must be true, false or null")
     _check_str(speed.get("reason", ""), "\"speed\": \"reason\"")
+    check_step_ms(speed.get("step_ms", []))
+
+
+MAX_STEP_SIZES = 4096  # sizes in a speed record's step_ms (a forward has at most a few hundred tokens)
+
+
+def check_step_ms(value: Any) -> None:
+    """A speed record's Token Recycling steps by size: [tokens in the forward, mean ms, steps] triples."""
+    where = "\"speed\": \"step_ms\""
+    if type(value) is not list or len(value) > MAX_STEP_SIZES:
+        raise TraceError(f"{where} must be a list of at most {MAX_STEP_SIZES} [size, ms, steps] triples, got "
+                         f"{_kind(value)}" + (f" of {len(value)}" if type(value) is list else ""))
+    for j, triple in enumerate(value):
+        if type(triple) is not list or len(triple) != 3:
+            raise TraceError(f"{where}[{j}] must be a [size, ms, steps] triple, got {_kind(triple)}")
+        _check_int(triple[0], f"{where}[{j}][0]", 1, INT_LIMIT)
+        _check_numbers(triple[1:2], f"{where}[{j}][1]", 1, 1, lo=0.0)
+        _check_int(triple[2], f"{where}[{j}][2]", 1, INT_LIMIT)
 
 
 def check_json_shape(data: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
