@@ -56,10 +56,12 @@ WHY_NUMBERS = """
 
   speedup ≈ mean accepted tokens per step ÷ t(N)/t(1),
 
-where t(N)/t(1) is what a forward of N tokens costs against a forward of one. The cost panel works this out with
-this machine's measured t(N) and this answer's accepted tokens (an estimate); the meter measures the real figure,
-both methods timed in turns over the same tokens. When the cost curve was timed on a busy machine, or the meter found
-the timings too noisy, no estimate is shown.
+where t(N)/t(1) is what a step verifying N tokens costs against a plain decoding step. The meter measures both
+sides, Token Recycling and plain decoding timed in turns over the same tokens, and the cost panel works the formula
+out with the meter's timings of each size of step and this answer's accepted tokens, so the two agree (or the panel
+says why they do not). Before the meter has measured, the panel estimates t(N)/t(1) from this machine's cost curve,
+labelled as an estimate. When the cost curve was timed on a busy machine, or the meter found the timings too noisy,
+no estimate is shown.
 
 **Why a big tree pays on a GPU and not on a CPU.** On a GPU a forward is *memory-bound*: reading the weights takes
 the time, so a forward of the paper's 80-token tree costs about as much as a forward of one token, and every
@@ -90,10 +92,12 @@ alternating chunks over the same tokens, so a busy machine slows both alike. It 
 error, or says *too noisy to measure* when the chunks disagree or the ratio is larger than the accepted tokens per
 step allow.
 
-**The cost panel** says why a big tree can be slower: a step's speed ≈ the tokens it gained ÷ the cost of its forward
-of N tokens relative to a one-token forward, t(N)/t(1), as measured on this machine by the adaptive and hybrid trees.
-Its figures are estimates, labelled so; the meter's is the one measurement. A curve timed while the machine was busy
-is not shown, and when the meter says *too noisy*, no panel claims a speed.
+**The cost panel** says why a big tree can be slower: a step's speed ≈ the tokens it gained ÷ what a step of N tokens
+costs against a plain decoding step, t(N)/t(1). Once the meter has measured the answer, t(N)/t(1) is its own timing
+of Token Recycling's steps of that size against plain decoding's (sizes it did not time follow this machine's cost
+curve), so the panel and the meter tell one story; before that, it is an estimate from the cost curve the adaptive
+and hybrid trees measure, labelled so. A curve timed while the machine was busy is not shown, and when the meter
+says *too noisy*, no panel claims a speed.
 
 **⚑ Race** replays a measured answer twice side by side, Token Recycling at its recorded step times and plain
 decoding at the pace the meter measured, in your browser: nothing is decoded again. Without the meter's trusted
