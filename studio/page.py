@@ -187,7 +187,7 @@ def _chat_panel(ui: dict, template: str) -> None:
                             buttons=["copy"], feedback_options=None, placeholder="Ask something, or click an example.",
                             latex_delimiters=[])  # "$$...$$" from a visitor, a model or a trace stays text
     with gr.Row(elem_id="tr-input-row"):
-        ui["msg"] = gr.Textbox(show_label=False, placeholder="Type a message and press Enter", scale=5, lines=1,
+        ui["msg"] = gr.Textbox(show_label=False, placeholder="Type here and press Enter", scale=5, lines=1,
                                max_lines=6, elem_id="tr-msg")
         ui["send"] = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id="tr-send")
         ui["stop"] = gr.Button("Stop", variant="stop", scale=1, min_width=70, elem_id="tr-stop")

@@ -395,6 +395,9 @@ FONT_SIZES_JS = """(sels) => {
     out.push([sel, el.tagName, el.textContent.trim().slice(0, 30), parseFloat(getComputedStyle(el).fontSize)]);
   }
   return out; }"""
+BUTTONS_JS = ("(s) => [...document.querySelectorAll(s + ' button')].filter(b => b.getBoundingClientRect().width > 0)"
+              ".map(b => { const r = b.getBoundingClientRect(); return {top: r.top, bottom: r.bottom, right: r.right,"
+              " text: b.innerText}; })")
 CUT_JS = ("(s) => { const el = document.querySelector(s);"
           " return [el.scrollHeight - el.clientHeight, el.scrollWidth - el.clientWidth]; }")
 
@@ -425,6 +428,13 @@ def check_projector_screen(page) -> None:
     small = [f for f in page.evaluate(FONT_SIZES_JS, list(PANELS)) if f[3] < 16]
     assert not small, small
     assert rects["#tr-tree"]["width"] >= 640  # the tree's labels are placed for 640 px or more
+    for row in ("#tr-input-row", "#tr-nav-buttons"):  # every button on its row's one line, none wrapped out of it
+        outer = rects[row]
+        for r in page.evaluate(BUTTONS_JS, row):
+            assert r["top"] >= outer["top"] - 0.5 and r["bottom"] <= outer["bottom"] + 0.5, (row, r, outer)
+            assert r["right"] <= outer["right"] + 0.5, (row, r, outer)
+    chat = page.evaluate(RECT_JS, "#tr-chat")
+    assert chat["bottom"] - chat["top"] >= 90, chat  # the answer's last lines, not one: 16-18 px text
 
 
 def test_presentation_view_carries_a_lecture_on_one_projector_screen(app_browser, tmp_path):

@@ -127,8 +127,9 @@ def test_tree_figure_shows_where_each_draft_token_came_from():
                  "rejected drafts", "root (last committed token)", "bonus token"):
         assert names.count(name) == 1, name
     keys = {t["name"]: t["marker"]["symbol"] for t in fig.traces if t.get("mode") == "markers"}
-    assert keys["from the matrix"] == "circle" and keys["copied from the context"] == "square"
-    assert keys["both agree"] == "diamond" and keys["accepted drafts"] == "circle"  # colour keys are circles
+    # shape keys are outlines (not one more grey beside the rejected drafts'), colour keys filled circles
+    assert keys["from the matrix"] == "circle-open" and keys["copied from the context"] == "square-open"
+    assert keys["both agree"] == "diamond-open" and keys["accepted drafts"] == "circle"
     assert "from the matrix: candidate #1 after &#x27;&lt;root&gt;&#x27;" in hovers[2]  # parent text, escaped
     assert "from the matrix: candidate #1 after &#x27; the&#x27;" in hovers[4]
     assert "copied from the prompt, tokens 3-4 (after a 2-token match)" in hovers[3] and "rank" not in hovers[3]

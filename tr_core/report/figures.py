@@ -27,6 +27,7 @@ ACCEPTED_COLOUR = "#16a34a"
 BONUS_COLOUR = "#f59e0b"
 REJECTED_COLOUR = "#cbd5e1"
 REJECTED_TEXT = "#64748b"
+SHAPE_LEGEND = "#1e293b"  # the outlined shapes of the source legend (where a draft came from)
 EDGE_COLOUR = "#cbd5e1"
 # Candidate probability, light to dark blue (explicit: plotly.js and plotly.py disagree on "Blues").
 PROB_SCALE = [[0.0, "#f7fbff"], [0.2, "#deebf7"], [0.4, "#9ecae1"], [0.6, "#4292c6"], [0.8, "#2171b5"], [1.0, "#08306b"]]
@@ -532,12 +533,14 @@ def _source_text(ev: StepEvent, i: int, source: str, token_text: TokenText) -> s
 
 
 def _add_source_legend(fig: Figure, ev: StepEvent) -> None:
-    """Legend entries for the marker symbols of the sources this step's draft tokens came from."""
+    """Legend entries for the marker symbols of the sources this step's draft tokens came from: outlines in dark
+    slate, so that they read as shapes, not as one more colour beside the light grey of rejected drafts."""
     present = set(ev.sources[1:])
     for source, name in SOURCE_NAMES.items():
         if source in present:
             fig.add(type="scatter", x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
-                    marker=dict(color=REJECTED_TEXT, size=12, symbol=SOURCE_SYMBOLS[source]))
+                    marker=dict(color=SHAPE_LEGEND, size=12, symbol=f"{SOURCE_SYMBOLS[source]}-open",
+                                line=dict(color=SHAPE_LEGEND, width=2)))
 
 
 def _add_bonus(fig: Figure, ev: StepEvent, layout: TreeLayout, token_text: TokenText, label: LabelBox) -> None:
