@@ -146,8 +146,12 @@ class CostCurve:
         return self.unit == PLAIN_STEP
 
     def cost(self, n: int) -> float:
-        """t(n)/t(1), never below 1: a forward of n tokens costs at least a one-token forward (timing noise aside)."""
-        return max(self.relative(n), 1.0) if self.relative is not None else 1.0
+        """t(n)/t(1). An estimate is never below 1: a forward of n tokens costs at least a one-token forward (timing
+        noise aside). The meter's timings are shown as measured: its Token Recycling steps can run faster than its
+        plain steps did, and a floor would break the formula's agreement with its figure."""
+        if self.relative is None:
+            return 1.0
+        return self.relative(n) if self.metered else max(self.relative(n), 1.0)
 
 
 def meter_curve(speed: dict | None, shape: Callable[[int], float] | None = None) -> CostCurve | None:

@@ -582,3 +582,19 @@ def test_a_chunk_of_large_trees_is_not_taken_for_a_disturbed_one():
     flips["at"] = 900.0
     est = measure_interleaved(answer(busy), fake_run(busy, 144, 1, 20.0), chunk_ms=100.0)
     assert est.left_out >= 1
+
+
+def test_the_meters_step_costs_are_shown_as_measured_even_below_one_plain_step():
+    """Where the meter timed Token Recycling's small steps faster than its plain steps (a busy moment, per-token
+    overheads), the cost panel shows that, unfloored: a floor at 1 raised this answer's mean cost from 1.31 to 1.52
+    plain steps on a screenshot, and the formula then disagreed with the meter it is computed from."""
+    from studio.views import expected_speedup, meter_curve
+
+    # the meter's steps: 3 steps of 3 tokens at 18 ms and one of 9 tokens at 60 ms; plain decoding 20 ms a token;
+    # 8 tokens in 4 steps -> plain 160 ms against 114 ms
+    speed = dict(trusted(ratio=160 / 114, error=0.01), mean_accepted=2.0, plain_tps=50.0,
+                 step_ms=((3, 18.0, 3), (9, 60.0, 1)))
+    curve = meter_curve(speed)
+    assert abs(curve.cost(3) - 0.9) < 1e-9
+    steps = [story_step(i, 3, 2) for i in range(3)] + [story_step(3, 9, 2)]
+    assert abs(expected_speedup(steps, curve)[2] - speed["ratio"]) < 1e-9
