@@ -250,29 +250,42 @@ def formula_text(steps: list[StepEvent], curve: CostCurve | None, speed: dict | 
     if not _usable(curve):
         return f"{FORMULA}. This answer: {a:.2f} tokens per step; t(N)/t(1) is not shown: {_unusable_why(curve)}."
     a, c, e = expected_speedup(steps, curve)
-    kind = "" if curve.metered else "expected (estimate; "
-    text = (f"{FORMULA}. This answer: {a:.2f} ÷ {c:.2f} ≈ {e:.2f}× {kind or '('}t timed by "
+    if curve.metered and speed_state(speed) == "measured":
+        return f"{FORMULA}. " + metered_formula(a, c, e, speed, curve.source, len(steps))
+    text = (f"{FORMULA}. This answer: {a:.2f} ÷ {c:.2f} ≈ {e:.2f}× expected (estimate; t timed by "
             f"{curve.source or 'this machine'}).")
     if speed_state(speed) == "measured":
         err = f" ± {speed['error']:.2f}" if speed.get("error") is not None else ""
-        text += f" Measured by the meter: {speed['ratio']:.2f}×{err}." + _disagreement(e, speed, a, c, curve.metered)
+        text += f" Measured by the meter: {speed['ratio']:.2f}×{err}." + _disagreement(e, speed)
     return text
 
 
-def _disagreement(expected: float, speed: dict, answer_mean: float, cost: float, metered: bool) -> str:
-    """A sentence when the formula's figure and the meter's measurement disagree by more than the meter's error
+def metered_formula(a: float, c: float, e: float, speed: dict, source: str, answer_steps: int) -> str:
+    """The formula with the meter's timings: over the meter's own steps it gives the meter's figure exactly; over the
+    answer's steps too when they are the same steps, else both are shown and why they differ is said."""
+    m, ratio = float(speed.get("mean_accepted") or 0.0), float(speed["ratio"])
+    err = f" ± {speed['error']:.2f}" if speed.get("error") is not None else ""
+    meter = f"{m:.2f} ÷ {m / ratio:.2f} = {ratio:.2f}×{err}"
+    if f"{a:.2f} ÷ {c:.2f}" == meter.split(" =")[0]:
+        return f"This answer: {meter}, the meter's figure (t timed by {source})."
+    covered, answer_tokens = int(speed.get("covered") or 0), round(a * answer_steps)
+    why = (f"the meter's time cap ended its re-decode after {covered} of {answer_tokens} tokens"
+           if 0 < covered < answer_tokens else
+           "the re-decode's trees were not all the answer's: a cost-sized tree sizes each step from the costs "
+           "measured so far")
+    return (f"Measured by the meter, re-decoding this answer: {meter} (t timed by {source}). The answer's own steps "
+            f"with the same timings: {a:.2f} ÷ {c:.2f} ≈ {e:.2f}× ({why}).")
+
+
+def _disagreement(expected: float, speed: dict) -> str:
+    """A sentence when the curve's estimate and the meter's measurement disagree by more than the meter's error
     (three standard errors, and at least 10%): the page says so, and why, rather than show two speedups silently."""
     ratio, error = speed["ratio"], speed.get("error") or 0.0
     if abs(expected - ratio) <= max(3 * error, 0.10 * ratio):
         return ""
-    if metered:  # the same timings: only the steps differ (the meter re-decodes the answer from its starting state)
-        m = speed.get("mean_accepted") or 0.0
-        why = (f"the meter timed its own re-decoding of the answer, whose steps were not the answer's ({m:.2f} tokens "
-               f"per step at {m / ratio:.2f} plain steps each, against this answer's {answer_mean:.2f} at {cost:.2f})")
-    else:
-        why = ("the estimate takes t(N)/t(1) from the drafter's own timings, the meter times this answer's whole "
-               "steps against plain decoding over the same tokens")
-    return f" The two disagree: {why}, so the meter's {ratio:.2f}× is the figure to trust."
+    return (" The two disagree: the estimate takes t(N)/t(1) from the drafter's own timings, the meter times this "
+            f"answer's whole steps against plain decoding over the same tokens, so the meter's {ratio:.2f}× is the "
+            "figure to trust.")
 
 
 def cost_brief(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None) -> str:

@@ -386,7 +386,7 @@ def test_a_steady_curve_gives_labelled_estimates_and_the_formula_with_this_answe
     # 1.11x against 1.50x +- 0.05: more than the meter's error apart, and the page says which to trust
     assert "The two disagree" in shown and "the meter&#x27;s 1.50× is the figure to trust" in shown
     from studio.views import _disagreement
-    assert _disagreement(1.45, {"ratio": 1.50, "error": 0.05}, 2.5, 1.7, False) == ""  # within 3 standard errors and 10%
+    assert _disagreement(1.45, {"ratio": 1.50, "error": 0.05}) == ""  # within 3 standard errors and 10%
     assert step_views(trace, 0, linear_curve())["cost"] == shown
 
 
@@ -533,12 +533,16 @@ def test_the_cost_panel_uses_the_meters_timings_once_it_measured_even_for_a_load
         assert "a step of that size cost 1.80× a plain decoding step, as the meter timed this answer" in shown
         assert "3 ÷ 1.80 = 1.67× plain speed" in shown and "(timed by the meter)" in shown
         # the answer's steps: 2.50 tokens per step ÷ (1.80 + 3.20) / 2 = 2.50 -> 1.00x, the meter's figure
-        assert "2.50 ÷ 2.50 ≈ 1.00× (t timed by the meter" in shown and "Measured by the meter: 1.00×" in shown
-        assert "disagree" not in shown
-    # had the meter's re-decode taken other steps (3 tokens each at 1.5 plain steps: 2.00x), the page says so
+        assert "This answer: 2.50 ÷ 2.50 = 1.00× ± 0.02, the meter&#x27;s figure (t timed by the meter" in shown
+        assert "re-decod" not in shown
+    # had the meter's re-decode taken other steps (3 tokens each at 1.5 plain steps: 2.00x), the page shows both
     other = story_trace(dict(trace.speed, ratio=2.0, mean_accepted=3.0, step_ms=((4, 30.0, 1), (8, 30.0, 1))))
     shown = cost_html(other.steps[0], cost_curve(Session(), other), other)
-    assert "were not the answer&#x27;s (3.00 tokens per step at 1.50 plain steps each" in shown
+    assert "Measured by the meter, re-decoding this answer: 3.00 ÷ 1.50 = 2.00× ± 0.02" in shown
+    assert "The answer&#x27;s own steps with the same timings: 2.50 ÷ 1.50 ≈ 1.67×" in shown
+    assert "trees were not all the answer&#x27;s" in shown
+    cut = story_trace(dict(other.speed, covered=3))  # the time cap ended the re-decode after 3 of 5 tokens
+    assert "time cap ended its re-decode after 3 of 5 tokens" in cost_html(cut.steps[0], cost_curve(Session(), cut), cut)
     assert cost_curve(Session(), story_trace(trusted())).relative is None  # an older record: no sizes, no engine
 
 
