@@ -232,6 +232,12 @@ def test_a_twin_taken_before_the_first_answer_reads_its_probe_instead_of_timing_
     est = measure_interleaved(twin.generate(prompt, cfg), twin.generate(prompt, cfg.with_(plain=True)), chunk_ms=5.0)
     assert est.identical is True
     assert twin.adaptive is not engine.adaptive and twin.adaptive.trust is not engine.adaptive.trust
+    # a twin taken once the curve is measured re-decodes with the curve the answer started from, its own copy: the
+    # answer's steps (which refine the live curve) do not change the sizes the re-decode chooses
+    later = forked(engine)
+    assert later.adaptive.cost is not engine.adaptive.cost and later.adaptive.cost.ms == engine.adaptive.cost.ms
+    list(engine.generate(prompt, cfg))
+    assert later.adaptive.cost.ms != engine.adaptive.cost.ms
 
 
 class SlowEngine:

@@ -326,8 +326,11 @@ def forked(engine: Any) -> Any:
 
 
 def _fork_drafter(drafter: Any) -> Any:
-    """A deep copy of a drafter that shares its forward cost curve: the curve describes the machine, not the answer,
-    so a twin taken before the answer's start-up probe reads the probe's result instead of timing it again (seconds
-    that would come out of the measurement's time cap)."""
+    """A deep copy of a drafter. Its forward cost curve is part of the state an answer started from: a cost-sized tree
+    sizes every step by it, so a twin re-decoding with the curve the answer left behind would draft other trees. It
+    is copied when it was measured before the answer; a twin taken before the answer's start-up probe shares it
+    instead and reads the probe's result rather than timing it again (seconds that would come out of the
+    measurement's time cap)."""
     cost = getattr(drafter, "cost", None)
-    return copy.deepcopy(drafter, memo={} if cost is None else {id(cost): cost})
+    shared = cost is not None and not getattr(cost, "measured", False)
+    return copy.deepcopy(drafter, memo={id(cost): cost} if shared else {})
