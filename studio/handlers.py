@@ -27,9 +27,9 @@ from .config import StudioConfig
 from .models import REFUSED, ModelCatalog, ModelRefused, label
 from .session import DECODE_SLOT, InputError, PausingEngine, Session, SlotAbandoned, clean_text, decode_slot, take_slot
 from .views import (MEASURE_HINT, RACE_WAIT, STOPPED_HINT, CostCurve, best_step, blank_views, coloured_answer,
-                    cost_html, coverage_note, decoding_html, live_meter, marked_chat, matrix_info, measured_meter,
-                    message, meter_curve, microscope_html, race_html, replay_slider, step_story_view, step_views,
-                    trace_meter)
+                    cost_html, coverage_note, decoding_html, left_out_note, live_meter, marked_chat, matrix_info,
+                    measured_meter, message, meter_curve, microscope_html, race_html, replay_slider, step_story_view,
+                    step_views, trace_meter)
 
 RENDER_EVERY_S = 0.25  # redraw figures at most this often while streaming
 LIMITS = dict(max_new_tokens=(1, 1024), temperature=(0.0, 2.0), top_p=(0.05, 1.0), top_k=(0, 1000), seed=(0, 2**31 - 1),
@@ -571,10 +571,8 @@ def measure_note(est: SpeedEstimate, answer_tokens: int, stopped: bool = False) 
     if est.covered < answer_tokens:
         why = "stopped" if stopped else "time cap"
         parts.append(coverage_note(est.covered, answer_tokens, why))
-    if est.left_out:
-        pairs = ("1 chunk pair", "its") if est.left_out == 1 else (f"{est.left_out} chunk pairs", "their")
-        parts.append(f"{pairs[0]} left out (the load changed between {pairs[1]} halves)")
-    return "; ".join(parts)
+    parts.append(left_out_note(est.left_out))
+    return "; ".join(p for p in parts if p)
 
 
 # ------------------------------------------------------------------------------------- small handlers

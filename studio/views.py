@@ -369,6 +369,14 @@ def coverage_note(covered: int, total: int, why: str = "") -> str:
     return f"measured over the first {covered} of {total} tokens" + (f" ({why})" if why else "")
 
 
+def left_out_note(left_out: int) -> str:
+    """The chunk pairs a measurement left out as disturbed, in words ("" for none)."""
+    if left_out <= 0:
+        return ""
+    pairs = ("1 chunk pair", "its") if left_out == 1 else (f"{left_out} chunk pairs", "their")
+    return f"{pairs[0]} left out (the load changed between {pairs[1]} halves)"
+
+
 def measured_span(est: SpeedEstimate, answer_tokens: int | None) -> str:
     """What a trusted measurement covers, in words that agree with the answer's length: "the whole answer" only when
     both methods decoded all of it (else the measure note says how far they got), and how many tokens the figure is
@@ -429,7 +437,8 @@ def trace_meter(trace: Trace, note: str = MEASURE_HINT, loaded: bool = False) ->
         notes = ["recorded with the trace"] if loaded else []
         if total is not None and est.covered < total:
             notes.append(coverage_note(est.covered, total))
-        return measured_meter(est, note="; ".join(notes), answer_tokens=total,
+        notes.append(left_out_note(est.left_out))
+        return measured_meter(est, note="; ".join(n for n in notes if n), answer_tokens=total,
                               answer_mean=trace.summary.mean_accepted if trace.summary else None)
     s = trace.summary
     if loaded:

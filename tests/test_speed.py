@@ -481,7 +481,9 @@ def test_a_replayed_trace_measured_over_part_of_its_answer_says_so():
     assert "this answer, both methods timed in 4 alternating chunk pairs" in meter and "whole answer" not in meter
     assert "recorded with the trace; measured over the first 5 of 12 tokens" in meter
     trace.summary = dataclasses.replace(trace.summary, new_tokens=5, tokens=list(range(5)))
-    assert "the whole answer, over 5 tokens" in trace_meter(trace)
+    assert "the whole answer, over 5 tokens" in trace_meter(trace) and "left out" not in trace_meter(trace)
+    trace.speed = dict(trace.speed, left_out=1)  # the live note's pairs left out, said again on replay
+    assert "1 chunk pair left out (the load changed between its halves)" in trace_meter(trace)
 
 
 def sized_run(clock: Clock, tokens: int, sizes=(1, 4, 8), gains=(1, 2, 3)):
