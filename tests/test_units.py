@@ -149,6 +149,13 @@ def test_matrix_update_topk_and_duplicate_rule():
     assert m.rows_filled == 2
     p = torch.softmax(logits[0], -1)
     assert m.get_probs()[4].tolist() == pytest.approx([p[1].item(), p[5].item()], abs=1 / 255)
+    # with the accepted path known, the token's node ON the path wins (its context is the text now committed): a row
+    # shown after a step then agrees with the path it accepted, even where a shallower rejected node had the token
+    m = AdjacencyMatrix(vocab_size=6, k=2)
+    first, _, _ = m.update(tokens, logits, path=torch.tensor([False, False, True]))
+    assert first.tolist() == [False, True, True] and m.table[4].tolist() == [3, 4] and m.table[2].tolist() == [0, 3]
+    first, _, _ = m.update(tokens, logits, path=torch.tensor([True, False, False]))  # off the path: BFS order
+    assert first.tolist() == [True, True, False] and m.table[4].tolist() == [1, 5]
 
 
 @pytest.mark.parametrize("vocab,k", [(49152, 8), (1000, 8), (257, 3), (17, 8), (12, 1)])

@@ -403,7 +403,7 @@ class Engine:
                 packet.update({"origin_stamps": stamps, "origin_probs": probs,
                                "rows_read": packed_rows(self.matrix, draft.tokens)})
             first, row_ids, row_probs = self.matrix.update(draft.tokens, logits, top=top[1:], consume=True,
-                                                           stamp=self.clock)
+                                                           stamp=self.clock, path=draft.tree_mask[best])
             # as the matrix stores them (the same float32 ops as its update): every figure of a row then agrees
             packet.update({"first": first, "row_ids": row_ids, "row_probs": row_probs.mul(255).round_()})
             ahead = drafter.lookahead(targets[best].view(1), self.matrix)

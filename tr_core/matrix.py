@@ -37,15 +37,17 @@ class AdjacencyMatrix:
 
     # -- the paper's update rule ------------------------------------------------------------------------------
     def update(self, tokens: torch.Tensor, logits: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None = None,
-               consume: bool = False, stamp: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               consume: bool = False, stamp: int = -1,
+               path: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Overwrite the row of every tree token with the top-k of its node's logits (Sec. 3.3).
 
         tokens: [N] long, logits: [N, V]; `top`: (values, ids) [N, k] of logits[:, :vocab_size] when the caller
         already has them (see reduce.top_rows); consume=True lets the update use `logits` as scratch space
-        (fp32 logits hold garbage afterwards). A token that appears at several nodes takes the row of its
-        FIRST node in BFS order (the shallowest, whose context is closest to the committed text); every write
-        of that token then carries the same values, so the result does not depend on scatter order. The rewritten
-        rows are stamped with `stamp` (the writer's clock).
+        (fp32 logits hold garbage afterwards). A token that appears at several nodes takes the row of its node on
+        the accepted path when it has one (`path`: [N] bool, the verified path's nodes; their context is the text
+        now committed), else of its FIRST node in BFS order (the shallowest, whose context is closest to the
+        committed text); every write of that token then carries the same values, so the result does not depend on
+        scatter order. The rewritten rows are stamped with `stamp` (the writer's clock).
         Returns (first_nodes [N] bool, new rows [N, k] long, their probs [N, k] float32).
         """
         if logits.shape[-1] < self.vocab_size:
@@ -59,7 +61,12 @@ class AdjacencyMatrix:
             is_first = torch.ones(1, dtype=torch.bool, device=tokens.device)
         else:
             same = tokens[:, None] == tokens[None, :]  # [N, N]
-            first = same.int().argmax(dim=1)  # index of the first node with the same token
+            if path is None:
+                first = same.int().argmax(dim=1)  # index of the first node with the same token
+            else:  # the same token's node on the accepted path, else its first node
+                n = tokens.shape[0]
+                order = torch.arange(n, device=tokens.device) + n * (~path.bool()).long()
+                first = torch.where(same, order[None, :], 2 * n).argmin(dim=1) % n
             top_ids, top_probs = top_ids[first], top_probs[first]
             is_first = first == torch.arange(tokens.shape[0], device=tokens.device)
         self.table[tokens] = top_ids.to(torch.int32)

@@ -87,19 +87,21 @@ def modelled_ratio(pairs: list[ChunkPair], fit: list[ChunkPair]) -> float:
     return per_token * sum(p.tokens for p in pairs) / max(tr, 1e-9)
 
 
-def jackknife_ratio(pairs: list[ChunkPair]) -> tuple[float, float]:
-    """Ratio of sums (plain ms / TR ms) and its jackknife standard error from timing noise alone.
+def jackknife_ratio(pairs: list[ChunkPair], fit: list[ChunkPair] | None = None) -> tuple[float, float]:
+    """plain ms / TR ms of the text of `pairs` at the rates fitted on `fit` (default: all of them: the ratio of sums),
+    and its jackknife standard error from timing noise alone.
 
     The text decoded is exact (the same tokens, in the same steps, whatever the load); only what a token of plain
     decoding and a step of each size of Token Recycling cost is noisy. So the jackknife re-fits those costs without
-    each pair in turn and re-costs the same text with them (`modelled_ratio`): how well a chunk's text happened to
-    be drafted, or how large its trees were, is not measurement noise.
+    each fitted pair in turn and re-costs the same text with them (`modelled_ratio`): how well a chunk's text happened
+    to be drafted, or how large its trees were, is not measurement noise.
     """
-    ratio = sum(p.plain_ms for p in pairs) / sum(p.tr_ms for p in pairs)
-    n = len(pairs)
+    fit = pairs if fit is None else fit
+    ratio = modelled_ratio(pairs, fit)
+    n = len(fit)
     if n < 2:
         return ratio, math.inf
-    loo = [modelled_ratio(pairs, pairs[:i] + pairs[i + 1:]) for i in range(n)]
+    loo = [modelled_ratio(pairs, fit[:i] + fit[i + 1:]) for i in range(n)]
     mean = sum(loo) / n
     return ratio, math.sqrt((n - 1) / n * sum((x - mean) ** 2 for x in loo))
 
@@ -137,13 +139,14 @@ def plausible_limit(mean_accepted: float) -> float:
     return mean_accepted * PLAUSIBLE_SLACK
 
 
-def robust_ratio(pairs: list[ChunkPair]) -> tuple[float, float]:
-    """The ratio from the median pair (the ratio of sums x the median balance) and its MAD-based standard error.
+def robust_ratio(pairs: list[ChunkPair], ratio: float | None = None) -> tuple[float, float]:
+    """The ratio from the median pair (`ratio`, default the pairs' ratio of sums, x the median balance) and its
+    MAD-based standard error.
 
     Bursts of load that fall between a pair's two chunks move the mean, not the median; a median far from
     the ratio of sums therefore means the figure rests on a few disturbed pairs.
     """
-    ratio = sum(p.plain_ms for p in pairs) / sum(p.tr_ms for p in pairs)
+    ratio = sum(p.plain_ms for p in pairs) / sum(p.tr_ms for p in pairs) if ratio is None else ratio
     values = sorted(ratio * b for b in balances(pairs))
     n = len(values)
     median = (values[(n - 1) // 2] + values[n // 2]) / 2
@@ -167,28 +170,34 @@ def _distrust(pairs: list[ChunkPair], ratio: float, error: float, median_ratio: 
 def estimate(pairs: list[ChunkPair], identical: bool | None = None) -> SpeedEstimate:
     """Turn measured chunk pairs into the meter's figure, deciding whether it can be trusted.
 
-    The ratio is the ratio of sums over the pairs (a pair disturbed by a load change between its chunks is
-    left out); its error is the larger of the jackknife and the median-based one.
+    The figure is over every token both methods decoded: the text of all pairs (its tokens, and Token Recycling's
+    steps of each size) costed at the rates of the pairs whose two chunks ran under the same load (`modelled_ratio`;
+    a pair disturbed by a load change between its chunks lends no timing, but its text still counts, so leaving it
+    out cannot change what was decoded). With no pair left out that is the ratio of sums. Its error is the larger of
+    the jackknife and the median-based one.
     """
     pairs = [p for p in pairs if p.tokens > 0 and p.tr_ms > 0 and p.plain_ms > 0]
     if not pairs:
         return SpeedEstimate(None, None, None, None, None, 0, 0, False, "nothing was measured", identical)
-    covered = sum(p.tokens for p in pairs)
+    tokens = sum(p.tokens for p in pairs)
     kept = drop_outliers(pairs)
     left_out = len(pairs) - len(kept) if len(kept) >= 0.8 * len(pairs) else 0
-    pairs = kept if left_out else pairs  # too many disagree: keep all, the error shows it
-    tokens = sum(p.tokens for p in pairs)
-    ratio, error = jackknife_ratio(pairs)
-    median_ratio, median_error = robust_ratio(pairs)
+    fit = kept if left_out else pairs  # too many disagree: keep all, the error shows it
+    ratio, error = jackknife_ratio(pairs, fit)
+    median_ratio, median_error = robust_ratio(fit, ratio)
     error = max(error, median_error)
-    tr_s, plain_s = sum(p.tr_ms for p in pairs) / 1e3, sum(p.plain_ms for p in pairs) / 1e3
+    per_token = sum(p.plain_ms for p in fit) / sum(p.tokens for p in fit)  # plain decoding's ms per token
+    costs, every = step_costs(fit), step_costs(pairs)
+    sizes = pooled_sizes(pairs)
+    step_ms = tuple((n, costs.get(n, every[n]), k) for n, _, k in sizes)  # all the text's steps, at the fitted rates
+    tr_s = tokens * per_token / ratio / 1e3  # the text's Token Recycling time at the fitted rates
     mean_acc = tokens / max(sum(p.tr_steps for p in pairs), 1)
-    reason = _distrust(pairs, ratio, error, median_ratio, mean_acc)
+    reason = _distrust(fit, ratio, error, median_ratio, mean_acc)
     error = error if math.isfinite(error) else None  # one pair has no spread: unknown (and JSON has no inf)
-    return SpeedEstimate(ratio=ratio, error=error, tr_tps=tokens / tr_s, plain_tps=tokens / plain_s,
-                         mean_accepted=mean_acc, tokens=tokens, pairs=len(pairs), trusted=not reason,
-                         reason=reason, identical=identical, covered=covered, left_out=left_out,
-                         step_ms=pooled_sizes(pairs))
+    return SpeedEstimate(ratio=ratio, error=error, tr_tps=tokens / tr_s, plain_tps=1e3 / per_token,
+                         mean_accepted=mean_acc, tokens=tokens, pairs=len(fit), trusted=not reason,
+                         reason=reason, identical=identical, covered=tokens, left_out=left_out,
+                         step_ms=step_ms if any(p.tr_sizes for p in pairs) else ())
 
 
 def pooled_sizes(pairs: list[ChunkPair]) -> tuple[tuple[int, float, int], ...]:
