@@ -54,7 +54,7 @@ DRAFTING = (
 WHY_NUMBERS = """
 **Expected speedup.** A step verifies N tokens in one forward and gains the accepted drafts plus one bonus token, so
 
-  speedup ≈ mean accepted tokens per step ÷ t(N)/t(1),
+  speedup ≈ tokens per step (accepted drafts + the bonus) ÷ t(N)/t(1),
 
 where t(N)/t(1) is what a step verifying N tokens costs against a plain decoding step. The meter measures both
 sides, Token Recycling and plain decoding timed in turns over the same tokens, and the cost panel works the formula

@@ -122,8 +122,8 @@ def decoding_html(settings: dict[str, Any] | None) -> str:
 
 COST_PLACEHOLDER = ("What the shown step's forward cost on this machine, against what it gained, is worked out here: "
                     "speedup ≈ tokens gained per step ÷ the cost of the step's forward.")
-FORMULA = ("Speedup ≈ mean accepted tokens per step ÷ t(N)/t(1), where t(N)/t(1) is what a step verifying N tokens (the "
-           "last token and its drafts) costs against a plain decoding step")
+FORMULA = ("Speedup ≈ tokens per step (accepted drafts + the bonus) ÷ t(N)/t(1), where t(N)/t(1) is what a step "
+           "verifying N tokens (the last token and its drafts) costs against a plain decoding step")
 NOISY_WITHHELD = "the meter found this answer's timings too noisy, so no speed is claimed here either"
 ONE_FORWARD, PLAIN_STEP = "a one-token forward", "a plain decoding step"
 
@@ -240,6 +240,11 @@ def expected_speedup(steps: list[StepEvent], curve: CostCurve) -> tuple[float, f
     return a, c, a / max(c, 1e-9)
 
 
+def shown_quotient(a: float, c: float) -> float:
+    """a ÷ c as the page writes it: from the two figures rounded as shown, so that a reader's division agrees."""
+    return round(a, 2) / max(round(c, 2), 1e-9)
+
+
 def formula_text(steps: list[StepEvent], curve: CostCurve | None, speed: dict | None) -> str:
     """The expected-speedup formula with this answer's and this machine's numbers, and what the meter measured."""
     if not steps:
@@ -249,7 +254,8 @@ def formula_text(steps: list[StepEvent], curve: CostCurve | None, speed: dict | 
         return f"{FORMULA}. This answer: {a:.2f} tokens per step; {NOISY_WITHHELD}."
     if not _usable(curve):
         return f"{FORMULA}. This answer: {a:.2f} tokens per step; t(N)/t(1) is not shown: {_unusable_why(curve)}."
-    a, c, e = expected_speedup(steps, curve)
+    a, c, _ = expected_speedup(steps, curve)
+    e = shown_quotient(a, c)
     if curve.metered and speed_state(speed) == "measured":
         return f"{FORMULA}. " + metered_formula(a, c, e, speed, curve.source, len(steps))
     text = (f"{FORMULA}. This answer: {a:.2f} ÷ {c:.2f} ≈ {e:.2f}× expected (estimate; t timed by "

@@ -424,7 +424,7 @@ def test_hybrid_steps_keep_their_sources_live_in_the_trace_and_in_replays(tmp_pa
     def shows_sources(fig) -> bool:
         names = {t.get("name") for t in fig.traces}
         hover = " ".join(h for t in fig.traces for h in t.get("hovertext", []))
-        return ({"copied from the context", "both agree"} <= names and "copied from the prompt &lt;b&gt;" in hover
+        return ({"copied from the context", "in matrix and context"} <= names and "copied from the prompt &lt;b&gt;" in hover
                 and "<b>," not in hover and "and the matrix (candidate #0)" in hover)
 
     assert all(shows_sources(fig) for fig in live)  # live steps
@@ -523,7 +523,7 @@ def test_the_cost_panel_puts_the_measured_cost_beside_the_gain_or_says_it_was_no
     shown = h.replay(session, 2, True)["cost"]
     assert ("This step verified 3 tokens in one forward (the last token and 2 drafted): on this machine that costs "
             "2.00× a one-token forward. It gained 2 tokens, so this step ran at 2 ÷ 2.00 = 1.00× plain speed.") in shown
-    assert "tr-cost-par" in shown and "Speedup ≈ mean accepted tokens per step ÷ t(N)/t(1)" in shown
+    assert "tr-cost-par" in shown and "Speedup ≈ tokens per step (accepted drafts + the bonus) ÷ t(N)/t(1)" in shown
     brief = "Cost: 2 drafted + the last token in one forward = 2.00× one token's; gained 2 → this step alone ≈ 2 ÷ 2.00 = 1.00× a plain step (estimate)"
     assert f'<div class="tr-cost-brief">{html.escape(brief)}</div>' in shown  # the presentation view's one line
     cost.set_measured({1: [10.0], 2: [11.0], 3: [12.0], 4: [13.0]}, max_tokens=4)

@@ -124,3 +124,16 @@ def test_a_row_the_step_read_is_not_counted_new_as_in_the_microscope():
     story = step_story(ev, text_of, matrix_before={})
     assert "It wrote 4 rows of the matrix back from this forward's candidates (3 new)" in story  # 1, 2 and 4
     assert "the row of '<root>' now starts with '␣the' (as before)" in story  # row 0 started with '␣the' when read
+
+
+def test_a_token_drafted_twice_is_said_to_share_one_row():
+    """25 tokens verified and 23 rows written read as two rows lost, unless the story says why."""
+    from tr_core.events import StepEvent
+    from tr_core.report.story import step_story
+
+    ev = StepEvent(step=0, position=5, tokens=[0, 1, 2, 1], parents=[-1, 0, 0, 2], depths=[0, 1, 1, 2],
+                   ranks=[-1, 0, 1, 0], accepted=[0, 2, 3], emitted=[2, 1, 4], bonus=4, timings={"total": 1.0},
+                   matrix_rows=[0, 1, 2], matrix_values=[[1], [4], [1]], matrix_probs=[[0.5], [0.5], [0.5]])
+    story = step_story(ev, lambda t: f"w{t}", {})
+    assert "It wrote 3 rows of the matrix back from this forward's candidates (one per distinct token of its 4, 3 new)" in story
+    assert "candidates (one per distinct token of its 4); the row of" in step_story(ev, lambda t: f"w{t}", None)

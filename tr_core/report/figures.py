@@ -88,7 +88,8 @@ def tree_layout(parents: tuple[int, ...], ranks: tuple[int, ...] | None = None) 
 
 # Where a draft token came from (StepEvent.sources), shown as the marker's symbol; colour keeps accepted/rejected.
 SOURCE_SYMBOLS = {"root": "circle", "matrix": "circle", "context": "square", "both": "diamond"}
-SOURCE_NAMES = {"matrix": "from the matrix", "context": "copied from the context", "both": "both agree"}  # the
+SOURCE_NAMES = {"matrix": "from the matrix", "context": "copied from the context",
+                "both": "in matrix and context"}  # the
 # legend draws each with its marker symbol (SOURCE_SYMBOLS) in front
 MIN_FONT = 16  # px: no text in the tree or the heatmap is smaller, so a lecture hall's back row can read it
 NODE_GROUPS = {  # the tree's node traces, drawn in this order (accepted on top); size: marker px, font: label px
@@ -674,6 +675,15 @@ def _caption_heatmap(fig: Figure, ev: StepEvent | None, rewritten: list[bool], t
 # ------------------------------------------------------------------------------------------- charts
 
 
+def tick_step(top: float, most: int = 6) -> int:
+    """A whole tick step (1, 2, 5, 10, 20, ...) that puts at most `most` ticks above 0 on an axis up to `top`: the
+    chart's 150 px axis holds no more labels without overlapping them."""
+    step = 1
+    while top / step > most:
+        step = step * 5 // 2 if str(step)[0] == "2" else step * 2
+    return step
+
+
 def accepted_chart(events: list[StepEvent], current: int | None = None, height: int = 220) -> Figure:
     """Tokens emitted per step (accepted draft tokens + bonus) as bars, the selected step highlighted."""
     fig = Figure.empty(height)
@@ -688,10 +698,10 @@ def accepted_chart(events: list[StepEvent], current: int | None = None, height: 
                                  line=dict(color=ROOT_COLOUR, dash="dash", width=2))]
     fig.layout["annotations"] = [dict(text=f"mean {mean:.2f} tokens/step", xref="paper", x=0.01, y=mean,
                                       yanchor="bottom", xanchor="left", showarrow=False,
-                                      font=dict(size=13, color=ROOT_COLOUR))]
+                                      bgcolor="rgba(255,255,255,0.85)", font=dict(size=13, color=ROOT_COLOUR))]
     fig.layout["xaxis"] = dict(visible=True, showgrid=False, title=dict(text="step", font=dict(size=12)))
-    fig.layout["yaxis"] = dict(visible=True, showgrid=True, gridcolor="#eef2f7", rangemode="tozero", dtick=1,
-                               title=dict(text="tokens", font=dict(size=12)))
+    fig.layout["yaxis"] = dict(visible=True, showgrid=True, gridcolor="#eef2f7", rangemode="tozero",
+                               dtick=tick_step(max(lengths)), title=dict(text="tokens", font=dict(size=12)))
     fig.layout["margin"] = dict(l=50, r=10, t=16, b=40)
     fig.layout["bargap"] = 0.15
     return fig
@@ -803,9 +813,9 @@ def _ratio_parts(v: MeterView) -> tuple[str, str, str]:
     """(ratio text, its colour class, its label) for the meter's big line."""
     if v.state == "measured" and v.ratio is not None:
         err = f" ± {v.error:.2f}" if v.error is not None else ""
-        verb = {"up": "faster than plain decoding", "down": "slower than plain decoding",
-                "par": "about as fast as plain decoding"}[ratio_class(v.ratio, v.error or 0.0)]
-        return f"{v.ratio:.2f}×{err}", ratio_class(v.ratio, v.error or 0.0), f"measured: {verb}"
+        verb = {"up": "faster", "down": "slower", "par": "about as fast"}[ratio_class(v.ratio, v.error or 0.0)]
+        # "1.30× the speed of plain decoding", not "1.30× faster" (read as 130% faster)
+        return f"{v.ratio:.2f}×{err}", ratio_class(v.ratio, v.error or 0.0), f"the speed of plain decoding (measured: {verb})"
     if v.state == "noisy":
         return "too noisy to measure", "none", "speedup not shown"
     if v.state in ("live", "measuring"):

@@ -142,10 +142,15 @@ def _write_sentence(ev: StepEvent, token_text: TokenText, before: dict[int, list
     j = rows.index(ev.tokens[0]) if ev.tokens and ev.tokens[0] in rows else 0
     row, values = rows[j], ev.matrix_values[j] if j < len(ev.matrix_values) else []
     head = f"It wrote {_count(len(rows), 'row')} of the matrix back from this forward's candidates"
+    shared = len(rows) == len(set(ev.tokens)) < len(ev.tokens)  # a token drafted at several nodes has one row
+    if shared:  # "25 tokens verified, 23 rows written" must not read as two rows lost
+        head += f" (one per distinct token of its {len(ev.tokens)}"
+        head += ")" if before is None else ","
     if before is not None:
         before = {**before, **_read_rows(ev)}  # as the microscope counts: a row this step read is not new
         new = sum(1 for r in rows if r not in before)
-        head += f" ({new} new)" if new else " (none new)"
+        opening = " " if shared else " ("
+        head += f"{opening}{new} new)" if new else f"{opening}none new)"
     if not values:
         return head + "."
     example = f"the row of {quoted(token_text(row))} now starts with {quoted(token_text(values[0]))}"
