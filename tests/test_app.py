@@ -424,7 +424,7 @@ def test_hybrid_steps_keep_their_sources_live_in_the_trace_and_in_replays(tmp_pa
     def shows_sources(fig) -> bool:
         names = {t.get("name") for t in fig.traces}
         hover = " ".join(h for t in fig.traces for h in t.get("hovertext", []))
-        return ({"copied from the context", "in matrix and context"} <= names and "copied from the prompt &lt;b&gt;" in hover
+        return ({"copied from the context", "matrix + context"} <= names and "copied from the prompt &lt;b&gt;" in hover
                 and "<b>," not in hover and "and the matrix (candidate #0)" in hover)
 
     assert all(shows_sources(fig) for fig in live)  # live steps

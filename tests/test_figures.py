@@ -123,13 +123,13 @@ def test_tree_figure_shows_where_each_draft_token_came_from():
     assert nodes["accepted drafts"]["customdata"] == [1, 3]
     assert nodes["rejected drafts"]["marker"]["color"] == REJECTED_COLOUR
     names = legend_names(fig)
-    for name in ("from the matrix", "copied from the context", "in matrix and context", "accepted drafts",
+    for name in ("from the matrix", "copied from the context", "matrix + context", "accepted drafts",
                  "rejected drafts", "root (last committed token)", "bonus token"):
         assert names.count(name) == 1, name
     keys = {t["name"]: t["marker"]["symbol"] for t in fig.traces if t.get("mode") == "markers"}
     # shape keys are outlines (not one more grey beside the rejected drafts'), colour keys filled circles
     assert keys["from the matrix"] == "circle-open" and keys["copied from the context"] == "square-open"
-    assert keys["in matrix and context"] == "diamond-open" and keys["accepted drafts"] == "circle"
+    assert keys["matrix + context"] == "diamond-open" and keys["accepted drafts"] == "circle"
     assert "from the matrix: candidate #1 after &#x27;&lt;root&gt;&#x27;" in hovers[2]  # parent text, escaped
     assert "from the matrix: candidate #1 after &#x27; the&#x27;" in hovers[4]
     assert "copied from the prompt, tokens 3-4 (after a 2-token match)" in hovers[3] and "rank" not in hovers[3]

@@ -89,7 +89,7 @@ def tree_layout(parents: tuple[int, ...], ranks: tuple[int, ...] | None = None) 
 # Where a draft token came from (StepEvent.sources), shown as the marker's symbol; colour keeps accepted/rejected.
 SOURCE_SYMBOLS = {"root": "circle", "matrix": "circle", "context": "square", "both": "diamond"}
 SOURCE_NAMES = {"matrix": "from the matrix", "context": "copied from the context",
-                "both": "in matrix and context"}  # the
+                "both": "matrix + context"}  # the
 # legend draws each with its marker symbol (SOURCE_SYMBOLS) in front
 MIN_FONT = 16  # px: no text in the tree or the heatmap is smaller, so a lecture hall's back row can read it
 NODE_GROUPS = {  # the tree's node traces, drawn in this order (accepted on top); size: marker px, font: label px
