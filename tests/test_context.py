@@ -35,7 +35,7 @@ def test_lookup_finds_the_longest_match_first_and_names_its_segment():
     found = ix.lookup(max_matches=3, max_len=4)
     assert found[0].tokens == (4, 9, 9, 2) and found[0].match_len == 3  # "1 2 3" matched, then 4 followed
     assert found[0].where == "the prompt" and found[0].offset == 4
-    assert found[0].describe(2) == "copied from the prompt, token 6, in a run from token 5 (after a 3-token match)"
+    assert found[0].describe(2) == "copied from the prompt, its 6th token, in a run from its 5th (after a 3-token match)"
     assert found[1].tokens[0] == 7 and found[1].match_len == 2  # "2 3" matched, then 7 followed
     assert not found[0].contested and found[1].contested  # "2 3" was followed by 4 and by 7
     assert len({m.tokens[0] for m in found}) == len(found)  # one match per first token
@@ -116,7 +116,7 @@ def test_merge_shares_nodes_where_sources_agree_and_scores_follow_the_path():
     assert plan.parents[4:] == [1, 4, 5]  # the copied run continues under the shared node
     assert plan.keys[1] == context_key(2, shared=True) == BOTH_KEY + 1
     assert plan.keys[4] == CTX_KEY + 2  # its match is one token longer once "3" was accepted
-    assert plan.origins[5] == "copied from the context, token 5, in a run from token 3 (after a 2-token match)"
+    assert plan.origins[5] == "copied from the context, its 5th token, in a run from its 3rd (after a 2-token match)"
     rate = d.rate_host
     assert plan.scores[5] == pytest.approx(rate[plan.keys[1]] * rate[plan.keys[4]] * rate[plan.keys[5]])
     keep = plan.best(3)
@@ -200,7 +200,7 @@ def test_hybrid_drafts_from_the_context_and_indexes_prompts_and_answers():
     retrieved = [(e, i) for e in steps for i, s in enumerate(e.sources) if s in ("context", "both")]
     assert retrieved, "a prompt that repeats itself must give retrieved drafts"
     e, i = retrieved[0]
-    assert e.origins[i].startswith("copied from the prompt, token")
+    assert e.origins[i].startswith("copied from the prompt, its ")
     assert all(e.ranks[i] >= engine.matrix.k for e in steps for i, s in enumerate(e.sources) if s == "context")
     segments = engine.hybrid.index.snapshot()["segments"]
     assert [s[0] for s in segments] == ["the prompt", "this answer"]

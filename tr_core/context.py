@@ -14,7 +14,7 @@ of 16 tokens ~12 us. Memory at the limit, 32,768 tokens of random ids (every n-g
 (tracemalloc; 27 MB at 65,536).
 
 Segments name where each token came from ("the prompt", "this answer", "an earlier answer", ...), so a draft
-copied from the context can say "copied from the prompt, tokens 41-47".
+copied from the context can say "copied from the prompt, its 47th token, in a run from its 41st".
 """
 from __future__ import annotations
 
@@ -51,8 +51,15 @@ class Match:
         and where its run began when it is not the first."""
         first = self.offset + 1
         last = self.offset + max(used, 1)
-        span = f"token {first}" if last == first else f"token {last}, in a run from token {first}"
+        # ordinals: "token 83" was read as a vocabulary id; "its 83rd token" is a position
+        span = f"its {ordinal(last)} token" + ("" if last == first else f", in a run from its {ordinal(first)}")
         return f"copied from {self.where}, {span} (after a {self.match_len}-token match)"
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, 21st, ..."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 class ContextIndex:
