@@ -19,7 +19,7 @@ from typing import Any
 from tr_core.config import DecodeConfig, DecodeConfigError
 from tr_core.events import StepEvent, SummaryEvent
 from tr_core.report.figures import MatrixTracker, accepted_chart_explained, heatmap_figure, tree_figure
-from tr_core.report.speed import MAX_PASSES, SpeedEstimate, forked, interleave
+from tr_core.report.speed import MAX_PASSES, SpeedEstimate, answer_sizes, forked, interleave
 from tr_core.report.trace import Trace, TraceError, record_live
 
 from . import zerogpu
@@ -505,7 +505,7 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
     est = SpeedEstimate(None, None, None, None, None, 0, 0, False, "nothing was measured")
     answer_mean = trace.summary.mean_accepted  # shown by the meter, as by the chart beside it
 
-    rounds = measure_rounds(studio, s, twin, ids, cfg, stop)
+    rounds = measure_rounds(studio, s, twin, ids, cfg, stop, sizes=answer_sizes(trace.steps))
     try:  # the slot is held while a round decodes, never while this generator waits for its visitor to pull
         while take_slot(stop.is_set):
             try:
@@ -533,15 +533,16 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
 
 
 def measure_rounds(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeConfig,
-                   stop: threading.Event) -> Iterator[SpeedEstimate]:
+                   stop: threading.Event, sizes: list[int] | None = None) -> Iterator[SpeedEstimate]:
     """The interleaved measurement's estimates (tr_core.report.speed.interleave), each pass from a copy of the answer's
-    starting state `twin`; on ZeroGPU they come from a GPU call."""
+    starting state `twin`, drafting the answer's tree `sizes` again; on ZeroGPU they come from a GPU call (which
+    sizes its trees anew)."""
     max_s, chunk_ms = studio.config.measure_max_s, studio.config.measure_chunk_ms
     if zerogpu.installed():
         return zerogpu.measure_rounds(twin, s.model, ids, cfg, max_s, chunk_ms)
 
     def runs() -> tuple[Iterator, Iterator]:
-        engine = forked(twin)
+        engine = forked(twin, sizes)
         plain = cfg.with_(plain=True)
         return engine.generate(ids, cfg, stop=stop.is_set), engine.generate(ids, plain, stop=stop.is_set)
 

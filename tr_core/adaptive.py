@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -165,6 +166,7 @@ class AdaptiveDrafter:
         # Trust: realised / predicted accepted tokens per size class, judged in hindsight on every step's tree
         self.trust = HindsightTrust()
         self.answer_start = -1  # the matrix clock when this answer began (rows stamped before it are older)
+        self.replayed: deque[int] | None = None  # sizes to draft instead of choosing them (`replay_sizes`)
 
     def _rate(self, key: int, hits: list[float], trials: list[float]) -> float:
         """Acceptance rate of one calibration key, from the counts. An older row's bin is its own tests plus `prior`
@@ -355,8 +357,17 @@ class AdaptiveDrafter:
         """Draft nodes to verify next: argmax over m of (trust(m) * expected[m] + 1) / t(m + 1); 0 means a plain step.
 
         t is the measured cost of a whole step (forward and the engine's work) of m + 1 tokens; a draft must beat
-        the plain step by DRAFT_MARGIN."""
+        the plain step by DRAFT_MARGIN. While replaying recorded sizes (`replay_sizes`), the next of them."""
+        if self.replayed:
+            return min(self.replayed.popleft(), budget, len(expected) - 1)
         return self.size_choice(expected, budget)[0]
+
+    def replay_sizes(self, sizes: list[int]) -> None:
+        """Draft these sizes (drafted nodes per step, from an answer's second step on) instead of choosing them by
+        the measured cost: the speed meter's re-decode of a recorded answer from its starting state then drafts the
+        answer's very trees, step for step, where choosing again (from timings that differ run to run) would draft
+        others, and the meter would time another answer's steps. Sizes run out: choosing resumes."""
+        self.replayed = deque(sizes)
 
     def size_choice(self, expected: list[float], budget: int) -> tuple[int, int]:
         """(the size `choose_size` picks, the best size of at least one node: 0 when the tree has none)."""
