@@ -173,8 +173,8 @@ def meter_curve(speed: dict | None, shape: Callable[[int], float] | None = None)
         relative, between = (lambda n: interpolate(points, n) / plain_ms), ""
     sizes = sum(k for *_, k in timed)
     return CostCurve(relative, unit=PLAIN_STEP,
-                     source=f"the meter: {sizes} Token Recycling steps against plain decoding's {plain_ms:.1f} ms a "
-                            f"token, over the same tokens{between}")
+                     source=f"the meter: {sizes} Token Recycling steps against plain decoding at "
+                            f"{float(speed['plain_tps']):.1f} tok/s, over the same tokens{between}")
 
 
 def _tokens(n: int) -> str:

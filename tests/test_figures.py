@@ -348,6 +348,11 @@ def test_heatmap_says_it_shows_the_matrix_after_the_step_and_why_these_rows():
     none.matrix_rows, none.matrix_values, none.matrix_probs = [], [], []
     assert "rewrote none of these rows" in heatmap_figure(tracker, none, text_of).layout["title"]["text"]
     fig.to_plotly()
+    many = make_event(3)  # more rows rewritten than the window holds: the line says how many it shows
+    many.matrix_rows = list(range(20, 28))
+    many.matrix_values, many.matrix_probs = [[1, 2]] * 8, [[0.5, 0.5]] * 8
+    tracker.update(many)
+    assert "● 6 of the 8 rows this step rewrote" in heatmap_figure(tracker, many, text_of).layout["title"]["text"]
 
 
 def test_matrix_hits_leave_out_tokens_copied_from_the_context():

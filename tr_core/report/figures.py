@@ -661,7 +661,9 @@ def _caption_heatmap(fig: Figure, ev: StepEvent | None, rewritten: list[bool], t
     if ev is None:
         why = "rows with the most hits (candidates accepted)"
     elif any(rewritten):
-        why = "● rows this step rewrote (accepted path first)"
+        shown, total = sum(rewritten), len(ev.matrix_rows)
+        part = f"{shown} of the {total} " if shown < total else ""  # "It wrote 16 rows" beside 6: say which
+        why = f"● {part}rows this step rewrote (accepted path first)"
         why += " · others: most hits so far" if not all(rewritten) else ""
     else:
         why = "this step rewrote none of these rows · shown: most hits so far"
