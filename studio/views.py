@@ -157,19 +157,20 @@ class CostCurve:
 def meter_curve(speed: dict | None, shape: Callable[[int], float] | None = None) -> CostCurve | None:
     """Step costs in plain decoding steps from the meter's trusted measurement (None without one): the ms of
     Token Recycling's steps of each size it timed (`step_ms`) over plain decoding's ms per token, both from the same
-    chunk pairs. `shape` (n -> ms, this machine's cost curve; None when unknown or timed on a busy machine) spreads
-    them over every size: scaled so that the meter's own steps cost exactly what it timed. Without it the meter's
-    sizes are interpolated. Either way the formula over the meter's steps gives the meter's ratio."""
+    chunk pairs. A size it timed costs what it timed; `shape` (n -> ms, this machine's cost curve; None when unknown
+    or timed on a busy machine) gives the others, scaled so that the meter's own steps would cost what it timed.
+    Without it the meter's sizes are interpolated. Either way the formula over the meter's steps gives its ratio."""
     if speed_state(speed) != "measured" or not speed.get("step_ms") or not speed.get("plain_tps"):
         return None
     plain_ms = 1000.0 / float(speed["plain_tps"])
     timed = [(int(n), float(ms), int(k)) for n, ms, k in speed["step_ms"]]
+    points = {n: ms for n, ms, _ in timed}
     total = sum(ms * k for _, ms, k in timed)
-    if shape is not None:
+    if shape is not None:  # a size the meter timed: its own mean; another: the curve, scaled to the meter's steps
         scale = total / max(sum(shape(n) * k for n, _, k in timed), 1e-9)
-        relative, between = (lambda n: shape(n) * scale / plain_ms), ", other sizes by this machine's cost curve"
+        relative = lambda n: (points[n] if n in points else shape(n) * scale) / plain_ms  # noqa: E731
+        between = ", other sizes by this machine's cost curve"
     else:
-        points = {n: ms for n, ms, _ in timed}
         relative, between = (lambda n: interpolate(points, n) / plain_ms), ""
     sizes = sum(k for *_, k in timed)
     return CostCurve(relative, unit=PLAIN_STEP,

@@ -446,7 +446,7 @@ def test_the_step_story_follows_live_steps_slow_motion_replay_and_loaded_traces(
     assert len(live) == 3 and all("story" in v for v in views if "tree" in v)  # and the final view's
     assert [s.split("</span> ")[1].split(" drafted")[0] for s in live] == ["Step 1", "Step 2", "Step 3"]
     assert "The model agreed with 1 (&#x27;w8&#x27;) and added the bonus token &#x27;w9&#x27;" in live[0]
-    assert "(2 new)" in live[0] and "(none new)" in live[1]  # the fake rewrites the same two rows every step
+    assert "(2 of them new)" in live[0] and "(none of them new)" in live[1]  # the fake rewrites the same two rows every step
     assert 'class="tr-story"' in live[0] and "<b>" not in live[0]
     assert "Step 2 drafted" in h.replay(session, 2, True)["story"]  # the replay slider moves the story too
     session.trace.token_texts[8] = "<img src=x onerror=alert(1)>"
