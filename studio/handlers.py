@@ -535,11 +535,10 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
 def measure_rounds(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeConfig,
                    stop: threading.Event, sizes: list[int] | None = None) -> Iterator[SpeedEstimate]:
     """The interleaved measurement's estimates (tr_core.report.speed.interleave), each pass from a copy of the answer's
-    starting state `twin`, drafting the answer's tree `sizes` again; on ZeroGPU they come from a GPU call (which
-    sizes its trees anew)."""
+    starting state `twin`, drafting the answer's tree `sizes` again; on ZeroGPU they come from a GPU call."""
     max_s, chunk_ms = studio.config.measure_max_s, studio.config.measure_chunk_ms
     if zerogpu.installed():
-        return zerogpu.measure_rounds(twin, s.model, ids, cfg, max_s, chunk_ms)
+        return zerogpu.measure_rounds(twin, s.model, ids, cfg, max_s, chunk_ms, sizes)
 
     def runs() -> tuple[Iterator, Iterator]:
         engine = forked(twin, sizes)

@@ -278,8 +278,7 @@ def metered_formula(a: float, c: float, e: float, speed: dict, source: str, answ
     covered, answer_tokens = int(speed.get("covered") or 0), round(a * answer_steps)
     why = (f"the meter's time cap ended its re-decode after {covered} of {answer_tokens} tokens"
            if 0 < covered < answer_tokens else
-           "the re-decode's trees were not all the answer's: a cost-sized tree sizes each step from the costs "
-           "measured so far")
+           "the re-decode's trees were not all the answer's")
     return (f"Measured by the meter, re-decoding this answer: {meter} (t timed by {source}). The answer's own steps "
             f"with the same timings: {a:.2f} ÷ {c:.2f} ≈ {e:.2f}× ({why}).")
 

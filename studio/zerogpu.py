@@ -161,15 +161,16 @@ def gpu_decode(model_name: str, k: int, state: bytes, ids: list[int], cfg: Any, 
 
 
 def gpu_measure(model_name: str, k: int, state: bytes, ids: list[int], cfg: Any, max_s: float, chunk_ms: float,
-                duration: int) -> Iterator[Any]:
-    """(decorated with spaces.GPU) The interleaved speed measurement from the answer's starting state: its
-    SpeedEstimates (tr_core.report.speed.interleave); closing the call stops it after its current round."""
+                duration: int, sizes: list[int] | None = None) -> Iterator[Any]:
+    """(decorated with spaces.GPU) The interleaved speed measurement from the answer's starting state, drafting the
+    answer's tree `sizes` again: its SpeedEstimates (tr_core.report.speed.interleave); closing the call stops it
+    after its current round."""
     from tr_core.report.speed import forked, interleave
 
     twin = worker_engine(model_name, k, state)
 
     def runs() -> tuple[Iterator, Iterator]:
-        engine = forked(twin)
+        engine = forked(twin, sizes)
         return engine.generate(ids, cfg), engine.generate(ids, cfg.with_(plain=True))
 
     yield from interleave(*runs(), max_s=max_s, chunk_ms=chunk_ms, again=runs)
@@ -212,7 +213,8 @@ class RemoteEngine:
 
 
 def measure_rounds(engine: Any, model_name: str, ids: list[int], cfg: Any, max_s: float,
-                   chunk_ms: float) -> Iterator[Any]:
-    """The speed measurement's estimates from a GPU call, starting from `engine`'s state (the answer's twin)."""
+                   chunk_ms: float, sizes: list[int] | None = None) -> Iterator[Any]:
+    """The speed measurement's estimates from a GPU call, starting from `engine`'s state (the answer's twin) and
+    drafting the answer's tree `sizes` again."""
     return _CALLS["measure"](model_name, engine.matrix.k, pack_state(engine), list(ids), cfg, max_s=max_s,
-                             chunk_ms=chunk_ms, duration=measure_duration(max_s))
+                             chunk_ms=chunk_ms, duration=measure_duration(max_s), sizes=sizes)
