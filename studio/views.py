@@ -308,7 +308,7 @@ def cost_brief(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None
     c = round(curve.cost(n), 2)  # as cost_text
     unit, kind = ("a plain step's time", "timed by the meter") if curve.metered else ("one token's", "estimate")
     return (f"Cost: {n - 1} drafted + the last token in one forward = {c:.2f}× {unit}; gained {gained} → this step alone ≈ "
-            f"{gained} ÷ {c:.2f} = {gained / c:.2f}× a plain step ({kind})")
+            f"{gained} ÷ {c:.2f} = {gained / c:.2f}× plain speed ({kind})")
 
 
 def cost_html(ev: StepEvent | None, curve: CostCurve | None, trace: Trace | None = None) -> str:
@@ -380,7 +380,7 @@ def left_out_note(left_out: int) -> str:
     if left_out <= 0:
         return ""
     pairs = ("1 chunk pair", "its") if left_out == 1 else (f"{left_out} chunk pairs", "their")
-    return f"the timings of {pairs[0]} left out (the load changed between {pairs[1]} halves; {pairs[1]} tokens count)"
+    return f"the timings of {pairs[0]} left out (the load changed between {pairs[1]} halves; {pairs[1]} tokens still count)"
 
 
 def measured_span(est: SpeedEstimate, answer_tokens: int | None) -> str:
@@ -390,10 +390,10 @@ def measured_span(est: SpeedEstimate, answer_tokens: int | None) -> str:
     if answer_tokens is None or est.covered < answer_tokens:
         return "this answer"
     if est.passes > 1:
-        return f"the whole answer, over {est.covered} tokens decoded {est.passes} times"
+        return f"the whole answer ({est.covered} tokens), decoded {est.passes} times"
     if est.tokens < est.covered:
         return f"the whole answer ({est.covered} tokens), the figure over the {est.tokens} kept"
-    return f"the whole answer, over {est.tokens} tokens"
+    return f"the whole answer ({est.tokens} tokens)"
 
 
 def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer_mean: float | None = None,

@@ -446,7 +446,7 @@ def test_the_step_story_follows_live_steps_slow_motion_replay_and_loaded_traces(
     assert len(live) == 3 and all("story" in v for v in views if "tree" in v)  # and the final view's
     assert [s.split("</span> ")[1].split(" drafted")[0] for s in live] == ["Step 1", "Step 2", "Step 3"]
     assert "The model agreed with 1 (&#x27;w8&#x27;) and added the bonus token &#x27;w9&#x27;" in live[0]
-    assert "(2 of them new)" in live[0] and "(none of them new)" in live[1]  # the fake rewrites the same two rows every step
+    assert "(2 rows new)" in live[0] and "(no row new)" in live[1]  # the fake rewrites the same two rows every step
     assert 'class="tr-story"' in live[0] and "<b>" not in live[0]
     assert "Step 2 drafted" in h.replay(session, 2, True)["story"]  # the replay slider moves the story too
     session.trace.token_texts[8] = "<img src=x onerror=alert(1)>"
@@ -524,7 +524,7 @@ def test_the_cost_panel_puts_the_measured_cost_beside_the_gain_or_says_it_was_no
     assert ("This step verified 3 tokens in one forward (the last token and 2 drafted): on this machine that costs "
             "2.00× a one-token forward. It gained 2 tokens, so this step ran at 2 ÷ 2.00 = 1.00× plain speed.") in shown
     assert "tr-cost-par" in shown and "Speedup ≈ tokens per step (accepted drafts + the bonus) ÷ t(N)/t(1)" in shown
-    brief = "Cost: 2 drafted + the last token in one forward = 2.00× one token's; gained 2 → this step alone ≈ 2 ÷ 2.00 = 1.00× a plain step (estimate)"
+    brief = "Cost: 2 drafted + the last token in one forward = 2.00× one token's; gained 2 → this step alone ≈ 2 ÷ 2.00 = 1.00× plain speed (estimate)"
     assert f'<div class="tr-cost-brief">{html.escape(brief)}</div>' in shown  # the presentation view's one line
     cost.set_measured({1: [10.0], 2: [11.0], 3: [12.0], 4: [13.0]}, max_tokens=4)
     assert "2 ÷ 1.20 = 1.67× plain speed" in h.replay(session, 1, True)["cost"]

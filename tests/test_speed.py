@@ -170,7 +170,7 @@ def test_a_noisy_short_answer_is_decoded_again_and_the_passes_pooled():
     assert shown_again is not None
     from studio.handlers import measuring_status
     from studio.views import measured_meter
-    assert f"over 30 tokens decoded {shown_again.passes} times" in measured_meter(shown_again, answer_tokens=30)
+    assert f"(30 tokens), decoded {shown_again.passes} times" in measured_meter(shown_again, answer_tokens=30)
     assert measuring_status(shown_again, 30).startswith(f"Measuring the speedup again (pass {shown_again.passes}")
 
 
@@ -387,7 +387,7 @@ def test_a_steady_curve_gives_labelled_estimates_and_the_formula_with_this_answe
     shown = cost_html(trace.steps[0], linear_curve(), trace)
     # step 1: 4 tokens cost 1.75x a one-token forward; it gained 3 -> 1.71x, labelled an estimate for this step alone
     assert "costs 1.75× a one-token forward" in shown and "3 ÷ 1.75 = 1.71× plain speed" in shown
-    assert "An estimate for this step alone" in shown and "this step alone ≈ 3 ÷ 1.75 = 1.71× a plain step (estimate)" in shown
+    assert "An estimate for this step alone" in shown and "this step alone ≈ 3 ÷ 1.75 = 1.71× plain speed (estimate)" in shown
     # the formula over the whole answer: 2.50 tokens per step ÷ mean cost (1.75 + 2.75) / 2 = 2.25 -> 1.11x
     assert "2.50 ÷ 2.25 ≈ 1.11× expected (estimate" in shown and "Measured by the meter: 1.50× ± 0.05" in shown
     # 1.11x against 1.50x +- 0.05: more than the meter's error apart, and the page says which to trust
@@ -464,7 +464,7 @@ def test_the_meter_says_the_whole_answer_only_when_both_methods_decoded_all_of_i
     est = dataclasses.replace(estimate(pairs, identical=True), covered=42, tokens=28, pairs=4, left_out=1)
     assert measured_span(est, 42) == "the whole answer (42 tokens), the figure over the 28 kept"
     assert measured_span(est, 96) == "this answer"  # the time cap cut it: the measure note gives the numbers
-    assert measured_span(dataclasses.replace(est, tokens=42, pairs=5, left_out=0), 42) == "the whole answer, over 42 tokens"
+    assert measured_span(dataclasses.replace(est, tokens=42, pairs=5, left_out=0), 42) == "the whole answer (42 tokens)"
     assert measured_span(est, None) == "this answer"
     meter = measured_meter(est, answer_tokens=42)
     assert "the figure over the 28 kept, both methods timed in 4 alternating chunk pairs" in meter
@@ -482,9 +482,9 @@ def test_a_replayed_trace_measured_over_part_of_its_answer_says_so():
     assert "this answer, both methods timed in 4 alternating chunk pairs" in meter and "whole answer" not in meter
     assert "recorded with the trace; measured over the first 5 of 12 tokens" in meter
     trace.summary = dataclasses.replace(trace.summary, new_tokens=5, tokens=list(range(5)))
-    assert "the whole answer, over 5 tokens" in trace_meter(trace) and "left out" not in trace_meter(trace)
+    assert "the whole answer (5 tokens)" in trace_meter(trace) and "left out" not in trace_meter(trace)
     trace.speed = dict(trace.speed, left_out=1)  # the live note's pairs left out, said again on replay
-    assert "timings of 1 chunk pair left out (the load changed between its halves; its tokens count)" in trace_meter(trace)
+    assert "timings of 1 chunk pair left out (the load changed between its halves; its tokens still count)" in trace_meter(trace)
 
 
 def sized_run(clock: Clock, tokens: int, sizes=(1, 4, 8), gains=(1, 2, 3)):

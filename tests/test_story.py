@@ -77,12 +77,12 @@ def test_story_compares_rewritten_rows_with_the_matrix_before_the_step():
     tracker, other = MatrixTracker(), MatrixTracker()
     before_first = tracker.update(first)
     assert before_first == {}
-    assert "(4 of them new); the row of '<root>' now starts with '␣the'." in step_story(first, text_of, before_first)
+    assert "(4 rows new); the row of '<root>' now starts with '␣the'." in step_story(first, text_of, before_first)
     other.update(first)
     before = tracker.update(second)
     assert before == {0: [1, 4], 1: [2, 5], 2: [8, 3]}  # row 9 is new
     story = step_story(second, text_of, before)
-    assert "(1 of them new); the row of '<root>' now starts with '␣dog' (it started with '␣the' before)." in story
+    assert "(1 row new); the row of '<root>' now starts with '␣dog' (it started with '␣the' before)." in story
     same = make_event(2)
     assert "now starts with '␣the' (as before)" in step_story(same, text_of, other.update(same))
 
@@ -122,7 +122,7 @@ def test_a_row_the_step_read_is_not_counted_new_as_in_the_microscope():
     # rows 0 (read, holding candidates) and 4 (read, empty: never written) are read; none is known from earlier steps
     ev = make_event(rows_read=[0, 4], rows_read_values=[[1, 4], [0, 0]], rows_read_probs=[[0.5, 0.2], [0.0, 0.0]])
     story = step_story(ev, text_of, matrix_before={})
-    assert "It wrote 4 rows of the matrix back from this forward's candidates (3 of them new)" in story  # 1, 2 and 4
+    assert "It wrote 4 rows of the matrix back from this forward's candidates (3 rows new)" in story  # 1, 2 and 4
     assert "the row of '<root>' now starts with '␣the' (as before)" in story  # row 0 started with '␣the' when read
 
 
@@ -135,5 +135,5 @@ def test_a_token_drafted_twice_is_said_to_share_one_row():
                    ranks=[-1, 0, 1, 0], accepted=[0, 2, 3], emitted=[2, 1, 4], bonus=4, timings={"total": 1.0},
                    matrix_rows=[0, 1, 2], matrix_values=[[1], [4], [1]], matrix_probs=[[0.5], [0.5], [0.5]])
     story = step_story(ev, lambda t: f"w{t}", {})
-    assert "It wrote 3 rows of the matrix back from this forward's candidates (one per distinct token of its 4, 3 of them new)" in story
+    assert "It wrote 3 rows of the matrix back from this forward's candidates (one per distinct token of its 4, 3 rows new)" in story
     assert "candidates (one per distinct token of its 4); the row of" in step_story(ev, lambda t: f"w{t}", None)

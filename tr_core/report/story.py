@@ -150,7 +150,7 @@ def _write_sentence(ev: StepEvent, token_text: TokenText, before: dict[int, list
         before = {**before, **_read_rows(ev)}  # as the microscope counts: a row this step read is not new
         new = sum(1 for r in rows if r not in before)
         opening = " " if shared else " ("
-        head += f"{opening}{new} of them new)" if new else f"{opening}none of them new)"  # rows, not candidates
+        head += f"{opening}{_count(new, 'row')} new)" if new else f"{opening}no row new)"  # rows, not candidates
     if not values:
         return head + "."
     example = f"the row of {quoted(token_text(row))} now starts with {quoted(token_text(values[0]))}"
