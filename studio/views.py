@@ -380,7 +380,7 @@ def left_out_note(left_out: int) -> str:
     if left_out <= 0:
         return ""
     pairs = ("1 chunk pair", "its") if left_out == 1 else (f"{left_out} chunk pairs", "their")
-    return f"the timings of {pairs[0]} left out (the load changed between {pairs[1]} halves; {pairs[1]} tokens still count)"
+    return f"the timing of {pairs[0]} left out (the load changed between {pairs[1]} halves)"
 
 
 def measured_span(est: SpeedEstimate, answer_tokens: int | None) -> str:

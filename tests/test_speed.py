@@ -65,7 +65,7 @@ def test_a_load_change_between_the_runs_cannot_fake_a_speedup():
     note = measure_note(est, 150)
     assert "first 120 of 150 tokens (time cap)" in note and "left out" in note
     left = est.left_out
-    assert (f"timings of {left} chunk pairs left out" if left > 1 else "timings of 1 chunk pair left out") in note
+    assert (f"timing of {left} chunk pairs left out" if left > 1 else "timing of 1 chunk pair left out") in note
     assert "(s)" not in note
     assert "first 120 of 150 tokens (stopped)" in measure_note(est, 150, stopped=True)  # the visitor's Stop, not the cap
     assert measure_note(estimate([ChunkPair(10, 100.0, 5, 150.0)] * 4), 40) == ""
@@ -484,7 +484,7 @@ def test_a_replayed_trace_measured_over_part_of_its_answer_says_so():
     trace.summary = dataclasses.replace(trace.summary, new_tokens=5, tokens=list(range(5)))
     assert "the whole answer (5 tokens)" in trace_meter(trace) and "left out" not in trace_meter(trace)
     trace.speed = dict(trace.speed, left_out=1)  # the live note's pairs left out, said again on replay
-    assert "timings of 1 chunk pair left out (the load changed between its halves; its tokens still count)" in trace_meter(trace)
+    assert "timing of 1 chunk pair left out (the load changed between its halves)" in trace_meter(trace)
 
 
 def sized_run(clock: Clock, tokens: int, sizes=(1, 4, 8), gains=(1, 2, 3)):
