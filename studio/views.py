@@ -273,7 +273,7 @@ def metered_formula(a: float, c: float, e: float, speed: dict, source: str, answ
     m, ratio = float(speed.get("mean_accepted") or 0.0), float(speed["ratio"])
     err = f" ± {speed['error']:.2f}" if speed.get("error") is not None else ""
     meter = f"{m:.2f} ÷ {m / ratio:.2f} = {ratio:.2f}×{err}"
-    if f"{a:.2f} ÷ {c:.2f}" == meter.split(" =")[0]:
+    if (round(a, 2), round(c, 2)) == (round(m, 2), round(m / ratio, 2)):  # the answer's steps are the meter's
         return f"This answer: {meter}, the meter's figure (t timed by {source})."
     covered, answer_tokens = int(speed.get("covered") or 0), round(a * answer_steps)
     why = (f"the meter's time cap ended its re-decode after {covered} of {answer_tokens} tokens"

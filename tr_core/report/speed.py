@@ -67,14 +67,19 @@ def _sizes(p: ChunkPair) -> tuple[tuple[int, float, int], ...]:
     return p.tr_sizes or ((0, p.tr_ms, p.tr_steps),)
 
 
+def size_totals(pairs: list[ChunkPair]) -> dict[int, tuple[float, int]]:
+    """The pairs' Token Recycling steps by size (tokens in the forward): (ms summed, steps)."""
+    totals: dict[int, tuple[float, int]] = {}
+    for p in pairs:
+        for n, ms, k in _sizes(p):
+            before = totals.get(n, (0.0, 0))
+            totals[n] = (before[0] + ms, before[1] + k)
+    return totals
+
+
 def step_costs(pairs: list[ChunkPair]) -> dict[int, float]:
     """The mean ms of a Token Recycling step of each size (tokens in its forward) over the pairs."""
-    ms: dict[int, float] = {}
-    steps: dict[int, int] = {}
-    for p in pairs:
-        for n, total, k in _sizes(p):
-            ms[n], steps[n] = ms.get(n, 0.0) + total, steps.get(n, 0) + k
-    return {n: ms[n] / steps[n] for n in ms if steps[n] > 0}
+    return {n: ms / k for n, (ms, k) in size_totals(pairs).items() if k > 0}
 
 
 def modelled_ratio(pairs: list[ChunkPair], fit: list[ChunkPair]) -> float:
@@ -187,9 +192,9 @@ def estimate(pairs: list[ChunkPair], identical: bool | None = None) -> SpeedEsti
     median_ratio, median_error = robust_ratio(fit, ratio)
     error = max(error, median_error)
     per_token = sum(p.plain_ms for p in fit) / sum(p.tokens for p in fit)  # plain decoding's ms per token
-    costs, every = step_costs(fit), step_costs(pairs)
-    sizes = pooled_sizes(pairs)
-    step_ms = tuple((n, costs.get(n, every[n]), k) for n, _, k in sizes)  # all the text's steps, at the fitted rates
+    costs = step_costs(fit)
+    step_ms = tuple((n, costs.get(n, ms / k), k)  # all the text's steps, at the fitted rates
+                    for n, (ms, k) in sorted(size_totals(pairs).items()) if k > 0)
     tr_s = tokens * per_token / ratio / 1e3  # the text's Token Recycling time at the fitted rates
     mean_acc = tokens / max(sum(p.tr_steps for p in pairs), 1)
     reason = _distrust(fit, ratio, error, median_ratio, mean_acc)
@@ -198,16 +203,6 @@ def estimate(pairs: list[ChunkPair], identical: bool | None = None) -> SpeedEsti
                          mean_accepted=mean_acc, tokens=tokens, pairs=len(fit), trusted=not reason,
                          reason=reason, identical=identical, covered=tokens, left_out=left_out,
                          step_ms=step_ms if any(p.tr_sizes for p in pairs) else ())
-
-
-def pooled_sizes(pairs: list[ChunkPair]) -> tuple[tuple[int, float, int], ...]:
-    """The pairs' Token Recycling steps by size: (tokens in the forward, mean ms, steps), smallest size first."""
-    ms: dict[int, float] = {}
-    steps: dict[int, int] = {}
-    for pair in pairs:
-        for n, total, count in pair.tr_sizes:
-            ms[n], steps[n] = ms.get(n, 0.0) + total, steps.get(n, 0) + count
-    return tuple((n, ms[n] / steps[n], steps[n]) for n in sorted(ms) if steps[n] > 0)
 
 
 def _advance(events: Iterator[Any], until: Callable[[int, float], bool], state: dict) -> bool:
