@@ -53,8 +53,11 @@ def test_tree_figure_has_every_node_and_marks_the_accepted_path():
     # the accepted edges (root->1, 1->3) are drawn in the accepted colour, thicker
     path_edges = [t for t in fig.traces if t["mode"] == "lines" and t["line"]["color"] == ACCEPTED_COLOUR]
     assert len(path_edges) == 1 and len([v for v in path_edges[0]["x"] if v is None]) == 2
-    assert "2 accepted + 1 bonus" in fig.layout["title"]["text"]
+    assert "6 draft tokens → 2 accepted + 1 bonus" in fig.layout["title"]["text"]
     fig.to_plotly()  # valid plotly: every attribute name and value passes plotly's validation
+    one = make_event()
+    one.tokens, one.parents, one.depths, one.ranks, one.accepted, one.emitted = [0, 1], [-1, 0], [0, 1], [-1, 0], [0, 1], [1, 8]
+    assert "Step 1: 1 draft token → 1 accepted + 1 bonus" in tree_figure(one, text_of).layout["title"]["text"]
 
 
 def test_tree_figure_root_on_top_and_hover_has_id_depth_rank():

@@ -360,7 +360,8 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = TREE_
     _frame_tree(fig, frame, symbol_note([box.text for box in labels.values()]))
     bonus = 1 if ev.bonus is not None else 0
     n_acc = len(ev.emitted) - bonus  # emitted: an end-of-turn token or the length limit can cut the accepted path
-    fig.title(f"Step {ev.step + 1}: {len(ev.tokens) - 1} draft tokens → {n_acc} accepted + {bonus} bonus")
+    drafts = len(ev.tokens) - 1
+    fig.title(f"Step {ev.step + 1}: {drafts} draft token{'' if drafts == 1 else 's'} → {n_acc} accepted + {bonus} bonus")
     return fig
 
 
