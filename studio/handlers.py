@@ -324,12 +324,17 @@ def _set_up(studio: Studio, s: Session, k: int, notes: list[str], stop: threadin
     yield {"warm": s.warm_note, "matrix": matrix_info(s.engine, s.k)}
 
 
+# the decode slot may be held by the app's start-up, another visitor's answer or speed measurement, or this tab's own
+SLOT_ABANDONED = ("■ Stopped before decoding began: the model was still busy (starting up, or with another answer or "
+                  "speed measurement); nothing was changed.")
+
+
 def _error_text(studio: Studio, exc: BaseException) -> str:
     """A failure as the visitor sees it: public instances never echo server details."""
     if isinstance(exc, (InputError, ModelRefused, DecodeConfigError)):  # about the visitor's input, nothing else
         return f"✗ {exc}"
     if isinstance(exc, SlotAbandoned):
-        return "■ Stopped while waiting for another tab's decoding to finish; nothing was changed."
+        return SLOT_ABANDONED
     if studio.config.public:
         return "✗ The model could not be used right now; please try again later."
     return f"✗ {type(exc).__name__}: {exc}"

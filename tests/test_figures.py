@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import html
 import json
+import random
 import re
 from collections import Counter
 
@@ -400,6 +401,27 @@ def test_accepted_chart_and_meter():
     off = meter_html(MeterView(state="off", tr_tps=30.0))
     assert "not measured" in off and "not compared" in off and "×" not in off.split('id="tr-ratio">')[1][:5]
     assert "✗" in meter_html(MeterView(state="measured", ratio=1.0, error=0.01, identical=False))
+
+
+def test_the_meters_speeds_divide_to_its_ratio_as_shown():
+    def shown(html, cell):
+        return float(html.split(f'id="{cell}">')[1].split("<")[0])
+
+    # the case a cold reader divided: 31.43 / 21.30 = 1.4756 (1.48×), but 31.4 / 21.3 = 1.474 (1.47×)
+    view = MeterView(state="measured", tr_tps=31.43, plain_tps=31.43 / 1.4756, ratio=1.4756, error=0.08)
+    html = meter_html(view)
+    assert "1.48×" in html and round(shown(html, "tr-tps") / shown(html, "tr-plain"), 2) == 1.48
+    assert shown(html, "tr-tps") == 31.43  # two decimals were needed here
+    rng = random.Random(7)
+    for _ in range(300):
+        plain, ratio = rng.uniform(5, 60), rng.uniform(0.3, 3.5)
+        if abs(ratio * 100 % 1 - 0.5) < 0.01:  # within 1e-4 of a rounding edge, 3 decimals may not settle it
+            continue
+        html = meter_html(MeterView(state="measured", tr_tps=plain * ratio, plain_tps=plain, ratio=ratio, error=0.1))
+        figure = float(html.split('id="tr-ratio">')[1].split("×")[0])
+        assert round(shown(html, "tr-tps") / shown(html, "tr-plain"), 2) == figure
+    one = meter_html(MeterView(state="measured", tr_tps=30.0, plain_tps=15.0, ratio=2.0, error=0.05))
+    assert shown(one, "tr-tps") == 30.0 and 'id="tr-tps">30.0<' in one  # one decimal when it agrees
 
 
 def test_meter_colour_follows_meaning_and_noise_says_noisy():

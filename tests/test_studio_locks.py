@@ -227,3 +227,24 @@ def test_an_answer_waiting_for_the_preload_shows_what_it_does():
     assert next(views) == {"status": h.WARMING.format(3, 48)}
     studio.warm.set()
     assert merged(list(views))["chat"][-1]["role"] == "assistant"
+
+
+def test_an_answer_stopped_while_the_model_is_busy_says_so_without_blaming_another_tab():
+    from conftest import TinyTokenizer, tiny_model
+
+    studio = studio_for()
+    studio.catalog._loader = lambda name: (tiny_model("llama"), TinyTokenizer(96))
+    session = Session(model="embedded")  # no engine yet: building one needs the decode slot
+    settings = h.parse_settings(studio, dict(template="2.2.2", compare=False), [])
+    assert DECODE_SLOT.acquire(timeout=5)  # held (the app's start-up, or any answer or measurement)
+    try:
+        views = h.respond(studio, session, "hello", settings, [])
+        next(views)  # the pending chat
+        worker, done, out = in_thread(lambda: merged(list(views)))
+        session.answer_stop.set()  # what New chat and Stop do
+        assert done.wait(30)
+    finally:
+        DECODE_SLOT.release()
+    assert out["value"]["status"] == h.SLOT_ABANDONED
+    assert "another tab" not in h.SLOT_ABANDONED and "nothing was changed" in h.SLOT_ABANDONED
+    assert session.engine is None and session.history == []

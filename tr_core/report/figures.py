@@ -831,6 +831,18 @@ def _ratio_parts(v: MeterView) -> tuple[str, str, str]:
     return "—", "none", "speedup"
 
 
+def speed_format(v: MeterView, plain: float | None) -> str:
+    """The format of both tok/s figures: one decimal, or as many more (up to 3) as it takes for the shown speeds to
+    divide to the shown ratio (31.43 / 21.30 = 1.4756 shows 1.48×, but 31.4 / 21.3 = 1.474 would read 1.47×)."""
+    if v.state != "measured" or v.ratio is None or not v.tr_tps or not plain:
+        return "{:.1f}"
+    shown = round(v.ratio, 2)
+    for decimals in (1, 2, 3):
+        if round(round(v.tr_tps, decimals) / round(plain, decimals), 2) == shown:
+            return f"{{:.{decimals}f}}"
+    return "{:.1f}"
+
+
 def meter_html(v: MeterView) -> str:
     """The speedup meter as HTML: the ratio with its uncertainty (or why none), both speeds, mean accepted."""
     def num(x: float | None, fmt: str = "{:.1f}") -> str:
@@ -838,6 +850,7 @@ def meter_html(v: MeterView) -> str:
 
     ratio_text, cls, label = _ratio_parts(v)
     plain = None if v.state == "noisy" else v.plain_tps  # beside Token Recycling's, it would imply the unshown ratio
+    tps = speed_format(v, plain)
     if v.identical is None:
         flag = '<span class="tr-flag tr-flag-none">outputs not compared</span>'
     elif v.identical:
@@ -851,8 +864,8 @@ def meter_html(v: MeterView) -> str:
         f'<div class="tr-big"><span class="tr-ratio tr-ratio-{cls}" id="tr-ratio">{html.escape(ratio_text)}</span>'
         f'<span class="tr-biglabel">{html.escape(label)}{live}</span></div>'
         '<div class="tr-cells">'
-        f'<div class="tr-cell"><span class="tr-val" id="tr-tps">{num(v.tr_tps)}</span><span class="tr-lab">Token Recycling tok/s</span></div>'
-        f'<div class="tr-cell"><span class="tr-val" id="tr-plain">{num(plain)}</span><span class="tr-lab">plain tok/s, same tokens</span></div>'
+        f'<div class="tr-cell"><span class="tr-val" id="tr-tps">{num(v.tr_tps, tps)}</span><span class="tr-lab">Token Recycling tok/s</span></div>'
+        f'<div class="tr-cell"><span class="tr-val" id="tr-plain">{num(plain, tps)}</span><span class="tr-lab">plain tok/s, same tokens</span></div>'
         f'<div class="tr-cell"><span class="tr-val" id="tr-mat">{num(v.mean_accepted, "{:.2f}")}</span><span class="tr-lab">tokens per step</span></div>'
         f'</div>{flag}{note}</div>'
     )
