@@ -181,6 +181,41 @@ HOSTILE = {
 }
 
 
+HOSTILE_BEFORE = {  # step 0 writes rows 5, 7, 9, 8 and reads 5 and 7
+    "a row not written": ("rows_before", [9, 3]),
+    "a row also read": ("rows_before", [9, 5]),
+    "values missing": ("rows_before_values", [[1, 2, 4]]),
+    "another k than the rows read": ("rows_before_values", [[1, 2], [6, 4]]),
+    "probability below 0": ("rows_before_probs", [[0.1, -0.2, 0.1], [0.5, 0.3, 0.1]]),
+}
+
+
+def with_leaves_recorded(data: dict) -> dict:
+    """A trace dict whose step 0 also records its leaves' rows (9 and 8) as they were before it."""
+    data["steps"][0].update(rows_before=[9, 8], rows_before_values=[[1, 2, 4], [6, 4, 0]],
+                            rows_before_probs=[[0.3, 0.3, 0.3], [0.5, 0.2, 0.0]])
+    return data
+
+
+def test_rows_written_without_being_read_have_their_before_too():
+    trace = Trace.from_dict(with_leaves_recorded(_dict(hand_trace())))
+    w = {x["row"]: x for x in step_microscope(trace, 0)["writes"]}
+    assert w[9]["status"] == "same" and w[9]["before_from"] == "as it was before this step"
+    assert w[8]["status"] == "changed" and [c["new"] for c in w[8]["after"]] == [False, False, True]
+    assert [c["prob"] for c in w[8]["before"]] == [0.5, 0.2, 0.0]
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_BEFORE))
+def test_hostile_befores_are_refused_on_load(name):
+    key, value = HOSTILE_BEFORE[name]
+    data = with_leaves_recorded(_dict(hand_trace()))
+    Trace.from_dict(copy.deepcopy(data))  # as recorded: loads
+    data["steps"][0][key] = value
+    with pytest.raises(TraceError) as err:
+        Trace.from_dict(data)
+    assert "step 0" in str(err.value)
+
+
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_reads_are_refused_on_load(name):
     key, value = HOSTILE[name]
@@ -206,13 +241,13 @@ def _answer(engine: Engine, prompt: list[int], template: str) -> list[tuple[Step
     return out
 
 
-@pytest.mark.parametrize("template", ["2.2.2", "adaptive-fixed", "hybrid-fixed"])
+@pytest.mark.parametrize("template", ["2.2.2", "adaptive-fixed", "hybrid-fixed", "hybrid"])
 def test_recorded_reads_equal_the_matrix_before_the_step(template):
     engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
     pairs = [p for prompt in ([5, 9, 14, 22, 9, 14, 30, 31], [5, 9, 14, 40, 41, 9, 14])
              for p in _answer(engine, prompt, template)]
     trace = Trace(steps=[ev for ev, _ in pairs])
-    read = 0
+    read = unread = 0
     for i, (ev, before) in enumerate(pairs):
         rows = torch.tensor(ev.rows_read, dtype=torch.long)
         assert ev.rows_read_values == before["table"][rows].tolist()
@@ -223,11 +258,17 @@ def test_recorded_reads_equal_the_matrix_before_the_step(template):
                 assert all(ev.tokens[n] == c["token"] and ev.ranks[n] == c["rank"] for n in c["nodes"])
         matrix_nodes = [n for n in range(1, len(ev.tokens)) if not ev.sources or ev.sources[n] != "context"]
         assert sorted(n for r in m["reads"] for c in r["candidates"] for n in c["nodes"]) == matrix_nodes
-        for w in m["writes"]:  # the before of every row written, when the trace knows it, is the matrix's
-            if w["before"] is not None:
-                assert [c["token"] for c in w["before"]] == before["table"][w["row"]].tolist()
+        rows = torch.tensor(ev.rows_before, dtype=torch.long)  # the rows written but not read, as they were
+        assert ev.rows_before_values == before["table"][rows].tolist()
+        assert ev.rows_before_probs == [[round(q / 255, 4) for q in r] for r in before["probs"][rows].tolist()]
+        assert set(ev.rows_read) | set(ev.rows_before) >= set(ev.matrix_rows)  # every row written: its before
+        for w in m["writes"]:  # ... and so the microscope knows it: the matrix's
+            assert w["status"] != "unknown" and w["before"] is not None, w
+            assert [c["token"] for c in w["before"]] == before["table"][w["row"]].tolist()
         read += len(ev.rows_read)
-    assert read > 20, "the check must cover many rows read"
+        unread += len(ev.rows_before)
+    assert read > 20 or template == "hybrid", "the check must cover many rows read"
+    assert unread > 20, "... and many rows written without being read"
 
 
 def test_choices_and_stored_probabilities_agree_with_the_path_and_the_matrix():
@@ -252,5 +293,8 @@ def test_blocks_are_plain_data():
 
 def test_written_back_counts_are_singular_for_one_row():
     blocks = json.dumps(microscope_blocks(step_microscope(hand_trace(), 1)))  # rewrites row 3 (new) and row 5 (same)
-    assert "0 rows changed, 1 row new (empty, or not seen earlier in this answer), 1 row with the same" in blocks
+    assert "0 rows changed, 1 row new (empty before), 1 row with the same" in blocks
+    assert "earlier candidates this trace does not hold" not in blocks  # both rows' befores are known
+    older = json.dumps(microscope_blocks(step_microscope(hand_trace(), 0)))  # rows 8 and 9: written, never read
+    assert "2 rows whose earlier candidates this trace does not hold" in older
     assert "Written back: 2 rows, each from" in blocks

@@ -400,8 +400,8 @@ class Engine:
         if drafter.recycles:
             if draft.size > 1:  # the root alone has no origin to show
                 stamps, probs = self.matrix.origins(draft.tokens, draft.parents, draft.ranks)  # before the rewrite
-                packet.update({"origin_stamps": stamps, "origin_probs": probs,
-                               "rows_read": packed_rows(self.matrix, draft.tokens)})
+                packet.update({"origin_stamps": stamps, "origin_probs": probs})
+            packet.add("rows_read", packed_rows(self.matrix, draft.tokens))  # every node's row, before the rewrite
             first, row_ids, row_probs = self.matrix.update(draft.tokens, logits, top=top[1:], consume=True,
                                                            stamp=self.clock, path=draft.tree_mask[best])
             # as the matrix stores them (the same float32 ops as its update): every figure of a row then agrees
@@ -446,6 +446,9 @@ class Engine:
         node_probs = [round(p, EVENT_DIGITS) for p in host["node_probs"]] if "node_probs" in host else None
         written, candidate_probs = self._provenance(draft, host) if recycles else (None, None)
         read, read_values, read_probs = rows_read(host, draft.sources, k)
+        was_read = set(read)
+        unread = [row for row in rows if row not in was_read]
+        before, before_values, before_probs = packed_rows_of(host, unread, k)
         return StepEvent(step=step, position=position, tokens=host["tokens"], parents=host["parents"],
                          depths=host["depths"], ranks=host["ranks"], accepted=accepted, emitted=emitted, bonus=bonus,
                          timings=timings, matrix_rows=rows, matrix_values=values, matrix_probs=probs,
@@ -454,6 +457,7 @@ class Engine:
                          origins=list(draft.origins) if draft.origins is not None else None,
                          answer=len(self.answer_starts) - 1, written=written, candidate_probs=candidate_probs,
                          rows_read=read, rows_read_values=read_values, rows_read_probs=read_probs,
+                         rows_before=before, rows_before_values=before_values, rows_before_probs=before_probs,
                          choices=host["targets"], **self._no_draft(draft, host))
 
     def _no_draft(self, draft: Draft, host: dict[str, list]) -> dict[str, Any]:
@@ -516,21 +520,28 @@ def rows_read(host: dict[str, list], sources: tuple[str, ...] | None,
               k: int) -> tuple[list[int], list[list[int]], list[list[float]]]:
     """The rows the draft read (`packed_rows` of the parent of every node not copied from the context, each row
     once, in parent order) as (rows [R], candidate ids [R, k], stored probabilities [R, k])."""
-    packed = host.get("rows_read")
-    if packed is None:  # nothing drafted, or a drafter that does not read the matrix
-        return [], [], []
     tokens, parents = host["tokens"], host["parents"]
     readers = sorted({parents[i] for i in range(1, len(tokens)) if sources is None or sources[i] != "context"})
-    rows, values, probs, seen = [], [], [], set()
-    for node in readers:
-        if tokens[node] in seen:  # two parent nodes of one token read the same row
-            continue
-        seen.add(tokens[node])
+    return packed_rows_of(host, list(dict.fromkeys(tokens[node] for node in readers)), k)
+
+
+def packed_rows_of(host: dict[str, list], rows: list[int],
+                   k: int) -> tuple[list[int], list[list[int]], list[list[float]]]:
+    """Rows (tokens of the step's tree) as they were before the step, from its `packed_rows`: (rows, candidate ids,
+    stored probabilities); nothing when the step synced no rows (a drafter that does not recycle)."""
+    packed = host.get("rows_read")
+    if packed is None or not rows:
+        return [], [], []
+    node_of: dict[int, int] = {}
+    for node, token in enumerate(host["tokens"]):  # nodes of one token share its row: the first one's
+        node_of.setdefault(token, node)
+    values, probs = [], []
+    for row in rows:
+        node = node_of[row]
         cells = [divmod(int(c), 256) for c in packed[node * k : (node + 1) * k]]  # (id, stored probability)
-        rows.append(tokens[node])
         values.append([token for token, _ in cells])
         probs.append([_STORED[q] for _, q in cells])
-    return rows, values, probs
+    return list(rows), values, probs
 
 
 _STORED = [round(q / 255, EVENT_DIGITS) for q in range(256)]  # a stored probability (1/255 steps) as events show it

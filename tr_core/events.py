@@ -46,6 +46,11 @@ class StepEvent:
     rows_read: list[int] = field(default_factory=list)  # the rows read, [R]
     rows_read_values: list[list[int]] = field(default_factory=list)  # their candidate tokens before the step, [R, k]
     rows_read_probs: list[list[float]] = field(default_factory=list)  # their stored probabilities then, [R, k]
+    # The rows this step rewrote but did not read (its leaves' tokens', the root's on a plain step), as they were
+    # before it: with `rows_read`, every row written back has its before and after. Empty for plain steps, older traces.
+    rows_before: list[int] = field(default_factory=list)  # [W], none of them in rows_read, all in matrix_rows
+    rows_before_values: list[list[int]] = field(default_factory=list)  # [W, k]
+    rows_before_probs: list[list[float]] = field(default_factory=list)  # [W, k]
     choices: list[int] = field(default_factory=list)  # the model's own choice after every node, [N]; [] if unknown
     # Why a step of a drafter that could draft verified the root alone, in plain words with the numbers that decided
     # it ("no draft: the best tree (3 tokens) would add 0.31 accepted tokens ..."); None when it drafted

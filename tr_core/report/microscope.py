@@ -50,13 +50,16 @@ class KnownRows:
         self.answer: int | None = None
 
     def before(self, ev: StepEvent) -> dict[int, tuple[list[int], list[float] | None, str]]:
-        """The known rows just before step `ev`: those it read (exact), else the last seen in this answer."""
+        """The known rows just before step `ev`: those it read or recorded before writing them (exact), else the
+        last seen in this answer."""
         if ev.answer != self.answer:
             self.rows, self.answer = {}, ev.answer
         known = dict(self.rows)
-        for j, row in enumerate(ev.rows_read):
-            probs = ev.rows_read_probs[j] if j < len(ev.rows_read_probs) else None
-            known[row] = (list(ev.rows_read_values[j]), probs, "read by this step")
+        for rows, values, probs, said in ((ev.rows_read, ev.rows_read_values, ev.rows_read_probs, "read by this step"),
+                                          (ev.rows_before, ev.rows_before_values, ev.rows_before_probs,
+                                           "as it was before this step")):
+            for j, row in enumerate(rows):
+                known[row] = (list(values[j]), probs[j] if j < len(probs) else None, said)
         return known
 
     def fold(self, ev: StepEvent) -> None:
@@ -338,7 +341,7 @@ def _verdict_section(m: dict[str, Any]) -> dict[str, Any]:
 
 
 STATUS_WORDS = {"changed": "changed", "same": "same candidates", "new": "new: it was empty",
-                "unknown": "new: no earlier value in this trace"}
+                "unknown": "written: its earlier candidates are not in this trace"}
 
 
 def _write_row(w: dict[str, Any]) -> dict[str, Any]:
@@ -366,9 +369,10 @@ def _write_section(m: dict[str, Any]) -> dict[str, Any]:
     shown = sorted(writes, key=lambda w: (not w["on_path"], order[w["status"]]))
     each = "each from its node's" if len(writes) != 1 else "from its node's"
     head = f"③ Written back: {_rows(len(writes))}, {each} top-{m['k']}"
-    new = counts["new"] + counts["unknown"]  # as the step story counts them: no earlier value known
-    parts = [f"{_rows(counts['changed'])} changed", f"{_rows(new)} new (empty, or not seen earlier in this answer)",
+    parts = [f"{_rows(counts['changed'])} changed", f"{_rows(counts['new'])} new (empty before)",
              f"{_rows(counts['same'])} with the same candidates"]
+    if counts["unknown"]:  # a trace from before steps recorded the rows they wrote without reading
+        parts.append(f"{_rows(counts['unknown'])} whose earlier candidates this trace does not hold")
     note = (", ".join(parts) + ". + marks a candidate that was not in its row before; the accepted path's rows "
             "come first.")
     return _b("div", "trm-sec", [_b("div", "trm-h", head), _b("div", "trm-note", note),

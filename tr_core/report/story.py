@@ -124,13 +124,15 @@ def _verify_sentence(ev: StepEvent, token_text: TokenText) -> str:
 
 
 def _read_rows(ev: StepEvent) -> dict[int, list[int]]:
-    """The rows this step read that held candidates (a row never written reads as zeros): row -> its candidates."""
+    """The rows this step read or recorded before writing them that held candidates (a row never written reads as
+    zeros): row -> its candidates."""
     out = {}
-    for j, row in enumerate(ev.rows_read):
-        values = ev.rows_read_values[j] if j < len(ev.rows_read_values) else []
-        probs = ev.rows_read_probs[j] if j < len(ev.rows_read_probs) else None
-        if not row_is_empty(values, probs):
-            out[row] = list(values)
+    for rows, values, probs in ((ev.rows_read, ev.rows_read_values, ev.rows_read_probs),
+                                (ev.rows_before, ev.rows_before_values, ev.rows_before_probs)):
+        for j, row in enumerate(rows):
+            vals = values[j] if j < len(values) else []
+            if not row_is_empty(vals, probs[j] if j < len(probs) else None):
+                out[row] = list(vals)
     return out
 
 

@@ -98,7 +98,8 @@ class Trace:
         """Record the display string of every token the steps mention (all steps by default)."""
         texts = self.token_texts
         for ev in self.steps if steps is None else steps:
-            for ids in (ev.tokens, ev.emitted, ev.matrix_rows, *ev.matrix_values, *ev.rows_read_values, ev.choices):
+            for ids in (ev.tokens, ev.emitted, ev.matrix_rows, *ev.matrix_values, *ev.rows_read_values,
+                        *ev.rows_before_values, ev.choices):
                 for t in ids:
                     if t not in texts:
                         texts[t] = token_text(t)
@@ -530,28 +531,42 @@ def _check_matrix(ev: dict, n: int, where: str) -> int:
 
 
 def _check_reads(ev: dict, n: int, where: str) -> int:
-    """rows_read/values/probs (the rows the draft read, before the step): distinct tokens of the tree, one row of
-    candidates each, all of one length; choices: empty or one token per node. Return the candidates."""
-    rows = _check_ints(ev.get("rows_read", []), f"{where}: \"rows_read\"", 0, TOKEN_ID_LIMIT, n)
-    if len(set(rows)) != len(rows) or not set(rows) <= set(ev["tokens"]):
-        raise TraceError(f"{where}: \"rows_read\" must list distinct tokens of the step's tree")
-    values, probs = ev.get("rows_read_values", []), ev.get("rows_read_probs", [])
-    if type(values) is not list or type(probs) is not list or len(values) != len(rows) \
-            or len(probs) not in (0, len(rows)):
-        raise TraceError(f"{where}: {len(rows)} rows read, but \"rows_read_values\" and \"rows_read_probs\" "
-                         f"are not lists of {len(rows)} rows")
-    width = None
-    for j, row in enumerate(values):
-        vals = _check_ints(row, f"{where}: \"rows_read_values\"[{j}]", 0, TOKEN_ID_LIMIT, MAX_K, 1)
-        if width is not None and len(vals) != width:
-            raise TraceError(f"{where}: rows read hold {width} and {len(vals)} candidates (one k per matrix)")
-        width = len(vals)
-        if probs:
-            _check_numbers(probs[j], f"{where}: \"rows_read_probs\"[{j}]", width, width, 0.0, 1.0)
+    """rows_read/values/probs (the rows the draft read, before the step) and rows_before/values/probs (the rows it
+    wrote but did not read, before it: none read, all written): distinct tokens of the tree, one row of candidates
+    each, all of one length; choices: empty or one token per node. Return the candidates."""
+    read = _check_rows(ev, "rows_read", n, where)
+    before = _check_rows(ev, "rows_before", n, where)
+    if set(before[0]) & set(read[0]) or not set(before[0]) <= set(ev.get("matrix_rows", [])):
+        raise TraceError(f"{where}: \"rows_before\" must list rows the step wrote (\"matrix_rows\") and did not "
+                         "read (\"rows_read\")")
+    if read[1] and before[1] and read[1] != before[1]:
+        raise TraceError(f"{where}: rows read hold {read[1]} and rows before {before[1]} candidates (one k per matrix)")
     choices = ev.get("choices", [])
     if choices != []:
         _check_ints(choices, f"{where}: \"choices\"", 0, TOKEN_ID_LIMIT, n, n)
-    return len(rows) * (width or 0)
+    return len(read[0]) * read[1] + len(before[0]) * before[1]
+
+
+def _check_rows(ev: dict, name: str, n: int, where: str) -> tuple[list[int], int]:
+    """`name` (rows: distinct tokens of the tree), `name`_values (one row of candidates each, of one length) and
+    `name`_probs (none, or one probability per candidate): (the rows, candidates per row; 0 with no row)."""
+    rows = _check_ints(ev.get(name, []), f"{where}: \"{name}\"", 0, TOKEN_ID_LIMIT, n)
+    if len(set(rows)) != len(rows) or not set(rows) <= set(ev["tokens"]):
+        raise TraceError(f"{where}: \"{name}\" must list distinct tokens of the step's tree")
+    values, probs = ev.get(f"{name}_values", []), ev.get(f"{name}_probs", [])
+    if type(values) is not list or type(probs) is not list or len(values) != len(rows) \
+            or len(probs) not in (0, len(rows)):
+        raise TraceError(f"{where}: {len(rows)} rows in \"{name}\", but \"{name}_values\" and \"{name}_probs\" "
+                         f"are not lists of {len(rows)} rows")
+    width = None
+    for j, row in enumerate(values):
+        vals = _check_ints(row, f"{where}: \"{name}_values\"[{j}]", 0, TOKEN_ID_LIMIT, MAX_K, 1)
+        if width is not None and len(vals) != width:
+            raise TraceError(f"{where}: rows in \"{name}\" hold {width} and {len(vals)} candidates (one k per matrix)")
+        width = len(vals)
+        if probs:
+            _check_numbers(probs[j], f"{where}: \"{name}_probs\"[{j}]", width, width, 0.0, 1.0)
+    return rows, width or 0
 
 
 def check_summary(summary: Any, where: str) -> None:
