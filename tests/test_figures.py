@@ -78,6 +78,9 @@ def test_tree_layout_is_cached_per_shape_and_children_keep_parent_order():
     assert tree_layout.cache_info().hits == 1
     # node 5 (child of 2) is right of nodes 3 and 4 (children of 1), since 2 is right of 1
     assert a.x[1] < a.x[2] and a.x[3] < a.x[4] < a.x[5]
+    # a run alone at its depths hangs straight under where it starts (here under node 1, left of the middle)
+    chain = tree_layout((-1, 0, 0, 1, 3, 4, 5))
+    assert chain.x[1] < 0.5 and chain.x[3] == chain.x[4] == chain.x[5] == chain.x[6] == chain.x[1]
 
 
 def test_tree_figure_handles_any_tree_shape_and_missing_event():

@@ -67,6 +67,8 @@ def tree_layout(parents: tuple[int, ...], ranks: tuple[int, ...] | None = None) 
     Nodes of one depth are spread evenly over the width in depth-first order, so children sit under their
     parents' side of the tree and no two edges cross. Siblings follow their candidate rank (`ranks`, else node
     index): candidate #0 leftmost, context-only drafts of hybrid trees (rank >= k) after the matrix's candidates.
+    A node alone at its depth stands under its parent: a long copied run hangs straight down from where it starts,
+    rather than stepping back to the middle.
     """
     graph = nx.DiGraph()
     graph.add_nodes_from(range(len(parents)))
@@ -79,9 +81,9 @@ def tree_layout(parents: tuple[int, ...], ranks: tuple[int, ...] | None = None) 
         levels.setdefault(depth.get(node, 0), []).append(node)
     x = [0.5] * len(parents)
     y = [0.0] * len(parents)
-    for d, members in levels.items():
+    for d, members in sorted(levels.items()):
         for i, node in enumerate(members):
-            x[node] = (i + 0.5) / len(members)
+            x[node] = x[parents[node]] if len(members) == 1 and d > 0 else (i + 0.5) / len(members)
             y[node] = -float(d)
     return TreeLayout(tuple(x), tuple(y))
 
