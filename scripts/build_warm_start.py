@@ -48,6 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     p.add_argument("--linear", choices=("auto", "stock"), default="auto",
                    help="CPU linear layers: auto times the products once per model (as the CLI); stock skips that")
+    p.add_argument("--library-only", action="store_true",
+                   help="keep --out's matrix and calibration; decode the corpus answers again (greedy, "
+                        "--max-new-tokens each) and store them as the hybrid's library (about 20 min on 2 CPU cores)")
+    p.add_argument("--answers", default=None, metavar="JSON",
+                   help="with --library-only: the corpus answers decoded already, a JSON list of [prompt ids, "
+                        "answer ids] per prompt in corpus order (as warm.decode_answers gives them)")
     args = p.parse_args(argv)
     import torch
     from tqdm.auto import tqdm
@@ -62,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         prompts = warm.spread(prompts, args.spread)
     model, tokenizer = load_model(args.model, device=args.device)
     engine = Engine(model, tokenizer, tune_kernels=args.linear == "auto")
+
+    if args.library_only:
+        return add_library(engine, prompts, args)
 
     def tick(done: int, total: int) -> None:
         bar.total = total  # the corpus's answers, then the calibration answers (warm.learn)
@@ -80,6 +89,28 @@ def main(argv: list[str] | None = None) -> int:
     m = state.manifest
     print(f"wrote {out} ({out.stat().st_size:,} bytes): {m['answers']} answers, {m['tokens']:,} tokens in "
           f"{m['steps']:,} steps, {m['rows_filled']:,} rows ({m['rows_context_free']:,} context-free)", file=sys.stderr)
+    return 0
+
+
+def add_library(engine, prompts: list[str], args: argparse.Namespace) -> int:
+    """--library-only: the file at --out with the corpus answers as the hybrid's library; returns the exit code."""
+    from tqdm.auto import tqdm
+
+    out = Path(args.out)
+    state = warm.load(out, engine)
+    if args.answers:
+        answers = [answer for _, answer in json.loads(Path(args.answers).read_text(encoding="utf-8"))]
+    else:
+        with tqdm(total=len(prompts), desc="corpus answers for the library") as bar:
+            decoded, _ = warm.decode_answers(engine, prompts, args.max_new_tokens, lambda i: bar.update(i - bar.n))
+        answers = [answer for _, answer in decoded.values()]
+    if len(answers) != state.manifest["answers"]:
+        print(f"warning: {len(answers)} answers, but the file was learned on {state.manifest['answers']}",
+              file=sys.stderr)
+    warm.save(warm.with_library(state, answers), out)
+    out.with_suffix(".json").write_text(json.dumps(state.manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    print(f"wrote {out} ({out.stat().st_size:,} bytes): library of {state.manifest['library_answers']} answers, "
+          f"{state.manifest['library_tokens']:,} tokens", file=sys.stderr)
     return 0
 
 

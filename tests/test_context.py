@@ -244,3 +244,22 @@ def test_a_zero_draft_plan_drafts_the_root_alone_as_the_general_path_would():
     assert fast.extras.keys() == general.extras.keys() and torch.equal(fast.extras["bins"], general.extras["bins"])
     assert (fast.size, fast.levels, fast.sources, fast.origins) == (general.size, general.levels, general.sources,
                                                                   general.origins)
+
+
+def test_a_library_continues_the_conversations_suffix_within_one_answer():
+    import copy
+
+    from tr_core.context import LIBRARY, Library
+
+    lib = Library([[1, 2, 3, 4, 5], [9, 2, 3, 7], [2, 3]])
+    assert lib.answers == 3 and len(lib) == 11
+    found = lib.continuations([8, 9, 2, 3], 3, 16, set())
+    # the longest match first (9 2 3 -> 7, uncontested), then the 2-gram's other continuation; the third answer
+    # ends at "2 3": no continuation there, and none runs into the next answer
+    assert [(m.tokens, m.match_len, m.contested) for m in found] == [((7,), 3, False), ((4, 5), 2, True)]
+    assert found[0].where == LIBRARY and found[0].describe(1) == \
+        f"copied from {LIBRARY}, its 4th token (after a 3-token match)"
+    assert [m.tokens for m in lib.continuations([8, 2, 3], 3, 16, {7})] == [(4, 5)]  # a first token found already
+    assert lib.continuations([8, 3], 3, 16, set()) == []  # 1-token matches are not used (min_n = 2)
+    assert [m.tokens for m in lib.continuations([8, 3], 3, 16, set(), min_n=1)] == [(7,), (4, 5)]
+    assert copy.deepcopy({"lib": lib})["lib"] is lib  # shared by engine snapshots, never copied

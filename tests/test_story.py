@@ -1,6 +1,8 @@
 """The step story, on hand-built step events (no model needed)."""
 from __future__ import annotations
 
+import json
+
 from tr_core.events import StepEvent
 from tr_core.report.figures import MatrixTracker
 from tr_core.report.story import quoted, step_story
@@ -48,6 +50,20 @@ def test_story_counts_distinct_rows_and_context_copies():
     only_context = make_event(tokens=[0, 1], parents=[-1, 0], depths=[0, 1], ranks=[-1, 8], accepted=[0, 1],
                               emitted=[1, 2], bonus=2, sources=["root", "context"], origins=["", "x"])
     assert "drafted 1 token after '<root>', all copied from the conversation." in step_story(only_context, text_of)
+    from tr_core.context import LIBRARY
+    from tr_core.report.microscope import microscope_blocks, step_microscope
+    from tr_core.report.trace import Trace
+
+    shipped = f"copied from {LIBRARY}, its 3rd token (after a 2-token match)"  # from the warm start's answers
+    ev.origins[2] = shipped
+    assert ("1 copied from the warm-start answers and 1 found both in a matrix row and in the conversation"
+            in step_story(ev, text_of))
+    ev.origins[4] = shipped
+    assert "1 found both in a matrix row and in the warm-start answers" in step_story(ev, text_of)
+    only_context.origins[1] = shipped
+    assert "all copied from the warm-start answers." in step_story(only_context, text_of)
+    blocks = json.dumps(microscope_blocks(step_microscope(Trace(steps=[ev]), 0)))
+    assert "2 drafted from the warm-start answers" in blocks and LIBRARY in blocks
 
 
 def test_story_of_a_rejected_draft_a_plain_step_and_a_stop():

@@ -411,3 +411,67 @@ def test_learning_fills_the_rows_no_answer_wrote_with_context_free_guesses():
     assert none.manifest["rows_context_free"] == 0 and not set(guessed) <= set(none.rows.tolist())
     info = warm.WarmStartInfo("shipped", 2, 24, len(at), "", context_free=len(guessed))
     assert f"{len(guessed)} more rows hold the model's guess after the token alone" in info.describe()
+
+
+def test_the_warm_starts_answers_are_a_library_the_hybrid_copies_from_losslessly(tmp_path):
+    from tr_core.context import LIBRARY
+
+    engine = tiny_engine()
+    state = warm.learn(engine, CORPUS, 24)
+    assert state.manifest["library_answers"] == len(state.library) == state.manifest["answers"]
+    assert state.manifest["library_tokens"] == sum(map(len, state.library)) == state.manifest["tokens"]
+    answer = list(range(50, 74))  # a run no tiny answer holds (they loop over a few ids): its copies stand out
+    warm.with_library(state, state.library + [answer])
+    path = tmp_path / "w.safetensors"
+    warm.save(state, path)
+    fresh = tiny_engine()
+    info = warm.warm_from_file(fresh, path)
+    assert fresh.hybrid.library is not None and fresh.hybrid.library.answers == len(state.library) == info.library
+    assert "copies runs from those answers" in info.describe()
+    # the conversation ends with the start of a library answer: the hybrid finds its continuation there
+    prompt = fresh.encode_chat([{"role": "user", "content": "hello"}]) + answer[:6]
+    fresh.hybrid.index.extend(prompt)
+    found = [m for m in fresh.hybrid.lookup() if m.where == LIBRARY]
+    assert found and found[0].tokens == tuple(answer[6:6 + len(found[0].tokens)])
+    fresh.hybrid.index.clear()
+    from tr_core.hybrid import CTX_KEY, EARLIER, N_KEYS  # rate runs from outside the conversation as sure: drafted
+    fresh.hybrid.hits[CTX_KEY + EARLIER:N_KEYS] = fresh.hybrid.trials[CTX_KEY + EARLIER:N_KEYS]
+    fresh.hybrid._refresh()
+    plain = list(tiny_engine().generate(prompt, DecodeConfig(max_new_tokens=24, plain=True)))[-1].tokens
+    events = list(fresh.generate(prompt, DecodeConfig(max_new_tokens=24, template="hybrid-fixed")))
+    assert events[-1].tokens == plain  # lossless
+    origins = [o for ev in events[:-1] for o in (ev.origins or [])]
+    assert any(LIBRARY in o for o in origins), "no draft was copied from the library"
+    snap = fresh.snapshot()
+    assert snap["drafters"][1].library is fresh.hybrid.library  # shared, not copied
+    fresh.forget()
+    assert fresh.hybrid.library is None  # forget: no warm knowledge left
+
+
+@pytest.mark.parametrize("change", ["id outside the vocabulary", "lengths not adding up", "zero length",
+                                    "tokens without lengths", "float tokens"])
+def test_a_tampered_library_is_refused(tmp_path, change):
+    from safetensors.torch import load_file, save_file
+
+    engine = tiny_engine()
+    state = warm.learn(engine, CORPUS[:2], 12)
+    warm.save(state, tmp_path / "w.safetensors")
+    tensors = load_file(str(tmp_path / "w.safetensors"))
+    tokens, lengths = tensors["library.tokens"], tensors["library.lengths"]
+    if change == "id outside the vocabulary":
+        tokens[0] = TINY_VOCAB
+    elif change == "lengths not adding up":
+        lengths[0] += 1
+    elif change == "zero length":
+        tensors["library.lengths"] = torch.cat([lengths, torch.zeros(1, dtype=torch.int32)])
+    elif change == "tokens without lengths":
+        del tensors["library.lengths"]
+    else:
+        tensors["library.tokens"] = tokens.float()
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as f:
+        meta = f.metadata()
+    save_file(tensors, str(tmp_path / "t.safetensors"), metadata=meta)
+    with pytest.raises(warm.WarmStartError, match="library"):
+        warm.read(tmp_path / "t.safetensors", engine)

@@ -18,11 +18,13 @@ copied from the context can say "copied from the prompt, its 47th token, in a ru
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 MAX_TOKENS = 32_768  # stated memory limit of the index, in tokens (the oldest half is evicted past it)
 MAX_N = 4  # longest n-gram indexed; matches are then extended backwards up to MAX_MATCH
 MAX_MATCH = 16  # longest match length measured (a longer match scores like this one)
+LIBRARY = "a warm-start answer"  # the label of a Library's answers ("copied from a warm-start answer, its 5th token")
 
 
 @dataclass
@@ -167,11 +169,14 @@ class ContextIndex:
             pos, links = self.prev[n][local], links + 1
         return ends
 
-    def _match(self, local: int, n: int, max_len: int, contested: bool) -> Match:
-        """The match ending at local index `local` (n tokens known to agree), extended backwards."""
-        size = len(self.stream)
+    def _match(self, local: int, n: int, max_len: int, contested: bool, suffix: list[int] | None = None) -> Match:
+        """The match ending at local index `local` (n tokens known to agree with `suffix`, by default the stream's
+        own), extended backwards."""
+        suffix = self.stream if suffix is None else suffix
+        size = len(suffix)
         length = n
-        while length < MAX_MATCH and local - length >= 0 and self.stream[local - length] == self.stream[size - 1 - length]:
+        while length < MAX_MATCH and local - length >= 0 and size - 1 - length >= 0 \
+                and self.stream[local - length] == suffix[size - 1 - length]:
             length += 1
         start = local + 1
         tokens = tuple(self.stream[start : start + max_len])
@@ -191,3 +196,44 @@ class ContextIndex:
         return {"base": self.base, "stream": list(self.stream),
                 "segments": [(s.label, s.start, s.length, s.skipped) for s in self.segments],
                 "grams": [len(h) for h in self.head[1:]]}
+
+
+class Library(ContextIndex):
+    """A fixed set of answers to copy runs from (the warm start's own answers, tr_core.warm): each answer a segment
+    labelled LIBRARY; a continuation never runs past its answer's end. It never changes once built, so copies of a
+    drafter (engine snapshots) share it rather than copying it."""
+
+    def __init__(self, answers: list[list[int]], chain: int = 8) -> None:
+        total = sum(len(a) for a in answers)
+        super().__init__(max_tokens=max(total, 16), chain=chain)
+        self.ends: list[int] = []  # local index one past each answer's last token
+        for answer in answers:
+            if answer:
+                self.start_segment(LIBRARY)
+                self.extend(list(answer))
+                self.ends.append(len(self.stream))
+        self.answers = len(self.ends)
+
+    def __deepcopy__(self, memo: dict) -> "Library":
+        return self
+
+    def continuations(self, suffix: list[int], max_matches: int, max_len: int, skip: set[int],
+                      min_n: int = 2) -> list[Match]:
+        """Continuations of `suffix` (the conversation's last tokens) in the library, best first as `lookup`'s:
+        longest matched n-gram (at least `min_n`: a 1-token match in other answers is right too rarely), then most
+        recent; one per distinct first token, none whose first token is in `skip` (found already). A match at an
+        answer's last token has no continuation, and one is cut at its answer's end."""
+        found: list[Match] = []
+        for n in range(min(self.max_n, len(suffix)), min_n - 1, -1):
+            ends = [local for local in self._occurrences(tuple(suffix[len(suffix) - n:]))
+                    if local + 1 < self.ends[bisect.bisect_right(self.ends, local)]]
+            contested = len({self.stream[local + 1] for local in ends}) > 1
+            for local in ends:
+                first = self.stream[local + 1]
+                if len(found) < max_matches and first not in skip:
+                    skip = skip | {first}
+                    cut = self.ends[bisect.bisect_right(self.ends, local)] - (local + 1)
+                    found.append(self._match(local, n, min(max_len, cut), contested, suffix))
+            if len(found) >= max_matches:
+                break
+        return found

@@ -147,12 +147,14 @@ class Engine:
         return sorted(i for i in ids if 0 <= i < self.vocab_size)
 
     def forget(self) -> None:
-        """Forget what earlier answers taught: the adjacency matrix and the hybrid tree's context index.
+        """Forget what earlier answers taught: the adjacency matrix and the hybrid tree's context index, and the warm
+        start's answers the hybrid copies from (tr_core.warm).
 
         The drafters' calibration and the measured forward costs are kept (they describe the model and device).
         """
         self.matrix.reset()
         self.hybrid.index.clear()
+        self.hybrid.library = None
         self.clock, self.answer_starts = 0, []
 
     def snapshot(self) -> dict[str, Any]:

@@ -26,13 +26,14 @@ import torch
 
 from .adaptive import (GROWN, MATRIX_KEYS, AdaptiveDrafter, host_draft, matrix_prior, root_alone,
                        tested_candidates)
-from .context import MAX_MATCH, ContextIndex, Match
+from .context import LIBRARY, MAX_MATCH, ContextIndex, Library, Match
 from .drafters import Draft, DraftContext, StepResult
 from .matrix import AdjacencyMatrix
 from .tree import HYBRID
 
 RETRIEVAL_DEPTH = 16  # longest run copied from the context in one draft (PLD's default is 10)
 MAX_MATCHES = 3  # retrieved continuations per step, one per distinct next token
+LIBRARY_MATCHES = 1  # ... and at most this many more from the warm start's answers (`HybridDrafter.library`)
 # Calibration keys: matrix bins 0..31 (adaptive.MATRIX_KEYS: this answer's rows, then older ones); context-only by
 # match length, uncontested then contested; shared by length
 CTX_KEY = MATRIX_KEYS
@@ -57,8 +58,8 @@ def context_key(match_len: int, shared: bool, contested: bool = False, earlier: 
 
 
 def is_earlier(match: Match) -> bool:
-    """Whether a match lies in an earlier conversation rather than this one's prompt or answer."""
-    return match.where in (EARLIER_PROMPT, EARLIER_ANSWER)
+    """Whether a match lies outside this conversation: in an earlier one, or in the warm start's answers."""
+    return match.where in (EARLIER_PROMPT, EARLIER_ANSWER, LIBRARY)
 
 
 def _prior_counts(prior: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,6 +122,8 @@ class HybridDrafter(AdaptiveDrafter):
         self.hits, self.trials = _prior_counts(prior)
         self._refresh()
         self.index = ContextIndex()
+        # the warm start's own answers (tr_core.warm), searched for the conversation's suffix too; None: no warm start
+        self.library: Library | None = None
         self.plan: Plan | None = None  # the next step's merged tree
         self.kept: list[int] = []  # the plan nodes drafted this step (root first, in draft order)
         self.name = HYBRID
@@ -147,8 +150,7 @@ class HybridDrafter(AdaptiveDrafter):
         teaches the calibration."""
         first = self.plan is None
         if first:
-            self.plan = self.merge(self.grow_host(matrix, root, self.budget, self.matrix_depth),
-                                   self.index.lookup(MAX_MATCHES, RETRIEVAL_DEPTH))
+            self.plan = self.merge(self.grow_host(matrix, root, self.budget, self.matrix_depth), self.lookup())
         ranked = self.plan.ranked()  # sorted once: the size choice and the draft read the same order
         curve = self.plan.expected(ranked)
         if self.sized_by_cost:
@@ -190,7 +192,18 @@ class HybridDrafter(AdaptiveDrafter):
             grown = {name: [int(v) for v in result.extras[f"grown.{name}"]] for name in _GROWN}
             grown = live_part({**grown, "scores": result.extras["grown.scores"]})
         if grown is not None:
-            self.plan = self.merge(grown, self.index.lookup(MAX_MATCHES, RETRIEVAL_DEPTH))
+            self.plan = self.merge(grown, self.lookup())
+
+    def lookup(self) -> list[Match]:
+        """The continuations of the conversation's suffix: in the conversation (MAX_MATCHES), then in the warm
+        start's answers (LIBRARY_MATCHES more, each with a next token not found already). The library's runs are
+        rated as an earlier conversation's, and learned apart from this conversation's."""
+        found = self.index.lookup(MAX_MATCHES, RETRIEVAL_DEPTH)
+        if self.library is None:
+            return found
+        suffix = self.index.stream[-MAX_MATCH:]
+        return found + self.library.continuations(suffix, LIBRARY_MATCHES, RETRIEVAL_DEPTH,
+                                                  {m.tokens[0] for m in found if m.tokens})
 
     def learn_verified(self, result: StepResult) -> None:
         """Calibrate on the whole plan, not only its drafted part (adaptive.tested_candidates)."""

@@ -4,7 +4,9 @@ A new session starts with an empty adjacency matrix: the paper's tree then draft
 cost-sized trees start from priors. A warm start is what a few hundred generated answers leave behind:
 
 - the adjacency matrix's written rows (candidate ids and their stored probabilities),
-- the cost-sized drafters' calibration (acceptance counts per key) and trust per size class (their size policy).
+- the cost-sized drafters' calibration (acceptance counts per key) and trust per size class (their size policy),
+- the answers themselves (their token ids): the hybrid tree also copies runs from them (`HybridDrafter.library`),
+  as it copies runs from the conversation.
 
 Not the forward-cost curve (it describes a machine) and not the hybrid's context index (it holds conversations).
 
@@ -45,6 +47,7 @@ LEARN_CONTEXT_FREE = 16384
 CONTEXT_FREE_REQUEST = "Hello."  # the conversation a context-free row's token opens the answer to
 COUNT_CAP = 32.0  # calibration trials kept per key: the shipped rates start informed but still follow the session
 MAX_FILE_BYTES = 16 << 20  # a warm start of a 256k vocabulary with k = 8 is about 11 MB
+MAX_LIBRARY_TOKENS = 1 << 19  # answer tokens a file may hold (the shipped file: about 30,000)
 # The config fields that say which network this is (not where or in what precision it was loaded)
 _SHAPE_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                  "num_key_value_heads", "intermediate_size", "max_position_embeddings", "rope_theta",
@@ -68,12 +71,15 @@ class WarmStartInfo:
     path: str  # the file it came from or was saved to ("" for none)
     note: str = ""  # for "none": why the engine starts cold
     context_free: int = 0  # of those rows, how many hold the model's context-free guess (no answer used the token)
+    library: int = 0  # of those answers, how many the hybrid tree can copy runs from (0: a file without them)
 
     def describe(self) -> str:
         """One plain-English line for the page."""
         learned = f"{self.answers} generated answers ({self.rows_filled - self.context_free:,} rows"
         learned += (f"; {self.context_free:,} more rows hold the model's guess after the token alone)"
                     if self.context_free else ")")
+        if self.library:
+            learned += "; the hybrid tree also copies runs from those answers"
         if self.source == "shipped":
             return f"Warm start: the matrix was pre-learned on {learned} shipped with the app"
         if self.source == "cached":
@@ -94,6 +100,7 @@ class WarmState:
     probs: torch.Tensor  # [R, k] uint8, their stored probabilities (1/255 steps)
     learned: dict[str, dict]  # per drafter ("adaptive", "hybrid"): AdaptiveDrafter.learned()
     manifest: dict[str, Any]  # plain data, see the module docstring
+    library: list[list[int]] | None = None  # the answers' token ids, for the hybrid to copy from (None: none kept)
 
 
 def is_embedded(model_name: str | None) -> bool:
@@ -183,6 +190,13 @@ def learn(engine, prompts: list[str], max_new_tokens: int,
                              "calibration_answers": len(held),
                              "rows_context_free": len(set(guessed) - set(averaged[0].tolist()))})
     engine.forget()
+    return with_library(state, [answer for _, answer in answers.values()])
+
+
+def with_library(state: WarmState, answers: list[list[int]]) -> WarmState:
+    """The warm state with `answers` (token ids) as the hybrid's library, counted in its manifest."""
+    state.library = [list(a) for a in answers if a]
+    state.manifest.update(library_answers=len(state.library), library_tokens=sum(map(len, state.library)))
     return state
 
 
@@ -374,6 +388,10 @@ def apply(engine, state: WarmState) -> None:
     set_rows(engine.matrix, state.rows, state.table, state.probs)
     for name in _DRAFTERS:
         getattr(engine, name).take_learned(state.learned[name])
+    if state.library:
+        from .context import Library
+
+        engine.hybrid.library = Library(state.library)
 
 
 def fresh_session(engine) -> None:
@@ -401,6 +419,9 @@ def save(state: WarmState, path: str | Path) -> None:
     for name in _DRAFTERS:
         tensors[f"{name}.hits"] = state.learned[name]["hits"].double().contiguous()
         tensors[f"{name}.trials"] = state.learned[name]["trials"].double().contiguous()
+    if state.library:  # the answers end to end, and each one's length
+        tensors["library.tokens"] = torch.tensor([t for a in state.library for t in a], dtype=torch.int32)
+        tensors["library.lengths"] = torch.tensor([len(a) for a in state.library], dtype=torch.int32)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -424,7 +445,8 @@ def load(path: str | Path, engine) -> WarmState:
     except (SafetensorError, OSError, ValueError) as exc:
         raise WarmStartError(f"{path} is not a warm-start file ({type(exc).__name__})") from exc
     check_manifest(manifest, engine, path)
-    return WarmState(*check_tensors(tensors, engine, path), manifest=manifest)
+    library = check_library(tensors, engine.vocab_size, path)
+    return WarmState(*check_tensors(tensors, engine, path), manifest=manifest, library=library)
 
 
 def check_manifest(manifest: Any, engine, path: Path) -> None:
@@ -448,6 +470,26 @@ def check_manifest(manifest: Any, engine, path: Path) -> None:
     trust = manifest.get("trust")
     if not isinstance(trust, dict) or set(trust) != set(_DRAFTERS):
         raise WarmStartError(f"{path}: manifest field trust must hold {', '.join(_DRAFTERS)}")
+
+
+def check_library(tensors: dict[str, torch.Tensor], vocab: int, path: Path) -> list[list[int]] | None:
+    """The answers of a file's library.tokens / library.lengths (taken out of `tensors`; None for a file without
+    them), every id and length checked."""
+    if "library.tokens" not in tensors and "library.lengths" not in tensors:
+        return None
+    tokens, lengths = tensors.pop("library.tokens", None), tensors.pop("library.lengths", None)
+    if tokens is None or lengths is None or tokens.dtype != torch.int32 or lengths.dtype != torch.int32 \
+            or tokens.dim() != 1 or lengths.dim() != 1:
+        raise WarmStartError(f"{path}: library.tokens and library.lengths must both be int32 vectors")
+    if tokens.numel() > MAX_LIBRARY_TOKENS or (lengths.numel() and int(lengths.min()) < 1) \
+            or int(lengths.sum()) != tokens.numel():
+        raise WarmStartError(f"{path}: the library's lengths must be >= 1 and add up to its tokens (at most "
+                             f"{MAX_LIBRARY_TOKENS:,})")
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise WarmStartError(f"{path}: library token ids outside the vocabulary [0, {vocab})")
+    flat = tokens.tolist()
+    ends = lengths.cumsum(0).tolist()
+    return [flat[end - n:end] for end, n in zip(ends, lengths.tolist())]
 
 
 def check_tensors(tensors: dict[str, torch.Tensor], engine,
@@ -540,7 +582,7 @@ def _applied(engine, state: WarmState, source: str, path: Path) -> WarmStartInfo
     apply(engine, state)
     m = state.manifest
     info = WarmStartInfo(source, m["answers"], m["tokens"], m["rows_filled"], str(path),
-                         context_free=int(m.get("rows_context_free", 0)))
+                         context_free=int(m.get("rows_context_free", 0)), library=len(state.library or []))
     engine.warm = info
     return info
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, NamedTuple
 
 import networkx as nx
 
+from ..context import LIBRARY
 from ..events import StepEvent
 from ..token_text import BYTES_CLOSE, BYTES_OPEN
 
@@ -438,6 +439,21 @@ def row_is_empty(values: list[int], probs: list[float] | None) -> bool:
 def node_source(ev: StepEvent, i: int) -> str | None:
     """Where node i's token came from ("root", "matrix", "context" or "both"); None when the step does not say."""
     return ev.sources[i] if ev.sources is not None and i < len(ev.sources) else None
+
+
+def copy_place(ev: StepEvent, nodes) -> str:
+    """Where these copied nodes were found, in words: "the conversation", "the warm-start answers" (a run of the
+    answers the warm start was learned on, tr_core.warm) or both."""
+    origins = ev.origins or []
+    return place_of([origins[i] if i < len(origins) else "" for i in nodes])
+
+
+def place_of(origins: list[str]) -> str:
+    """`copy_place` from the copied nodes' origins (StepEvent.origins)."""
+    shipped = [LIBRARY in origin for origin in origins]
+    if not any(shipped):
+        return "the conversation"
+    return "the warm-start answers" if all(shipped) else "the conversation and the warm-start answers"
 
 
 def _has_retrieved(ev: StepEvent) -> bool:

@@ -13,7 +13,7 @@ import html
 from typing import Any, Iterator
 
 from ..events import StepEvent
-from .figures import node_source, row_is_empty, visible_token
+from .figures import node_source, place_of, row_is_empty, visible_token
 from .trace import Trace
 
 MAX_READS_SHOWN = 3  # rows read shown open; the others sit in a folded list below them
@@ -117,7 +117,8 @@ def _reads(trace: Trace, ev: StepEvent) -> list[dict[str, Any]]:
 
 
 def _copied(trace: Trace, ev: StepEvent) -> list[dict[str, Any]]:
-    """The draft tokens copied from the conversation (hybrid trees), with where they were found."""
+    """The draft tokens copied from the conversation or the warm-start answers (hybrid trees), with where they were
+    found."""
     out = []
     for i in range(1, len(ev.tokens)):
         source = node_source(ev, i)
@@ -294,8 +295,9 @@ def _read_section(m: dict[str, Any]) -> dict[str, Any]:
                                             "probability stored when it was written. Outlined: drafted; green ✓: accepted."))
     blocks += _folded([_read_row(r) for r in reads[:MAX_READS_LISTED]], n, "rows read", MAX_READS_SHOWN)
     if reads and m["copied"] and not any(c["nodes"] for r in reads for c in r["candidates"]):
-        blocks.append(_b("div", "trm-note", "None of these rows' candidates was drafted: the copies from the "
-                                            "conversation below were rated more likely to be accepted."))
+        place = place_of([c["origin"] for c in m["copied"]])
+        blocks.append(_b("div", "trm-note", f"None of these rows' candidates was drafted: the copies from {place} "
+                                            "below were rated more likely to be accepted."))
     if m["copied"]:
         blocks.append(_copied_row(m["copied"]))
     return _b("div", "trm-sec", blocks)
@@ -304,7 +306,7 @@ def _read_section(m: dict[str, Any]) -> dict[str, Any]:
 def _copied_row(copied: list[dict[str, Any]]) -> dict[str, Any]:
     """The draft tokens copied from the conversation, every one listed (up to MAX_COPIED_SHOWN, then counted)."""
     both = sum(1 for c in copied if c["also_matrix"])
-    head = f"{len(copied)} drafted from the conversation" + (
+    head = f"{len(copied)} drafted from {place_of([c['origin'] for c in copied])}" + (
         f" ({both} of them also a candidate in a matrix row)" if both else ", not from the matrix")
     cells = [_b("span", "trm-cell " + ("trm-ok" if c["accepted"] else "trm-drafted"),
                 f"{_q(c['text'])} after {_q(c['after'])}" + (f" ({c['origin']})" if c["origin"] else "")

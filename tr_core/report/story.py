@@ -10,7 +10,7 @@ import html
 from typing import Callable
 
 from ..events import StepEvent
-from .figures import display_token, node_source, row_is_empty
+from .figures import copy_place, display_token, node_source, row_is_empty
 
 TokenText = Callable[[int], str]
 MAX_QUOTED = 6  # accepted tokens quoted one by one; more are counted
@@ -55,15 +55,17 @@ def _plain_sentence(ev: StepEvent, token_text: TokenText) -> str:
 
 def _draft_sentence(ev: StepEvent, token_text: TokenText) -> str:
     """How many tokens were drafted after the root and where each came from: read from the adjacency matrix (from
-    how many rows, written by which steps), copied from the conversation, or found in both."""
+    how many rows, written by which steps), copied from the conversation or the warm-start answers, or found in
+    both."""
     nodes = range(1, len(ev.tokens))
     source = {i: node_source(ev, i) for i in nodes}
     from_matrix = [i for i in nodes if source[i] not in COPIED]
-    copied = sum(1 for i in nodes if source[i] == "context")
+    copies = [i for i in nodes if source[i] == "context"]
+    copied = len(copies)
     both = sum(1 for i in nodes if source[i] == "both")
     head = f"Step {ev.step + 1} drafted {_count(len(nodes), 'token')} after {quoted(token_text(ev.tokens[0]))}"
     if not from_matrix and not both:
-        return f"{head}, all copied from the conversation."
+        return f"{head}, all copied from {copy_place(ev, copies)}."
     parts = []
     if from_matrix:
         rows = {ev.tokens[ev.parents[i]] for i in from_matrix}
@@ -74,9 +76,10 @@ def _draft_sentence(ev: StepEvent, token_text: TokenText) -> str:
         rows_of = _count(len(rows), "row") + (f", written by {writers}" if writers else "")
         parts.append(f"{len(from_matrix)} read from the adjacency matrix alone ({rows_of})")  # "both" are not counted
     if copied:
-        parts.append(f"{copied} copied from the conversation")
+        parts.append(f"{copied} copied from {copy_place(ev, copies)}")
     if both:
-        parts.append(f"{both} found both in a matrix row and in the conversation")
+        found = copy_place(ev, [i for i in nodes if source[i] == "both"])
+        parts.append(f"{both} found both in a matrix row and in {found}")
     return f"{head}: {_listed(parts)}."
 
 
