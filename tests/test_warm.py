@@ -475,3 +475,11 @@ def test_a_tampered_library_is_refused(tmp_path, change):
     save_file(tensors, str(tmp_path / "t.safetensors"), metadata=meta)
     with pytest.raises(warm.WarmStartError, match="library"):
         warm.read(tmp_path / "t.safetensors", engine)
+
+
+def test_engines_started_from_one_warm_state_share_its_library():
+    state = warm.with_library(warm.learn(tiny_engine(), CORPUS[:2], 12), [[50, 51, 52], [53, 54]])
+    a, b = tiny_engine(), tiny_engine()
+    warm.apply(a, state)
+    warm.apply(b, state)
+    assert a.hybrid.library is b.hybrid.library and a.hybrid.library.answers == 2

@@ -24,6 +24,7 @@ date, the answers and tokens decoded and the rows filled. A file for another mod
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import json
 import re
@@ -78,16 +79,16 @@ class WarmStartInfo:
         learned = f"{self.answers} generated answers ({self.rows_filled - self.context_free:,} rows"
         learned += (f"; {self.context_free:,} more rows hold the model's guess after the token alone)"
                     if self.context_free else ")")
-        if self.library:
-            learned += "; the hybrid tree also copies runs from those answers"
+        copies = "; the hybrid tree also copies runs from those answers" if self.library else ""
         if self.source == "shipped":
-            return f"Warm start: the matrix was pre-learned on {learned} shipped with the app"
+            return f"Warm start: the matrix was pre-learned on {learned} shipped with the app{copies}"
         if self.source == "cached":
-            return f"Warm start: learned once for this model on {learned}, kept in {self.path}"
+            return f"Warm start: learned once for this model on {learned}, kept in {self.path}{copies}"
         if self.source == "file":
-            return f"Warm start: from {self.path}, learned on {learned}"
+            return f"Warm start: from {self.path}, learned on {learned}{copies}"
         if self.source == "learned":
-            return f"Warm start: learned just now for this model on {learned}, kept in {self.path} for next time"
+            return (f"Warm start: learned just now for this model on {learned}, kept in {self.path} for next "
+                    f"time{copies}")
         return f"Cold start: the matrix starts empty{f' ({self.note})' if self.note else ''}"
 
 
@@ -389,9 +390,16 @@ def apply(engine, state: WarmState) -> None:
     for name in _DRAFTERS:
         getattr(engine, name).take_learned(state.learned[name])
     if state.library:
-        from .context import Library
+        engine.hybrid.library = shared_library(tuple(map(tuple, state.library)))
 
-        engine.hybrid.library = Library(state.library)
+
+@functools.lru_cache(maxsize=4)
+def shared_library(answers: tuple[tuple[int, ...], ...]):
+    """The hybrid's library of these answers, built once (a few hundred ms and MB for the shipped file's) and shared
+    by every engine that starts from them: a library never changes."""
+    from .context import Library
+
+    return Library([list(a) for a in answers])
 
 
 def fresh_session(engine) -> None:
