@@ -81,6 +81,9 @@ def test_tree_layout_is_cached_per_shape_and_children_keep_parent_order():
     # a run alone at its depths hangs straight under where it starts (here under node 1, left of the middle)
     chain = tree_layout((-1, 0, 0, 1, 3, 4, 5))
     assert chain.x[1] < 0.5 and chain.x[3] == chain.x[4] == chain.x[5] == chain.x[6] == chain.x[1]
+    # ... but a run under the last of 8 siblings (x = 0.94) steps in once, so its labels have room on both sides
+    edge = tree_layout((-1, *[0] * 8, 8, 9, 10))
+    assert edge.x[8] > 0.9 and edge.x[9] == edge.x[10] == edge.x[11] == 0.75
 
 
 def test_tree_figure_handles_any_tree_shape_and_missing_event():

@@ -61,6 +61,9 @@ class TreeLayout:
     y: tuple[float, ...]
 
 
+LONE_X = (0.25, 0.75)  # a node alone at its depth stays within these x (a run under an edge node steps in once)
+
+
 @lru_cache(maxsize=64)
 def tree_layout(parents: tuple[int, ...], ranks: tuple[int, ...] | None = None) -> TreeLayout:
     """Layered layout of a tree given by parent indices (root: -1), computed once per tree shape.
@@ -68,8 +71,8 @@ def tree_layout(parents: tuple[int, ...], ranks: tuple[int, ...] | None = None) 
     Nodes of one depth are spread evenly over the width in depth-first order, so children sit under their
     parents' side of the tree and no two edges cross. Siblings follow their candidate rank (`ranks`, else node
     index): candidate #0 leftmost, context-only drafts of hybrid trees (rank >= k) after the matrix's candidates.
-    A node alone at its depth stands under its parent: a long copied run hangs straight down from where it starts,
-    rather than stepping back to the middle.
+    A node alone at its depth stands under its parent (kept within LONE_X, where its label has room on either side):
+    a long copied run hangs straight down from where it starts, rather than stepping back to the middle.
     """
     graph = nx.DiGraph()
     graph.add_nodes_from(range(len(parents)))
@@ -84,7 +87,8 @@ def tree_layout(parents: tuple[int, ...], ranks: tuple[int, ...] | None = None) 
     y = [0.0] * len(parents)
     for d, members in sorted(levels.items()):
         for i, node in enumerate(members):
-            x[node] = x[parents[node]] if len(members) == 1 and d > 0 else (i + 0.5) / len(members)
+            x[node] = (min(max(x[parents[node]], LONE_X[0]), LONE_X[1]) if len(members) == 1 and d > 0
+                       else (i + 0.5) / len(members))
             y[node] = -float(d)
     return TreeLayout(tuple(x), tuple(y))
 
