@@ -258,13 +258,23 @@ def formula_text(steps: list[StepEvent], curve: CostCurve | None, speed: dict | 
     a, c, _ = expected_speedup(steps, curve)
     e = shown_quotient(a, c)
     if curve.metered and speed_state(speed) == "measured":
-        return f"{FORMULA}. " + metered_formula(a, c, e, speed, curve.source, len(steps))
+        return f"{FORMULA}. " + metered_formula(a, c, e, speed, curve.source, len(steps)) + step_sizes(steps)
     text = (f"{FORMULA}. This answer: {a:.2f} ÷ {c:.2f} ≈ {e:.2f}× expected (estimate; t timed by "
-            f"{curve.source or 'this machine'}).")
+            f"{curve.source or 'this machine'}).") + step_sizes(steps)
     if speed_state(speed) == "measured":
         err = f" ± {speed['error']:.2f}" if speed.get("error") is not None else ""
         text += f" Measured by the meter: {speed['ratio']:.2f}×{err}." + _disagreement(e, speed)
     return text
+
+
+def step_sizes(steps: list[StepEvent]) -> str:
+    """How many tokens the answer's steps verified: t(N)/t(1) in the formula is their mean cost, so a large step
+    costs more than it (a reader set one step's "2.55×" against the formula's 1.43× and could not reconcile them)."""
+    sizes = [len(e.tokens) for e in steps]
+    lo, hi = min(sizes), max(sizes)
+    spread = f", from {lo} to {hi}" if lo != hi else ""
+    return (f" Its {len(steps)} steps verified {sum(sizes) / len(sizes):.1f} tokens each on average{spread}: "
+            "t(N)/t(1) above is their mean cost.")
 
 
 def metered_formula(a: float, c: float, e: float, speed: dict, source: str, answer_steps: int) -> str:

@@ -409,6 +409,24 @@ def test_accepted_chart_and_meter():
     assert "✗" in meter_html(MeterView(state="measured", ratio=1.0, error=0.01, identical=False))
 
 
+def test_the_chart_credits_the_answers_accepted_drafts_to_their_source():
+    from tr_core.report.figures import accepted_chart_explained, draft_credit
+
+    events = [make_event(i) for i in range(3)]
+    accepted = sum(len(e.accepted) - 1 for e in events)
+    assert draft_credit(events) == f"accepted drafts: {accepted}, all from the matrix"
+    hybrid = make_event(0)
+    hybrid.sources = ["root"] + ["matrix"] * (len(hybrid.tokens) - 1)
+    path = hybrid.accepted[1:]
+    hybrid.sources[path[0]] = "context"
+    if len(path) > 1:
+        hybrid.sources[path[1]] = "both"
+    text = draft_credit([hybrid])
+    assert text == (f"accepted drafts: {len(path) - min(len(path), 2)} from the matrix, 1 copied, "
+                    f"{1 if len(path) > 1 else 0} both")
+    assert text in accepted_chart_explained([hybrid]).layout["xaxis"]["title"]["text"]
+
+
 def test_the_meters_speeds_divide_to_its_ratio_as_shown():
     def shown(html, cell):
         return float(html.split(f'id="{cell}">')[1].split("<")[0])

@@ -543,6 +543,9 @@ def test_the_cost_panel_uses_the_meters_timings_once_it_measured_even_for_a_load
         assert "3 ÷ 1.80 = 1.67× plain speed" in shown and "(timed by the meter)" in shown
         # the answer's steps: 2.50 tokens per step ÷ (1.80 + 3.20) / 2 = 2.50 -> 1.00x, the meter's figure
         assert "This answer: 2.50 ÷ 2.50 = 1.00× ± 0.02, the meter&#x27;s figure (t timed by the meter" in shown
+        # the steps' sizes, so that one large step's cost beside the mean cost is no puzzle
+        assert "Its 2 steps verified 6.0 tokens each on average, from 4 to 8: t(N)/t(1) above is their mean cost." \
+            in shown
         assert "re-decod" not in shown
     # had the meter's re-decode taken other steps (3 tokens each at 1.5 plain steps: 2.00x), the page shows both
     other = story_trace(dict(trace.speed, ratio=2.0, mean_accepted=3.0, step_ms=((4, 30.0, 1), (8, 30.0, 1))))

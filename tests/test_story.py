@@ -47,6 +47,10 @@ def test_story_counts_distinct_rows_and_context_copies():
     # the 4 rows are those of the matrix-only drafts: the row a draft found in both was read too, but is not counted
     assert ("drafted 6 tokens after '<root>': 4 read from the adjacency matrix alone (4 rows), 1 copied from the "
             "conversation and 1 found both in a matrix row and in the conversation.") in story
+    # the microscope lists every row read, also those only a "both" node came from: the story says how many of them
+    ev.rows_read, ev.rows_read_values = [0, 1, 4, 2, 5], [[1, 4]] * 5
+    assert "4 read from the adjacency matrix alone (4 of the 5 rows it read)" in step_story(ev, text_of)
+    ev.rows_read, ev.rows_read_values = [], []
     only_context = make_event(tokens=[0, 1], parents=[-1, 0], depths=[0, 1], ranks=[-1, 8], accepted=[0, 1],
                               emitted=[1, 2], bonus=2, sources=["root", "context"], origins=["", "x"])
     assert "drafted 1 token after '<root>', all copied from the conversation." in step_story(only_context, text_of)

@@ -746,7 +746,22 @@ def accepted_chart_explained(events: list[StepEvent], current: int | None = None
     fig.layout["showlegend"] = True
     fig.layout["legend"] = dict(orientation="h", x=0.0, xanchor="left", y=1.0, yanchor="bottom", font=dict(size=12))
     fig.layout["margin"]["t"] = 34
+    fig.layout["xaxis"]["title"]["text"] = f"step · {draft_credit(events)}"
     return fig
+
+
+def draft_credit(events: list[StepEvent]) -> str:
+    """Where the answer's accepted drafts came from, counted over its steps: "accepted drafts: 23 from the matrix,
+    41 copied, 12 both" (hybrid trees), or "accepted drafts: 23, all from the matrix" (the others)."""
+    counts = {"matrix": 0, "context": 0, "both": 0}
+    for ev in events:
+        for i in ev.accepted[1:]:
+            source = node_source(ev, i) or "matrix"
+            counts[source if source in counts else "matrix"] += 1
+    if not counts["context"] and not counts["both"]:
+        return f"accepted drafts: {counts['matrix']}, all from the matrix"
+    return (f"accepted drafts: {counts['matrix']} from the matrix, {counts['context']} copied, "
+            f"{counts['both']} both")
 
 
 class Figure(dict):

@@ -73,7 +73,10 @@ def _draft_sentence(ev: StepEvent, token_text: TokenText) -> str:
         where = f"{_count(len(rows), 'row')} of the adjacency matrix" + (f" (written by {writers})" if writers else "")
         if not copied and not both:
             return f"{head}, read from {where}."
-        rows_of = _count(len(rows), "row") + (f", written by {writers}" if writers else "")
+        # "both" nodes' rows are read too (the microscope lists every row read): say how many of those these are
+        read = len(set(ev.rows_read) | rows)
+        rows_of = (_count(len(rows), "row") if read <= len(rows) else f"{len(rows)} of the {read} rows it read")
+        rows_of += f", written by {writers}" if writers else ""
         parts.append(f"{len(from_matrix)} read from the adjacency matrix alone ({rows_of})")  # "both" are not counted
     if copied:
         parts.append(f"{copied} copied from {copy_place(ev, copies)}")
