@@ -156,6 +156,10 @@ def test_matrix_update_topk_and_duplicate_rule():
     assert first.tolist() == [False, True, True] and m.table[4].tolist() == [3, 4] and m.table[2].tolist() == [0, 3]
     first, _, _ = m.update(tokens, logits, path=torch.tensor([True, False, False]))  # off the path: BFS order
     assert first.tolist() == [True, True, False] and m.table[4].tolist() == [1, 5]
+    # twice on the path (root '4' ... '4'): the deeper node wins, the token's last occurrence in the text, as one
+    # token at a time would leave the row ("ps , ... ps ." : the row of 'ps' starts with '.')
+    first, _, _ = m.update(tokens, logits, path=torch.tensor([True, True, True]))
+    assert first.tolist() == [False, True, True] and m.table[4].tolist() == [3, 4]
 
 
 @pytest.mark.parametrize("vocab,k", [(49152, 8), (1000, 8), (257, 3), (17, 8), (12, 1)])

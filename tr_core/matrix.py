@@ -45,9 +45,10 @@ class AdjacencyMatrix:
         already has them (see reduce.top_rows); consume=True lets the update use `logits` as scratch space
         (fp32 logits hold garbage afterwards). A token that appears at several nodes takes the row of its node on
         the accepted path when it has one (`path`: [N] bool, the verified path's nodes; their context is the text
-        now committed), else of its FIRST node in BFS order (the shallowest, whose context is closest to the
-        committed text); every write of that token then carries the same values, so the result does not depend on
-        scatter order. The rewritten rows are stamped with `stamp` (the writer's clock).
+        now committed), its deepest there when it occurs twice on it (its last occurrence in the text: "the top-k
+        last seen after the token", as decoding one token at a time would leave it), else of its FIRST node in BFS
+        order (the shallowest, whose context is closest to the committed text); every write of that token then
+        carries the same values, so the result does not depend on scatter order. The rewritten rows are stamped with `stamp` (the writer's clock).
         Returns (first_nodes [N] bool, new rows [N, k] long, their probs [N, k] float32).
         """
         if logits.shape[-1] < self.vocab_size:
@@ -63,10 +64,11 @@ class AdjacencyMatrix:
             same = tokens[:, None] == tokens[None, :]  # [N, N]
             if path is None:
                 first = same.int().argmax(dim=1)  # index of the first node with the same token
-            else:  # the same token's node on the accepted path, else its first node
+            else:  # the same token's deepest node on the accepted path, else its first node
                 n = tokens.shape[0]
-                order = torch.arange(n, device=tokens.device) + n * (~path.bool()).long()
-                first = torch.where(same, order[None, :], 2 * n).argmin(dim=1) % n
+                index = torch.arange(n, device=tokens.device)  # a path's nodes come in depth order
+                order = torch.where(path.bool(), n - 1 - index, n + index)
+                first = index[torch.where(same, order[None, :], 2 * n).argmin(dim=1)]
             top_ids, top_probs = top_ids[first], top_probs[first]
             is_first = first == torch.arange(tokens.shape[0], device=tokens.device)
         self.table[tokens] = top_ids.to(torch.int32)
