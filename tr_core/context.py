@@ -225,15 +225,15 @@ class Library(ContextIndex):
         answer's last token has no continuation, and one is cut at its answer's end."""
         found: list[Match] = []
         for n in range(min(self.max_n, len(suffix)), min_n - 1, -1):
-            ends = [local for local in self._occurrences(tuple(suffix[len(suffix) - n:]))
-                    if local + 1 < self.ends[bisect.bisect_right(self.ends, local)]]
-            contested = len({self.stream[local + 1] for local in ends}) > 1
-            for local in ends:
+            ends = [(local, self.ends[bisect.bisect_right(self.ends, local)])  # (where it ends, its answer's end)
+                    for local in self._occurrences(tuple(suffix[len(suffix) - n:]))]
+            ends = [(local, end) for local, end in ends if local + 1 < end]
+            contested = len({self.stream[local + 1] for local, _ in ends}) > 1
+            for local, end in ends:
                 first = self.stream[local + 1]
                 if len(found) < max_matches and first not in skip:
                     skip = skip | {first}
-                    cut = self.ends[bisect.bisect_right(self.ends, local)] - (local + 1)
-                    found.append(self._match(local, n, min(max_len, cut), contested, suffix))
+                    found.append(self._match(local, n, min(max_len, end - (local + 1)), contested, suffix))
             if len(found) >= max_matches:
                 break
         return found

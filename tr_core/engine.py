@@ -447,10 +447,6 @@ class Engine:
                 probs.append([round(q / 255, EVENT_DIGITS) for q in host["row_probs"][j * k : (j + 1) * k]])
         node_probs = [round(p, EVENT_DIGITS) for p in host["node_probs"]] if "node_probs" in host else None
         written, candidate_probs = self._provenance(draft, host) if recycles else (None, None)
-        read, read_values, read_probs = rows_read(host, draft.sources, k)
-        was_read = set(read)
-        unread = [row for row in rows if row not in was_read]
-        before, before_values, before_probs = packed_rows_of(host, unread, k)
         return StepEvent(step=step, position=position, tokens=host["tokens"], parents=host["parents"],
                          depths=host["depths"], ranks=host["ranks"], accepted=accepted, emitted=emitted, bonus=bonus,
                          timings=timings, matrix_rows=rows, matrix_values=values, matrix_probs=probs,
@@ -458,9 +454,8 @@ class Engine:
                          sources=list(draft.sources) if draft.sources is not None else None,
                          origins=list(draft.origins) if draft.origins is not None else None,
                          answer=len(self.answer_starts) - 1, written=written, candidate_probs=candidate_probs,
-                         rows_read=read, rows_read_values=read_values, rows_read_probs=read_probs,
-                         rows_before=before, rows_before_values=before_values, rows_before_probs=before_probs,
-                         choices=host["targets"], **self._no_draft(draft, host))
+                         choices=host["targets"], **recorded_rows(host, draft.sources, rows, k),
+                         **self._no_draft(draft, host))
 
     def _no_draft(self, draft: Draft, host: dict[str, list]) -> dict[str, Any]:
         """The event's `no_draft_reason` and `unverified` tree: set when the drafter says why it drafted nothing."""
@@ -518,32 +513,27 @@ def packed_rows(matrix: AdjacencyMatrix, tokens: torch.Tensor) -> torch.Tensor:
     return matrix.table[tokens].double() * 256 + matrix.probs[tokens]
 
 
-def rows_read(host: dict[str, list], sources: tuple[str, ...] | None,
-              k: int) -> tuple[list[int], list[list[int]], list[list[float]]]:
-    """The rows the draft read (`packed_rows` of the parent of every node not copied from the context, each row
-    once, in parent order) as (rows [R], candidate ids [R, k], stored probabilities [R, k])."""
-    tokens, parents = host["tokens"], host["parents"]
-    readers = sorted({parents[i] for i in range(1, len(tokens)) if sources is None or sources[i] != "context"})
-    return packed_rows_of(host, list(dict.fromkeys(tokens[node] for node in readers)), k)
-
-
-def packed_rows_of(host: dict[str, list], rows: list[int],
-                   k: int) -> tuple[list[int], list[list[int]], list[list[float]]]:
-    """Rows (tokens of the step's tree) as they were before the step, from its `packed_rows`: (rows, candidate ids,
-    stored probabilities); nothing when the step synced no rows (a drafter that does not recycle)."""
+def recorded_rows(host: dict[str, list], sources: tuple[str, ...] | None, written: list[int],
+                  k: int) -> dict[str, list]:
+    """The event's rows as they were before the step, from its `packed_rows`: `rows_read*` (the parent of every node
+    not copied from the context, each row once, in parent order) and `rows_before*` (the rows it wrote, `written`,
+    that it did not read). Nothing when the step synced no rows (a drafter that does not recycle)."""
     packed = host.get("rows_read")
-    if packed is None or not rows:
-        return [], [], []
+    if packed is None:
+        return {}
+    tokens, parents = host["tokens"], host["parents"]
     node_of: dict[int, int] = {}
-    for node, token in enumerate(host["tokens"]):  # nodes of one token share its row: the first one's
+    for node, token in enumerate(tokens):  # nodes of one token share its row: the first one's
         node_of.setdefault(token, node)
-    values, probs = [], []
-    for row in rows:
-        node = node_of[row]
-        cells = [divmod(int(c), 256) for c in packed[node * k : (node + 1) * k]]  # (id, stored probability)
-        values.append([token for token, _ in cells])
-        probs.append([_STORED[q] for _, q in cells])
-    return list(rows), values, probs
+    readers = sorted({parents[i] for i in range(1, len(tokens)) if sources is None or sources[i] != "context"})
+    read = list(dict.fromkeys(tokens[node] for node in readers))
+    was_read = set(read)
+    out: dict[str, list] = {}
+    for name, rows in (("rows_read", read), ("rows_before", [row for row in written if row not in was_read])):
+        cells = [[divmod(int(c), 256) for c in packed[node_of[row] * k : (node_of[row] + 1) * k]] for row in rows]
+        out.update({name: rows, f"{name}_values": [[token for token, _ in row] for row in cells],
+                    f"{name}_probs": [[_STORED[q] for _, q in row] for row in cells]})  # (id, stored probability)
+    return out
 
 
 _STORED = [round(q / 255, EVENT_DIGITS) for q in range(256)]  # a stored probability (1/255 steps) as events show it

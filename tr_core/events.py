@@ -60,6 +60,16 @@ class StepEvent:
     unverified: dict[str, list] | None = None
     kind: str = "step"
 
+    def rows_before_step(self) -> list[tuple[int, list[int], list[float] | None, bool]]:
+        """Every row the event knows as it was before the step: (row, candidates, stored probabilities or None,
+        whether the draft read it), the rows read first (`rows_read*`), then those written unread (`rows_before*`)."""
+        out = []
+        for rows, values, probs, read in ((self.rows_read, self.rows_read_values, self.rows_read_probs, True),
+                                          (self.rows_before, self.rows_before_values, self.rows_before_probs, False)):
+            out += [(row, list(values[j]) if j < len(values) else [], probs[j] if j < len(probs) else None, read)
+                    for j, row in enumerate(rows)]
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         """Return the event as a JSON-ready dict."""
         return asdict(self)

@@ -48,7 +48,8 @@ class AdjacencyMatrix:
         now committed), its deepest there when it occurs twice on it (its last occurrence in the text: "the top-k
         last seen after the token", as decoding one token at a time would leave it), else of its FIRST node in BFS
         order (the shallowest, whose context is closest to the committed text); every write of that token then
-        carries the same values, so the result does not depend on scatter order. The rewritten rows are stamped with `stamp` (the writer's clock).
+        carries the same values, so the result does not depend on scatter order. The rewritten rows are stamped
+        with `stamp` (the writer's clock).
         Returns (first_nodes [N] bool, new rows [N, k] long, their probs [N, k] float32).
         """
         if logits.shape[-1] < self.vocab_size:

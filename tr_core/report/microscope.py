@@ -55,11 +55,8 @@ class KnownRows:
         if ev.answer != self.answer:
             self.rows, self.answer = {}, ev.answer
         known = dict(self.rows)
-        for rows, values, probs, said in ((ev.rows_read, ev.rows_read_values, ev.rows_read_probs, "read by this step"),
-                                          (ev.rows_before, ev.rows_before_values, ev.rows_before_probs,
-                                           "as it was before this step")):
-            for j, row in enumerate(rows):
-                known[row] = (list(values[j]), probs[j] if j < len(probs) else None, said)
+        for row, values, probs, read in ev.rows_before_step():
+            known[row] = (values, probs, "read by this step" if read else "as it was before this step")
         return known
 
     def fold(self, ev: StepEvent) -> None:

@@ -132,14 +132,7 @@ def _verify_sentence(ev: StepEvent, token_text: TokenText) -> str:
 def _read_rows(ev: StepEvent) -> dict[int, list[int]]:
     """The rows this step read or recorded before writing them that held candidates (a row never written reads as
     zeros): row -> its candidates."""
-    out = {}
-    for rows, values, probs in ((ev.rows_read, ev.rows_read_values, ev.rows_read_probs),
-                                (ev.rows_before, ev.rows_before_values, ev.rows_before_probs)):
-        for j, row in enumerate(rows):
-            vals = values[j] if j < len(values) else []
-            if not row_is_empty(vals, probs[j] if j < len(probs) else None):
-                out[row] = list(vals)
-    return out
+    return {row: values for row, values, probs, _ in ev.rows_before_step() if not row_is_empty(values, probs)}
 
 
 def _write_sentence(ev: StepEvent, token_text: TokenText, before: dict[int, list[int]] | None) -> str:
