@@ -546,3 +546,39 @@ def test_race_fills_both_panes_at_their_recorded_pace_and_ends_complete(app_brow
         no_error_toast(page)
     finally:
         context.close()
+
+
+def test_a_deep_trees_legend_and_labels_land_where_the_figure_placed_them(tmp_path):
+    """Plotly.js draws the stacked legend of a deep copied run inside the box tree_frame reserved for it (labels
+    keep out of that box), and no label drawn overlaps another or the legend."""
+    from test_figures import deep_run_event, words_of
+    from tr_core.report.figures import TREE_WIDTH, tree_figure, tree_frame
+
+    ev = deep_run_event(16)
+    frame = tree_frame(ev)
+    assert frame.legend == "left"
+    fig = tree_figure(ev, words_of).to_plotly()
+    fig.update_layout(width=TREE_WIDTH)
+    page_file = tmp_path / "tree.html"
+    fig.write_html(page_file, include_plotlyjs=True, full_html=True, config={"displayModeBar": False})
+    with playwright_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        page = browser.new_page(viewport={"width": TREE_WIDTH + 40, "height": 460})
+        page.goto(page_file.as_uri())
+        page.wait_for_selector(".legend .bg")
+        svg = page.locator(".main-svg").first.bounding_box()
+        legend = page.locator(".legend .bg").first.bounding_box()
+        texts = [b for b in (t.bounding_box() for t in page.locator(".scatterlayer .textpoint text").all()) if b]
+        browser.close()
+    box = frame.legend_box
+    drawn = (legend["x"] - svg["x"], legend["y"] - svg["y"], legend["x"] - svg["x"] + legend["width"],
+             legend["y"] - svg["y"] + legend["height"])
+    assert box[0] - 2 <= drawn[0] and drawn[2] <= box[2] + 2 and box[1] - 2 <= drawn[1] and drawn[3] <= box[3] + 2, \
+        (drawn, box)
+    rects = [(t["x"], t["y"], t["x"] + t["width"], t["y"] + t["height"]) for t in texts]
+    assert len(rects) >= len(ev.accepted)  # the path's labels and the bonus's, and a few drafts'
+    legend_abs = (legend["x"], legend["y"], legend["x"] + legend["width"], legend["y"] + legend["height"])
+    for i, a in enumerate(rects):
+        assert not (a[0] < legend_abs[2] and legend_abs[0] < a[2] and a[1] < legend_abs[3] and legend_abs[1] < a[3]), a
+        for b in rects[i + 1:]:
+            assert not (a[0] < b[2] - 1 and b[0] < a[2] - 1 and a[1] < b[3] - 1 and b[1] < a[3] - 1), (a, b)

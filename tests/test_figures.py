@@ -261,6 +261,66 @@ def test_a_long_copied_run_is_labelled_on_alternate_sides_without_covering_its_o
     assert {b.position for b in boxes if b.node in accepted[5:]} == {"middle left", "middle right"}
 
 
+def deep_run_event(depth: int, siblings: int = 7, second_run: bool = False) -> StepEvent:
+    """A hybrid step whose accepted path takes the root's last matrix candidate, then a run copied from the context
+    down to `depth` (the README's screenshot: 16 tokens in one step). `second_run`: the first candidate starts a
+    rejected copied run as deep, so both bottom corners of the plot hold nodes."""
+    parents, depths, ranks = [-1] + [0] * siblings, [0] + [1] * siblings, [-1] + list(range(siblings))
+    sources = ["root"] + ["matrix"] * siblings
+    accepted = [0, siblings]
+    starts = [(siblings, True)] + ([(1, False)] if second_run else [])
+    for start, keep in starts:
+        node = start
+        for d in range(2, depth + 1):
+            parents.append(node), depths.append(d), ranks.append(8), sources.append("context")
+            node = len(parents) - 1
+            if keep:
+                accepted.append(node)
+    tokens = list(range(len(parents)))
+    return StepEvent(step=68, position=300, tokens=tokens, parents=parents, depths=depths, ranks=ranks,
+                     accepted=accepted, emitted=[tokens[i] for i in accepted[1:]] + [99], bonus=99, timings={},
+                     template="hybrid", sources=sources)
+
+
+@pytest.mark.parametrize("depth", [12, 16, 18, 22])
+def test_a_deep_copied_run_takes_the_legends_room_and_its_star_and_labels_cover_nothing(depth):
+    # The README's first screenshot: 16 copied tokens accepted in one step left 13 px a level under a two-row
+    # legend; the markers merged into one green bar and the bonus star covered the last node.
+    from tr_core.report.figures import MIN_MARKER, _marker_boxes
+
+    ev = deep_run_event(depth)
+    frame, layout = tree_frame(ev), tree_layout(tuple(ev.parents), tuple(ev.ranks))
+    assert frame.legend == "left" and frame.legend_box is not None  # the run hangs right: the left corner is free
+    assert frame.level_px > tree_frame(deep_run_event(depth, second_run=True)).level_px  # more room than below
+    markers = dict((n, m) for m, n in _marker_boxes(ev, layout, frame))
+    assert not boxes_overlap(markers[BONUS_NODE], markers[ev.accepted[-1]])
+    run = ev.accepted[2:]
+    assert all(not boxes_overlap(markers[a], markers[b]) for a, b in zip(run, run[1:]))  # beads, not one bar
+    assert MIN_MARKER <= frame.marker_size("accepted") <= 22 and (depth < 16 or frame.marker_size("accepted") < 22)
+    boxes = label_boxes(ev, words_of)
+    assert {*ev.accepted, BONUS_NODE} <= {b.node for b in boxes}
+    for i, a in enumerate(boxes):
+        assert frame.inside(a) and not boxes_overlap(a, frame.legend_box)
+        assert all(not boxes_overlap(a, b) for b in boxes[i + 1:]), a
+        assert all(not boxes_overlap(a, m) for n, m in markers.items() if n != a.node), a
+    assert not any(boxes_overlap(frame.legend_box, m) for m in markers.values())
+    fig = tree_figure(ev, words_of)
+    assert fig.layout["legend"]["orientation"] == "v" and fig.layout["legend"]["xanchor"] == "left"
+    assert {t["marker"]["size"] for t in node_traces(fig).values()} <= {frame.marker_size(g) for g in
+                                                                         ("root", "accepted", "rejected", "bonus")}
+    fig.to_plotly()
+
+
+def test_a_tree_keeps_its_legend_below_when_its_levels_have_room_or_no_corner_is_free():
+    assert tree_frame(paper_tree_event()).legend == "below"  # the paper's tree: 6 levels
+    assert tree_frame(deep_run_event(6)).legend == "below"
+    both = deep_run_event(16, second_run=True)  # runs down both sides
+    frame = tree_frame(both)
+    assert frame.legend == "below" and frame.legend_box is None
+    assert "orientation" not in tree_figure(both, words_of).layout["legend"] or \
+        tree_figure(both, words_of).layout["legend"]["orientation"] == "h"
+
+
 def test_the_tree_title_counts_the_tokens_the_step_emitted():
     ev = make_event()
     assert "2 accepted + 1 bonus" in tree_figure(ev, text_of).to_plotly()["layout"]["title"]["text"]

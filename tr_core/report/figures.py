@@ -10,7 +10,7 @@ import json
 import re
 import unicodedata
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Callable, NamedTuple
 
@@ -124,6 +124,10 @@ LINE_EM = 1.2  # height of a one-line label in font sizes
 DESCENT_EM = 0.22  # of which below the baseline
 LABEL_GAP_PX = 2.0  # clearance between labels, markers and the plot area's edges, for the estimate's error
 LEGEND_ROW_PX = 25  # height of a row of the horizontal legend (font MIN_FONT; plotly.js: 1.3 lines + 3 px)
+STACKED_ROW_PX = 25  # ... and of an entry of the legend stacked in a corner of a deep tree's plot
+LEGEND_PAD_PX = 4  # the legend box's border padding
+ROOMY_LEVEL_PX = 26  # px between depths from which a tree keeps its legend under the plot
+MIN_MARKER = 9  # px: the smallest marker of a deep tree's nodes
 TREE_HEIGHT = 400  # px of the tree's figure (the presentation view gives it a 400 px cell of a 720 px screen)
 TREE_WIDTH = 640  # assumed width of the tree's plot in px (the studio lets it fill its column; wider is safe)
 
@@ -149,6 +153,17 @@ class PlotFrame:
     margin: tuple[int, int, int, int]
     x_range: tuple[float, float]
     y_range: tuple[float, float]
+    legend: str = "below"  # where the legend goes: under the plot, or inside it in its "left" or "right" corner
+    legend_box: tuple[float, ...] | None = None  # px box of a legend inside the plot (kept free of labels)
+
+    @property
+    def level_px(self) -> float:
+        """Px between two depths of the tree (one y unit)."""
+        return (self.height - self.margin[2] - self.margin[3]) / (self.y_range[1] - self.y_range[0])
+
+    def marker_size(self, group: str) -> float:
+        """A node group's marker px in this frame (marker_px)."""
+        return marker_px(group, self.level_px)
 
     def px(self, x: float, y: float) -> tuple[float, float]:
         """Data coordinates -> px from the figure's top-left corner (y grows downward)."""
@@ -163,6 +178,12 @@ class PlotFrame:
         return box[0] >= left and box[1] >= top and box[2] <= self.width - right and box[3] <= self.height - bottom
 
 
+def marker_px(group: str, level_px: float) -> float:
+    """A node group's marker px: NODE_GROUPS' size, smaller where levels are `level_px` apart and closer than that
+    (a deep tree), so that a long run reads as a chain of beads rather than one bar; never under MIN_MARKER."""
+    return min(NODE_GROUPS[group]["size"], max(MIN_MARKER, level_px - 3))
+
+
 def tree_legend_names(ev: StepEvent) -> list[str]:
     """The legend entries tree_figure shows for a step, in order (their rows set the figure's bottom margin)."""
     names = [NODE_GROUPS[g]["name"] for g in ("rejected", "root", "accepted")]
@@ -172,10 +193,56 @@ def tree_legend_names(ev: StepEvent) -> list[str]:
 
 
 def tree_frame(ev: StepEvent, width: int = TREE_WIDTH, height: int = TREE_HEIGHT) -> PlotFrame:
-    """The tree figure's geometry: margins that hold the title and the legend, ranges that hold every node."""
-    legend = legend_height(tree_legend_names(ev), width - 20, grouped=_has_retrieved(ev))
+    """The tree figure's geometry: margins that hold the title and the legend, ranges that hold every node.
+
+    The legend goes under the plot; a deep tree (levels closer than ROOMY_LEVEL_PX) takes that room for its levels
+    when the legend, stacked, fits in a bottom corner of the plot that no node or edge reaches (a long copied run
+    hangs down one side, leaving the other corner empty)."""
+    names = tree_legend_names(ev)
     depth = max(ev.depths) if ev.depths else 0
-    return PlotFrame(width, height, (10, 10, 44, 14 + legend), (-0.08, 1.03), (-depth - 0.9, 0.6))
+    x_range = (-0.08, 1.03)
+    bottom = 14 + legend_height(names, width - 20, grouped=_has_retrieved(ev))
+    below = PlotFrame(width, height, (10, 10, 44, bottom), x_range, _y_range(depth, height - 44 - bottom))
+    if below.level_px >= ROOMY_LEVEL_PX or not ev.tokens:
+        return below
+    inside = PlotFrame(width, height, (10, 10, 44, 14), x_range, _y_range(depth, height - 44 - 14))
+    layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
+    for corner in ("left", "right"):
+        box = stacked_legend_box(names, inside, corner)
+        if _corner_is_free(ev, layout, inside, box):
+            return replace(inside, legend=corner, legend_box=box)
+    return below
+
+
+def _y_range(depth: int, plot_px: float) -> tuple[float, float]:
+    """The y axis range of a tree `depth` levels deep in a plot `plot_px` tall: 0.6 levels over the root and 0.9
+    under the deepest level, or more where levels are close, so that the root's label and a bonus label beside a
+    star under the deepest node (bonus_drop) stay inside the plot."""
+    # a middle label's top, 0.73 of a font size above its marker's centre (_label_box), as a share of the plot
+    half = ((LINE_EM - DESCENT_EM - 0.25) * MIN_FONT + LABEL_GAP_PX) / max(plot_px, 1.0)
+    top, under = 0.6, 0.9
+    for _ in range(8):  # a fixed point: the pads grow with the levels they make closer (half << 1: it converges)
+        levels = top + depth + under
+        top, under = max(0.6, half * levels), max(0.9, bonus_drop(plot_px / levels) + half * levels)
+    return -depth - under, top
+
+
+def stacked_legend_box(names: list[str], frame: PlotFrame, corner: str) -> tuple[float, ...]:
+    """The px box of the legend stacked one entry a row (font MIN_FONT) in a bottom corner of the plot area."""
+    left, right, top, bottom = frame.margin
+    w = 40 + max(text_width(name, MIN_FONT) for name in names) + 2 * LEGEND_PAD_PX
+    h = len(names) * STACKED_ROW_PX + 2 * LEGEND_PAD_PX
+    x0 = left if corner == "left" else frame.width - right - w
+    return x0, frame.height - bottom - h, x0 + w, frame.height - bottom
+
+
+def _corner_is_free(ev: StepEvent, layout: TreeLayout, frame: PlotFrame, box: tuple[float, ...]) -> bool:
+    """Whether no marker (the bonus star's too) and no edge of the tree comes into a legend's box."""
+    if any(boxes_overlap(box, m, LABEL_GAP_PX) for m, _ in _marker_boxes(ev, layout, frame)):
+        return False
+    edges = [(*frame.px(layout.x[p], layout.y[p]), *frame.px(layout.x[i], layout.y[i]))
+             for i, p in enumerate(ev.parents) if p >= 0]
+    return not any(segment_crosses(box, seg) for seg in edges)
 
 
 def legend_height(names: list[str], plot_width: float, grouped: bool = False) -> int:
@@ -206,13 +273,31 @@ def text_width(text: str, size: float) -> float:
     return size * sum(em(c) for c in text)
 
 
-def _bonus_xy(ev: StepEvent, layout: TreeLayout) -> tuple[float, float]:
-    """Where the bonus star sits: just under the end of the accepted path."""
+BONUS_DROP = 0.55  # levels from the end of the accepted path down to the bonus star
+
+
+def bonus_drop(level_px: float) -> float:
+    """Levels from the end of the accepted path down to the bonus star: BONUS_DROP, or as far as keeps the star
+    clear of that node's marker where the levels are close (a deep tree's smaller markers, PlotFrame.marker_size)."""
+    clear = (marker_px("bonus", level_px) + marker_px("accepted", level_px)) / 2 + LABEL_GAP_PX
+    return max(BONUS_DROP, clear / max(level_px, 1.0))
+
+
+def _bonus_xy(ev: StepEvent, layout: TreeLayout, frame: PlotFrame) -> tuple[float, float]:
+    """Where the bonus star sits: under the end of the accepted path, clear of its marker (bonus_drop). Where that
+    node is not the deepest and the levels are close, the star goes BONUS_DROP down and aside toward the middle
+    instead, rather than onto a draft below."""
     last = ev.accepted[-1] if ev.accepted else 0
-    return layout.x[last], layout.y[last] - 0.55
+    x, y, drop = layout.x[last], layout.y[last], bonus_drop(frame.level_px)
+    if drop == BONUS_DROP or ev.depths[last] == max(ev.depths):
+        return x, y - drop
+    clear = (frame.marker_size("bonus") + frame.marker_size("accepted")) / 2 + LABEL_GAP_PX  # px apart
+    x_per_px = (frame.x_range[1] - frame.x_range[0]) / (frame.width - frame.margin[0] - frame.margin[1])
+    return x + (1 if x <= 0.5 else -1) * clear * x_per_px, y - BONUS_DROP
 
 
-def _label_wishes(ev: StepEvent, layout: TreeLayout, token_text: TokenText) -> list[tuple[int, str, float, float, str]]:
+def _label_wishes(ev: StepEvent, layout: TreeLayout, token_text: TokenText,
+                  frame: PlotFrame) -> list[tuple[int, str, float, float, str]]:
     """Every label the tree could show as (node, group, x, y, visible text), most important first: the root,
     the accepted path, the bonus; then the rejected drafts, likeliest first (by the probability of reaching the
     node where the step has one, else by depth and candidate rank)."""
@@ -223,7 +308,7 @@ def _label_wishes(ev: StepEvent, layout: TreeLayout, token_text: TokenText) -> l
     wishes = [wish(0, "root")] + [wish(i, "accepted") for i in ev.accepted if i != 0]
     if ev.bonus is not None:
         bonus = visible_token(token_text(ev.bonus), LABEL_LEN["bonus"])
-        wishes.append((BONUS_NODE, "bonus", *_bonus_xy(ev, layout), bonus))
+        wishes.append((BONUS_NODE, "bonus", *_bonus_xy(ev, layout, frame), bonus))
     probs = ev.node_probs if ev.node_probs and len(ev.node_probs) == len(ev.tokens) else None
     rest = sorted((i for i in range(1, len(ev.tokens)) if i not in accepted),
                   key=lambda i: (-probs[i] if probs else 0.0, ev.depths[i], ev.ranks[i], i))
@@ -236,7 +321,7 @@ def _label_box(frame: PlotFrame, x: float, y: float, text: str, group: str, posi
     baseline sits 0.75 font sizes below the anchor, less half a line when centred and a line when on top."""
     cx, cy = frame.px(x, y)
     size = NODE_GROUPS[group]["font"]
-    w, r = text_width(text, size), NODE_GROUPS[group]["size"] / 2 / 0.8 + 1
+    w, r = text_width(text, size), frame.marker_size(group) / 2 / 0.8 + 1
     side = -1 if position.startswith("top") else 1 if position.startswith("bottom") else 0
     baseline = cy + 0.75 * size + side * r + (side - 1) * size / 2
     y0, y1 = baseline - (LINE_EM - DESCENT_EM) * size, baseline + DESCENT_EM * size
@@ -253,10 +338,10 @@ def _marker_boxes(ev: StepEvent, layout: TreeLayout, frame: PlotFrame) -> list[t
     spots = [(layout.x[i], layout.y[i], "root" if i == 0 else "accepted" if i in accepted else "rejected", i)
              for i in range(len(ev.tokens))]
     if ev.bonus is not None:
-        spots.append((*_bonus_xy(ev, layout), "bonus", BONUS_NODE))
+        spots.append((*_bonus_xy(ev, layout, frame), "bonus", BONUS_NODE))
     boxes = []
     for x, y, group, node in spots:
-        (cx, cy), half = frame.px(x, y), NODE_GROUPS[group]["size"] / 2
+        (cx, cy), half = frame.px(x, y), frame.marker_size(group) / 2
         boxes.append(((cx - half, cy - half, cx + half, cy + half), node))
     return boxes
 
@@ -304,12 +389,14 @@ def _place_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText, fram
     are always labelled, at their least crowded position; after that a crossing of the accepted path and a covered
     marker of it weigh the same (preferring the crossing had a long copied run's labels cover the run's own
     markers, each pushing the next off its side). A rejected draft without room keeps its text on hover."""
-    wishes = _label_wishes(ev, layout, token_text)
+    wishes = _label_wishes(ev, layout, token_text, frame)
     markers = _marker_boxes(ev, layout, frame)
     path = _path_segments(ev, layout, frame)
     must = {*ev.accepted, BONUS_NODE}  # markers always labelled: covering them costs more than a rejected one
     note = symbol_note([w[4] for w in wishes])
     taken = [_symbol_note_box(frame, note)] if note else []  # reserved: the legend of ␣ and ↵ goes there
+    if frame.legend_box is not None:
+        taken.append(frame.legend_box)  # ... and the legend, in a deep tree's empty corner
     kept: list[LabelBox] = []
     rejected_left = FEW_LABELS if len(ev.tokens) > LARGE_TREE else len(ev.tokens)
     for node, group, x, y, text in wishes:
@@ -359,11 +446,11 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = TREE_
     groups = {"rejected": [i for i in range(1, len(ev.tokens)) if i not in accepted], "root": [0],
               "accepted": [i for i in ev.accepted if i != 0]}
     for group, nodes in groups.items():
-        _add_nodes(fig, ev, layout, token_text, group, nodes, labels, legend_only_by_source=retrieved)
+        _add_nodes(fig, ev, layout, frame, token_text, group, nodes, labels, legend_only_by_source=retrieved)
     if retrieved:
         _add_source_legend(fig, ev)
     if ev.bonus is not None:
-        _add_bonus(fig, ev, layout, token_text, labels[BONUS_NODE])
+        _add_bonus(fig, ev, layout, frame, token_text, labels[BONUS_NODE])
     _frame_tree(fig, frame, symbol_note([box.text for box in labels.values()]))
     bonus = 1 if ev.bonus is not None else 0
     n_acc = len(ev.emitted) - bonus  # emitted: an end-of-turn token or the length limit can cut the accepted path
@@ -429,6 +516,10 @@ def _frame_tree(fig: Figure, frame: PlotFrame, note: str) -> None:
     fig.layout["margin"] = dict(l=left, r=right, t=top, b=bottom)
     fig.layout["xaxis"]["range"] = list(frame.x_range)
     fig.layout["yaxis"]["range"] = list(frame.y_range)
+    if frame.legend != "below":  # stacked in the plot's empty bottom corner (tree_frame)
+        fig.layout["legend"] = dict(orientation="v", x=0 if frame.legend == "left" else 1, xanchor=frame.legend,
+                                    y=0, yanchor="bottom", tracegroupgap=0, borderwidth=0, font=dict(size=MIN_FONT),
+                                    bgcolor="rgba(255,255,255,0.85)")
     if note:
         fig.layout["annotations"] = [dict(text=note, showarrow=False, xref="paper", yref="paper", x=1, y=1,
                                           xanchor="right", yanchor="top", font=dict(size=MIN_FONT, color=REJECTED_TEXT))]
@@ -480,8 +571,8 @@ def _add_edges(fig: Figure, ev: StepEvent, layout: TreeLayout) -> None:
                 line=dict(color=ACCEPTED_COLOUR if on_path else EDGE_COLOUR, width=4 if on_path else 1))
 
 
-def _add_nodes(fig: Figure, ev: StepEvent, layout: TreeLayout, token_text: TokenText, group: str, nodes: list[int],
-               labels: dict[int, LabelBox], legend_only_by_source: bool = False) -> None:
+def _add_nodes(fig: Figure, ev: StepEvent, layout: TreeLayout, frame: PlotFrame, token_text: TokenText, group: str,
+               nodes: list[int], labels: dict[int, LabelBox], legend_only_by_source: bool = False) -> None:
     """One node trace (root, accepted or rejected): colour by the group, symbol by where each token came from.
 
     Text and its position per node come from the label placement (`labels`); a node without a label shows its
@@ -497,7 +588,8 @@ def _add_nodes(fig: Figure, ev: StepEvent, layout: TreeLayout, token_text: Token
             name=style["name"], text=[labels[i].text if i in labels else "" for i in nodes],
             textposition=[labels[i].position if i in labels else LABEL_POSITIONS[group][0] for i in nodes],
             textfont=dict(size=style["font"], color=style["text"], shadow="auto"),
-            marker=dict(color=style["color"], size=style["size"], symbol=symbol, line=dict(color="white", width=1.5)),
+            marker=dict(color=style["color"], size=frame.marker_size(group), symbol=symbol,
+                        line=dict(color="white", width=1.5)),
             hovertext=[_node_hover(ev, i, token_text) for i in nodes], hoverinfo="text", customdata=nodes)
     if legend_only_by_source:
         fig.traces[-1].update(legendgroup=group, showlegend=False)
@@ -567,15 +659,17 @@ def _add_source_legend(fig: Figure, ev: StepEvent) -> None:
                                 line=dict(color=SHAPE_LEGEND, width=2)))
 
 
-def _add_bonus(fig: Figure, ev: StepEvent, layout: TreeLayout, token_text: TokenText, label: LabelBox) -> None:
+def _add_bonus(fig: Figure, ev: StepEvent, layout: TreeLayout, frame: PlotFrame, token_text: TokenText,
+               label: LabelBox) -> None:
     """The bonus token: an amber star under the end of the accepted path, joined by a dotted edge."""
     last = ev.accepted[-1] if ev.accepted else 0
-    (bx, by), style = _bonus_xy(ev, layout), NODE_GROUPS["bonus"]
+    (bx, by), style = _bonus_xy(ev, layout, frame), NODE_GROUPS["bonus"]
     fig.add(type="scatter", x=[layout.x[last], bx], y=[layout.y[last], by], mode="lines", hoverinfo="skip",
             showlegend=False, line=dict(color=BONUS_COLOUR, width=3, dash="dot"))
     fig.add(type="scatter", x=[bx], y=[by], mode="markers+text", name=style["name"], text=[label.text],
             textposition=label.position, textfont=dict(size=style["font"], color=style["text"], shadow="auto"),
-            marker=dict(color=style["color"], size=style["size"], symbol="star", line=dict(color="white", width=1)),
+            marker=dict(color=style["color"], size=frame.marker_size("bonus"), symbol="star",
+                        line=dict(color="white", width=1)),
             hovertext=[f"<b>bonus</b> {html.escape(repr(token_text(ev.bonus)))}<br>id {ev.bonus}"], hoverinfo="text")
 
 
