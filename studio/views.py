@@ -55,15 +55,19 @@ def marked_chat(display: list[dict[str, str]], trace: Trace, step: int, colour: 
     return chat
 
 
-def story_html(text: str = STORY_PLACEHOLDER) -> str:
-    """The step story (plain text, which may quote tokens from a model or a trace) as escaped HTML."""
+def story_html(text: str = STORY_PLACEHOLDER, brief: str | None = None) -> str:
+    """The step story (plain text, which may quote tokens from a model or a trace) as escaped HTML; with `brief`,
+    also its brief version, which the presentation view shows instead (assets/studio.css)."""
     head = '<span class="tr-story-head">This step:</span> ' if text != STORY_PLACEHOLDER else ""
-    return f'<div class="tr-story">{head}{html.escape(text)}</div>'
+    if brief is None:
+        return f'<div class="tr-story">{head}{html.escape(text)}</div>'
+    return (f'<div class="tr-story"><div class="tr-story-full">{head}{html.escape(text)}</div>'
+            f'<div class="tr-story-brief">{head}{html.escape(brief)}</div></div>')
 
 
 def step_story_view(ev: StepEvent, token_text: Callable[[int], str], before: dict[int, list[int]] | None) -> str:
-    """The story of one step for the page (see tr_core.report.story.step_story)."""
-    return story_html(step_story(ev, token_text, before))
+    """The story of one step for the page, full and brief (see tr_core.report.story.step_story)."""
+    return story_html(step_story(ev, token_text, before), step_story(ev, token_text, before, brief=True))
 
 
 def step_views(trace: Trace, step: int, cost: CostCurve | None = None) -> dict[str, Any]:

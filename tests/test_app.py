@@ -454,7 +454,9 @@ def test_the_step_story_follows_live_steps_slow_motion_replay_and_loaded_traces(
     assert "<img" not in story and "&lt;img␣src=x␣…" in story  # token text from a trace is escaped
     other = Session(engine=FakeEngine(), k=8)
     view = h.load_trace(studio, other, str(session.trace.save(tmp_path / "t.json")))
-    assert view["story"].count("drafted") == 1 and "&lt;img" in view["story"]
+    full, brief = view["story"].split('<div class="tr-story-brief">')  # the page's story, then the presentation's
+    assert full.count("drafted") == 1 and brief.count("drafted") == 1 and "&lt;img" in full and "&lt;img" in brief
+    assert "row new)" in full and "new)" not in brief  # the brief one leaves the microscope's details out
 
 
 def test_export_replay_writes_one_html_file_for_the_last_answer():

@@ -157,3 +157,33 @@ def test_a_token_drafted_twice_is_said_to_share_one_row():
     story = step_story(ev, lambda t: f"w{t}", {})
     assert "It wrote 3 rows of the matrix back from this forward's candidates (one per distinct token of its 4, 3 rows new)" in story
     assert "candidates (one per distinct token of its 4); the row of" in step_story(ev, lambda t: f"w{t}", None)
+
+
+def test_the_brief_story_keeps_the_step_and_drops_the_details_the_microscope_has():
+    """The presentation view's story: the same step, what the model agreed with and the row it rewrote, without
+    the rows' writers, the new-row count or a long list of quoted tokens; short enough for its panel's 7 lines at
+    17 px (about 80 characters a line) even at its longest: every source, long tokens, many accepted."""
+    from tr_core.context import LIBRARY
+
+    long_vocab = lambda t: f"␣longtok{t:03d}"  # noqa: E731  (11 characters: shown whole, no cut)
+    n = 25
+    parents = [-1, 0, 0, *range(2, n - 1)]
+    ev = StepEvent(step=122, position=400, tokens=list(range(n)), parents=parents,
+                   depths=[0, 1, *range(1, n - 1)], ranks=[-1, 0, 1, *[8] * (n - 3)], accepted=[0, *range(2, n)],
+                   emitted=[*range(2, n), 99], bonus=99, timings={"total": 9.0},
+                   sources=["root", "matrix", "both", "matrix", *["context"] * (n - 4)],
+                   origins=["", "", f"copied from {LIBRARY}, its 3rd token", "",
+                            *["copied from this answer, its 9th token"] * (n - 5), f"copied from {LIBRARY}"],
+                   written=[(0, 3)] * n, rows_read=[0, 1, 2, 3], rows_read_values=[[5]] * 4,
+                   matrix_rows=list(range(n)), matrix_values=[[7]] * n, matrix_probs=[[0.5]] * n)
+    before = {0: [8]}
+    full = step_story(ev, long_vocab, before)
+    brief = step_story(ev, long_vocab, before, brief=True)
+    assert "written by step 4" in full and "new)" in full and full.count("'␣longtok") > 6
+    assert "written by" not in brief and "new)" not in brief and " rows it read" not in brief
+    assert brief.startswith("Step 123 drafted 24 tokens after '␣longtok000': ")
+    assert "The model agreed with 23 ('␣longtok002', '␣longtok003' and 21 more)" in brief
+    assert "(it started with '␣longtok005' before)" in brief  # the recycling itself stays (row 0 as read)
+    assert len(brief) <= 560, (len(brief), brief)
+    plain = make_event(4)
+    assert step_story(plain, text_of, brief=True).startswith(step_story(plain, text_of)[:60])

@@ -14,6 +14,7 @@ from .figures import copy_place, display_token, node_source, row_is_empty
 
 TokenText = Callable[[int], str]
 MAX_QUOTED = 6  # accepted tokens quoted one by one; more are counted
+BRIEF_QUOTED = 2  # ... in the brief story (the presentation view, whose tree labels the accepted path)
 COPIED = ("context", "both")  # node sources that were copied from the context
 
 
@@ -27,18 +28,20 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def step_story(ev: StepEvent, token_text: TokenText, matrix_before: dict[int, list[int]] | None = None) -> str:
+def step_story(ev: StepEvent, token_text: TokenText, matrix_before: dict[int, list[int]] | None = None,
+               brief: bool = False) -> str:
     """Two or three sentences on one step: the draft, what the model accepted and the bonus, the matrix write-back.
 
     `matrix_before` (row token -> its candidates before this step, as `MatrixTracker.update` returns them) lets the
     last sentence say which rows are new and what a rewritten row started with before; without it the story says
-    what it can.
+    what it can. `brief` leaves out the parenthetical counts (which rows, written by which steps; rows new or
+    shared) and quotes fewer tokens: the presentation view's panel holds a few lines; the microscope has them.
     """
     if len(ev.tokens) <= 1:
         parts = [_plain_sentence(ev, token_text)]
     else:
-        parts = [_draft_sentence(ev, token_text), _verify_sentence(ev, token_text)]
-    parts.append(_write_sentence(ev, token_text, matrix_before))
+        parts = [_draft_sentence(ev, token_text, brief), _verify_sentence(ev, token_text, brief)]
+    parts.append(_write_sentence(ev, token_text, matrix_before, brief))
     return " ".join(p for p in parts if p)
 
 
@@ -53,7 +56,7 @@ def _plain_sentence(ev: StepEvent, token_text: TokenText) -> str:
     return f"{head}, so the forward gave one token, the model's own {own}."
 
 
-def _draft_sentence(ev: StepEvent, token_text: TokenText) -> str:
+def _draft_sentence(ev: StepEvent, token_text: TokenText, brief: bool = False) -> str:
     """How many tokens were drafted after the root and where each came from: read from the adjacency matrix (from
     how many rows, written by which steps), copied from the conversation or the warm-start answers, or found in
     both."""
@@ -70,20 +73,25 @@ def _draft_sentence(ev: StepEvent, token_text: TokenText) -> str:
     if from_matrix:
         rows = {ev.tokens[ev.parents[i]] for i in from_matrix}
         writers = _writers(ev, from_matrix)
-        where = f"{_count(len(rows), 'row')} of the adjacency matrix" + (f" (written by {writers})" if writers else "")
         if not copied and not both:
+            where = f"{_count(len(rows), 'row')} of the adjacency matrix" + (f" (written by {writers})" if writers else "")
             return f"{head}, read from {where}."
-        # "both" nodes' rows are read too (the microscope lists every row read): say how many of those these are
-        read = len(set(ev.rows_read) | rows)
-        rows_of = (_count(len(rows), "row") if read <= len(rows) else f"{len(rows)} of the {read} rows it read")
-        rows_of += f", written by {writers}" if writers else ""
-        parts.append(f"{len(from_matrix)} read from the adjacency matrix alone ({rows_of})")  # "both" are not counted
+        alone = f"{len(from_matrix)} read from the adjacency matrix alone"  # "both" nodes are not counted here
+        parts.append(alone if brief else f"{alone} ({_rows_of(ev, rows, writers)})")
     if copied:
         parts.append(f"{copied} copied from {copy_place(ev, copies)}")
     if both:
         found = copy_place(ev, [i for i in nodes if source[i] == "both"])
         parts.append(f"{both} found both in a matrix row and in {found}")
     return f"{head}: {_listed(parts)}."
+
+
+def _rows_of(ev: StepEvent, rows: set[int], writers: str) -> str:
+    """'3 of the 4 rows it read, written by steps 2 and 5': the rows behind the matrix-only drafts, among every row
+    the step read ("both" nodes' rows too: the microscope lists them all)."""
+    read = len(set(ev.rows_read) | rows)
+    rows_of = _count(len(rows), "row") if read <= len(rows) else f"{len(rows)} of the {read} rows it read"
+    return rows_of + (f", written by {writers}" if writers else "")
 
 
 def _writers(ev: StepEvent, nodes: list[int]) -> str:
@@ -111,14 +119,15 @@ def _listed(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _verify_sentence(ev: StepEvent, token_text: TokenText) -> str:
+def _verify_sentence(ev: StepEvent, token_text: TokenText, brief: bool = False) -> str:
     """What the model agreed with, and the bonus token (or why the step has none)."""
     agreed = [ev.tokens[i] for i in ev.accepted[1:]]
     if not agreed:
         head = "The model agreed with none of them"
     else:
-        shown = ", ".join(quoted(token_text(t)) for t in agreed[:MAX_QUOTED])
-        more = f" and {len(agreed) - MAX_QUOTED} more" if len(agreed) > MAX_QUOTED else ""
+        most = BRIEF_QUOTED if brief else MAX_QUOTED
+        shown = ", ".join(quoted(token_text(t)) for t in agreed[:most])
+        more = f" and {len(agreed) - most} more" if len(agreed) > most else ""
         head = f"The model agreed with {len(agreed)} ({shown}{more})"
     if ev.bonus is None:
         end = quoted(token_text(ev.emitted[-1])) if ev.emitted else "its start"
@@ -135,7 +144,8 @@ def _read_rows(ev: StepEvent) -> dict[int, list[int]]:
     return {row: values for row, values, probs, _ in ev.rows_before_step() if not row_is_empty(values, probs)}
 
 
-def _write_sentence(ev: StepEvent, token_text: TokenText, before: dict[int, list[int]] | None) -> str:
+def _write_sentence(ev: StepEvent, token_text: TokenText, before: dict[int, list[int]] | None,
+                    brief: bool = False) -> str:
     """How many matrix rows the step rewrote, and one example: the root's row (the one the next draft reads first)."""
     rows = ev.matrix_rows
     if not rows:
@@ -143,15 +153,16 @@ def _write_sentence(ev: StepEvent, token_text: TokenText, before: dict[int, list
     j = rows.index(ev.tokens[0]) if ev.tokens and ev.tokens[0] in rows else 0
     row, values = rows[j], ev.matrix_values[j] if j < len(ev.matrix_values) else []
     head = f"It wrote {_count(len(rows), 'row')} of the matrix back from this forward's candidates"
-    shared = len(rows) == len(set(ev.tokens)) < len(ev.tokens)  # a token drafted at several nodes has one row
-    if shared:  # "25 tokens verified, 23 rows written" must not read as two rows lost
-        head += f" (one per distinct token of its {len(ev.tokens)}"
-        head += ")" if before is None else ","
+    notes = []
+    if len(rows) == len(set(ev.tokens)) < len(ev.tokens):  # "25 tokens verified, 23 rows written": none lost
+        notes.append(f"one per distinct token of its {len(ev.tokens)}")  # a token drafted at several nodes: one row
     if before is not None:
         before = {**before, **_read_rows(ev)}  # as the microscope counts: a row this step read is not new
         new = sum(1 for r in rows if r not in before)
-        opening = " " if shared else " ("
-        head += f"{opening}{_count(new, 'row')} new)" if new else f"{opening}no row new)"  # rows, not candidates
+        if not brief:
+            notes.append(f"{_count(new, 'row')} new" if new else "no row new")  # rows, not candidates
+    if notes:
+        head += f" ({', '.join(notes)})"
     if not values:
         return head + "."
     example = f"the row of {quoted(token_text(row))} now starts with {quoted(token_text(values[0]))}"
