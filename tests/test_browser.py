@@ -548,7 +548,7 @@ def test_race_fills_both_panes_at_their_recorded_pace_and_ends_complete(app_brow
         context.close()
 
 
-def test_a_deep_trees_legend_and_labels_land_where_the_figure_placed_them(tmp_path):
+def test_a_deep_trees_legend_and_labels_land_where_the_figure_placed_them(app_browser, tmp_path):
     """Plotly.js draws the stacked legend of a deep copied run inside the box tree_frame reserved for it (labels
     keep out of that box), and no label drawn overlaps another or the legend."""
     from test_figures import deep_run_event, words_of
@@ -561,15 +561,16 @@ def test_a_deep_trees_legend_and_labels_land_where_the_figure_placed_them(tmp_pa
     fig.update_layout(width=TREE_WIDTH)
     page_file = tmp_path / "tree.html"
     fig.write_html(page_file, include_plotlyjs=True, full_html=True, config={"displayModeBar": False})
-    with playwright_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        page = browser.new_page(viewport={"width": TREE_WIDTH + 40, "height": 460})
+    context = app_browser[1].new_context(viewport={"width": TREE_WIDTH + 40, "height": 460})  # its Chromium only
+    try:
+        page = context.new_page()
         page.goto(page_file.as_uri())
         page.wait_for_selector(".legend .bg")
         svg = page.locator(".main-svg").first.bounding_box()
         legend = page.locator(".legend .bg").first.bounding_box()
         texts = [b for b in (t.bounding_box() for t in page.locator(".scatterlayer .textpoint text").all()) if b]
-        browser.close()
+    finally:
+        context.close()
     box = frame.legend_box
     drawn = (legend["x"] - svg["x"], legend["y"] - svg["y"], legend["x"] - svg["x"] + legend["width"],
              legend["y"] - svg["y"] + legend["height"])
