@@ -27,9 +27,9 @@ from .config import StudioConfig
 from .models import REFUSED, ModelCatalog, ModelRefused, label
 from .session import DECODE_SLOT, InputError, PausingEngine, Session, SlotAbandoned, clean_text, decode_slot, take_slot
 from .views import (MEASURE_HINT, RACE_WAIT, STOPPED_HINT, CostCurve, best_step, blank_views, coloured_answer,
-                    cost_html, coverage_note, decoding_html, left_out_note, live_meter, marked_chat, matrix_info,
-                    measured_meter, message, meter_curve, microscope_html, race_html, replay_slider, step_story_view,
-                    step_views, trace_meter)
+                    cost_html, coverage_note, decoding_html, done_status, left_out_note, live_meter, marked_chat,
+                    matrix_info, measured_meter, message, meter_curve, microscope_html, race_html, replay_slider,
+                    step_story_view, step_views, trace_meter)
 
 RENDER_EVERY_S = 0.25  # redraw figures at most this often while streaming
 LIMITS = dict(max_new_tokens=(1, 1024), temperature=(0.0, 2.0), top_p=(0.05, 1.0), top_k=(0, 1000), seed=(0, 2**31 - 1),
@@ -490,7 +490,7 @@ def was_cut(trace: Trace) -> bool:
 
 def _final_view(s: Session, trace: Trace, settings: ChatSettings, notes: list[str], compared: bool) -> dict:
     """The view after an answer: its best step, the meter, the replay slider and the trace download."""
-    view = {"chat": s.display, "status": "  \n".join(notes) or "✓ Done.", "matrix": matrix_info(s.engine, s.k)}
+    view = {"chat": s.display, "status": done_status(notes, trace), "matrix": matrix_info(s.engine, s.k)}
     if not trace.steps:
         return view
     best = best_step(trace)
@@ -530,7 +530,7 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
     trace.speed = dataclasses.asdict(est)
     note = measure_note(est, trace.summary.new_tokens, stopped=stop.is_set())
     view = {"meter": measured_meter(est, note=note, answer_mean=answer_mean, answer_tokens=trace.summary.new_tokens),
-            "status": "  \n".join(notes) or "✓ Done.",
+            "status": done_status(notes, trace),
             "race": race_html(trace), "trace_file": str(trace.save(s.files() / "trace.json")),
             # the cost panel's estimate follows the meter: withheld once it says "too noisy"
             "cost": cost_html(trace.steps[best_step(trace)], cost_curve(s, trace), trace)}

@@ -375,6 +375,19 @@ def best_step(trace: Trace) -> int:
     return max(range(len(trace.steps)), key=lambda i: (len(trace.steps[i].emitted), i))
 
 
+def done_status(notes: list[str], trace: Trace) -> str:
+    """The status after an answer: its notes, else done, and which step the page shows (best_step): a reader who
+    counts the answer's steps (tokens / tokens per step) then knows why the tree shows another than the last."""
+    if notes:
+        return "  \n".join(notes)
+    if not trace.steps:
+        return "✓ Done."
+    best = best_step(trace)
+    gained = len(trace.steps[best].emitted)
+    return (f"✓ Done. Showing step {best + 1} of {len(trace.steps)}, the one that gained the most tokens "
+            f"({gained}).")
+
+
 def live_meter(trace: Trace, measured_after: bool = True) -> str:
     """The meter while an answer streams: Token Recycling's own speed, no ratio yet (`measured_after`: the speedup
     is measured once the answer ends)."""

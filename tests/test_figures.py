@@ -485,6 +485,14 @@ def test_the_chart_credits_the_answers_accepted_drafts_to_their_source():
     assert text == (f"accepted drafts: {len(path) - min(len(path), 2)} from the matrix, 1 copied, "
                     f"{1 if len(path) > 1 else 0} both")
     assert text in accepted_chart_explained([hybrid]).layout["xaxis"]["title"]["text"]
+    # the answer's last step accepted its whole path, but the end-of-turn token cut it after the first draft: the
+    # credits count the drafts the answer holds (the chart's bars), as many as its tokens less one bonus a step
+    cut = make_event(3)
+    cut.emitted, cut.bonus = cut.emitted[:1], None
+    steps = events + [cut]
+    credited = int(draft_credit(steps).split(": ")[1].split(",")[0])
+    assert credited == sum(len(e.emitted) - (e.bonus is not None) for e in steps) == accepted + 1
+    assert len(cut.accepted) - 1 > 1  # the path it accepted was longer than what it emitted
 
 
 def test_the_meters_speeds_divide_to_its_ratio_as_shown():

@@ -128,6 +128,9 @@ STACKED_ROW_PX = 25  # ... and of an entry of the legend stacked in a corner of 
 LEGEND_PAD_PX = 4  # the legend box's border padding
 ROOMY_LEVEL_PX = 26  # px between depths from which a tree keeps its legend under the plot
 MIN_MARKER = 9  # px: the smallest marker of a deep tree's nodes
+BEAD_GAP_PX = 8  # px left between the markers of two levels, where the edge joining them shows
+STAR_GAP_PX = 6  # px between the bonus star and the last accepted node, where the dotted edge shows
+LEGEND_CHAR_EM = 0.5  # width of a legend character in font sizes (its lowercase text: measured 0.44 in Chromium)
 TREE_HEIGHT = 400  # px of the tree's figure (the presentation view gives it a 400 px cell of a 720 px screen)
 TREE_WIDTH = 640  # assumed width of the tree's plot in px (the studio lets it fill its column; wider is safe)
 
@@ -181,7 +184,7 @@ class PlotFrame:
 def marker_px(group: str, level_px: float) -> float:
     """A node group's marker px: NODE_GROUPS' size, smaller where levels are `level_px` apart and closer than that
     (a deep tree), so that a long run reads as a chain of beads rather than one bar; never under MIN_MARKER."""
-    return min(NODE_GROUPS[group]["size"], max(MIN_MARKER, level_px - 3))
+    return min(NODE_GROUPS[group]["size"], max(MIN_MARKER, level_px - BEAD_GAP_PX))
 
 
 def tree_legend_names(ev: StepEvent) -> list[str]:
@@ -230,7 +233,7 @@ def _y_range(depth: int, plot_px: float) -> tuple[float, float]:
 def stacked_legend_box(names: list[str], frame: PlotFrame, corner: str) -> tuple[float, ...]:
     """The px box of the legend stacked one entry a row (font MIN_FONT) in a bottom corner of the plot area."""
     left, right, top, bottom = frame.margin
-    w = 40 + max(text_width(name, MIN_FONT) for name in names) + 2 * LEGEND_PAD_PX
+    w = 40 + LEGEND_CHAR_EM * MIN_FONT * max(len(name) for name in names) + 2 * LEGEND_PAD_PX
     h = len(names) * STACKED_ROW_PX + 2 * LEGEND_PAD_PX
     x0 = left if corner == "left" else frame.width - right - w
     return x0, frame.height - bottom - h, x0 + w, frame.height - bottom
@@ -279,7 +282,7 @@ BONUS_DROP = 0.55  # levels from the end of the accepted path down to the bonus 
 def bonus_drop(level_px: float) -> float:
     """Levels from the end of the accepted path down to the bonus star: BONUS_DROP, or as far as keeps the star
     clear of that node's marker where the levels are close (a deep tree's smaller markers, PlotFrame.marker_size)."""
-    clear = (marker_px("bonus", level_px) + marker_px("accepted", level_px)) / 2 + LABEL_GAP_PX
+    clear = (marker_px("bonus", level_px) + marker_px("accepted", level_px)) / 2 + STAR_GAP_PX
     return max(BONUS_DROP, clear / max(level_px, 1.0))
 
 
@@ -291,7 +294,7 @@ def _bonus_xy(ev: StepEvent, layout: TreeLayout, frame: PlotFrame) -> tuple[floa
     x, y, drop = layout.x[last], layout.y[last], bonus_drop(frame.level_px)
     if drop == BONUS_DROP or ev.depths[last] == max(ev.depths):
         return x, y - drop
-    clear = (frame.marker_size("bonus") + frame.marker_size("accepted")) / 2 + LABEL_GAP_PX  # px apart
+    clear = (frame.marker_size("bonus") + frame.marker_size("accepted")) / 2 + STAR_GAP_PX  # px apart
     x_per_px = (frame.x_range[1] - frame.x_range[0]) / (frame.width - frame.margin[0] - frame.margin[1])
     return x + (1 if x <= 0.5 else -1) * clear * x_per_px, y - BONUS_DROP
 
@@ -519,6 +522,7 @@ def _frame_tree(fig: Figure, frame: PlotFrame, note: str) -> None:
     if frame.legend != "below":  # stacked in the plot's empty bottom corner (tree_frame)
         fig.layout["legend"] = dict(orientation="v", x=0 if frame.legend == "left" else 1, xanchor=frame.legend,
                                     y=0, yanchor="bottom", tracegroupgap=0, borderwidth=0, font=dict(size=MIN_FONT),
+                                    itemsizing="constant",  # a deep tree's smaller markers: the legend's stay
                                     bgcolor="rgba(255,255,255,0.85)")
     if note:
         fig.layout["annotations"] = [dict(text=note, showarrow=False, xref="paper", yref="paper", x=1, y=1,
@@ -848,8 +852,8 @@ def draft_credit(events: list[StepEvent]) -> str:
     """Where the answer's accepted drafts came from, counted over its steps: "accepted drafts: 23 from the matrix,
     41 copied, 12 both" (hybrid trees), or "accepted drafts: 23, all from the matrix" (the others)."""
     counts = {"matrix": 0, "context": 0, "both": 0}
-    for ev in events:
-        for i in ev.accepted[1:]:
+    for ev in events:  # the drafts the step emitted: an end-of-turn token or the length limit can cut the path
+        for i in ev.accepted[1:1 + len(ev.emitted) - (ev.bonus is not None)]:
             source = node_source(ev, i) or "matrix"
             counts[source if source in counts else "matrix"] += 1
     if not counts["context"] and not counts["both"]:
@@ -872,7 +876,7 @@ class Figure(dict):
         return cls(data=[], layout=dict(
             height=height, margin=dict(l=10, r=10, t=44, b=10), paper_bgcolor="white", plot_bgcolor="white",
             font=dict(size=MIN_FONT, color="#1f2937"), hoverlabel=dict(font=dict(size=MIN_FONT)), uirevision="keep",
-            legend=dict(orientation="h", yanchor="top", y=0.0, x=0.0, font=dict(size=MIN_FONT)),
+            legend=dict(orientation="h", yanchor="top", y=0.0, x=0.0, font=dict(size=MIN_FONT), itemsizing="constant"),
             xaxis=dict(visible=False), yaxis=dict(visible=False)))
 
     @property
