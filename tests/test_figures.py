@@ -459,6 +459,9 @@ def test_accepted_chart_and_meter():
     events = [make_event(i) for i in range(3)]
     fig = accepted_chart(events, current=1)
     assert fig.traces[0]["y"] == [3, 3, 3] and fig.traces[0]["marker"]["color"][1] == BONUS_COLOUR
+    (mean,) = fig.layout["annotations"]  # the mean's label: in the right margin, off the bars (a reader misread one)
+    assert mean["text"] == "mean<br>3.00" and mean["x"] >= 1.0 and mean["xanchor"] == "left" and mean["y"] == 3.0
+    assert fig.layout["margin"]["r"] >= 40
     fig.to_plotly()
     assert json.loads(fig.to_json())["data"][0]["type"] == "bar"
     html = meter_html(MeterView(state="measured", tr_tps=30.0, plain_tps=15.0, ratio=2.0, error=0.05,

@@ -819,13 +819,14 @@ def accepted_chart(events: list[StepEvent], current: int | None = None, height: 
     mean = sum(lengths) / len(lengths)
     fig.layout["shapes"] = [dict(type="line", xref="paper", x0=0, x1=1, y0=mean, y1=mean,
                                  line=dict(color=ROOT_COLOUR, dash="dash", width=2))]
-    fig.layout["annotations"] = [dict(text=f"mean {mean:.2f} tokens/step", xref="paper", x=0.01, y=mean,
-                                      yanchor="bottom", xanchor="left", showarrow=False,
-                                      bgcolor="rgba(255,255,255,0.85)", font=dict(size=13, color=ROOT_COLOUR))]
+    # the mean's label in the right margin, at the end of its line: over the bars it hid some of them
+    fig.layout["annotations"] = [dict(text=f"mean<br>{mean:.2f}", xref="paper", x=1.0, y=mean, yanchor="middle",
+                                      xanchor="left", xshift=4, showarrow=False, align="left",
+                                      font=dict(size=13, color=ROOT_COLOUR))]
     fig.layout["xaxis"] = dict(visible=True, showgrid=False, title=dict(text="step", font=dict(size=12)))
     fig.layout["yaxis"] = dict(visible=True, showgrid=True, gridcolor="#eef2f7", rangemode="tozero",
                                dtick=tick_step(max(lengths)), title=dict(text="tokens", font=dict(size=12)))
-    fig.layout["margin"] = dict(l=50, r=10, t=16, b=40)
+    fig.layout["margin"] = dict(l=50, r=48, t=16, b=40)
     fig.layout["bargap"] = 0.15
     return fig
 
