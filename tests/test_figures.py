@@ -381,6 +381,20 @@ def test_a_small_tree_labels_every_node():
     assert set(drawn_labels(tree_figure(ev, text_of))) == {0, 1, 2, 3, 4, BONUS_NODE}
 
 
+def test_a_rejected_draft_with_room_shows_its_token_as_long_as_an_accepted_one():
+    # a cold reader saw 'rever…' alone at the tree's edge with room for 'reverse'
+    ev = deep_run_event(3, siblings=3)  # root -> 3 candidates, the last one accepted and its copied run below
+    rejected = [i for i in range(1, len(ev.tokens)) if i not in ev.accepted]
+    long_text = lambda t: "␣reverse_string" if t in rejected else f"w{t}"  # noqa: E731  (token ids = nodes here)
+    shown = {b.node: b.text for b in label_boxes(ev, long_text)}
+    assert all(shown[i] == "␣revers…" for i in rejected), shown  # 8 characters, as accepted labels
+    crowded = deep_run_event(3, siblings=7)  # seven siblings across the width: no room for 8 characters each
+    rejected = [i for i in range(1, len(crowded.tokens)) if i not in crowded.accepted]
+    long_text = lambda t: "␣reverse_string" if t in rejected else f"w{t}"  # noqa: E731
+    shown = {b.node: b.text for b in label_boxes(crowded, long_text) if b.node in rejected}
+    assert shown and set(shown.values()) <= {"␣revers…", "␣reve…"} and "␣reve…" in shown.values(), shown
+
+
 def test_tree_explains_its_symbols_only_when_a_label_shows_them():
     fig = tree_figure(make_event(), text_of)  # labels " the" as "␣the"
     assert [a["text"] for a in fig.layout["annotations"]] == ["␣ = space"]

@@ -315,7 +315,9 @@ def _label_wishes(ev: StepEvent, layout: TreeLayout, token_text: TokenText,
     probs = ev.node_probs if ev.node_probs and len(ev.node_probs) == len(ev.tokens) else None
     rest = sorted((i for i in range(1, len(ev.tokens)) if i not in accepted),
                   key=lambda i: (-probs[i] if probs else 0.0, ev.depths[i], ev.ranks[i], i))
-    return wishes + [wish(i, "rejected") for i in rest]
+    # a rejected draft's label as long as an accepted one's where it has room (_place_labels cuts it if not)
+    return wishes + [(*wish(i, "rejected")[:4], visible_token(token_text(ev.tokens[i]), LABEL_LEN["accepted"]))
+                     for i in rest]
 
 
 def _label_box(frame: PlotFrame, x: float, y: float, text: str, group: str, position: str) -> tuple[float, ...]:
@@ -391,7 +393,8 @@ def _place_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText, fram
     that stays in the plot area clear of kept labels and of every marker. The root, the accepted path and the bonus
     are always labelled, at their least crowded position; after that a crossing of the accepted path and a covered
     marker of it weigh the same (preferring the crossing had a long copied run's labels cover the run's own
-    markers, each pushing the next off its side). A rejected draft without room keeps its text on hover."""
+    markers, each pushing the next off its side). A rejected draft's label is as long as an accepted one's where
+    it has room, else cut shorter; without room for that either, its text shows on hover only."""
     wishes = _label_wishes(ev, layout, token_text, frame)
     markers = _marker_boxes(ev, layout, frame)
     path = _path_segments(ev, layout, frame)
@@ -402,20 +405,26 @@ def _place_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText, fram
         taken.append(frame.legend_box)  # ... and the legend, in a deep tree's empty corner
     kept: list[LabelBox] = []
     rejected_left = FEW_LABELS if len(ev.tokens) > LARGE_TREE else len(ev.tokens)
-    for node, group, x, y, text in wishes:
-        if group == "rejected" and rejected_left <= 0:
-            break  # a large tree labels its accepted path and its likeliest few drafts: read from the back of a hall
+    def best(node: int, group: str, x: float, y: float, text: str) -> tuple[tuple, str, tuple[float, ...]]:
+        """(cost, position, box) of the label's least crowded position (ties: the preferred one)."""
         options = []
         for position in LABEL_POSITIONS[group]:
             box = _label_box(frame, x, y, text, group, position)
             hits = [n in must for m, n in markers if n != node and boxes_overlap(box, m, LABEL_GAP_PX)]
             crowded = sum(boxes_overlap(box, b, LABEL_GAP_PX) for b in taken)
             crossed = sum(segment_crosses(box, seg) for seg in path)  # the thick green line would strike it out
-            cost = (crowded, not frame.inside(box), crossed + sum(hits), len(hits))
-            options.append((cost, position, box))
-        cost, position, box = min(options, key=lambda o: o[0])  # ties: the preferred position
-        if group == "rejected" and any(cost):
-            continue
+            options.append(((crowded, not frame.inside(box), crossed + sum(hits), len(hits)), position, box))
+        return min(options, key=lambda o: o[0])
+
+    for node, group, x, y, text in wishes:
+        if group == "rejected" and rejected_left <= 0:
+            break  # a large tree labels its accepted path and its likeliest few drafts: read from the back of a hall
+        cost, position, box = best(node, group, x, y, text)
+        if group == "rejected" and any(cost):  # no room: try it cut shorter, else it keeps its text on hover
+            text = visible_token(token_text(ev.tokens[node]), LABEL_LEN["rejected"])
+            cost, position, box = best(node, group, x, y, text)
+            if any(cost):
+                continue
         kept.append(LabelBox(*box, node, position, html.escape(text, quote=False)))
         rejected_left -= group == "rejected"
         taken.append(box)
