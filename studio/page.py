@@ -48,7 +48,7 @@ DRAFTING = (
     ("adaptive", "Matrix only", "every draft token is read from the adjacency matrix, the tree sized to what a "
                                 "forward costs on this machine."),
     ("hybrid", "Matrix + context", "the same tree, plus runs copied from where the last tokens appeared earlier in "
-                                   "the conversation, or in the answers the warm start was learned on (■ in the "
+                                   "the conversation, or in the answers the warm start was learned on (squares in the "
                                    "tree)."),
 )
 
@@ -258,7 +258,7 @@ def _settings_panel(ui: dict, studio: h.Studio) -> None:
                                          label="Draft tree template",
                                          info="2.2.2 = the paper's 80-node tree (GPU); adaptive = grown by probability, "
                                               "sized to this device; adaptive-fixed = the same tree at the full 80-node budget; "
-                                              "hybrid(-fixed) = the same, plus runs copied from the conversation or the warm-start answers (■ in the tree)")
+                                              "hybrid(-fixed) = the same, plus runs copied from the conversation or the warm-start answers (squares in the tree)")
             ui["k"] = gr.Slider(1, 16, value=8, step=1, label="Candidates per matrix row (k)")
             ui["compare"] = gr.Checkbox(True, label="Measure the speedup against plain decoding after each answer")
 

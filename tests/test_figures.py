@@ -91,7 +91,11 @@ def test_tree_figure_handles_any_tree_shape_and_missing_event():
     ev.tokens, ev.parents, ev.depths, ev.ranks, ev.accepted = [0, 1], [-1, 0], [0, 1], [-1, 0], [0]
     ev.bonus, ev.node_probs = None, [1.0, 0.4]
     fig = tree_figure(ev, text_of)
-    assert "accepted drafts" in node_traces(fig) and "bonus token" not in node_traces(fig)
+    assert "rejected drafts" in node_traces(fig) and "bonus token" not in node_traces(fig)
+    assert "accepted drafts" not in node_traces(fig) and "accepted drafts" not in legend_names(fig)  # none to show
+    assert tree_legend_names(ev) == ["rejected drafts", "root (last committed token)"]
+    ev.accepted = [0, 1]
+    assert "rejected drafts" not in legend_names(tree_figure(ev, text_of))  # a lone accepted chain: no grey entry
     assert len(tree_figure(None, text_of).traces) == 0
 
 
@@ -325,7 +329,10 @@ def test_the_tree_title_counts_the_tokens_the_step_emitted():
     ev = make_event()
     assert "2 accepted + 1 bonus" in tree_figure(ev, text_of).to_plotly()["layout"]["title"]["text"]
     ev.emitted, ev.bonus = [1], None  # an end-of-turn token cut the accepted path after its first token
-    assert "1 accepted + 0 bonus" in tree_figure(ev, text_of).to_plotly()["layout"]["title"]["text"]
+    # the model accepted both drafts; the answer kept one: the title says both, as the story and microscope do
+    assert "6 draft tokens → 2 accepted, 1 kept (the answer ended)" in tree_figure(ev, text_of).layout["title"]["text"]
+    ev.emitted = [1, 2]  # the length limit right at the path's end: all kept, no bonus
+    assert "2 accepted + 0 bonus" in tree_figure(ev, text_of).layout["title"]["text"]
 
 
 def test_dropped_labels_stay_on_hover_and_labels_are_escaped():

@@ -71,6 +71,19 @@ def test_the_verdict_names_the_path_the_bonus_and_the_first_disagreement():
     assert d["node"] == 1 and [o["token"] for o in d["offered"]] == [8] and d["choice"] == 3
 
 
+def test_a_path_cut_by_the_end_of_the_answer_says_how_many_accepted_tokens_it_kept():
+    # the answer's length limit (or a stop token) after the first of two accepted drafts: both ✓, one kept, no bonus
+    ev = StepEvent(step=0, position=10, tokens=[5, 7, 8], parents=[-1, 0, 1], depths=[0, 1, 2], ranks=[-1, 0, 0],
+                   accepted=[0, 1, 2], emitted=[7], bonus=None, timings={}, matrix_rows=[5, 7, 8],
+                   matrix_values=[[7], [8], [1]], matrix_probs=[[0.7], [0.6], [0.5]])
+    blocks = json.dumps(microscope_blocks(step_microscope(Trace(model="hand", steps=[ev], token_texts=TEXTS), 0)))
+    assert ("The answer ended inside this step (a stop token or the length limit), after 1 of its 2 accepted "
+            "tokens: no bonus token. 1 token from one forward.") in blocks
+    whole = StepEvent(**{**ev.__dict__, "emitted": [7, 8]})  # cut right at the path's end: nothing left out
+    blocks = json.dumps(microscope_blocks(step_microscope(Trace(model="hand", steps=[whole], token_texts=TEXTS), 0)))
+    assert "(a stop token or the length limit): no bonus token. 2 tokens from one forward." in blocks
+
+
 def test_writes_before_and_after_exact_from_the_rows_read_and_the_earlier_steps():
     trace = hand_trace()
     w = {x["row"]: x for x in step_microscope(trace, 0)["writes"]}

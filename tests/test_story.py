@@ -84,7 +84,7 @@ def test_story_of_a_rejected_draft_a_plain_step_and_a_stop():
         "Plain step: nothing was drafted (a 2-token forward costs more here than the 1.1 tokens it would gain), so ")
     # cut by a stop token inside the accepted path: no bonus
     stop = step_story(make_event(emitted=[1], bonus=None), text_of)
-    assert "The model agreed with 2 ('␣the', '␣cat'); the answer ended at '␣the'" in stop
+    assert "The model agreed with 2 ('␣the', '␣cat'); the answer ended after 1 of them, at '␣the'" in stop
     assert "no bonus token" in stop and "bonus token '" not in stop
     nothing = step_story(make_event(matrix_rows=[], matrix_values=[], matrix_probs=[]), text_of)
     assert nothing.endswith("It wrote nothing back into the adjacency matrix.")

@@ -189,7 +189,10 @@ def marker_px(group: str, level_px: float) -> float:
 
 def tree_legend_names(ev: StepEvent) -> list[str]:
     """The legend entries tree_figure shows for a step, in order (their rows set the figure's bottom margin)."""
-    names = [NODE_GROUPS[g]["name"] for g in ("rejected", "root", "accepted")]
+    accepted = set(ev.accepted)
+    present = {"rejected": any(i not in accepted for i in range(1, len(ev.tokens))), "root": True,
+               "accepted": len(ev.accepted) > 1}
+    names = [NODE_GROUPS[g]["name"] for g in ("rejected", "root", "accepted") if present[g]]  # none for no nodes
     if _has_retrieved(ev):
         names += [name for source, name in SOURCE_NAMES.items() if source in set(ev.sources[1:])]
     return names + ([NODE_GROUPS["bonus"]["name"]] if ev.bonus is not None else [])
@@ -458,7 +461,8 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = TREE_
     groups = {"rejected": [i for i in range(1, len(ev.tokens)) if i not in accepted], "root": [0],
               "accepted": [i for i in ev.accepted if i != 0]}
     for group, nodes in groups.items():
-        _add_nodes(fig, ev, layout, frame, token_text, group, nodes, labels, legend_only_by_source=retrieved)
+        if nodes:  # a group without nodes has no legend entry either (tree_legend_names)
+            _add_nodes(fig, ev, layout, frame, token_text, group, nodes, labels, legend_only_by_source=retrieved)
     if retrieved:
         _add_source_legend(fig, ev)
     if ev.bonus is not None:
@@ -467,7 +471,10 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = TREE_
     bonus = 1 if ev.bonus is not None else 0
     n_acc = len(ev.emitted) - bonus  # emitted: an end-of-turn token or the length limit can cut the accepted path
     drafts = len(ev.tokens) - 1
-    fig.title(f"Step {ev.step + 1}: {drafts} draft token{'' if drafts == 1 else 's'} → {n_acc} accepted + {bonus} bonus")
+    verdict = f"{n_acc} accepted + {bonus} bonus"
+    if len(ev.accepted) - 1 > n_acc:  # the model accepted more than the answer kept
+        verdict = f"{len(ev.accepted) - 1} accepted, {n_acc} kept (the answer ended)"
+    fig.title(f"Step {ev.step + 1}: {drafts} draft token{'' if drafts == 1 else 's'} → {verdict}")
     return fig
 
 
@@ -777,11 +784,11 @@ def heatmap_figure(tracker: MatrixTracker, ev: StepEvent | None, token_text: Tok
             colorscale=PROB_SCALE, zmin=0.0, zmax=1.0, xgap=2, ygap=2,
             colorbar=dict(title=dict(text="probability", side="right"), thickness=12, len=0.8))
     fig.layout["margin"] = dict(l=10, r=10, t=64, b=40)
-    fig.layout["xaxis"] = dict(visible=True, showgrid=False, side="bottom", tickfont=dict(size=MIN_FONT),
+    fig.layout["xaxis"] = dict(visible=True, showgrid=False, side="bottom", tickfont=dict(size=MIN_FONT), ticks="",
                                type="category", automargin=True,  # the title below the rank labels, never on them
                                title=dict(text="candidate rank", font=dict(size=MIN_FONT), standoff=8))
     fig.layout["yaxis"] = dict(visible=True, showgrid=False, tickfont=dict(size=MIN_FONT, family="monospace"),
-                               automargin=True)
+                               automargin=True, ticks="", ticklabelstandoff=6)  # no tick: "␣tem-" read as a token
     _caption_heatmap(fig, ev, [r in touched for r in rows], labels + [t for line in text for t in line])
     return fig
 

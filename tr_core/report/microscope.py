@@ -329,7 +329,9 @@ def _verdict_section(m: dict[str, Any]) -> dict[str, Any]:
         chose = f"the model chose {_q(d['choice_text'])}" if d["choice"] is not None else "the model chose otherwise"
         why = f"First disagreement after {_q(d['after'])}: the draft offered {offered}{more}; {chose}."
     elif v["bonus"] is None:
-        why = "The answer ended inside this step (a stop token or the length limit): no bonus token."
+        accepted = len(v["path"]) - 1
+        kept = f", after {v['emitted']} of its {accepted} accepted tokens" if v["emitted"] < accepted else ""
+        why = f"The answer ended inside this step (a stop token or the length limit){kept}: no bonus token."
     elif v["drafted"]:
         why = "Every drafted token on this path was accepted, to the end of its branch."
     else:

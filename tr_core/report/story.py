@@ -131,7 +131,9 @@ def _verify_sentence(ev: StepEvent, token_text: TokenText, brief: bool = False) 
         head = f"The model agreed with {len(agreed)} ({shown}{more})"
     if ev.bonus is None:
         end = quoted(token_text(ev.emitted[-1])) if ev.emitted else "its start"
-        return f"{head}; the answer ended at {end} (a stop token or the length limit), so there is no bonus token."
+        kept = f" after {len(ev.emitted)} of them," if agreed and len(ev.emitted) < len(agreed) else ""
+        return (f"{head}; the answer ended{kept} at {end} (a stop token or the length limit), so there is no bonus "
+                f"token.")
     bonus = quoted(token_text(ev.bonus))
     if not agreed:
         return f"{head}; its own next token {bonus} is the bonus, so the step still gains one token."
