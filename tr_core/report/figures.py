@@ -466,7 +466,7 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = TREE_
     if retrieved:
         _add_source_legend(fig, ev)
     if ev.bonus is not None:
-        _add_bonus(fig, ev, layout, frame, token_text, labels[BONUS_NODE])
+        _add_bonus(fig, ev, layout, frame, token_text, labels[BONUS_NODE], legend_proxy=retrieved)
     _frame_tree(fig, frame, symbol_note([box.text for box in labels.values()]))
     bonus = 1 if ev.bonus is not None else 0
     n_acc = len(ev.emitted) - bonus  # emitted: an end-of-turn token or the length limit can cut the accepted path
@@ -538,7 +538,6 @@ def _frame_tree(fig: Figure, frame: PlotFrame, note: str) -> None:
     if frame.legend != "below":  # stacked in the plot's empty bottom corner (tree_frame)
         fig.layout["legend"] = dict(orientation="v", x=0 if frame.legend == "left" else 1, xanchor=frame.legend,
                                     y=0, yanchor="bottom", tracegroupgap=0, borderwidth=0, font=dict(size=MIN_FONT),
-                                    itemsizing="constant",  # a deep tree's smaller markers: the legend's stay
                                     bgcolor="rgba(255,255,255,0.85)")
     if note:
         fig.layout["annotations"] = [dict(text=note, showarrow=False, xref="paper", yref="paper", x=1, y=1,
@@ -680,17 +679,23 @@ def _add_source_legend(fig: Figure, ev: StepEvent) -> None:
 
 
 def _add_bonus(fig: Figure, ev: StepEvent, layout: TreeLayout, frame: PlotFrame, token_text: TokenText,
-               label: LabelBox) -> None:
-    """The bonus token: an amber star under the end of the accepted path, joined by a dotted edge."""
+               label: LabelBox, legend_proxy: bool = False) -> None:
+    """The bonus token: an amber star under the end of the accepted path, joined by a dotted edge. With
+    `legend_proxy` (a hybrid tree's grouped legend, _add_nodes) a star of fixed size stands for it in the legend:
+    a deep tree's star is smaller."""
     last = ev.accepted[-1] if ev.accepted else 0
     (bx, by), style = _bonus_xy(ev, layout, frame), NODE_GROUPS["bonus"]
     fig.add(type="scatter", x=[layout.x[last], bx], y=[layout.y[last], by], mode="lines", hoverinfo="skip",
             showlegend=False, line=dict(color=BONUS_COLOUR, width=3, dash="dot"))
     fig.add(type="scatter", x=[bx], y=[by], mode="markers+text", name=style["name"], text=[label.text],
+            showlegend=not legend_proxy, **({"legendgroup": "bonus"} if legend_proxy else {}),
             textposition=label.position, textfont=dict(size=style["font"], color=style["text"], shadow="auto"),
             marker=dict(color=style["color"], size=frame.marker_size("bonus"), symbol="star",
                         line=dict(color="white", width=1)),
             hovertext=[f"<b>bonus</b> {html.escape(repr(token_text(ev.bonus)))}<br>id {ev.bonus}"], hoverinfo="text")
+    if legend_proxy:
+        fig.add(type="scatter", x=[None], y=[None], mode="markers", name=style["name"], legendgroup="bonus",
+                hoverinfo="skip", marker=dict(color=style["color"], size=16, symbol="star"))
 
 
 # ----------------------------------------------------------------------------------- adjacency matrix
@@ -893,7 +898,7 @@ class Figure(dict):
         return cls(data=[], layout=dict(
             height=height, margin=dict(l=10, r=10, t=44, b=10), paper_bgcolor="white", plot_bgcolor="white",
             font=dict(size=MIN_FONT, color="#1f2937"), hoverlabel=dict(font=dict(size=MIN_FONT)), uirevision="keep",
-            legend=dict(orientation="h", yanchor="top", y=0.0, x=0.0, font=dict(size=MIN_FONT), itemsizing="constant"),
+            legend=dict(orientation="h", yanchor="top", y=0.0, x=0.0, font=dict(size=MIN_FONT)),
             xaxis=dict(visible=False), yaxis=dict(visible=False)))
 
     @property
