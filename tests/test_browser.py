@@ -121,6 +121,9 @@ def test_example_click_streams_answer_and_draws_tree_heatmap_and_meter(tmp_path)
             assert page.locator("#tr-heat .hm, #tr-heat image, #tr-heat .heatmaplayer").count() >= 1
             assert page.locator("#tr-chart .bars .point").count() >= 1
             assert "drafted" in page.locator("#tr-story").inner_text()  # the story of the step shown
+            # the microscope's root chip: white on navy (the page's prose colour once made it navy on navy)
+            chip = page.locator("#tr-microscope .trm-root").first
+            assert chip.evaluate("el => getComputedStyle(el).color") == "rgb(255, 255, 255)"
             answer = page.locator("#tr-chat").inner_text()
             assert len(answer.strip()) > 20
             page.mouse.move(5, 5)  # no hover label in the picture

@@ -420,7 +420,7 @@ CSS = """
 .trm-unused {color: #64748b; border-style: dashed}
 .trm-drafted {border: 2px solid #1e3a8a; background: #eff6ff}
 .trm-ok {border: 2px solid #16a34a; background: #dcfce7; font-weight: 700}
-.trm-root {border: 2px solid #1e3a8a; background: #1e3a8a; color: #ffffff}
+.trm-root {border: 2px solid #1e3a8a; background: #1e3a8a; color: #ffffff !important}  /* the studio's prose colour would win */
 .trm-bonus {border: 2px solid #f59e0b; background: #fef3c7; font-weight: 700}
 .trm-old {color: #475569}
 .trm-kept {background: #f8fafc}
