@@ -498,7 +498,8 @@ def test_the_chart_credits_the_answers_accepted_drafts_to_their_source():
 
     events = [make_event(i) for i in range(3)]
     accepted = sum(len(e.accepted) - 1 for e in events)
-    assert draft_credit(events) == f"accepted drafts: {accepted}, all from the matrix"
+    tokens = sum(len(e.emitted) for e in events)
+    assert draft_credit(events) == f"{tokens} tokens = {accepted} accepted drafts (all from the matrix) + 3 bonus"
     hybrid = make_event(0)
     hybrid.sources = ["root"] + ["matrix"] * (len(hybrid.tokens) - 1)
     path = hybrid.accepted[1:]
@@ -506,16 +507,18 @@ def test_the_chart_credits_the_answers_accepted_drafts_to_their_source():
     if len(path) > 1:
         hybrid.sources[path[1]] = "both"
     text = draft_credit([hybrid])
-    assert text == (f"accepted drafts: {len(path) - min(len(path), 2)} from the matrix, 1 copied, "
-                    f"{1 if len(path) > 1 else 0} both")
+    assert text == (f"{len(hybrid.emitted)} tokens = {len(path)} accepted drafts ({len(path) - min(len(path), 2)} "
+                    f"from the matrix, 1 copied, {1 if len(path) > 1 else 0} both) + 1 bonus")
     assert text in accepted_chart_explained([hybrid]).layout["xaxis"]["title"]["text"]
     # the answer's last step accepted its whole path, but the end-of-turn token cut it after the first draft: the
     # credits count the drafts the answer holds (the chart's bars), as many as its tokens less one bonus a step
     cut = make_event(3)
     cut.emitted, cut.bonus = cut.emitted[:1], None
     steps = events + [cut]
-    credited = int(draft_credit(steps).split(": ")[1].split(",")[0])
+    tokens, credited, bonuses = map(int, re.fullmatch(r"(\d+) tokens = (\d+) accepted drafts \(.*\) \+ (\d+) bonus",
+                                                       draft_credit(steps)).groups())
     assert credited == sum(len(e.emitted) - (e.bonus is not None) for e in steps) == accepted + 1
+    assert tokens == credited + bonuses == sum(len(e.emitted) for e in steps) and bonuses == 3  # the cut step: none
     assert len(cut.accepted) - 1 > 1  # the path it accepted was longer than what it emitted
 
 

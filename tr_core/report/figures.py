@@ -871,17 +871,20 @@ def accepted_chart_explained(events: list[StepEvent], current: int | None = None
 
 
 def draft_credit(events: list[StepEvent]) -> str:
-    """Where the answer's accepted drafts came from, counted over its steps: "accepted drafts: 23 from the matrix,
-    41 copied, 12 both" (hybrid trees), or "accepted drafts: 23, all from the matrix" (the others)."""
+    """The answer's tokens as accepted drafts plus bonus tokens, the drafts credited to where they came from:
+    "128 tokens = 56 accepted drafts (6 from the matrix, 20 copied, 30 both) + 72 bonus" (hybrid trees), or
+    "... (all from the matrix) + ..." (the others). A reader checks it against the bars: a step whose answer ended
+    inside it has no bonus, and its path counts only the drafts the answer kept."""
     counts = {"matrix": 0, "context": 0, "both": 0}
     for ev in events:  # the drafts the step emitted: an end-of-turn token or the length limit can cut the path
         for i in ev.accepted[1:1 + len(ev.emitted) - (ev.bonus is not None)]:
             source = node_source(ev, i) or "matrix"
             counts[source if source in counts else "matrix"] += 1
-    if not counts["context"] and not counts["both"]:
-        return f"accepted drafts: {counts['matrix']}, all from the matrix"
-    return (f"accepted drafts: {counts['matrix']} from the matrix, {counts['context']} copied, "
-            f"{counts['both']} both")
+    drafts, bonuses = sum(counts.values()), sum(ev.bonus is not None for ev in events)
+    tokens = sum(len(ev.emitted) for ev in events)
+    where = ("all from the matrix" if not counts["context"] and not counts["both"] else
+             f"{counts['matrix']} from the matrix, {counts['context']} copied, {counts['both']} both")
+    return f"{tokens} tokens = {drafts} accepted drafts ({where}) + {bonuses} bonus"
 
 
 class Figure(dict):
