@@ -596,8 +596,8 @@ def _add_nodes(fig: Figure, ev: StepEvent, layout: TreeLayout, frame: PlotFrame,
 
     Text and its position per node come from the label placement (`labels`); a node without a label shows its
     token on hover only. With retrieved tokens the trace's own legend icon would take its first node's symbol, so
-    a plain circle of the group's colour stands in for it in the legend (same legend group: clicking it still
-    hides the nodes).
+    a stroke of the group's colour stands in for it in the legend (a circle for the root; same legend group:
+    clicking it still hides the nodes): colour says accepted or not, the source legend's shapes where from.
     """
     style = NODE_GROUPS[group]
     symbol: str | list[str] = "circle"
@@ -612,8 +612,12 @@ def _add_nodes(fig: Figure, ev: StepEvent, layout: TreeLayout, frame: PlotFrame,
             hovertext=[_node_hover(ev, i, token_text) for i in nodes], hoverinfo="text", customdata=nodes)
     if legend_only_by_source:
         fig.traces[-1].update(legendgroup=group, showlegend=False)
-        fig.add(type="scatter", x=[None], y=[None], mode="markers", name=style["name"], legendgroup=group,
-                hoverinfo="skip", marker=dict(color=style["color"], size=12, symbol="circle"))
+        if group == "root":  # always a circle
+            fig.add(type="scatter", x=[None], y=[None], mode="markers", name=style["name"], legendgroup=group,
+                    hoverinfo="skip", marker=dict(color=style["color"], size=12, symbol="circle"))
+        else:  # a stroke of the colour, no shape: the shapes below say where a draft came from
+            fig.add(type="scatter", x=[None], y=[None], mode="lines", name=style["name"], legendgroup=group,
+                    hoverinfo="skip", line=dict(color=style["color"], width=8))
 
 
 def _node_hover(ev: StepEvent, i: int, token_text: TokenText) -> str:
