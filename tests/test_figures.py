@@ -84,6 +84,39 @@ def test_tree_layout_is_cached_per_shape_and_children_keep_parent_order():
     # ... but a run under the last of 8 siblings (x = 0.94) steps in once, so its labels have room on both sides
     edge = tree_layout((-1, *[0] * 8, 8, 9, 10))
     assert edge.x[8] > 0.9 and edge.x[9] == edge.x[10] == edge.x[11] == 0.75
+    # ... while a run under a node just past 0.75 hangs straight: a small bend left its labels no room
+    near = tree_layout((-1, *[0] * 7, 6, 8, 9))
+    assert 0.75 < near.x[6] < 0.82 and near.x[8] == near.x[9] == near.x[10] == near.x[6]
+
+
+def test_tree_layout_puts_children_under_their_parent_a_slot_apart_without_crossings():
+    """Each leaf owns an equal slot: a parent stands over its children's middle, nodes of a depth are a slot
+    apart, and a depth's left-to-right order follows its parents' (no edges cross); on random trees."""
+    rng = random.Random(7)
+    for _ in range(300):
+        n = rng.randint(2, 80)
+        parents = [-1] + [rng.randrange(i) if rng.random() < 0.7 else i - 1 for i in range(1, n)]
+        ranks = [-1] + [rng.randint(0, 12) for _ in range(n - 1)]
+        lay = tree_layout(tuple(parents), tuple(ranks))
+        kids = {i: [c for c in range(n) if parents[c] == i] for i in range(n)}
+        leaves = sum(1 for i in range(n) if not kids[i])
+        by_depth: dict[float, list[int]] = {}
+        for i in range(n):
+            by_depth.setdefault(lay.y[i], []).append(i)
+            def lone(j: int) -> bool:  # alone at its depth: under its parent, kept within LONE_X; then whole width
+                return sum(lay.y[m] == lay.y[j] for m in range(n)) == 1
+
+            if kids[i] and not lone(i) and not lone(kids[i][0]):
+                xs = [lay.x[c] for c in kids[i]]
+                assert min(xs) - 1e-9 <= lay.x[i] <= max(xs) + 1e-9  # over its children
+        for depth, nodes in by_depth.items():
+            if len(nodes) < 2 or depth == 0:
+                continue
+            xs = sorted(lay.x[i] for i in nodes)
+            assert min(b - a for a, b in zip(xs, xs[1:])) >= 1 / leaves - 1e-9
+            ordered = sorted(nodes, key=lambda i: lay.x[i])
+            px = [lay.x[parents[i]] for i in ordered]
+            assert px == sorted(px)  # edges from one depth to the next never cross
 
 
 def test_tree_figure_handles_any_tree_shape_and_missing_event():
