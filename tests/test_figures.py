@@ -551,8 +551,10 @@ def test_the_chart_credits_the_answers_accepted_drafts_to_their_source():
     cut = make_event(3)
     cut.emitted, cut.bonus = cut.emitted[:1], None
     steps = events + [cut]
-    tokens, credited, bonuses = map(int, re.fullmatch(r"(\d+) tokens = (\d+) accepted drafts \(.*\) \+ (\d+) bonus",
-                                                       draft_credit(steps)).groups())
+    caption = draft_credit(steps)
+    assert caption.endswith("+ 3 bonus (none where the answer ended)")  # 4 steps, 3 bonuses: said why
+    tokens, credited, bonuses = map(int, re.match(r"(\d+) tokens = (\d+) accepted drafts \(.*\) \+ (\d+) bonus",
+                                                  caption).groups())
     assert credited == sum(len(e.emitted) - (e.bonus is not None) for e in steps) == accepted + 1
     assert tokens == credited + bonuses == sum(len(e.emitted) for e in steps) and bonuses == 3  # the cut step: none
     assert len(cut.accepted) - 1 > 1  # the path it accepted was longer than what it emitted

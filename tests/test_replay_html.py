@@ -110,6 +110,12 @@ def test_replay_is_one_self_contained_file_with_every_step(tiny_trace):
     assert data["steps"][0]["story"] == step_story(tiny_trace.steps[0], tiny_trace.token_text, {})
     runs = [t for t, a in parse(page).tags if t == "span" and "run" in a.get("class", "")]
     assert len(runs) == n and "tiny llama" in page and "hello there, tell me a story" in page
+    from tr_core.report.replay import summary_line
+
+    hybrid = copy.deepcopy(tiny_trace)
+    hybrid.settings["template"], hybrid.summary = "hybrid", None
+    assert "tree hybrid (matrix + context)" in summary_line(hybrid)  # the studio's switch names it so
+    assert "(matrix + context)" not in summary_line(tiny_trace)
 
 
 def test_replay_holds_the_microscope_of_every_step(tiny_trace):

@@ -911,7 +911,9 @@ def draft_credit(events: list[StepEvent]) -> str:
     tokens = sum(len(ev.emitted) for ev in events)
     where = ("all from the matrix" if not counts["context"] and not counts["both"] else
              f"{counts['matrix']} from the matrix, {counts['context']} copied, {counts['both']} both")
-    return f"{tokens} tokens = {drafts} accepted drafts ({where}) + {bonuses} bonus"
+    ended = len(events) - bonuses  # steps whose answer ended inside them (its last): no bonus token
+    none = " (none where the answer ended)" if ended else ""
+    return f"{tokens} tokens = {drafts} accepted drafts ({where}) + {bonuses} bonus{none}"
 
 
 class Figure(dict):

@@ -71,7 +71,8 @@ def summary_line(trace: Trace) -> str:
     n = s.new_tokens if s else sum(len(e.emitted) for e in trace.steps)
     steps = len(trace.steps)
     template = s.template if s and s.template else trace.settings.get("template", "?")
-    parts = [trace.model or "unknown model", f"tree {template}",
+    copies = "matrix + context" if str(template).startswith("hybrid") else ""  # the studio's drafting switch's name
+    parts = [trace.model or "unknown model", f"tree {template}" + (f" ({copies})" if copies else ""),
              f"{n} tokens in {steps} steps ({n / max(steps, 1):.2f} per step)"]
     speed = trace.speed or {}
     if speed.get("trusted") and speed.get("ratio") is not None:
