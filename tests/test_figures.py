@@ -424,6 +424,16 @@ def test_a_small_tree_labels_every_node():
     assert set(drawn_labels(tree_figure(ev, text_of))) == {0, 1, 2, 3, 4, BONUS_NODE}
 
 
+def test_a_lone_punctuation_mark_is_labelled_in_quotes_so_it_can_be_seen():
+    from tr_core.report.figures import node_label
+
+    assert [node_label(t, 8) for t in (",", "_", "'", "(", ".")] == ["“,”", "“_”", "“'”", "“(”", "“.”"]
+    assert [node_label(t, 8) for t in ("a", "7", " ", "\n", "", " the", ",,")] == ["a", "7", "␣", "↵", "∅", "␣the", ",,"]
+    ev = make_event()
+    texts = {b.node: b.text for b in label_boxes(ev, lambda t: "," if t == ev.tokens[1] else text_of(t))}
+    assert texts[1] == "“,”"
+
+
 def test_a_rejected_draft_with_room_shows_its_token_as_long_as_an_accepted_one():
     # a cold reader saw 'rever…' alone at the tree's edge with room for 'reverse'
     ev = deep_run_event(3, siblings=3)  # root -> 3 candidates, the last one accepted and its copied run below

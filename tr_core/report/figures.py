@@ -45,6 +45,14 @@ def visible_token(text: str, max_len: int = 10) -> str:
     return shown if len(shown) <= max_len else shown[: max_len - 1] + "…"
 
 
+def node_label(text: str, max_len: int) -> str:
+    """A tree node's label (not HTML-escaped yet): visible_token, and a lone punctuation mark in curly quotes (a ','
+    was a speck a lecture hall could not see, '_' read as the space sign; straight quotes would triple an
+    apostrophe)."""
+    shown = visible_token(text, max_len)
+    return f"“{shown}”" if len(shown) == 1 and not shown.isalnum() and shown not in "␣↵⇥∅" else shown
+
+
 def display_token(text: str, max_len: int = 10) -> str:
     """Make a token string visible in a label: spaces as '␣', newlines as '↵', tabs as '⇥', cut to max_len."""
     return html.escape(visible_token(text, max_len), quote=False)  # plotly renders a subset of HTML: show text
@@ -331,18 +339,18 @@ def _label_wishes(ev: StepEvent, layout: TreeLayout, token_text: TokenText,
     the accepted path, the bonus; then the rejected drafts, likeliest first (by the probability of reaching the
     node where the step has one, else by depth and candidate rank)."""
     def wish(i: int, group: str) -> tuple[int, str, float, float, str]:
-        return i, group, layout.x[i], layout.y[i], visible_token(token_text(ev.tokens[i]), LABEL_LEN[group])
+        return i, group, layout.x[i], layout.y[i], node_label(token_text(ev.tokens[i]), LABEL_LEN[group])
 
     accepted = set(ev.accepted)
     wishes = [wish(0, "root")] + [wish(i, "accepted") for i in ev.accepted if i != 0]
     if ev.bonus is not None:
-        bonus = visible_token(token_text(ev.bonus), LABEL_LEN["bonus"])
+        bonus = node_label(token_text(ev.bonus), LABEL_LEN["bonus"])
         wishes.append((BONUS_NODE, "bonus", *_bonus_xy(ev, layout, frame), bonus))
     probs = ev.node_probs if ev.node_probs and len(ev.node_probs) == len(ev.tokens) else None
     rest = sorted((i for i in range(1, len(ev.tokens)) if i not in accepted),
                   key=lambda i: (-probs[i] if probs else 0.0, ev.depths[i], ev.ranks[i], i))
     # a rejected draft's label as long as an accepted one's where it has room (_place_labels cuts it if not)
-    return wishes + [(*wish(i, "rejected")[:4], visible_token(token_text(ev.tokens[i]), LABEL_LEN["accepted"]))
+    return wishes + [(*wish(i, "rejected")[:4], node_label(token_text(ev.tokens[i]), LABEL_LEN["accepted"]))
                      for i in rest]
 
 
@@ -447,7 +455,7 @@ def _place_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText, fram
             break  # a large tree labels its accepted path and its likeliest few drafts: read from the back of a hall
         cost, position, box = best(node, group, x, y, text)
         if group == "rejected" and any(cost):  # no room: try it cut shorter, else it keeps its text on hover
-            text = visible_token(token_text(ev.tokens[node]), LABEL_LEN["rejected"])
+            text = node_label(token_text(ev.tokens[node]), LABEL_LEN["rejected"])
             cost, position, box = best(node, group, x, y, text)
             if any(cost):
                 continue
