@@ -218,12 +218,16 @@ def marker_px(group: str, level_px: float) -> float:
     return min(NODE_GROUPS[group]["size"], max(MIN_MARKER, level_px - BEAD_GAP_PX))
 
 
+def node_groups(ev: StepEvent) -> dict[str, list[int]]:
+    """The tree's nodes by trace, in drawing order: rejected drafts, the root, the accepted path's drafts."""
+    accepted = set(ev.accepted)
+    return {"rejected": [i for i in range(1, len(ev.tokens)) if i not in accepted], "root": [0],
+            "accepted": [i for i in ev.accepted if i != 0]}
+
+
 def tree_legend_names(ev: StepEvent) -> list[str]:
     """The legend entries tree_figure shows for a step, in order (their rows set the figure's bottom margin)."""
-    accepted = set(ev.accepted)
-    present = {"rejected": any(i not in accepted for i in range(1, len(ev.tokens))), "root": True,
-               "accepted": len(ev.accepted) > 1}
-    names = [NODE_GROUPS[g]["name"] for g in ("rejected", "root", "accepted") if present[g]]  # none for no nodes
+    names = [NODE_GROUPS[g]["name"] for g, nodes in node_groups(ev).items() if nodes]  # none for a kind not shown
     if _has_retrieved(ev):
         names += [name for source, name in SOURCE_NAMES.items() if source in set(ev.sources[1:])]
     return names + ([NODE_GROUPS["bonus"]["name"]] if ev.bonus is not None else [])
@@ -244,9 +248,13 @@ def tree_frame(ev: StepEvent, width: int = TREE_WIDTH, height: int = TREE_HEIGHT
         return below
     inside = PlotFrame(width, height, (10, 10, 44, 14), x_range, _y_range(depth, height - 44 - 14))
     layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
-    for corner in ("left", "right"):
+    markers = [m for m, _ in _marker_boxes(ev, layout, inside)]  # the bonus star's too
+    edges = [(*inside.px(layout.x[p], layout.y[p]), *inside.px(layout.x[i], layout.y[i]))
+             for i, p in enumerate(ev.parents) if p >= 0]
+    for corner in ("left", "right"):  # a corner no marker and no edge comes into
         box = stacked_legend_box(names, inside, corner)
-        if _corner_is_free(ev, layout, inside, box):
+        if not any(boxes_overlap(box, m, LABEL_GAP_PX) for m in markers) and \
+                not any(segment_crosses(box, seg) for seg in edges):
             return replace(inside, legend=corner, legend_box=box)
     return below
 
@@ -271,15 +279,6 @@ def stacked_legend_box(names: list[str], frame: PlotFrame, corner: str) -> tuple
     h = len(names) * STACKED_ROW_PX + 2 * LEGEND_PAD_PX
     x0 = left if corner == "left" else frame.width - right - w
     return x0, frame.height - bottom - h, x0 + w, frame.height - bottom
-
-
-def _corner_is_free(ev: StepEvent, layout: TreeLayout, frame: PlotFrame, box: tuple[float, ...]) -> bool:
-    """Whether no marker (the bonus star's too) and no edge of the tree comes into a legend's box."""
-    if any(boxes_overlap(box, m, LABEL_GAP_PX) for m, _ in _marker_boxes(ev, layout, frame)):
-        return False
-    edges = [(*frame.px(layout.x[p], layout.y[p]), *frame.px(layout.x[i], layout.y[i]))
-             for i, p in enumerate(ev.parents) if p >= 0]
-    return not any(segment_crosses(box, seg) for seg in edges)
 
 
 def legend_height(names: list[str], plot_width: float, grouped: bool = False) -> int:
@@ -313,11 +312,16 @@ def text_width(text: str, size: float) -> float:
 BONUS_DROP = 0.55  # levels from the end of the accepted path down to the bonus star
 
 
+def star_clear_px(level_px: float) -> float:
+    """Px between the bonus star's centre and the last accepted node's that keep STAR_GAP_PX between their markers
+    (both sized for levels `level_px` apart, marker_px)."""
+    return (marker_px("bonus", level_px) + marker_px("accepted", level_px)) / 2 + STAR_GAP_PX
+
+
 def bonus_drop(level_px: float) -> float:
     """Levels from the end of the accepted path down to the bonus star: BONUS_DROP, or as far as keeps the star
     clear of that node's marker where the levels are close (a deep tree's smaller markers, PlotFrame.marker_size)."""
-    clear = (marker_px("bonus", level_px) + marker_px("accepted", level_px)) / 2 + STAR_GAP_PX
-    return max(BONUS_DROP, clear / max(level_px, 1.0))
+    return max(BONUS_DROP, star_clear_px(level_px) / max(level_px, 1.0))
 
 
 def _bonus_xy(ev: StepEvent, layout: TreeLayout, frame: PlotFrame) -> tuple[float, float]:
@@ -328,7 +332,7 @@ def _bonus_xy(ev: StepEvent, layout: TreeLayout, frame: PlotFrame) -> tuple[floa
     x, y, drop = layout.x[last], layout.y[last], bonus_drop(frame.level_px)
     if drop == BONUS_DROP or ev.depths[last] == max(ev.depths):
         return x, y - drop
-    clear = (frame.marker_size("bonus") + frame.marker_size("accepted")) / 2 + STAR_GAP_PX  # px apart
+    clear = star_clear_px(frame.level_px)
     x_per_px = (frame.x_range[1] - frame.x_range[0]) / (frame.width - frame.margin[0] - frame.margin[1])
     return x + (1 if x <= 0.5 else -1) * clear * x_per_px, y - BONUS_DROP
 
@@ -338,8 +342,8 @@ def _label_wishes(ev: StepEvent, layout: TreeLayout, token_text: TokenText,
     """Every label the tree could show as (node, group, x, y, visible text), most important first: the root,
     the accepted path, the bonus; then the rejected drafts, likeliest first (by the probability of reaching the
     node where the step has one, else by depth and candidate rank)."""
-    def wish(i: int, group: str) -> tuple[int, str, float, float, str]:
-        return i, group, layout.x[i], layout.y[i], node_label(token_text(ev.tokens[i]), LABEL_LEN[group])
+    def wish(i: int, group: str, length: str | None = None) -> tuple[int, str, float, float, str]:
+        return i, group, layout.x[i], layout.y[i], node_label(token_text(ev.tokens[i]), LABEL_LEN[length or group])
 
     accepted = set(ev.accepted)
     wishes = [wish(0, "root")] + [wish(i, "accepted") for i in ev.accepted if i != 0]
@@ -350,8 +354,7 @@ def _label_wishes(ev: StepEvent, layout: TreeLayout, token_text: TokenText,
     rest = sorted((i for i in range(1, len(ev.tokens)) if i not in accepted),
                   key=lambda i: (-probs[i] if probs else 0.0, ev.depths[i], ev.ranks[i], i))
     # a rejected draft's label as long as an accepted one's where it has room (_place_labels cuts it if not)
-    return wishes + [(*wish(i, "rejected")[:4], node_label(token_text(ev.tokens[i]), LABEL_LEN["accepted"]))
-                     for i in rest]
+    return wishes + [wish(i, "rejected", length="accepted") for i in rest]
 
 
 def _label_box(frame: PlotFrame, x: float, y: float, text: str, group: str, position: str) -> tuple[float, ...]:
@@ -488,10 +491,7 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = TREE_
     labels = {box.node: box for box in _place_labels(ev, layout, token_text, frame)}
     _add_edges(fig, ev, layout)
     retrieved = _has_retrieved(ev)
-    accepted = set(ev.accepted)
-    groups = {"rejected": [i for i in range(1, len(ev.tokens)) if i not in accepted], "root": [0],
-              "accepted": [i for i in ev.accepted if i != 0]}
-    for group, nodes in groups.items():
+    for group, nodes in node_groups(ev).items():
         if nodes:  # a group without nodes has no legend entry either (tree_legend_names)
             _add_nodes(fig, ev, layout, frame, token_text, group, nodes, labels, legend_only_by_source=retrieved)
     if retrieved:
