@@ -617,17 +617,54 @@ def test_untrusted_text_cannot_carry_html_or_images():
     assert html.unescape(linked) == "www.example.com <http://x.org/a> a@b.org WWW.Y.ORG `http://code`"
 
 
-def test_coloured_markdown_keeps_code_and_block_markers_plain():
+def test_coloured_markdown_keeps_inline_code_and_block_markers_plain():
     text = "Here:\n```python\nprint('x')\n```\n- item `a<b`\n# Title"
     bounds = [3, 20, 35, len(text)]
     out = coloured_markdown(text, bounds)
-    assert "```python\nprint('x')\n```" in out  # code fence untouched
     assert "`a<b`" in out  # inline code untouched, not escaped
     assert "\n- " in out and "\n# " in out  # block markers stay at line start
     assert 'class="tr-run-a"' in out and 'class="tr-run-b"' in out
-    assert "<span" not in out.split("```")[1]
     plain = coloured_markdown("1 < 2 & 3", [9])
     assert "&lt;" in plain and "&amp;" in plain
+    assert "```python\nprint('x')\n```" in coloured_markdown(text, bounds, colour=False)  # no colour: a fence
+
+
+def _text_of(out: str) -> str:
+    """What a browser shows of coloured markdown's HTML parts: tags dropped, references resolved."""
+    return html.unescape(re.sub(r"<[^>]+>", "", out))
+
+
+def test_a_fenced_code_block_carries_its_steps_colours_as_escaped_html():
+    from tr_core.report.figures import CODE_CLOSE, CODE_OPEN
+
+    body = "def f(x):\n    return x < 2 and [x] != '<b>'\n"
+    text = f"Code:\n\n```python\n{body}```\n\nDone."
+    bounds = [6, 22, 31, 45, 60, len(text)]
+    out = coloured_markdown(text, bounds)
+    block = out[out.index(CODE_OPEN): out.index(CODE_CLOSE) + len(CODE_CLOSE)]
+    assert out.startswith('<span class="tr-run-a">Code:</span>\n\n' + CODE_OPEN)  # the fence line gives way
+    assert "```" not in out and "python" not in out  # ... its language with it
+    assert _text_of(block) == body  # the code's text, exactly (its last newline before the closing tag)
+    assert "<b>" not in block and "&#91;" not in block  # HTML escaped; markdown is not read inside <pre>
+    assert 'class="tr-run-b"' in block and 'class="tr-run-a"' in block
+    assert "\n    <span" in block  # indentation outside the spans
+    assert out.endswith(CODE_CLOSE + '\n\n<span class="tr-run-b">Done.</span>')
+    # every run's span closes on its own line
+    assert all(line.count("<span") == line.count("</span>") for line in out.split("\n"))
+
+
+def test_a_code_block_still_streaming_is_closed_and_odd_fences_stay_markdown():
+    from tr_core.report.figures import CODE_CLOSE, CODE_OPEN
+
+    streaming = coloured_markdown("Code:\n~~~\nx = 1\ny", [8, 15, 16])
+    assert streaming.endswith(CODE_CLOSE) and streaming.count(CODE_OPEN) == 1
+    assert _text_of(streaming) == "Code:\nx = 1\ny"
+    just_opened = coloured_markdown("Code:\n```py", [6, 11])
+    assert just_opened.endswith(CODE_OPEN + CODE_CLOSE)
+    deep = "Text\n\n    ```\n    x < 1\n    ```\n"  # indented 4: an indented code block, left as it is
+    assert "    ```\n    x < 1\n    ```" in coloured_markdown(deep, [3, len(deep)])
+    listed = coloured_markdown("1. item\n   ```\n   x = 1\n   ```\n", [10, 30])
+    assert listed.startswith('1. <span class="tr-run-a">item</span>\n   ' + CODE_OPEN)  # its indent kept
 
 
 def test_marked_markdown_outlines_only_the_shown_steps_run():
