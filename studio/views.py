@@ -281,12 +281,23 @@ def step_sizes(steps: list[StepEvent]) -> str:
             "t(N)/t(1) above is their mean cost.")
 
 
+def divisor_text(a: float, ratio: float) -> str:
+    """a / ratio written with as many decimals (2 to 4) as it takes for a reader's division of the two figures shown
+    to give the ratio shown (2.0645 / 1.71: "2.06 ÷ 1.21" reads 1.70, "2.06 ÷ 1.205" reads 1.71). It divides the
+    figure shown, round(a, 2), which differs from a by less than the last decimal shown of either."""
+    c = round(a, 2) / ratio
+    for decimals in (2, 3, 4):
+        if round(round(a, 2) / max(round(c, decimals), 1e-9), 2) == round(ratio, 2):
+            return f"{c:.{decimals}f}"
+    return f"{c:.2f}"
+
+
 def metered_formula(a: float, c: float, e: float, speed: dict, source: str, answer_steps: int) -> str:
     """The formula with the meter's timings: over the meter's own steps it gives the meter's figure exactly; over the
     answer's steps too when they are the same steps, else both are shown and why they differ is said."""
     m, ratio = float(speed.get("mean_accepted") or 0.0), float(speed["ratio"])
     err = f" ± {speed['error']:.2f}" if speed.get("error") is not None else ""
-    meter = f"{m:.2f} ÷ {m / ratio:.2f} = {ratio:.2f}×{err}"
+    meter = f"{m:.2f} ÷ {divisor_text(m, ratio)} = {ratio:.2f}×{err}"
     if (round(a, 2), round(c, 2)) == (round(m, 2), round(m / ratio, 2)):  # the answer's steps are the meter's
         return f"This answer: {meter}, the meter's figure (t timed by {source})."
     covered, answer_tokens = int(speed.get("covered") or 0), round(a * answer_steps)

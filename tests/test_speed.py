@@ -662,3 +662,19 @@ def test_the_meters_re_decode_drafts_the_answers_very_trees():
         redone = [e for e in forked(twin, answer_sizes(answer)).generate(prompt, cfg) if isinstance(e, StepEvent)]
         assert [e.tokens for e in redone] == [e.tokens for e in answer], template
         assert [e.emitted for e in redone] == [e.emitted for e in answer]
+
+
+def test_the_meters_formula_divides_to_the_ratio_it_shows():
+    """A reader divides the two figures of "2.06 ÷ 1.205 = 1.71×" and gets the figure shown (a cold reader found
+    "2.06 ÷ 1.21 = 1.71×", which divides to 1.70)."""
+    import random
+
+    from studio.views import divisor_text
+
+    assert divisor_text(2.0645, 1.71) == "1.205"
+    assert divisor_text(2.5, 1.0) == "2.50"
+    rng = random.Random(0)
+    for _ in range(2000):
+        a, ratio = rng.uniform(1.0, 4.0), rng.uniform(0.5, 3.0)
+        shown = divisor_text(a, ratio)
+        assert round(round(a, 2) / float(shown), 2) == round(ratio, 2), (a, ratio, shown)
