@@ -395,8 +395,11 @@ def done_status(notes: list[str], trace: Trace) -> str:
         return "✓ Done."
     best = best_step(trace)
     gained = len(trace.steps[best].emitted)
+    s = trace.summary
+    limit = (f" It stopped at its {s.new_tokens}-token limit (Max new tokens)."
+             if s is not None and s.stop_reason == "length" else "")
     return (f"✓ Done. Showing step {best + 1} of {len(trace.steps)}, the one that gained the most tokens "
-            f"({gained}).")
+            f"({gained}).{limit}")
 
 
 def live_meter(trace: Trace, measured_after: bool = True) -> str:

@@ -717,8 +717,10 @@ def test_message_streams_answer_with_measured_speedup_and_marked_tree(client):
     assert replay["maximum"] == max(len(trace.steps), 2) and 0 < trace.summary.new_tokens <= 24
     assert f"drafted {shown - 1} tokens" in story and 'class="tr-story"' in story  # the step shown (13th output)
     best = max(range(len(trace.steps)), key=lambda i: (len(trace.steps[i].emitted), i))
+    limit = (f" It stopped at its {trace.summary.new_tokens}-token limit (Max new tokens)."
+             if trace.summary.stop_reason == "length" else "")  # why it ends mid-sentence
     assert status == (f"✓ Done. Showing step {best + 1} of {len(trace.steps)}, the one that gained the most tokens "
-                      f"({len(trace.steps[best].emitted)}).")  # why the tree shows it, not the answer's last step
+                      f"({len(trace.steps[best].emitted)}).{limit}")  # why the tree shows it, not the answer's last step
     assert fig["layout"]["title"]["text"].startswith(f"Step {best + 1}:")
     assert "Cost of this step" in cost and f"verified {shown} tokens in one forward" in cost  # 14th: the cost panel
     if trace.speed["trusted"]:  # 15th: the race, from the recorded measurement; or why there is none

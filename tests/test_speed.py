@@ -678,3 +678,23 @@ def test_the_meters_formula_divides_to_the_ratio_it_shows():
         a, ratio = rng.uniform(1.0, 4.0), rng.uniform(0.5, 3.0)
         shown = divisor_text(a, ratio)
         assert round(round(a, 2) / float(shown), 2) == round(ratio, 2), (a, ratio, shown)
+
+
+def test_the_status_says_when_the_token_limit_ended_the_answer():
+    """An answer cut by Max new tokens ends mid-sentence: the status says why (a cold reader saw no reason)."""
+    from tr_core.events import SummaryEvent
+    from studio.views import done_status
+
+    trace = story_trace(None)
+
+    def summary(reason: str) -> SummaryEvent:
+        return SummaryEvent(tokens=[1, 2, 3, 4, 5], prompt_tokens=3, new_tokens=5, steps=2, mean_accepted=2.5,
+                            tokens_per_s=10.0, prefill_s=0.1, decode_s=0.5, wall_s=0.6, stop_reason=reason,
+                            method="recycling", template="adaptive", matrix_rows_filled=5, matrix_mb=0.1)
+
+    trace.summary = summary("length")
+    assert done_status([], trace) == ("✓ Done. Showing step 1 of 2, the one that gained the most tokens (3). It stopped "
+                                      "at its 5-token limit (Max new tokens).")
+    trace.summary = summary("eos")
+    assert done_status([], trace) == "✓ Done. Showing step 1 of 2, the one that gained the most tokens (3)."
+    assert done_status(["■ Stopped."], trace) == "■ Stopped."
