@@ -79,7 +79,7 @@ class WarmStartInfo:
         learned = f"{self.answers} generated answers ({self.rows_filled - self.context_free:,} rows"
         learned += (f"; {self.context_free:,} more rows hold the model's guess after the token alone)"
                     if self.context_free else ")")
-        copies = "; the hybrid tree also copies runs from those answers" if self.library else ""
+        copies = "; the matrix + context (hybrid) tree also copies runs from those answers" if self.library else ""
         if self.source == "shipped":
             return f"Warm start: the matrix was pre-learned on {learned} shipped with the app{copies}"
         if self.source == "cached":
