@@ -161,7 +161,9 @@ def hostile_trace() -> Trace:
     vocab = {t: f" w{t} {PAYLOAD}" if t % 2 else f"<img src=\"http://{LEAK_HOST}/leak{t}.png\">" for t in range(10)}
     for ev in (_step(0), _step(1), _step(2, stopped=True)):
         trace.add_step(ev, vocab.__getitem__)
-    trace.step_texts = [f" the {PAYLOAD}\n", f"![x](http://{LEAK_HOST}/leak2.png) cat\n", " the"]
+    # step 2 also opens a code block (shown as coloured HTML, not markdown) that step 3 carries on: markup stays text
+    trace.step_texts = [f" the {PAYLOAD}\n", f"![x](http://{LEAK_HOST}/leak2.png) cat\n```html\n{PAYLOAD}",
+                        f"\n<img src=http://{LEAK_HOST}/leak9.png>\n```\n the"]
     tokens = [1, 2, 8, 1, 2, 8, 1]
     trace.summary = SummaryEvent(tokens=tokens, prompt_tokens=5, new_tokens=len(tokens), steps=3, mean_accepted=7 / 3,
                                  tokens_per_s=100.0, prefill_s=0.1, decode_s=0.06, wall_s=0.16, stop_reason="eos",
@@ -290,6 +292,8 @@ def test_hostile_shared_trace_fetches_nothing_and_shows_markup_as_text(app_brows
         assert "<img" in chat_text and "<script>" in chat_text, chat_text  # escaped markup, visible as text
         assert "![x](" in chat_text or "![x]" in chat_text, chat_text  # the markdown image stays text too
         assert chat.locator("img[src*='leak']").count() == 0
+        code = chat.locator("pre.tr-code").first.inner_text()  # the code block, its runs coloured, markup as text
+        assert "<img src=http" in code and "<script>" in code and chat.locator("pre.tr-code span.tr-run-b").count() > 0
         assert "<img" in status_text(page)  # the model name, as text
         assert page.evaluate("() => typeof window.__pwned") == "undefined"
         assert page.evaluate(DOM_LEAK_JS) == []
