@@ -19,7 +19,7 @@ from tr_core.report.figures import (MatrixTracker, MeterView, accepted_chart_exp
 from tr_core.report.microscope import microscope_view
 from tr_core.report.race import NoRace, race_timeline
 from tr_core.report.speed import SpeedEstimate
-from tr_core.report.story import step_story
+from tr_core.report.story import ended_by, step_story
 from tr_core.report.trace import Trace, boundaries_from_texts
 
 # Every output a handler may set, in the order of the endpoints' outputs (the API's documented order: new names
@@ -65,9 +65,12 @@ def story_html(text: str = STORY_PLACEHOLDER, brief: str | None = None) -> str:
             f'<div class="tr-story-brief">{head}{html.escape(brief)}</div></div>')
 
 
-def step_story_view(ev: StepEvent, token_text: Callable[[int], str], before: dict[int, list[int]] | None) -> str:
-    """The story of one step for the page, full and brief (see tr_core.report.story.step_story)."""
-    return story_html(step_story(ev, token_text, before), step_story(ev, token_text, before, brief=True))
+def step_story_view(ev: StepEvent, token_text: Callable[[int], str], before: dict[int, list[int]] | None,
+                    ended: str | None = None) -> str:
+    """The story of one step for the page, full and brief (see tr_core.report.story.step_story; `ended`: why the
+    answer ended, for its last step)."""
+    return story_html(step_story(ev, token_text, before, ended=ended),
+                      step_story(ev, token_text, before, brief=True, ended=ended))
 
 
 def step_views(trace: Trace, step: int, cost: CostCurve | None = None) -> dict[str, Any]:
@@ -81,7 +84,8 @@ def step_views(trace: Trace, step: int, cost: CostCurve | None = None) -> dict[s
     before = tracker.update(ev)
     return {"tree": tree_figure(ev, trace.token_text), "heat": heatmap_figure(tracker, ev, trace.token_text),
             "chart": accepted_chart_explained(trace.steps, current=step),
-            "story": step_story_view(ev, trace.token_text, before), "cost": cost_html(ev, cost, trace),
+            "story": step_story_view(ev, trace.token_text, before, ended_by(trace, step)),
+            "cost": cost_html(ev, cost, trace),
             "microscope": microscope_html(trace, step), "decoding": decoding_html(trace.settings)}
 
 
@@ -278,7 +282,7 @@ def step_sizes(steps: list[StepEvent]) -> str:
     lo, hi = min(sizes), max(sizes)
     spread = f", from {lo} to {hi}" if lo != hi else ""
     return (f" Its {len(steps)} steps verified {sum(sizes) / len(sizes):.1f} tokens each on average{spread}: "
-            "t(N)/t(1) above is their mean cost.")
+            "the divisor in the formula is their mean t(N)/t(1), so one step's own cost can be far from it.")
 
 
 def divisor_text(a: float, ratio: float) -> str:

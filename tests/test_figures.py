@@ -371,6 +371,29 @@ def test_the_tree_title_counts_the_tokens_the_step_emitted():
     assert "2 accepted + 0 bonus" in tree_figure(ev, text_of).layout["title"]["text"]
 
 
+def test_accepted_drafts_past_the_answers_end_are_drawn_apart_from_those_it_kept():
+    """A cold reader saw the dropped draft with the same green as the kept ones ("16 accepted, 15 kept")."""
+    from tr_core.report.figures import PAST_END_COLOUR, node_groups
+
+    ev = make_event()
+    path = ev.accepted[1:]
+    ev.emitted, ev.bonus = [ev.tokens[path[0]]], None  # the answer ended after the first accepted draft
+    groups = node_groups(ev)
+    assert groups["accepted"] == path[:1] and groups["past end"] == path[1:]
+    fig = tree_figure(ev, text_of)
+    nodes = {t["name"]: t for t in fig.traces if t.get("mode") == "markers+text"}
+    past = nodes["accepted, past the answer's end (not kept)"]
+    assert past["marker"]["color"] == PAST_END_COLOUR and past["customdata"] == path[1:]
+    assert all(text for text in past["text"])  # labelled, as the kept path is
+    assert nodes["accepted drafts"]["customdata"] == path[:1]
+    edges = [t for t in fig.traces if t.get("mode") == "lines" and t["line"]["color"] == PAST_END_COLOUR]
+    assert len(edges) == 1 and edges[0]["x"].count(None) == len(path) - 1  # the edge into each dropped draft
+    assert "accepted, past the answer's end (not kept)" in tree_legend_names(ev)
+    ev.emitted, ev.bonus = [ev.tokens[i] for i in path] + [9], 9  # nothing cut: no such group, edge or entry
+    assert node_groups(ev)["past end"] == [] and not any(
+        t["line"]["color"] == PAST_END_COLOUR for t in tree_figure(ev, text_of).traces if t.get("mode") == "lines")
+
+
 def test_dropped_labels_stay_on_hover_and_labels_are_escaped():
     ev = paper_tree_event()
     fig = tree_figure(ev, words_of)
@@ -555,7 +578,9 @@ def test_the_chart_credits_the_answers_accepted_drafts_to_their_source():
     text = draft_credit([hybrid])
     assert text == (f"{len(hybrid.emitted)} tokens = {len(path)} accepted drafts ({len(path) - min(len(path), 2)} "
                     f"from the matrix, 1 copied, {1 if len(path) > 1 else 0} both) + 1 bonus")
-    assert text in accepted_chart_explained([hybrid]).layout["xaxis"]["title"]["text"]
+    chart = accepted_chart_explained([hybrid]).layout
+    assert chart["xaxis"]["title"]["text"] == "step<br>" + text.replace(" + ", "<br>+ ")  # on two lines under the axis
+    assert chart["margin"]["b"] >= 40 + 2 * 14 and chart["height"] == 240 + 34  # with room for them
     # the answer's last step accepted its whole path, but the end-of-turn token cut it after the first draft: the
     # credits count the drafts the answer holds (the chart's bars), as many as its tokens less one bonus a step
     cut = make_event(3)
@@ -687,12 +712,12 @@ def test_accepted_chart_explained_has_a_legend_for_each_colour():
     events = [make_event(i) for i in range(3)]
     fig = accepted_chart_explained(events, current=1)
     legend = {t["name"]: t["marker"]["color"] for t in fig.traces if t.get("showlegend")}
-    assert legend == {"tokens a step gained (accepted drafts + bonus)": ACCEPTED_COLOUR,
+    assert legend == {"tokens a step gained (the accepted drafts it kept + bonus)": ACCEPTED_COLOUR,
                       "step 2: the step shown in the tree": BONUS_COLOUR}
     assert fig.traces[0]["marker"]["color"] == accepted_chart(events, current=1).traces[0]["marker"]["color"]
     assert fig.layout["showlegend"] and fig.to_plotly()  # valid plotly
     live = accepted_chart_explained(events)  # while streaming no step is singled out: no amber entry
-    assert [t["name"] for t in live.traces if t.get("showlegend")] == ["tokens a step gained (accepted drafts + bonus)"]
+    assert [t["name"] for t in live.traces if t.get("showlegend")] == ["tokens a step gained (the accepted drafts it kept + bonus)"]
     assert accepted_chart_explained([]).traces == []
 
 

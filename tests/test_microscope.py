@@ -82,6 +82,28 @@ def test_a_path_cut_by_the_end_of_the_answer_says_how_many_accepted_tokens_it_ke
     whole = StepEvent(**{**ev.__dict__, "emitted": [7, 8]})  # cut right at the path's end: nothing left out
     blocks = json.dumps(microscope_blocks(step_microscope(Trace(model="hand", steps=[whole], token_texts=TEXTS), 0)))
     assert "(a stop token or the length limit): no bonus token. 2 tokens from one forward." in blocks
+    assert "not kept" not in blocks
+
+
+def test_the_verdict_marks_the_drafts_past_the_answers_end_and_names_what_ended_it():
+    """A cold reader saw a dropped draft with the kept ones' ✓, and "(a stop token or the length limit)" beside a
+    status line that said the limit ended the answer."""
+    from tr_core.events import SummaryEvent
+
+    ev = StepEvent(step=0, position=10, tokens=[5, 7, 8], parents=[-1, 0, 1], depths=[0, 1, 2], ranks=[-1, 0, 0],
+                   accepted=[0, 1, 2], emitted=[7], bonus=None, timings={}, matrix_rows=[5, 7, 8],
+                   matrix_values=[[7], [8], [1]], matrix_probs=[[0.7], [0.6], [0.5]])
+    trace = Trace(model="hand", steps=[ev], token_texts=TEXTS)
+    m = step_microscope(trace, 0)
+    text = json.dumps(microscope_blocks(m), ensure_ascii=False)
+    cells = [b for b in text.split("{") if "trm-past" in b or "trm-ok" in b]
+    assert len(cells) == 2 and "trm-ok" in cells[0] and "trm-past" in cells[1] and "✓ not kept" in cells[1]
+    for reason, words in (("length", "the length limit"), ("eos", "an end-of-turn token")):
+        trace.summary = SummaryEvent(tokens=[7], prompt_tokens=3, new_tokens=1, steps=1, mean_accepted=1.0,
+                                     tokens_per_s=1.0, prefill_s=0.1, decode_s=0.1, wall_s=0.2, stop_reason=reason,
+                                     method="recycling", template="hand", matrix_rows_filled=3, matrix_mb=0.1)
+        blocks = json.dumps(microscope_blocks(step_microscope(trace, 0)))
+        assert f"The answer ended inside this step ({words}), after 1 of its 2 accepted tokens" in blocks
 
 
 def test_writes_before_and_after_exact_from_the_rows_read_and_the_earlier_steps():

@@ -544,7 +544,8 @@ def test_the_cost_panel_uses_the_meters_timings_once_it_measured_even_for_a_load
         # the answer's steps: 2.50 tokens per step ÷ (1.80 + 3.20) / 2 = 2.50 -> 1.00x, the meter's figure
         assert "This answer: 2.50 ÷ 2.50 = 1.00× ± 0.02, the meter&#x27;s figure (t timed by the meter" in shown
         # the steps' sizes, so that one large step's cost beside the mean cost is no puzzle
-        assert "Its 2 steps verified 6.0 tokens each on average, from 4 to 8: t(N)/t(1) above is their mean cost." \
+        assert ("Its 2 steps verified 6.0 tokens each on average, from 4 to 8: the divisor in the formula is their mean "
+                "t(N)/t(1), so one step&#x27;s own cost can be far from it.") \
             in shown
         assert "re-decod" not in shown
     # had the meter's re-decode taken other steps (3 tokens each at 1.5 plain steps: 2.00x), the page shows both
@@ -698,3 +699,13 @@ def test_the_status_says_when_the_token_limit_ended_the_answer():
     trace.summary = summary("eos")
     assert done_status([], trace) == "✓ Done. Showing step 1 of 2, the one that gained the most tokens (3)."
     assert done_status(["■ Stopped."], trace) == "■ Stopped."
+    # the last step's path cut by the limit: its story names the limit too, an earlier step's has no such clause
+    from studio.views import step_views
+
+    last = trace.steps[-1]
+    last.accepted, last.emitted, last.bonus = [0, 1, 2, 3], [1, 2], None
+    trace.summary = summary("length")
+    assert "the answer ended after 2 of them, at &#x27;␣w2&#x27; (the length limit)" in step_views(trace, 1)["story"]
+    trace.summary = summary("eos")
+    assert "(an end-of-turn token)" in step_views(trace, 1)["story"]
+    assert "ended" not in step_views(trace, 0)["story"]

@@ -86,6 +86,10 @@ def test_story_of_a_rejected_draft_a_plain_step_and_a_stop():
     stop = step_story(make_event(emitted=[1], bonus=None), text_of)
     assert "The model agreed with 2 ('␣the', '␣cat'); the answer ended after 1 of them, at '␣the'" in stop
     assert "no bonus token" in stop and "bonus token '" not in stop
+    assert "at '␣the' (a stop token or the length limit)" in stop  # the reason unknown (no summary yet)
+    for reason, words in (("length", "the length limit"), ("eos", "an end-of-turn token")):
+        named = step_story(make_event(emitted=[1], bonus=None), text_of, ended=reason)
+        assert f"at '␣the' ({words}), so there is no bonus token." in named
     nothing = step_story(make_event(matrix_rows=[], matrix_values=[], matrix_probs=[]), text_of)
     assert nothing.endswith("It wrote nothing back into the adjacency matrix.")
 

@@ -27,6 +27,7 @@ ROOT_COLOUR = "#1e3a8a"
 ACCEPTED_COLOUR = "#16a34a"
 BONUS_COLOUR = "#f59e0b"
 REJECTED_COLOUR = "#cbd5e1"
+PAST_END_COLOUR = "#86efac"  # accepted drafts the answer did not keep: its end (a stop token, the limit) came first
 REJECTED_TEXT = "#64748b"
 SHAPE_LEGEND = "#1e293b"  # the outlined shapes of the source legend (where a draft came from)
 EDGE_COLOUR = "#cbd5e1"
@@ -134,13 +135,16 @@ NODE_GROUPS = {  # the tree's node traces, drawn in this order (accepted on top)
     "rejected": dict(color=REJECTED_COLOUR, size=12, font=MIN_FONT, text=REJECTED_TEXT, name="rejected drafts"),
     "root": dict(color=ROOT_COLOUR, size=24, font=MIN_FONT, text=ROOT_COLOUR, name="root (last committed token)"),
     "accepted": dict(color=ACCEPTED_COLOUR, size=22, font=MIN_FONT, text="#14532d", name="accepted drafts"),
+    "past end": dict(color=PAST_END_COLOUR, size=22, font=MIN_FONT, text="#15803d",
+                     name="accepted, past the answer's end (not kept)"),
     "bonus": dict(color=BONUS_COLOUR, size=24, font=MIN_FONT, text="#92400e", name="bonus token"),
 }
-LABEL_LEN = {"rejected": 6, "root": 8, "accepted": 8, "bonus": 10}  # characters shown before the cut '…'
+LABEL_LEN = {"rejected": 6, "root": 8, "accepted": 8, "past end": 8, "bonus": 10}  # characters shown before the cut '…'
 LABEL_POSITIONS = {  # where a node's label may go around its marker (plotly textposition), preferred first
     "rejected": ("bottom center",),
     "root": ("middle left", "middle right", "top center"),
     "accepted": ("middle left", "middle right", "top center", "bottom center"),
+    "past end": ("middle left", "middle right", "top center", "bottom center"),
     "bonus": ("middle right", "middle left", "bottom center"),
 }
 LARGE_TREE = 24  # nodes: a tree larger than this labels only its accepted path, the bonus and FEW_LABELS drafts
@@ -218,11 +222,30 @@ def marker_px(group: str, level_px: float) -> float:
     return min(NODE_GROUPS[group]["size"], max(MIN_MARKER, level_px - BEAD_GAP_PX))
 
 
+def kept_drafts(ev: StepEvent) -> int:
+    """How many of the accepted path's drafts the answer kept: all of them, unless its end (an end-of-turn token or
+    the length limit) came inside the path, which then has no bonus token either."""
+    return min(len(ev.emitted) - (ev.bonus is not None), len(ev.accepted) - 1)
+
+
+def node_group(ev: StepEvent) -> list[str]:
+    """Each node's group: "root", "accepted" (a draft the answer kept), "past end" (accepted past the answer's
+    end) or "rejected"."""
+    groups = ["rejected"] * len(ev.tokens)
+    kept = kept_drafts(ev)
+    for rank, i in enumerate(ev.accepted):
+        groups[i] = "root" if rank == 0 else "accepted" if rank <= kept else "past end"
+    groups[0] = "root"
+    return groups
+
+
 def node_groups(ev: StepEvent) -> dict[str, list[int]]:
-    """The tree's nodes by trace, in drawing order: rejected drafts, the root, the accepted path's drafts."""
-    accepted = set(ev.accepted)
-    return {"rejected": [i for i in range(1, len(ev.tokens)) if i not in accepted], "root": [0],
-            "accepted": [i for i in ev.accepted if i != 0]}
+    """The tree's nodes by trace, in drawing order: rejected drafts, the root, the accepted path's drafts (those
+    the answer kept, then those past its end)."""
+    groups = node_group(ev)
+    return {"rejected": [i for i in range(1, len(ev.tokens)) if groups[i] == "rejected"], "root": [0],
+            "accepted": [i for i in ev.accepted if groups[i] == "accepted"],
+            "past end": [i for i in ev.accepted if groups[i] == "past end"]}
 
 
 def tree_legend_names(ev: StepEvent) -> list[str]:
@@ -345,8 +368,8 @@ def _label_wishes(ev: StepEvent, layout: TreeLayout, token_text: TokenText,
     def wish(i: int, group: str, length: str | None = None) -> tuple[int, str, float, float, str]:
         return i, group, layout.x[i], layout.y[i], node_label(token_text(ev.tokens[i]), LABEL_LEN[length or group])
 
-    accepted = set(ev.accepted)
-    wishes = [wish(0, "root")] + [wish(i, "accepted") for i in ev.accepted if i != 0]
+    accepted, groups = set(ev.accepted), node_group(ev)
+    wishes = [wish(0, "root")] + [wish(i, groups[i]) for i in ev.accepted if i != 0]
     if ev.bonus is not None:
         bonus = node_label(token_text(ev.bonus), LABEL_LEN["bonus"])
         wishes.append((BONUS_NODE, "bonus", *_bonus_xy(ev, layout, frame), bonus))
@@ -376,9 +399,8 @@ def _label_box(frame: PlotFrame, x: float, y: float, text: str, group: str, posi
 
 def _marker_boxes(ev: StepEvent, layout: TreeLayout, frame: PlotFrame) -> list[tuple[tuple[float, ...], int]]:
     """The px box of every marker (the bonus star's too) with its node, for labels to keep clear of."""
-    accepted = set(ev.accepted)
-    spots = [(layout.x[i], layout.y[i], "root" if i == 0 else "accepted" if i in accepted else "rejected", i)
-             for i in range(len(ev.tokens))]
+    groups = node_group(ev)
+    spots = [(layout.x[i], layout.y[i], groups[i], i) for i in range(len(ev.tokens))]
     if ev.bonus is not None:
         spots.append((*_bonus_xy(ev, layout, frame), "bonus", BONUS_NODE))
     boxes = []
@@ -606,19 +628,24 @@ def _has_retrieved(ev: StepEvent) -> bool:
     return ev.sources is not None and any(s in ("context", "both") for s in ev.sources)
 
 
+EDGE_STYLES = {"rejected": (EDGE_COLOUR, 1), "accepted": (ACCEPTED_COLOUR, 4), "past end": (PAST_END_COLOUR, 4)}
+
+
 def _add_edges(fig: Figure, ev: StepEvent, layout: TreeLayout) -> None:
-    """Edges: one trace for muted edges, one for the accepted path (None separates segments)."""
-    accepted = set(ev.accepted)
-    for on_path in (False, True):
+    """Edges by the group of the node they lead to: muted, the accepted path, the path past the answer's end (one
+    trace each, None separating segments; none for a group without edges)."""
+    groups = node_group(ev)
+    for group, (colour, width) in EDGE_STYLES.items():
         ex: list[float | None] = []
         ey: list[float | None] = []
         for i in range(1, len(ev.tokens)):
-            p = ev.parents[i]
-            if (i in accepted and p in accepted) == on_path:
+            if groups[i] == group:
+                p = ev.parents[i]
                 ex += [layout.x[p], layout.x[i], None]
                 ey += [layout.y[p], layout.y[i], None]
-        fig.add(type="scatter", x=ex, y=ey, mode="lines", hoverinfo="skip", showlegend=False,
-                line=dict(color=ACCEPTED_COLOUR if on_path else EDGE_COLOUR, width=4 if on_path else 1))
+        if ex or group != "past end":
+            fig.add(type="scatter", x=ex, y=ey, mode="lines", hoverinfo="skip", showlegend=False,
+                    line=dict(color=colour, width=width))
 
 
 def _add_nodes(fig: Figure, ev: StepEvent, layout: TreeLayout, frame: PlotFrame, token_text: TokenText, group: str,
@@ -887,12 +914,16 @@ def accepted_chart(events: list[StepEvent], current: int | None = None, height: 
     return fig
 
 
+CREDIT_PX = 34  # the chart's two more caption lines under its axis: the answer's tokens credited (draft_credit)
+
+
 def accepted_chart_explained(events: list[StepEvent], current: int | None = None, height: int = 240) -> Figure:
-    """`accepted_chart` with a legend for its colours: green bars = tokens each step gained, amber = the step shown."""
-    fig = accepted_chart(events, current, height)
+    """`accepted_chart` with a legend for its colours: green bars = tokens each step gained, amber = the step shown;
+    under the axis, the answer's tokens credited to their sources on two lines (on one, it ran past the chart)."""
+    fig = accepted_chart(events, current, height + CREDIT_PX if events else height)
     if not events:
         return fig
-    entries = [(ACCEPTED_COLOUR, "tokens a step gained (accepted drafts + bonus)")]
+    entries = [(ACCEPTED_COLOUR, "tokens a step gained (the accepted drafts it kept + bonus)")]
     if current is not None and 0 <= current < len(events):
         entries.append((BONUS_COLOUR, f"step {current + 1}: the step shown in the tree"))
     for colour, name in entries:  # legend-only markers: the bars themselves stay one trace without a legend
@@ -901,7 +932,8 @@ def accepted_chart_explained(events: list[StepEvent], current: int | None = None
     fig.layout["showlegend"] = True
     fig.layout["legend"] = dict(orientation="h", x=0.0, xanchor="left", y=1.0, yanchor="bottom", font=dict(size=12))
     fig.layout["margin"]["t"] = 34
-    fig.layout["xaxis"]["title"]["text"] = f"step · {draft_credit(events)}"
+    fig.layout["xaxis"]["title"]["text"] = "step<br>" + draft_credit(events).replace(" + ", "<br>+ ", 1)
+    fig.layout["margin"]["b"] += CREDIT_PX
     return fig
 
 

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 from ..events import StepEvent
 from .figures import node_source, place_of, row_is_empty, visible_token
+from .story import end_words, ended_by
 from .trace import Trace
 
 MAX_READS_SHOWN = 3  # rows read shown open; the others sit in a folded list below them
@@ -128,8 +129,9 @@ def _copied(trace: Trace, ev: StepEvent) -> list[dict[str, Any]]:
     return out
 
 
-def _verdict(trace: Trace, ev: StepEvent) -> dict[str, Any]:
-    """What the forward decided: every node's agreement, the accepted path, the bonus, the first disagreement."""
+def _verdict(trace: Trace, ev: StepEvent, ended: str | None = None) -> dict[str, Any]:
+    """What the forward decided: every node's agreement, the accepted path, the bonus, the first disagreement, and
+    (`ended`, for the answer's last step) why the answer ended."""
     choices = [_choice(ev, i) for i in range(len(ev.tokens))]
     accepted = set(ev.accepted)
     nodes = []
@@ -150,7 +152,7 @@ def _verdict(trace: Trace, ev: StepEvent) -> dict[str, Any]:
     return {"nodes": nodes, "drafted": len(ev.tokens) - 1,
             "path": [{"node": i, "token": ev.tokens[i], "text": _text(trace, ev.tokens[i])} for i in ev.accepted],
             "bonus": None if ev.bonus is None else {"token": ev.bonus, "text": _text(trace, ev.bonus)},
-            "emitted": len(ev.emitted), "disagreement": disagreement}
+            "emitted": len(ev.emitted), "disagreement": disagreement, "ended": ended}
 
 
 def _cell_data(trace: Trace, token: int, prob: float | None, new: bool) -> dict[str, Any]:
@@ -191,7 +193,7 @@ def explain(trace: Trace, i: int, known: dict) -> dict[str, Any]:
     return {"step": i, "number": ev.step + 1, "root": {"token": ev.tokens[0], "text": _text(trace, ev.tokens[0])},
             "recorded": bool(ev.rows_read) or len(ev.tokens) == 1, "k": _k(ev),
             "no_draft": getattr(ev, "no_draft_reason", None) or "",
-            "reads": _reads(trace, ev), "copied": _copied(trace, ev), "verdict": _verdict(trace, ev),
+            "reads": _reads(trace, ev), "copied": _copied(trace, ev), "verdict": _verdict(trace, ev, ended_by(trace, i)),
             "writes": writes, "write_counts": counts}
 
 
@@ -319,8 +321,11 @@ def _verdict_section(m: dict[str, Any]) -> dict[str, Any]:
     v = m["verdict"]
     head = f"② Verdict: one forward checked {v['drafted']} drafted token{'s' if v['drafted'] != 1 else ''}"
     path = [_b("span", "trm-cell trm-root", _q(v["path"][0]["text"]))]
-    for p in v["path"][1:]:
-        path += [_b("span", "trm-arrow", "→"), _b("span", "trm-cell trm-ok", f"{_q(p['text'])} ✓")]
+    kept = v["emitted"] - (v["bonus"] is not None)  # drafts past the answer's end were accepted but not kept
+    for n, p in enumerate(v["path"][1:], 1):
+        cell = (_b("span", "trm-cell trm-ok", f"{_q(p['text'])} ✓") if n <= kept else
+                _b("span", "trm-cell trm-past", f"{_q(p['text'])} ✓ not kept"))
+        path += [_b("span", "trm-arrow", "→"), cell]
     if v["bonus"] is not None:
         path += [_b("span", "trm-arrow", "→"), _b("span", "trm-cell trm-bonus", f"★ {_q(v['bonus']['text'])} bonus")]
     d = v["disagreement"]
@@ -332,7 +337,7 @@ def _verdict_section(m: dict[str, Any]) -> dict[str, Any]:
     elif v["bonus"] is None:
         accepted = len(v["path"]) - 1
         kept = f", after {v['emitted']} of its {accepted} accepted tokens" if v["emitted"] < accepted else ""
-        why = f"The answer ended inside this step (a stop token or the length limit){kept}: no bonus token."
+        why = f"The answer ended inside this step ({end_words(v['ended'])}){kept}: no bonus token."
     elif v["drafted"]:
         why = "Every drafted token on this path was accepted, to the end of its branch."
     else:
@@ -421,6 +426,7 @@ CSS = """
 .trm-unused {color: #64748b; border-style: dashed}
 .trm-drafted {border: 2px solid #1e3a8a; background: #eff6ff}
 .trm-ok {border: 2px solid #16a34a; background: #dcfce7; font-weight: 700}
+.trm-past {border: 2px dashed #16a34a; background: #f0fdf4; color: #475569}
 .trm-root {border: 2px solid #1e3a8a; background: #1e3a8a; color: #ffffff !important}  /* the studio's prose colour would win */
 .trm-bonus {border: 2px solid #f59e0b; background: #fef3c7; font-weight: 700}
 .trm-old {color: #475569}

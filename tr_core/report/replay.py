@@ -16,7 +16,7 @@ from typing import Any, Callable
 from .figures import MatrixTracker, heatmap_figure, tree_figure
 from .microscope import CSS as MICROSCOPE_CSS
 from .microscope import explain, known_before, microscope_blocks, values_known
-from .story import step_story
+from .story import ended_by, step_story
 from .trace import Trace
 
 TokenText = Callable[[int], str]
@@ -38,7 +38,8 @@ def replay_steps(trace: Trace, token_text: TokenText) -> list[dict[str, Any]]:
         tracker.update(ev)
         # the story counts new rows against what the microscope knows (the rows read too), so both say the same
         out.append({"tree": tree_figure(ev, token_text), "heat": heatmap_figure(tracker, ev, token_text),
-                    "story": step_story(ev, token_text, values_known(known)), "emitted": len(ev.emitted),
+                    "story": step_story(ev, token_text, values_known(known), ended=ended_by(trace, i)),
+                    "emitted": len(ev.emitted),
                     "microscope": microscope_blocks(explain(trace, i, known))})
     return out
 

@@ -28,19 +28,35 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+END_WORDS = {"eos": "an end-of-turn token", "length": "the length limit"}  # SummaryEvent.stop_reason, in words
+
+
+def ended_by(trace, step: int) -> str | None:
+    """Why the answer ended, for its last step (SummaryEvent.stop_reason: "eos", "length", "stopped", ...); None
+    for another step or an answer without a summary (still streaming, or an older trace)."""
+    summary = getattr(trace, "summary", None)
+    return summary.stop_reason if summary is not None and step == len(trace.steps) - 1 else None
+
+
+def end_words(ended: str | None) -> str:
+    """What ended an answer inside a step, in words: the summary's reason when known, else both possibilities."""
+    return END_WORDS.get(ended or "", "a stop token or the length limit")
+
+
 def step_story(ev: StepEvent, token_text: TokenText, matrix_before: dict[int, list[int]] | None = None,
-               brief: bool = False) -> str:
+               brief: bool = False, ended: str | None = None) -> str:
     """Two or three sentences on one step: the draft, what the model accepted and the bonus, the matrix write-back.
 
     `matrix_before` (row token -> its candidates before this step, as `MatrixTracker.update` returns them) lets the
     last sentence say which rows are new and what a rewritten row started with before; without it the story says
     what it can. `brief` leaves out the parenthetical counts (which rows, written by which steps; rows new or
     shared) and quotes fewer tokens: the presentation view's panel holds a few lines; the microscope has them.
+    `ended`: why the answer ended when this is its last step (`ended_by`), named where it ends inside the step.
     """
     if len(ev.tokens) <= 1:
         parts = [_plain_sentence(ev, token_text)]
     else:
-        parts = [_draft_sentence(ev, token_text, brief), _verify_sentence(ev, token_text, brief)]
+        parts = [_draft_sentence(ev, token_text, brief), _verify_sentence(ev, token_text, brief, ended)]
     parts.append(_write_sentence(ev, token_text, matrix_before, brief))
     return " ".join(p for p in parts if p)
 
@@ -119,7 +135,7 @@ def _listed(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _verify_sentence(ev: StepEvent, token_text: TokenText, brief: bool = False) -> str:
+def _verify_sentence(ev: StepEvent, token_text: TokenText, brief: bool = False, ended: str | None = None) -> str:
     """What the model agreed with, and the bonus token (or why the step has none)."""
     agreed = [ev.tokens[i] for i in ev.accepted[1:]]
     if not agreed:
@@ -132,8 +148,7 @@ def _verify_sentence(ev: StepEvent, token_text: TokenText, brief: bool = False) 
     if ev.bonus is None:
         end = quoted(token_text(ev.emitted[-1])) if ev.emitted else "its start"
         kept = f" after {len(ev.emitted)} of them," if agreed and len(ev.emitted) < len(agreed) else ""
-        return (f"{head}; the answer ended{kept} at {end} (a stop token or the length limit), so there is no bonus "
-                f"token.")
+        return f"{head}; the answer ended{kept} at {end} ({end_words(ended)}), so there is no bonus token."
     bonus = quoted(token_text(ev.bonus))
     if not agreed:
         return f"{head}; its own next token {bonus} is the bonus, so the step still gains one token."
