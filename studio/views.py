@@ -425,7 +425,7 @@ def left_out_note(left_out: int) -> str:
     if left_out <= 0:
         return ""
     pairs = ("1 chunk pair", "its") if left_out == 1 else (f"{left_out} chunk pairs", "their")
-    return f"the timing of {pairs[0]} left out (the load changed between {pairs[1]} halves)"
+    return f"{pairs[0]} left out: the load changed between {pairs[1]} halves"
 
 
 def measured_span(est: SpeedEstimate, answer_tokens: int | None) -> str:
@@ -458,7 +458,9 @@ def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer
     state = "measured" if est.trusted else "noisy"
     why = est.reason
     if est.trusted:
-        pairs = "1 alternating chunk pair" if est.pairs == 1 else f"{est.pairs} alternating chunk pairs"
+        timed = est.pairs + est.left_out  # the pairs left out as disturbed were timed too: "12 of them kept"
+        pairs = "1 alternating chunk pair" if timed == 1 else f"{timed} alternating chunk pairs"
+        pairs += f", {est.pairs} of them kept" if est.left_out else ""
         why = (f"{measured_span(est, answer_tokens)}, both methods timed in {pairs}"
                + ("; ±: one standard error" if est.error is not None else ""))
     # too noisy: plain decoding's tokens/s is left out too, since beside Token Recycling's it would imply the ratio
