@@ -281,8 +281,11 @@ def step_sizes(steps: list[StepEvent]) -> str:
     sizes = [len(e.tokens) for e in steps]
     lo, hi = min(sizes), max(sizes)
     spread = f", from {lo} to {hi}" if lo != hi else ""
+    plain = sum(1 for n in sizes if n == 1)
+    alone = (f" {plain} of them drafted nothing and verified the last token alone (each such step's story says why)."
+             if plain and len(sizes) > plain else "")
     return (f" Its {len(steps)} steps verified {sum(sizes) / len(sizes):.1f} tokens each on average{spread}: "
-            "the divisor in the formula is their mean t(N)/t(1), so one step's own cost can be far from it.")
+            "the divisor in the formula is their mean t(N)/t(1), so one step's own cost can be far from it." + alone)
 
 
 def divisor_text(a: float, ratio: float) -> str:

@@ -549,7 +549,7 @@ def test_the_cost_panel_uses_the_meters_timings_once_it_measured_even_for_a_load
         assert ("Its 2 steps verified 6.0 tokens each on average, from 4 to 8: the divisor in the formula is their mean "
                 "t(N)/t(1), so one step&#x27;s own cost can be far from it.") \
             in shown
-        assert "re-decod" not in shown
+        assert "re-decod" not in shown and "drafted nothing" not in shown  # no step of 1 token here
     # had the meter's re-decode taken other steps (3 tokens each at 1.5 plain steps: 2.00x), the page shows both
     other = story_trace(dict(trace.speed, ratio=2.0, mean_accepted=3.0, step_ms=((4, 30.0, 1), (8, 30.0, 1))))
     shown = cost_html(other.steps[0], cost_curve(Session(), other), other)
@@ -711,3 +711,13 @@ def test_the_status_says_when_the_token_limit_ended_the_answer():
     trace.summary = summary("eos")
     assert "(an end-of-turn token)" in step_views(trace, 1)["story"]
     assert "ended" not in step_views(trace, 0)["story"]
+
+
+def test_the_formula_counts_the_steps_that_drafted_nothing():
+    """A cold reader saw "from 1 to 25" beside a full matrix and asked why a step drafted nothing."""
+    from studio.views import step_sizes
+
+    steps = [story_step(0, 1, 1), story_step(1, 4, 3), story_step(2, 1, 1)]
+    assert step_sizes(steps).endswith(" 2 of them drafted nothing and verified the last token alone (each such "
+                                      "step's story says why).")
+    assert "drafted nothing" not in step_sizes(steps[1:2]) and "drafted nothing" not in step_sizes([steps[0]])
