@@ -402,11 +402,23 @@ def done_status(notes: list[str], trace: Trace) -> str:
         return "✓ Done."
     best = best_step(trace)
     gained = len(trace.steps[best].emitted)
-    s = trace.summary
-    limit = (f" It stopped at its {s.new_tokens}-token limit (Max new tokens)."
-             if s is not None and s.stop_reason == "length" else "")
     return (f"✓ Done. Showing step {best + 1} of {len(trace.steps)}, the one that gained the most tokens "
-            f"({gained}).{limit}")
+            f"({gained}).{answer_end(trace)}")
+
+
+def answer_end(trace: Trace) -> str:
+    """Why the answer ends where it does, when the chat alone does not show it: the token limit cut it mid-sentence,
+    or its last step gave only the end-of-turn token, which the chat does not show (a reader who counts the runs in
+    the chat then finds one step fewer than the status says)."""
+    s = trace.summary
+    if s is None:
+        return ""
+    if s.stop_reason == "length":
+        return f" It stopped at its {s.new_tokens}-token limit (Max new tokens)."
+    texts = trace.step_texts
+    if s.stop_reason == "eos" and len(texts) == len(trace.steps) > 1 and not texts[-1].strip():
+        return f" Step {len(trace.steps)} gave only the end-of-turn token, which the chat does not show."
+    return ""
 
 
 def live_meter(trace: Trace, measured_after: bool = True) -> str:

@@ -719,6 +719,8 @@ def test_message_streams_answer_with_measured_speedup_and_marked_tree(client):
     best = max(range(len(trace.steps)), key=lambda i: (len(trace.steps[i].emitted), i))
     limit = (f" It stopped at its {trace.summary.new_tokens}-token limit (Max new tokens)."
              if trace.summary.stop_reason == "length" else "")  # why it ends mid-sentence
+    if trace.summary.stop_reason == "eos" and len(trace.steps) > 1 and not trace.step_texts[-1].strip():
+        limit = f" Step {len(trace.steps)} gave only the end-of-turn token, which the chat does not show."
     assert status == (f"✓ Done. Showing step {best + 1} of {len(trace.steps)}, the one that gained the most tokens "
                       f"({len(trace.steps[best].emitted)}).{limit}")  # why the tree shows it, not the answer's last step
     assert fig["layout"]["title"]["text"].startswith(f"Step {best + 1}:")
