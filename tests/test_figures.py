@@ -878,3 +878,42 @@ def test_a_step_that_drafted_nothing_shows_the_tree_it_would_have_drafted_as_not
     assert all(t.get("marker", {}).get("color") != ACCEPTED_COLOUR for t in fig.traces)  # nothing accepted
     ev.unverified = {"tokens": [5, 1], "parents": [-1, 3]}  # malformed (from a file): the plain step's figure
     assert "NOT VERIFIED" not in json.dumps(tree_figure(ev, text_of))
+
+
+def side_run_event(depth: int, left: int, right: int, grandchildren: int) -> StepEvent:
+    """A root with `left` rejected candidates, then the accepted one with a copied run `depth` deep under it, then
+    `right` more; `grandchildren` rejected under the first candidate (the README screenshot's step 60)."""
+    siblings = left + 1 + right
+    parents, depths, ranks = [-1] + [0] * siblings, [0] + [1] * siblings, [-1] + list(range(siblings))
+    sources = ["root"] + ["matrix"] * siblings
+    node, accepted = left + 1, [0, left + 1]
+    for d in range(2, depth + 1):
+        parents.append(node), depths.append(d), ranks.append(8), sources.append("context")
+        node = len(parents) - 1
+        accepted.append(node)
+    for j in range(grandchildren):
+        parents.append(1), depths.append(2), ranks.append(j), sources.append("matrix")
+    tokens = list(range(len(parents)))
+    return StepEvent(step=59, position=300, tokens=tokens, parents=parents, depths=depths, ranks=ranks,
+                     accepted=accepted, emitted=[tokens[i] for i in accepted[1:]] + [99], bonus=99, timings={},
+                     template="hybrid", sources=sources)
+
+
+@pytest.mark.parametrize("shape", [(18, 5, 0, 3), (18, 9, 1, 0), (20, 3, 0, 3), (16, 7, 1, 3)])
+def test_the_legend_of_spaces_moves_aside_rather_than_push_a_run_label_onto_its_next_node(shape):
+    """The README screenshot's deep run: the first copied token's only free side held '␣ = space', so its label
+    went under it, onto the next node. The legend now takes another free corner."""
+    from tr_core.report.figures import LABEL_GAP_PX, _marker_boxes, _symbol_note_box
+
+    ev = side_run_event(*shape)
+    words = lambda t: f" w{t}" if t % 3 else "_"  # noqa: E731 - labels with a space: the legend of ␣ is shown
+    layout, frame = tree_layout(tuple(ev.parents), tuple(ev.ranks)), tree_frame(ev)
+    markers = _marker_boxes(ev, layout, frame)
+    path = set(ev.accepted)
+    for label in label_boxes(ev, words):
+        box = (label.x0, label.y0, label.x1, label.y1)
+        assert not any(boxes_overlap(box, m) for m, n in markers if n in path and n != label.node), label
+    note = tree_figure(ev, words).layout["annotations"][0]
+    corner = f"{note['yanchor']} {note['xanchor']}"
+    box = _symbol_note_box(frame, note["text"], corner)
+    assert not any(boxes_overlap(box, m, LABEL_GAP_PX) for m, _ in markers), corner

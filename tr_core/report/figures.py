@@ -436,10 +436,16 @@ def segment_crosses(box: tuple[float, ...], seg: tuple[float, ...]) -> bool:
     return lo <= hi
 
 
-def _symbol_note_box(frame: PlotFrame, note: str) -> tuple[float, ...]:
-    """The px box of the symbol legend, in the plot area's top-right corner (kept free of labels)."""
-    right, top = frame.width - frame.margin[1], frame.margin[2]
-    return right - text_width(note, MIN_FONT) - 4, top, right, top + LINE_EM * MIN_FONT + 4
+NOTE_CORNERS = ("top right", "top left", "bottom right", "bottom left")  # where the symbol legend may go, in order
+
+
+def _symbol_note_box(frame: PlotFrame, note: str, corner: str = NOTE_CORNERS[0]) -> tuple[float, ...]:
+    """The px box of the symbol legend ('␣ = space') in a corner of the plot area (kept free of labels)."""
+    left, right, top, bottom = frame.margin
+    w, h = text_width(note, MIN_FONT) + 4, LINE_EM * MIN_FONT + 4
+    x1 = frame.width - right if corner.endswith("right") else left + w
+    y0 = top if corner.startswith("top") else frame.height - bottom - h
+    return x1 - w, y0, x1, y0 + h
 
 
 def symbol_note(texts: list[str]) -> str:
@@ -447,8 +453,10 @@ def symbol_note(texts: list[str]) -> str:
     return " · ".join(note for s, note in SYMBOL_NOTES.items() if any(s in t for t in texts))
 
 
-def _place_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText, frame: PlotFrame) -> list[LabelBox]:
-    """Greedy label placement in priority order (see _label_wishes): each label takes the first of its positions
+def _place_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText, frame: PlotFrame,
+                  corner: str = NOTE_CORNERS[0]) -> tuple[list[LabelBox], int]:
+    """(the labels, how many of the root's, the accepted path's and the bonus's had to cover a marker, cross the path
+    or crowd another box), the symbol legend reserved in `corner`. Greedy label placement in priority order (see _label_wishes): each label takes the first of its positions
     that stays in the plot area clear of kept labels and of every marker. The root, the accepted path and the bonus
     are always labelled, at their least crowded position; after that a crossing of the accepted path and a covered
     marker of it weigh the same (preferring the crossing had a long copied run's labels cover the run's own
@@ -459,10 +467,11 @@ def _place_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText, fram
     path = _path_segments(ev, layout, frame)
     must = {*ev.accepted, BONUS_NODE}  # markers always labelled: covering them costs more than a rejected one
     note = symbol_note([w[4] for w in wishes])
-    taken = [_symbol_note_box(frame, note)] if note else []  # reserved: the legend of ␣ and ↵ goes there
+    taken = [_symbol_note_box(frame, note, corner)] if note else []  # reserved: the legend of ␣ and ↵ goes there
     if frame.legend_box is not None:
         taken.append(frame.legend_box)  # ... and the legend, in a deep tree's empty corner
     kept: list[LabelBox] = []
+    forced = 0  # must-labels placed at a cost
     rejected_left = FEW_LABELS if len(ev.tokens) > LARGE_TREE else len(ev.tokens)
     def best(node: int, group: str, x: float, y: float, text: str) -> tuple[tuple, str, tuple[float, ...]]:
         """(cost, position, box) of the label's least crowded position (ties: the preferred one)."""
@@ -486,14 +495,42 @@ def _place_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText, fram
                 continue
         kept.append(LabelBox(*box, node, position, html.escape(text, quote=False)))
         rejected_left -= group == "rejected"
+        forced += group != "rejected" and any(cost)
         taken.append(box)
-    return kept
+    return kept, forced
+
+
+def placed_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText,
+                  frame: PlotFrame) -> tuple[list[LabelBox], str]:
+    """(the labels, the corner of the symbol legend): its first corner (NOTE_CORNERS) clear of every marker, the
+    accepted path and the stacked legend where the root's, the accepted path's and the bonus's labels all find a
+    free place; else the corner where fewest of them cannot (top right when no other is clear). A deep run's first
+    label once covered the next node because its only free side held the legend of ␣."""
+    note = symbol_note([w[4] for w in _label_wishes(ev, layout, token_text, frame)])
+    if not note:
+        return _place_labels(ev, layout, token_text, frame)[0], NOTE_CORNERS[0]
+    markers = [m for m, _ in _marker_boxes(ev, layout, frame)]
+    path = _path_segments(ev, layout, frame)
+    best: tuple[int, list[LabelBox], str] | None = None
+    for corner in NOTE_CORNERS:
+        box = _symbol_note_box(frame, note, corner)
+        clear = (frame.inside(box) and not any(boxes_overlap(box, m, LABEL_GAP_PX) for m in markers)
+                 and not any(segment_crosses(box, seg) for seg in path)
+                 and (frame.legend_box is None or not boxes_overlap(box, frame.legend_box, LABEL_GAP_PX)))
+        if not clear and corner != NOTE_CORNERS[0]:
+            continue
+        labels, forced = _place_labels(ev, layout, token_text, frame, corner)
+        if forced == 0 and clear:
+            return labels, corner
+        if best is None or forced < best[0]:
+            best = (forced, labels, corner)
+    return best[1], best[2]
 
 
 def label_boxes(ev: StepEvent, token_text: TokenText, width: int = TREE_WIDTH, height: int = TREE_HEIGHT) -> list[LabelBox]:
     """The labels tree_figure(ev, token_text, height, width) draws, with their estimated px boxes (no two overlap
     where the tree has room for its accepted path; the nodes left out show their token on hover only)."""
-    return _place_labels(ev, tree_layout(tuple(ev.parents), tuple(ev.ranks)), token_text, tree_frame(ev, width, height))
+    return placed_labels(ev, tree_layout(tuple(ev.parents), tuple(ev.ranks)), token_text, tree_frame(ev, width, height))[0]
 
 
 def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = TREE_HEIGHT, width: int = TREE_WIDTH) -> Figure:
@@ -510,7 +547,8 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = TREE_
         return unverified_figure(ev, token_text, height)
     layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
     frame = tree_frame(ev, width, height)
-    labels = {box.node: box for box in _place_labels(ev, layout, token_text, frame)}
+    placed, corner = placed_labels(ev, layout, token_text, frame)
+    labels = {box.node: box for box in placed}
     _add_edges(fig, ev, layout)
     retrieved = _has_retrieved(ev)
     for group, nodes in node_groups(ev).items():
@@ -520,7 +558,7 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = TREE_
         _add_source_legend(fig, ev)
     if ev.bonus is not None:
         _add_bonus(fig, ev, layout, frame, token_text, labels[BONUS_NODE], legend_proxy=retrieved)
-    _frame_tree(fig, frame, symbol_note([box.text for box in labels.values()]))
+    _frame_tree(fig, frame, symbol_note([box.text for box in labels.values()]), corner)
     bonus = 1 if ev.bonus is not None else 0
     n_acc = len(ev.emitted) - bonus  # emitted: an end-of-turn token or the length limit can cut the accepted path
     drafts = len(ev.tokens) - 1
@@ -582,8 +620,8 @@ def unverified_figure(ev: StepEvent, token_text: TokenText, height: int = TREE_H
     return fig
 
 
-def _frame_tree(fig: Figure, frame: PlotFrame, note: str) -> None:
-    """Margins and axis ranges as label placement assumed them; the legend of ␣/↵ in the top-right corner."""
+def _frame_tree(fig: Figure, frame: PlotFrame, note: str, corner: str = NOTE_CORNERS[0]) -> None:
+    """Margins and axis ranges as label placement assumed them; the legend of ␣/↵ in its corner (placed_labels)."""
     left, right, top, bottom = frame.margin
     fig.layout["margin"] = dict(l=left, r=right, t=top, b=bottom)
     fig.layout["xaxis"]["range"] = list(frame.x_range)
@@ -593,8 +631,10 @@ def _frame_tree(fig: Figure, frame: PlotFrame, note: str) -> None:
                                     y=0, yanchor="bottom", tracegroupgap=0, borderwidth=0, font=dict(size=MIN_FONT),
                                     bgcolor="rgba(255,255,255,0.85)")
     if note:
-        fig.layout["annotations"] = [dict(text=note, showarrow=False, xref="paper", yref="paper", x=1, y=1,
-                                          xanchor="right", yanchor="top", font=dict(size=MIN_FONT, color=REJECTED_TEXT))]
+        vertical, side = corner.split()
+        fig.layout["annotations"] = [dict(text=note, showarrow=False, xref="paper", yref="paper",
+                                          x=1 if side == "right" else 0, y=1 if vertical == "top" else 0,
+                                          xanchor=side, yanchor=vertical, font=dict(size=MIN_FONT, color=REJECTED_TEXT))]
 
 
 def row_is_empty(values: list[int], probs: list[float] | None) -> bool:
