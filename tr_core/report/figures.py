@@ -453,21 +453,37 @@ def symbol_note(texts: list[str]) -> str:
     return " · ".join(note for s, note in SYMBOL_NOTES.items() if any(s in t for t in texts))
 
 
-def _place_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText, frame: PlotFrame,
+class LabelScene(NamedTuple):
+    """What label placement reads, whichever corner the symbol legend takes: computed once per figure."""
+
+    wishes: list[tuple[int, str, float, float, str]]  # _label_wishes
+    markers: list[tuple[tuple[float, ...], int]]  # _marker_boxes
+    path: list[tuple[float, ...]]  # _path_segments
+    note: str  # the symbol legend ('␣ = space'), '' when no wished label needs it
+
+
+def _label_scene(ev: StepEvent, layout: TreeLayout, token_text: TokenText, frame: PlotFrame) -> LabelScene:
+    """The labels wished, the markers and the accepted path's segments of a step's tree, and its symbol legend."""
+    wishes = _label_wishes(ev, layout, token_text, frame)
+    return LabelScene(wishes, _marker_boxes(ev, layout, frame), _path_segments(ev, layout, frame),
+                      symbol_note([w[4] for w in wishes]))
+
+
+def _place_labels(ev: StepEvent, token_text: TokenText, frame: PlotFrame, scene: LabelScene,
                   corner: str = NOTE_CORNERS[0]) -> tuple[list[LabelBox], int]:
-    """(the labels, how many of the root's, the accepted path's and the bonus's had to cover a marker, cross the path
-    or crowd another box), the symbol legend reserved in `corner`. Greedy label placement in priority order (see _label_wishes): each label takes the first of its positions
+    """(the labels, how many of the root's, the accepted path's and the bonus's had to cover a marker, cross the
+    path or crowd another box), the symbol legend reserved in `corner`.
+
+    Greedy label placement in priority order (see _label_wishes): each label takes the first of its positions
     that stays in the plot area clear of kept labels and of every marker. The root, the accepted path and the bonus
     are always labelled, at their least crowded position; after that a crossing of the accepted path and a covered
     marker of it weigh the same (preferring the crossing had a long copied run's labels cover the run's own
     markers, each pushing the next off its side). A rejected draft's label is as long as an accepted one's where
     it has room, else cut shorter; without room for that either, its text shows on hover only."""
-    wishes = _label_wishes(ev, layout, token_text, frame)
-    markers = _marker_boxes(ev, layout, frame)
-    path = _path_segments(ev, layout, frame)
+    markers, path = scene.markers, scene.path
     must = {*ev.accepted, BONUS_NODE}  # markers always labelled: covering them costs more than a rejected one
-    note = symbol_note([w[4] for w in wishes])
-    taken = [_symbol_note_box(frame, note, corner)] if note else []  # reserved: the legend of ␣ and ↵ goes there
+    # reserved: the legend of ␣ and ↵ goes there
+    taken = [_symbol_note_box(frame, scene.note, corner)] if scene.note else []
     if frame.legend_box is not None:
         taken.append(frame.legend_box)  # ... and the legend, in a deep tree's empty corner
     kept: list[LabelBox] = []
@@ -484,7 +500,7 @@ def _place_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText, fram
             options.append(((crowded, not frame.inside(box), crossed + sum(hits), len(hits)), position, box))
         return min(options, key=lambda o: o[0])
 
-    for node, group, x, y, text in wishes:
+    for node, group, x, y, text in scene.wishes:
         if group == "rejected" and rejected_left <= 0:
             break  # a large tree labels its accepted path and its likeliest few drafts: read from the back of a hall
         cost, position, box = best(node, group, x, y, text)
@@ -506,20 +522,18 @@ def placed_labels(ev: StepEvent, layout: TreeLayout, token_text: TokenText,
     accepted path and the stacked legend where the root's, the accepted path's and the bonus's labels all find a
     free place; else the corner where fewest of them cannot (top right when no other is clear). A deep run's first
     label once covered the next node because its only free side held the legend of ␣."""
-    note = symbol_note([w[4] for w in _label_wishes(ev, layout, token_text, frame)])
-    if not note:
-        return _place_labels(ev, layout, token_text, frame)[0], NOTE_CORNERS[0]
-    markers = [m for m, _ in _marker_boxes(ev, layout, frame)]
-    path = _path_segments(ev, layout, frame)
+    scene = _label_scene(ev, layout, token_text, frame)
+    if not scene.note:
+        return _place_labels(ev, token_text, frame, scene)[0], NOTE_CORNERS[0]
     best: tuple[int, list[LabelBox], str] | None = None
     for corner in NOTE_CORNERS:
-        box = _symbol_note_box(frame, note, corner)
-        clear = (frame.inside(box) and not any(boxes_overlap(box, m, LABEL_GAP_PX) for m in markers)
-                 and not any(segment_crosses(box, seg) for seg in path)
+        box = _symbol_note_box(frame, scene.note, corner)
+        clear = (frame.inside(box) and not any(boxes_overlap(box, m, LABEL_GAP_PX) for m, _ in scene.markers)
+                 and not any(segment_crosses(box, seg) for seg in scene.path)
                  and (frame.legend_box is None or not boxes_overlap(box, frame.legend_box, LABEL_GAP_PX)))
         if not clear and corner != NOTE_CORNERS[0]:
             continue
-        labels, forced = _place_labels(ev, layout, token_text, frame, corner)
+        labels, forced = _place_labels(ev, token_text, frame, scene, corner)
         if forced == 0 and clear:
             return labels, corner
         if best is None or forced < best[0]:
