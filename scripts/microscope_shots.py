@@ -15,10 +15,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tr_core.report.figures import tree_figure  # noqa: E402
-from tr_core.report.microscope import microscope_view  # noqa: E402
-from tr_core.report.replay import PLOTLY_CONFIG, json_script, plotly_js, replay_html  # noqa: E402
-from tr_core.report.trace import Trace, record_live  # noqa: E402
+from present.figures import tree_figure  # noqa: E402
+from present.microscope import microscope_view  # noqa: E402
+from present.replay import PLOTLY_CONFIG, json_script, plotly_js, replay_html  # noqa: E402
+from studio.recording import record_live  # noqa: E402
+from tr_core.trace import Trace  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 QUESTION = "List the first five prime numbers, then list them again in reverse order."

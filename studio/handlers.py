@@ -18,9 +18,10 @@ from typing import Any
 
 from tr_core.config import DecodeConfig, DecodeConfigError
 from tr_core.events import StepEvent, SummaryEvent
-from tr_core.report.figures import MatrixTracker, accepted_chart_explained, heatmap_figure, tree_figure
-from tr_core.report.speed import MAX_PASSES, SpeedEstimate, answer_sizes, forked, interleave
-from tr_core.report.trace import Trace, TraceError, record_live
+from present.figures import MatrixTracker, accepted_chart_explained, heatmap_figure, tree_figure
+from tr_core.bench.meter import MAX_PASSES, SpeedEstimate, answer_sizes, forked, interleave
+from studio.recording import record_live
+from tr_core.trace import Trace, TraceError
 
 from . import zerogpu
 from .config import StudioConfig
@@ -539,7 +540,7 @@ def _measure(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeC
 
 def measure_rounds(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeConfig,
                    stop: threading.Event, sizes: list[int] | None = None) -> Iterator[SpeedEstimate]:
-    """The interleaved measurement's estimates (tr_core.report.speed.interleave), each pass from a copy of the answer's
+    """The interleaved measurement's estimates (tr_core.bench.meter.interleave), each pass from a copy of the answer's
     starting state `twin`, drafting the answer's tree `sizes` again; on ZeroGPU they come from a GPU call."""
     max_s, chunk_ms = studio.config.measure_max_s, studio.config.measure_chunk_ms
     if zerogpu.installed():
@@ -625,7 +626,7 @@ def replay(s: Session, step: Any, colour: bool) -> dict:
 
 def export_replay(s: Session) -> dict:
     """Write the last answer (or loaded trace) as one self-contained HTML replay in the session's folder."""
-    from tr_core.report.replay import replay_html
+    from present.replay import replay_html
 
     trace = s.trace
     if trace is None or not trace.steps:

@@ -15,7 +15,7 @@ from typing import Any
 
 import gradio as gr
 
-from tr_core.report.figures import safe_markdown
+from present.figures import safe_markdown
 
 from . import handlers as h
 from .models import label
@@ -355,8 +355,8 @@ DOWNLOAD_JS = """() => { const el = document.querySelector('#tr-export-html-file
   const b = el && (el.tagName === 'BUTTON' ? el : el.querySelector('button'));
   if (b && !b.disabled) b.click(); }"""
 
-# The race runs in the browser from the timeline in the race panel (tr_core.report.race): no server time, no decoding.
-# Each frame shows what tr_core.report.race.race_frame gives at that time: the units (steps, tokens) ended by then.
+# The race runs in the browser from the timeline in the race panel (present.race): no server time, no decoding.
+# Each frame shows what present.race.race_frame gives at that time: the units (steps, tokens) ended by then.
 RACE_JS = """() => {
   const box = document.querySelector('#tr-race-box .tr-race');
   if (!box) return;

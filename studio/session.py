@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tr_core.report.trace import Trace
+from tr_core.trace import Trace
 
 from .config import EMBEDDED, StudioConfig
 
@@ -55,7 +55,7 @@ def decode_slot(should_stop: Callable[[], bool] | None = None) -> Iterator[None]
 
 class PausingEngine:
     """An engine whose decode holds the slot only while it computes: slow motion's pauses between steps (taken by
-    `tr_core.report.trace.record_live` while this generator is suspended at a step) leave the slot to other tabs."""
+    `tr_core.trace.record_live` while this generator is suspended at a step) leave the slot to other tabs."""
 
     def __init__(self, engine: Any, pause: bool) -> None:
         self.engine, self.pause = engine, pause  # pause: release the slot at each step (slow motion)

@@ -13,14 +13,14 @@ from typing import Any, Callable
 
 from tr_core.cost import interpolate
 from tr_core.events import StepEvent
-from tr_core.report.figures import (MatrixTracker, MeterView, accepted_chart_explained, coloured_markdown,
+from present.figures import (MatrixTracker, MeterView, accepted_chart_explained, coloured_markdown,
                                     heatmap_figure, marked_markdown, meter_html, ratio_class, safe_markdown,
                                     tree_figure)
-from tr_core.report.microscope import microscope_view
-from tr_core.report.race import NoRace, race_timeline
-from tr_core.report.speed import SpeedEstimate
-from tr_core.report.story import ended_by, step_story
-from tr_core.report.trace import Trace, boundaries_from_texts
+from present.microscope import microscope_view
+from present.race import NoRace, race_timeline
+from tr_core.bench.meter import SpeedEstimate
+from present.story import ended_by, step_story
+from tr_core.trace import Trace, boundaries_from_texts
 
 # Every output a handler may set, in the order of the endpoints' outputs (the API's documented order: new names
 # go at the end). "replay_html" (the HTML replay's download) is an output of its own endpoint only.
@@ -67,7 +67,7 @@ def story_html(text: str = STORY_PLACEHOLDER, brief: str | None = None) -> str:
 
 def step_story_view(ev: StepEvent, token_text: Callable[[int], str], before: dict[int, list[int]] | None,
                     ended: str | None = None) -> str:
-    """The story of one step for the page, full and brief (see tr_core.report.story.step_story; `ended`: why the
+    """The story of one step for the page, full and brief (see present.story.step_story; `ended`: why the
     answer ended, for its last step)."""
     return story_html(step_story(ev, token_text, before, ended=ended),
                       step_story(ev, token_text, before, brief=True, ended=ended))
@@ -90,7 +90,7 @@ def step_views(trace: Trace, step: int, cost: CostCurve | None = None) -> dict[s
 
 
 def microscope_html(trace: Trace | None, step: int) -> str:
-    """One step under the microscope (tr_core.report.microscope: rows read, tree built, verdict, rows written back)."""
+    """One step under the microscope (present.microscope: rows read, tree built, verdict, rows written back)."""
     if trace is None or not trace.steps:
         return f'<div class="tr-microscope tr-microscope-none">{html.escape(MICROSCOPE_PLACEHOLDER)}</div>'
     return f'<div class="tr-microscope">{microscope_view(trace, step)}</div>'  # escaped HTML of its own
@@ -121,7 +121,7 @@ def decoding_html(settings: dict[str, Any] | None) -> str:
 
 
 # ------------------------------------------------------------------------------------------ cost panel
-# One speed story: the meter's interleaved measurement (tr_core.report.speed) is the only measured speedup on the page.
+# One speed story: the meter's interleaved measurement (tr_core.bench.meter) is the only measured speedup on the page.
 # Once it has measured an answer, the cost panel's step costs are the meter's own timings (Token Recycling's steps of
 # each size against plain decoding's steps, over the same tokens: `meter_curve`), so the formula with them gives the
 # meter's figure. Before that, or without a measurement, they are estimates from this machine's cost curve, labelled

@@ -163,9 +163,9 @@ def gpu_decode(model_name: str, k: int, state: bytes, ids: list[int], cfg: Any, 
 def gpu_measure(model_name: str, k: int, state: bytes, ids: list[int], cfg: Any, max_s: float, chunk_ms: float,
                 duration: int, sizes: list[int] | None = None) -> Iterator[Any]:
     """(decorated with spaces.GPU) The interleaved speed measurement from the answer's starting state, drafting the
-    answer's tree `sizes` again: its SpeedEstimates (tr_core.report.speed.interleave); closing the call stops it
+    answer's tree `sizes` again: its SpeedEstimates (tr_core.bench.meter.interleave); closing the call stops it
     after its current round."""
-    from tr_core.report.speed import forked, interleave
+    from tr_core.bench.meter import forked, interleave
 
     twin = worker_engine(model_name, k, state)
 

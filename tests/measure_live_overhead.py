@@ -19,9 +19,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tr_core import DecodeConfig, Engine, load_model  # noqa: E402
-from tr_core.report.figures import (MatrixTracker, Speed, accepted_chart, coloured_markdown,  # noqa: E402
+from present.figures import (MatrixTracker, Speed, accepted_chart, coloured_markdown,  # noqa: E402
                                     heatmap_figure, meter_html, tree_figure)
-from tr_core.report.trace import Trace, boundaries_from_texts, record_live  # noqa: E402
+from studio.recording import record_live  # noqa: E402
+from tr_core.trace import Trace, boundaries_from_texts  # noqa: E402
 
 PROMPTS = [
     "Write a Python function that checks whether a string is a palindrome, with a short docstring.",

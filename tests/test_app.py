@@ -22,8 +22,8 @@ from studio.config import StudioConfig, make_config, parse_models, wants_public
 from studio.models import REFUSED, ModelCatalog, ModelRefused
 from studio.session import InputError, Session, clean_text
 from tr_core import warm
-from tr_core.report.figures import ACCEPTED_COLOUR
-from tr_core.report.trace import Trace
+from present.figures import ACCEPTED_COLOUR
+from tr_core.trace import Trace
 
 gradio_client = pytest.importorskip("gradio_client")
 
@@ -271,7 +271,7 @@ def test_the_meter_says_while_answering_whether_it_will_measure_and_shows_the_an
     live = [v["meter"] for v in run(studio, session, "measure it", compare=True) if "meter" in v]
     assert "measured right after the answer" in live[0]
     from studio.views import measured_meter
-    from tr_core.report.speed import SpeedEstimate
+    from tr_core.bench.meter import SpeedEstimate
 
     cut = SpeedEstimate(1.2, 0.05, 20.0, 16.0, 1.22, 33, 1, True, "")  # chunks over part of the answer only
     assert "1.22" in measured_meter(cut) and "1.45" in measured_meter(cut, answer_mean=1.45)
@@ -483,7 +483,7 @@ def race_data(race: str) -> dict:
 
 def test_the_race_panel_carries_the_timeline_of_a_measured_answer_only():
     from studio.views import race_html
-    from tr_core.report.race import race_timeline
+    from present.race import race_timeline
 
     studio = studio_for()
     session = Session(engine=FakeEngine(steps=4), k=8)

@@ -1,10 +1,10 @@
 """The rooms of the code and the doors between them, read from the source itself (every import, function-level ones
 included, relative ones resolved):
 
-- layers, lowest first: the library (tr_core/*.py) < its views (tr_core.report) < benchmarking (tr_core.bench) < the
-  command line (tr_core.cli) < `python -m tr_core` (tr_core/__main__.py); the vLLM integration (tr_core.vllm) stands
-  beside benchmarking, over the library and its views, and only the command line may use it. A module imports its own
-  room or a lower one; the studio (studio/, app.py) may import anything of tr_core, and nothing in tr_core imports the
+- layers, lowest first: the library (tr_core/*.py) < benchmarking (tr_core.bench) < the command line (tr_core.cli) <
+  `python -m tr_core` (tr_core/__main__.py); the vLLM integration (tr_core.vllm) stands beside benchmarking, over the
+  library, and only the command line may use it. The views (present/) read the library; the studio (studio/, app.py)
+  may import anything. A module imports its own room or a lower one, and nothing in tr_core imports the views or the
   studio;
 - no import cycle, between modules or between rooms;
 - `import tr_core` loads nothing of the views, the benchmark, the command line, the studio, gradio or plotly;
@@ -26,26 +26,27 @@ MAX_FUNCTION_LINES = 50
 # room -> the rooms its modules may import besides their own (the library is every tr_core module outside a room)
 MAY_IMPORT = {
     "library": set(),
-    "report": {"library"},
-    "bench": {"library", "report"},
-    "vllm": {"library", "report", "bench"},
-    "cli": {"library", "report", "bench", "vllm"},
-    "main": {"library", "report", "bench", "vllm", "cli"},
-    "studio": {"library", "report", "bench", "cli", "vllm", "studio"},
+    "bench": {"library"},
+    "vllm": {"library", "bench"},
+    "cli": {"library", "bench", "vllm"},
+    "main": {"library", "bench", "vllm", "cli"},
+    "present": {"library"},
+    "studio": {"library", "bench", "cli", "vllm", "present"},
 }
-LOADED_BY_NOTHING_AT_IMPORT = ("tr_core.report", "tr_core.bench", "tr_core.cli", "tr_core.vllm", "studio", "gradio",
+LOADED_BY_NOTHING_AT_IMPORT = ("tr_core.bench", "tr_core.cli", "tr_core.vllm", "present", "studio", "gradio",
                                "plotly", "networkx")
 
 
 def module_name(path: Path) -> str:
-    """tr_core/report/trace.py -> tr_core.report.trace; a package's __init__.py -> the package."""
+    """tr_core/trace.py -> tr_core.trace; a package's __init__.py -> the package."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def python_files() -> list[Path]:
-    """Every module of tr_core/ and studio/, and app.py."""
-    return sorted([*(ROOT / "tr_core").rglob("*.py"), *(ROOT / "studio").rglob("*.py"), ROOT / "app.py"])
+    """Every module of tr_core/, present/ and studio/, and app.py."""
+    return sorted([*(ROOT / "tr_core").rglob("*.py"), *(ROOT / "present").rglob("*.py"), *(ROOT / "studio").rglob("*.py"),
+                   ROOT / "app.py"])
 
 
 MODULES = {module_name(path): path for path in python_files()}
@@ -93,6 +94,8 @@ def room(module: str) -> str:
     parts = module.split(".")
     if parts[0] in ("studio", "app"):
         return "studio"
+    if parts[0] == "present":
+        return "present"
     if module == "tr_core.__main__":
         return "main"
     if len(parts) > 1 and parts[1] in MAY_IMPORT and (ROOT / "tr_core" / parts[1]).is_dir():
@@ -129,14 +132,14 @@ ROOMS = sorted({room(m) for m in GRAPH})
 
 def test_the_rules_read_the_code_they_are_about():
     """The rules below would pass on nothing: check they see the rooms, the imports and a known edge of each kind."""
-    assert {"library", "report", "bench", "cli", "main", "studio"} <= set(ROOMS)
-    assert room("tr_core.engine") == "library" and room("tr_core.report.trace") == "report"
+    assert {"library", "bench", "cli", "main", "present", "studio"} <= set(ROOMS)
+    assert room("tr_core.engine") == "library" and room("present.replay") == "present"
     assert room("tr_core.cli.options") == "cli" and room("tr_core.__main__") == "main" and room("app") == "studio"
-    assert "tr_core.report.trace" in GRAPH["tr_core.report.replay"]  # a relative import within a room
-    assert "tr_core.events" in GRAPH["tr_core.report.trace"]  # a relative import one room down
+    assert "present.figures" in GRAPH["present.replay"]  # a relative import within a room
+    assert "tr_core.events" in GRAPH["tr_core.bench.meter"]  # a relative import one room down
     assert "tr_core.tuning" in GRAPH["tr_core.engine"] and "tr_core.cli" in GRAPH["tr_core.__main__"]
     assert "tr_core.cli.options" in GRAPH["app"]  # an absolute import
-    assert "tr_core.report.replay" in GRAPH["tr_core.cli.generate"]  # a function-level import
+    assert "tr_core.trace" in GRAPH["tr_core.cli.generate"]  # a function-level import
     assert "tr_core.bench.bench" in GRAPH["tr_core.cli.bench"]  # `from ..bench import bench`: the module, not the room
     assert cycle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"] and not cycle_in({"a": {"b"}})
 
@@ -149,9 +152,9 @@ def test_each_room_imports_only_its_own_room_or_lower_ones(here):
     assert not upward, f"the {here} room may import only {sorted(MAY_IMPORT[here]) or 'itself'}:\n" + "\n".join(upward)
 
 
-def test_nothing_in_tr_core_imports_the_studio():
+def test_nothing_in_tr_core_imports_the_views_or_the_studio():
     found = sorted(f"{m} imports {n}" for m, path in MODULES.items() if m.startswith("tr_core")
-                   for n in imported_names(path) if n.split(".")[0] in ("studio", "app"))
+                   for n in imported_names(path) if n.split(".")[0] in ("present", "studio", "app"))
     assert not found, "\n".join(found)
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from conftest_app import running_app
 from tr_core.events import StepEvent, SummaryEvent
-from tr_core.report.trace import Trace
+from tr_core.trace import Trace
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
@@ -500,7 +500,7 @@ def race_trace(steps: int = 8, step_ms: float = 250.0) -> Trace:
     """A trace measured at 1.5x whose answer carries markup: 8 steps of 3 tokens, 250 ms each (plain: 3 s)."""
     from dataclasses import asdict
 
-    from tr_core.report.speed import SpeedEstimate
+    from tr_core.bench.meter import SpeedEstimate
 
     trace = Trace(model="tiny", settings={"template": "tiny", "k": 2}, messages=[{"role": "user", "content": "go"}])
     vocab = {t: f" w{t}" for t in range(10)}
@@ -559,7 +559,7 @@ def test_a_deep_trees_legend_and_labels_land_where_the_figure_placed_them(app_br
     """Plotly.js draws the stacked legend of a deep copied run inside the box tree_frame reserved for it (labels
     keep out of that box), and no label drawn overlaps another or the legend."""
     from test_figures import deep_run_event, words_of
-    from tr_core.report.figures import TREE_WIDTH, tree_figure, tree_frame
+    from present.figures import TREE_WIDTH, tree_figure, tree_frame
 
     ev = deep_run_event(16)
     frame = tree_frame(ev)

@@ -87,7 +87,7 @@ def test_cli_answers_a_chat_prompt_as_json():
     (["generate", "--prompt", "hi", "--model", "./README.md"], "not a .gguf file"),
     (["generate", "--prompt", "hi", "--device", "tpu"], "unknown device 'tpu'"),
     (["generate", "--prompt", "hi", "--save-matrix", "/no/such/folder/m.pt"], "--save-matrix: folder /no/such/folder does not exist"),
-    (["generate", "--prompt", "hi", "--replay-html", "tests"], "--replay-html: tests is a folder"),
+    (["generate", "--prompt", "hi", "--trace", "tests"], "--trace: tests is a folder"),
     (["profile", "--json", "/no/such/folder/p.json"], "--json: folder /no/such/folder does not exist"),
     (["generate", "--prompt", "hi", "--template", "small-16", "--topk-candidates", "3"], "--topk-candidates >= 4, got 3"),
     (["generate", "--prompt", "hi", "--temperature", "1e-9"], "--temperature must be 0 (greedy) or from 1e-06 up"),
@@ -107,7 +107,7 @@ def test_cli_asking_for_cuda_without_it_says_so():
 
 
 def test_a_token_holding_part_of_a_character_shows_its_bytes(engine):
-    from tr_core.report.figures import symbol_note, visible_token
+    from present.figures import symbol_note, visible_token
 
     ids = engine.tokenizer("你好 😀 naïve", add_special_tokens=False)["input_ids"]
     shown = [engine.token_text(i) for i in ids]

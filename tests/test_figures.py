@@ -10,12 +10,12 @@ from collections import Counter
 import pytest
 
 from tr_core.events import StepEvent, SummaryEvent
-from tr_core.report.figures import (ACCEPTED_COLOUR, BONUS_COLOUR, BONUS_NODE, REJECTED_COLOUR, MatrixTracker,
+from present.figures import (ACCEPTED_COLOUR, BONUS_COLOUR, BONUS_NODE, REJECTED_COLOUR, MatrixTracker,
                                     MeterView, accepted_chart, boxes_overlap, coloured_markdown, display_token,
                                     heatmap_figure, label_boxes, meter_html, symbol_note, tree_figure, tree_frame,
                                     tree_layout, tree_legend_names, unique_labels)
-from tr_core.report.figures import FEW_LABELS, _path_segments, segment_crosses
-from tr_core.report.trace import TextAssembler, Trace, TraceError, boundaries_from_texts
+from present.figures import FEW_LABELS, _path_segments, segment_crosses
+from tr_core.trace import TextAssembler, Trace, TraceError, boundaries_from_texts
 
 VOCAB = {0: "<root>", 1: " the", 2: " cat", 3: " sat", 4: " dog", 5: "the", 6: "\n", 7: " on", 8: " mat", 9: "!"}
 
@@ -279,7 +279,7 @@ def test_a_long_copied_run_is_labelled_on_alternate_sides_without_covering_its_o
     # the matrix's candidates, then runs 10 tokens copied from the context down one column, whose levels are closer
     # than a label is tall. Each of those labels took 'bottom center', over the next two markers of the path, rather
     # than be crossed by the path once at the column's top (11 overlaps with accepted markers); now none covers one.
-    from tr_core.report.figures import _marker_boxes
+    from present.figures import _marker_boxes
 
     parents = [-1, 0, 0, 2, 2, 2, 2, 4, 5, 2, 2, 8, 8, 5, 13, *range(14, 24)]
     depths = [0, 1, 1, 2, 2, 2, 2, 3, 3, 2, 2, 4, 4, 3, 4, *range(5, 15)]
@@ -326,7 +326,7 @@ def deep_run_event(depth: int, siblings: int = 7, second_run: bool = False) -> S
 def test_a_deep_copied_run_takes_the_legends_room_and_its_star_and_labels_cover_nothing(depth):
     # The README's first screenshot: 16 copied tokens accepted in one step left 13 px a level under a two-row
     # legend; the markers merged into one green bar and the bonus star covered the last node.
-    from tr_core.report.figures import MIN_MARKER, _marker_boxes
+    from present.figures import MIN_MARKER, _marker_boxes
 
     ev = deep_run_event(depth)
     frame, layout = tree_frame(ev), tree_layout(tuple(ev.parents), tuple(ev.ranks))
@@ -373,7 +373,7 @@ def test_the_tree_title_counts_the_tokens_the_step_emitted():
 
 def test_accepted_drafts_past_the_answers_end_are_drawn_apart_from_those_it_kept():
     """A cold reader saw the dropped draft with the same green as the kept ones ("16 accepted, 15 kept")."""
-    from tr_core.report.figures import PAST_END_COLOUR, node_groups
+    from present.figures import PAST_END_COLOUR, node_groups
 
     ev = make_event()
     path = ev.accepted[1:]
@@ -409,7 +409,7 @@ def test_dropped_labels_stay_on_hover_and_labels_are_escaped():
 
 
 def test_rejected_labels_keep_clear_of_markers():
-    from tr_core.report.figures import _marker_boxes
+    from present.figures import _marker_boxes
 
     ev = paper_tree_event()
     frame = tree_frame(ev)
@@ -448,7 +448,7 @@ def test_a_small_tree_labels_every_node():
 
 
 def test_a_lone_punctuation_mark_is_labelled_in_quotes_so_it_can_be_seen():
-    from tr_core.report.figures import node_label
+    from present.figures import node_label
 
     assert [node_label(t, 8) for t in (",", "_", "'", "(", ".")] == ["“,”", "“_”", "“'”", "“(”", "“.”"]
     assert [node_label(t, 8) for t in ("a", "7", " ", "\n", "", " the", ",,")] == ["a", "7", "␣", "↵", "∅", "␣the", ",,"]
@@ -563,7 +563,7 @@ def test_accepted_chart_and_meter():
 
 
 def test_the_chart_credits_the_answers_accepted_drafts_to_their_source():
-    from tr_core.report.figures import accepted_chart_explained, draft_credit
+    from present.figures import accepted_chart_explained, draft_credit
 
     events = [make_event(i) for i in range(3)]
     accepted = sum(len(e.accepted) - 1 for e in events)
@@ -629,7 +629,7 @@ def test_meter_colour_follows_meaning_and_noise_says_noisy():
 
 
 def test_untrusted_text_cannot_carry_html_or_images():
-    from tr_core.report.figures import safe_markdown
+    from present.figures import safe_markdown
 
     out = safe_markdown('<img src="http://x/a.png"> ![t](http://x/b.png) [l](http://x) `<b>`')
     assert "<img" not in out and "![" not in out and "&#91;l]" in out and "`<b>`" in out
@@ -660,7 +660,7 @@ def _text_of(out: str) -> str:
 
 
 def test_a_fenced_code_block_carries_its_steps_colours_as_escaped_html():
-    from tr_core.report.figures import CODE_CLOSE, CODE_OPEN
+    from present.figures import CODE_CLOSE, CODE_OPEN
 
     body = "def f(x):\n    return x < 2 and [x] != '<b>'\n"
     text = f"Code:\n\n```python\n{body}```\n\nDone."
@@ -679,7 +679,7 @@ def test_a_fenced_code_block_carries_its_steps_colours_as_escaped_html():
 
 
 def test_a_code_block_still_streaming_is_closed_and_odd_fences_stay_markdown():
-    from tr_core.report.figures import CODE_CLOSE, CODE_OPEN
+    from present.figures import CODE_CLOSE, CODE_OPEN
 
     streaming = coloured_markdown("Code:\n~~~\nx = 1\ny", [8, 15, 16])
     assert streaming.endswith(CODE_CLOSE) and streaming.count(CODE_OPEN) == 1
@@ -693,7 +693,7 @@ def test_a_code_block_still_streaming_is_closed_and_odd_fences_stay_markdown():
 
 
 def test_marked_markdown_outlines_only_the_shown_steps_run():
-    from tr_core.report.figures import marked_markdown, safe_markdown
+    from present.figures import marked_markdown, safe_markdown
 
     text = "Here:\n```python\nprint('x')\n```\n- item `a<b`\n# Title <b>"
     bounds = [3, 20, 35, len(text)]
@@ -707,7 +707,7 @@ def test_marked_markdown_outlines_only_the_shown_steps_run():
 
 
 def test_accepted_chart_explained_has_a_legend_for_each_colour():
-    from tr_core.report.figures import accepted_chart_explained
+    from present.figures import accepted_chart_explained
 
     events = [make_event(i) for i in range(3)]
     fig = accepted_chart_explained(events, current=1)
@@ -767,7 +767,7 @@ def test_redrawing_an_80_node_step_reuses_the_layout():
 
     (Its cost is measured, not asserted: tests/measure_live_overhead.py; timed tests fail on slow runners.)
     """
-    from tr_core.report.figures import tree_layout
+    from present.figures import tree_layout
     from tr_core.tree import TEMPLATES, build_tree
 
     tree = build_tree("2.2.2", TEMPLATES["2.2.2"])
@@ -814,7 +814,7 @@ class ScriptedEngine:
 
 
 def test_record_live_folds_events_into_the_trace_and_throttles():
-    from tr_core.report.trace import record_live
+    from studio.recording import record_live
 
     trace = Trace()
     batches = list(record_live(ScriptedEngine(5), [0], None, trace, every_s=10.0))
@@ -830,7 +830,7 @@ def test_record_live_folds_events_into_the_trace_and_throttles():
 
 
 def test_hover_says_which_step_each_draft_token_was_recycled_from():
-    from tr_core.report.figures import provenance_text
+    from present.figures import provenance_text
 
     ev = make_hybrid_event()
     n = len(ev.tokens)
@@ -850,7 +850,7 @@ def test_hover_says_which_step_each_draft_token_was_recycled_from():
 
 
 def test_a_large_tree_labels_its_accepted_path_and_only_a_few_drafts_all_at_16_px_or_more():
-    from tr_core.report.figures import FEW_LABELS, MIN_FONT
+    from present.figures import FEW_LABELS, MIN_FONT
 
     ev = paper_tree_event((0, 1, 0), 17)
     boxes = label_boxes(ev, words_of)
@@ -903,7 +903,7 @@ def side_run_event(depth: int, left: int, right: int, grandchildren: int) -> Ste
 def test_the_legend_of_spaces_moves_aside_rather_than_push_a_run_label_onto_its_next_node(shape):
     """The README screenshot's deep run: the first copied token's only free side held '␣ = space', so its label
     went under it, onto the next node. The legend now takes another free corner."""
-    from tr_core.report.figures import LABEL_GAP_PX, _marker_boxes, _symbol_note_box
+    from present.figures import LABEL_GAP_PX, _marker_boxes, _symbol_note_box
 
     ev = side_run_event(*shape)
     words = lambda t: f" w{t}" if t % 3 else "_"  # noqa: E731 - labels with a space: the legend of ␣ is shown

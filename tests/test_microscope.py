@@ -1,4 +1,4 @@
-"""One step under the microscope (tr_core/report/microscope.py): the rows a step read, the tree built from them, the
+"""One step under the microscope (present/microscope.py): the rows a step read, the tree built from them, the
 verdict, the rows written back before and after; recorded by the engine (`rows_read*`, `choices`), checked on trace
 load."""
 from __future__ import annotations
@@ -14,9 +14,9 @@ import torch
 from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
 
 from tr_core import DecodeConfig, Engine, StepEvent
-from tr_core.report.microscope import (BLOCK_TAGS, CSS, KnownRows, microscope_blocks, microscope_view,
+from present.microscope import (BLOCK_TAGS, CSS, KnownRows, microscope_blocks, microscope_view,
                                        render_blocks, rows_before, step_microscope)
-from tr_core.report.trace import Trace, TraceError
+from tr_core.trace import Trace, TraceError
 
 TEXTS = {3: "three", 5: "five", 7: "seven", 8: "<b>eight</b>", 9: "nine", 1: "one", 2: "two", 4: "four", 6: "six",
          0: "zero", 11: "eleven"}

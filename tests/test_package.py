@@ -82,7 +82,7 @@ def test_wheel_installs_into_an_empty_folder_and_imports_without_the_app_package
     code = ("import sys, tr_core\n"
             "from tr_core import DecodeConfig, Engine\n"
             "assert tr_core.__file__.startswith(%r), tr_core.__file__\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('gradio', 'plotly', 'networkx', 'tr_core.report', "
+            "print(sorted(m for m in sys.modules if m.startswith(('gradio', 'plotly', 'networkx', 'present', "
             "'tr_core.bench', 'tr_core.cli'))))\n") % str(site)
     assert run([sys.executable, "-c", code], cwd=outside, env=env).stdout.strip() == "[]"
 

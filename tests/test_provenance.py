@@ -76,7 +76,7 @@ def test_a_step_that_drafts_nothing_shows_the_root_alone_and_plain_steps_show_no
 def test_provenance_survives_a_trace_round_trip_and_bad_values_are_refused(tmp_path):
     import json
 
-    from tr_core.report.trace import Trace, TraceError
+    from tr_core.trace import Trace, TraceError
 
     engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
     events = list(engine.generate([5, 9, 14, 22, 9, 14], DecodeConfig(template="2.2.2", max_new_tokens=12)))

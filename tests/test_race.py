@@ -1,4 +1,4 @@
-"""The race (tr_core.report.race) on a hand-built trace: timestamps from the recorded step timings, exact frames, same
+"""The race (present.race) on a hand-built trace: timestamps from the recorded step timings, exact frames, same
 race every time, plain decoding paced by the meter's trusted ratio, and no race where the meter measured no ratio (too
 noisy, or an older trace timed one method after the other): the race never shows a gap the meter did not measure."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from tr_core.events import StepEvent, SummaryEvent
-from tr_core.report.race import NoRace, no_race_reason, race_frame, race_timeline, token_ends
-from tr_core.report.speed import SpeedEstimate
-from tr_core.report.trace import Trace
+from present.race import NoRace, no_race_reason, race_frame, race_timeline, token_ends
+from tr_core.bench.meter import SpeedEstimate
+from tr_core.trace import Trace
 
 VOCAB = {0: "<root>", 1: " the", 2: " cat", 3: " sat", 7: " on", 8: " mat", 9: "!"}
 TEXT = " the cat sat on mat!"  # 20 characters: steps " the cat" | " sat" | " on mat!"

@@ -1,5 +1,5 @@
-"""The offline HTML replay (tr_core/report/replay.py): self-contained, every step, escaped; then a real Chromium with
-every network request blocked steps through it. The CLI's `generate --replay-html` writes the same file.
+"""The offline HTML replay (present/replay.py): self-contained, every step, escaped; then a real Chromium with
+every network request blocked steps through it. `python -m present replay` writes the same file from a trace saved by `generate --trace`.
 """
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
-from tr_core.report.microscope import microscope_blocks, render_blocks, step_microscope
-from tr_core.report.replay import replay_html
-from tr_core.report.story import step_story
-from tr_core.report.trace import Trace, record_live
+from present.microscope import microscope_blocks, render_blocks, step_microscope
+from present.replay import replay_html
+from present.story import step_story
+from studio.recording import record_live
+from tr_core.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOT = Path(os.environ.get("TR_REPLAY_SCREENSHOT", "/tmp/replay.png"))
@@ -110,7 +111,7 @@ def test_replay_is_one_self_contained_file_with_every_step(tiny_trace):
     assert data["steps"][0]["story"] == step_story(tiny_trace.steps[0], tiny_trace.token_text, {})
     runs = [t for t, a in parse(page).tags if t == "span" and "run" in a.get("class", "")]
     assert len(runs) == n and "tiny llama" in page and "hello there, tell me a story" in page
-    from tr_core.report.replay import summary_line
+    from present.replay import summary_line
 
     hybrid = copy.deepcopy(tiny_trace)
     hybrid.settings["template"], hybrid.summary = "hybrid", None
@@ -129,7 +130,7 @@ def test_replay_holds_the_microscope_of_every_step(tiny_trace):
 def test_replay_needs_no_tokenizer_and_tr_core_does_not_import_plotly(tiny_trace):
     loaded = Trace.from_dict(json.loads(json.dumps(tiny_trace.to_dict())))  # the trace file alone
     assert step_data(replay_html(loaded)) == step_data(replay_html(tiny_trace))
-    code = ("import sys, tr_core, tr_core.report.story, tr_core.report.replay; "
+    code = ("import sys, tr_core, present.story, present.replay; "
             "assert 'plotly' not in sys.modules, 'plotly imported'")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
@@ -150,20 +151,23 @@ def test_markup_in_a_trace_is_text_never_live(tiny_trace):
     assert any("<img" in s["story"] for s in step_data(page)["steps"])  # the story keeps the text, shown as text
 
 
-def test_cli_generate_writes_the_replay(tmp_path):
+def test_cli_generate_saves_the_trace_and_present_draws_its_replay(tmp_path):
+    from present.__main__ import main as present_main
     from test_bench import _tiny_model_folder
     from tr_core.cli import main
 
     folder = _tiny_model_folder(tmp_path / "tiny")
-    out = tmp_path / "answer.html"
+    saved, out = tmp_path / "answer.json", tmp_path / "answer.html"
     assert main(["generate", "--prompt", "Tell me <b>a</b> story.", "--model", str(folder), "--device", "cpu",
-                 "--max-new-tokens", "16", "--template", "2.2.2", "--json", "--replay-html", str(out)]) == 0
+                 "--max-new-tokens", "16", "--template", "2.2.2", "--json", "--trace", str(saved)]) == 0
+    assert present_main(["replay", str(saved), str(out)]) == 0
+    assert present_main(["replay", str(tmp_path / "missing.json"), str(tmp_path / "x.html")]) == 1
     page = out.read_text(encoding="utf-8")
     data = step_data(page)
     assert data["steps"] and any("drafted" in step["story"] for step in data["steps"])
     assert "Tell me &lt;b&gt;a&lt;/b&gt; story." in page
     assert main(["generate", "--prompt", "hi", "--model", str(folder), "--device", "cpu", "--max-new-tokens", "2",
-                 "--replay-html", str(tmp_path / "no" / "such" / "dir.html")]) == 2  # refused before any work
+                 "--trace", str(tmp_path / "no" / "such" / "dir.json")]) == 2  # refused before any work
 
 
 # --------------------------------------------------------------------------------------------- browser

@@ -1,5 +1,5 @@
-"""The honest meter (tr_core.report.speed) and the decode's ownership by its consumer
-(tr_core.report.trace.record_live)."""
+"""The honest meter (tr_core.bench.meter) and the decode's ownership by its consumer
+(tr_core.trace.record_live)."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,8 +13,9 @@ from conftest import TinyTokenizer, tiny_model
 from tr_core.config import DecodeConfig
 from tr_core.engine import Engine
 from tr_core.events import StepEvent
-from tr_core.report.speed import ChunkPair, estimate, forked, interleave, measure_interleaved, plausible_limit
-from tr_core.report.trace import Trace, record_live
+from tr_core.bench.meter import ChunkPair, estimate, forked, interleave, measure_interleaved, plausible_limit
+from studio.recording import record_live
+from tr_core.trace import Trace
 
 
 class Clock:
@@ -303,7 +304,7 @@ def test_a_single_pair_has_no_error_and_its_trace_still_loads(tmp_path):
     """One chunk pair has no spread: the error is unknown (None, not inf, which JSON cannot hold)."""
     import dataclasses
 
-    from tr_core.report.trace import Trace
+    from tr_core.trace import Trace
 
     est = estimate([ChunkPair(tokens=12, tr_ms=100.0, tr_steps=6, plain_ms=150.0)])
     assert est.error is None and not est.trusted and "too short" in est.reason
@@ -318,7 +319,7 @@ def test_a_pooled_measurement_is_saved_in_the_trace_and_a_bad_pass_count_refused
 
     import pytest
 
-    from tr_core.report.trace import Trace, TraceError
+    from tr_core.trace import Trace, TraceError
 
     pairs = [ChunkPair(tokens=6, tr_ms=60.0, tr_steps=3, plain_ms=80.0 + i) for i in range(8)]
     est = dataclasses.replace(estimate(pairs, identical=True), covered=24, passes=2)
@@ -356,7 +357,7 @@ def story_trace(speed: dict | None) -> Trace:
 def trusted(ratio: float = 1.5, error: float = 0.05) -> dict:
     from dataclasses import asdict
 
-    from tr_core.report.speed import SpeedEstimate
+    from tr_core.bench.meter import SpeedEstimate
 
     return asdict(SpeedEstimate(ratio=ratio, error=error, tr_tps=30.0, plain_tps=20.0, mean_accepted=2.5, tokens=5,
                                 pairs=4, trusted=True, identical=True, covered=5))
@@ -400,7 +401,7 @@ def test_a_steady_curve_gives_labelled_estimates_and_the_formula_with_this_answe
 
 def test_too_noisy_leaves_no_figure_on_the_page_implying_a_speedup():
     from studio.views import cost_html, measured_meter, race_html
-    from tr_core.report.speed import SpeedEstimate
+    from tr_core.bench.meter import SpeedEstimate
 
     trace = story_trace(noisy())
     meter = measured_meter(SpeedEstimate(**trace.speed))
@@ -566,7 +567,7 @@ def test_a_speed_record_with_bad_step_sizes_is_refused(tmp_path):
 
     import pytest
 
-    from tr_core.report.trace import TraceError
+    from tr_core.trace import TraceError
 
     path = Trace(model="tiny", speed=dict(trusted(), step_ms=((4, 36.0, 1),))).save(tmp_path / "t.json")
     assert Trace.load(path).speed["step_ms"] == [[4, 36.0, 1]]
@@ -649,7 +650,7 @@ def test_the_meters_re_decode_drafts_the_answers_very_trees():
     """A cost-sized tree sizes each step from timings that differ run to run, so re-decoding an answer from its
     starting state drafted other trees and the meter timed another answer's steps (81 steps at 1.58 tokens beside
     the answer's 79 at 1.62 on a screenshot). Told the answer's sizes, the twin drafts its very trees."""
-    from tr_core.report.speed import answer_sizes
+    from tr_core.bench.meter import answer_sizes
 
     engine = tiny_engine()
     prompt = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 6]
@@ -724,3 +725,12 @@ def test_the_formula_counts_the_steps_that_drafted_nothing():
     assert step_sizes(steps).endswith(" 2 of them drafted nothing and verified the last token alone (each such "
                                       "step's story says why).")
     assert "drafted nothing" not in step_sizes(steps[1:2]) and "drafted nothing" not in step_sizes([steps[0]])
+
+
+def test_the_trace_schema_knows_every_field_of_a_speed_record():
+    from dataclasses import fields
+
+    from tr_core.bench.meter import SpeedEstimate
+    from tr_core.trace import SPEED_KEYS
+
+    assert SPEED_KEYS == {f.name for f in fields(SpeedEstimate)}

@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 
 from tr_core.events import StepEvent
-from tr_core.report.figures import MatrixTracker
-from tr_core.report.story import quoted, step_story
+from present.figures import MatrixTracker
+from present.story import quoted, step_story
 
 VOCAB = {0: "<root>", 1: " the", 2: " cat", 3: " sat", 4: " dog", 5: "the", 6: "\n", 7: " on", 8: " mat", 9: "!"}
 
@@ -55,8 +55,8 @@ def test_story_counts_distinct_rows_and_context_copies():
                               emitted=[1, 2], bonus=2, sources=["root", "context"], origins=["", "x"])
     assert "drafted 1 token after '<root>', all copied from the conversation." in step_story(only_context, text_of)
     from tr_core.context import LIBRARY
-    from tr_core.report.microscope import microscope_blocks, step_microscope
-    from tr_core.report.trace import Trace
+    from present.microscope import microscope_blocks, step_microscope
+    from tr_core.trace import Trace
 
     shipped = f"copied from {LIBRARY}, its 3rd token (after a 2-token match)"  # from the warm start's answers
     ev.origins[2] = shipped
@@ -153,7 +153,7 @@ def test_a_row_the_step_read_is_not_counted_new_as_in_the_microscope():
 def test_a_token_drafted_twice_is_said_to_share_one_row():
     """25 tokens verified and 23 rows written read as two rows lost, unless the story says why."""
     from tr_core.events import StepEvent
-    from tr_core.report.story import step_story
+    from present.story import step_story
 
     ev = StepEvent(step=0, position=5, tokens=[0, 1, 2, 1], parents=[-1, 0, 0, 2], depths=[0, 1, 1, 2],
                    ranks=[-1, 0, 1, 0], accepted=[0, 2, 3], emitted=[2, 1, 4], bonus=4, timings={"total": 1.0},

@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from tr_core.report import trace as trace_mod
+from tr_core import trace as trace_mod
 from tr_core.events import StepEvent, SummaryEvent
-from tr_core.report.figures import MatrixTracker, accepted_chart, heatmap_figure, tree_figure
-from tr_core.report.trace import Trace, TraceError
+from present.figures import MatrixTracker, accepted_chart, heatmap_figure, tree_figure
+from tr_core.trace import Trace, TraceError
 
 VOCAB = {0: "<root>", 1: " the", 2: " cat", 3: " sat", 4: " dog", 5: "the", 6: "\n", 7: " on", 8: " mat", 9: "!"}
 TIMINGS = {"draft": 0.1, "forward": 10.0, "verify": 0.2, "commit": 0.1, "update": 0.3, "total": 10.7}

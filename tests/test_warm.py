@@ -12,7 +12,7 @@ from tr_core import warm
 from tr_core.adaptive import AdaptiveDrafter, grow_lists, grow_on_device
 from tr_core.drafters import StaticTreeDrafter, StepResult
 from tr_core.hybrid import live_part
-from tr_core.report.trace import TraceError, check_step
+from tr_core.trace import TraceError, check_step
 from tr_core.tree import live_nodes, resolve_template
 
 # The hand-built tree of test_units:  0 -> 1 (rank 0), 2 (rank 1); 1 -> 3 (0), 4 (1); 3 -> 5 (0)

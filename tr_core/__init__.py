@@ -11,8 +11,9 @@ matrix, model loading), and beside it:
 The rooms, lowest first; each imports only its own room or lower ones (tests/test_architecture.py):
 - tr_core/*.py, the library: engine, config, events, sampling, reduce, packet, tree, matrix, the drafters (drafters,
   adaptive, hybrid, context, trust, cost), model access (models, runner, kv_cache, hf, warm, token_text), the CPU's
-  timed matrix products (kernels, tuning, plan_cache) and the machine they run on (machine);
-- tr_core.report: the views of a decode (trace, speed meter, figures, story, microscope, replay, race);
+  timed matrix products (kernels, tuning, plan_cache) and the machine they run on (machine), a decode
+  recorded (trace) and the speed meter that times it against plain decoding (meter);
+- the views (present/) and the studio (studio/, app.py) sit outside the library, beside it in a checkout;
 - tr_core.bench: the benchmark, the forward-cost profile and their question files;
 - tr_core.cli: the command line (`token-recycling` = `python -m tr_core`);
 - tr_core.vllm, beside the benchmark: the vLLM integration (below the command line, over the rest).

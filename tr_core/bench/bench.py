@@ -428,7 +428,7 @@ def _ratio(a: float, b: float) -> float | None:
 def _plausible(speedup: float | None, mean_accepted: float | None) -> bool | None:
     """False when a speedup exceeds what its mean accepted tokens per step allow (speed.plausible_limit): the
     machine's load changed during the run, and the figure is noise. None when either number is missing."""
-    from ..report.speed import plausible_limit
+    from .meter import plausible_limit
 
     if speedup is None or mean_accepted is None:
         return None

@@ -1,6 +1,6 @@
 """The command line, `token-recycling` or `python -m tr_core`: generate (generate.py), bench (bench.py) and profile
 (profile.py), with the options they share (options.py). The top of the layers: it may use the library, its views
-(tr_core.report) and its benchmark (tr_core.bench); nothing in tr_core imports it."""
+and its benchmark (tr_core.bench); nothing in tr_core imports it."""
 from __future__ import annotations
 
 import argparse

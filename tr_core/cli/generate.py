@@ -1,5 +1,5 @@
 """`python -m tr_core generate`: answer one prompt, streaming the text, then print a summary; optionally save the
-adjacency matrix and a self-contained HTML replay of the answer."""
+adjacency matrix and the answer's trace (every step as JSON; `python -m present replay` draws it as HTML)."""
 from __future__ import annotations
 
 import argparse
@@ -24,8 +24,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     gen.add_argument("--load-matrix", default=None, help="start from an adjacency matrix saved earlier (replaces the "
                                                          "warm start's matrix)")
     gen.add_argument("--save-matrix", default=None, help="save the adjacency matrix after answering")
-    gen.add_argument("--replay-html", default=None, metavar="FILE",
-                     help="save the answer as one self-contained HTML replay (works offline, steps through the tree)")
+    gen.add_argument("--trace", default=None, metavar="FILE.json",
+                     help="save the answer's trace: every step's tree, verdict and matrix rows, as JSON (`python -m "
+                          "present replay FILE.json OUT.html` turns it into a self-contained HTML replay)")
     gen.set_defaults(func=run)
     return gen
 
@@ -56,14 +57,14 @@ def _prepared_engine(args: argparse.Namespace, cfg: Any) -> tuple[Any, Any] | in
 
 
 def run(args: argparse.Namespace) -> int:
-    """Answer one prompt, streaming the text; then the summary, and the matrix and replay when asked for."""
+    """Answer one prompt, streaming the text; then the summary, and the matrix and trace when asked for."""
     from ..kernels import needs_tuning, plan_of
-    from ..report.trace import Trace
+    from ..trace import Trace
     from ..tree import template_problem
 
     if not args.prompt.strip():
         return report_error("--prompt is empty", 2)
-    for path, option in ((args.save_matrix, "--save-matrix"), (args.replay_html, "--replay-html")):
+    for path, option in ((args.save_matrix, "--save-matrix"), (args.trace, "--trace")):
         if problem := output_problem(path, option):
             return report_error(problem, 2)
     try:
@@ -96,22 +97,22 @@ def run(args: argparse.Namespace) -> int:
             engine.matrix.save(args.save_matrix)
         except OSError as exc:
             return report_error(f"cannot save the matrix: {exc}", 1)
-    if args.replay_html:
-        return _write_replay(args, engine, cfg, Trace(steps=steps, summary=summary, step_texts=text.step_texts()))
+    if args.trace:
+        return _write_trace(args, engine, cfg, Trace(steps=steps, summary=summary, step_texts=text.step_texts()))
     return 0
 
 
 def _stream(args: argparse.Namespace, engine: Any, ids: list[int], cfg: Any) -> tuple[list, Any, Any]:
     """Decode, writing the text as it comes (not with --json); (step events, summary, the text assembler)."""
     from ..events import StepEvent
-    from ..report.trace import TextAssembler
+    from ..trace import TextAssembler
 
     text = TextAssembler(engine.decode)
     steps, summary = [], None
     for ev in engine.generate(ids, cfg):
         if isinstance(ev, StepEvent):
             steps.append(ev)
-            if not args.json or args.replay_html:
+            if not args.json or args.trace:
                 text.push(ev.emitted)
             if not args.json:
                 _write(text.unshown())
@@ -143,23 +144,21 @@ def _print_summary(args: argparse.Namespace, engine: Any, summary: Any) -> None:
               f"({torch.device(engine.device)}, stop: {summary.stop_reason})", file=sys.stderr)
 
 
-def _write_replay(args: argparse.Namespace, engine: Any, cfg: DecodeConfig, trace: Any) -> int:
-    """Save the answer's replay as one self-contained HTML file (`--replay-html`); return 0, or 1 after an error."""
+def _write_trace(args: argparse.Namespace, engine: Any, cfg: DecodeConfig, trace: Any) -> int:
+    """Save the answer's trace as JSON (`--trace`); return 0, or 1 after an error."""
     import dataclasses
 
     from ..models import EMBEDDED_NAME
-    from ..report.replay import replay_html
 
     trace.model = args.model or f"{EMBEDDED_NAME} (embedded)"
     trace.settings = dict(dataclasses.asdict(cfg), k=args.topk_candidates)
     trace.messages = [{"role": "user", "content": args.prompt}]
     trace.record_texts(engine.token_text)
     try:
-        with open(args.replay_html, "w", encoding="utf-8") as f:
-            f.write(replay_html(trace))
+        trace.save(args.trace)
     except OSError as exc:
-        return report_error(f"cannot write the replay: {exc}", 1)
-    print(f"replay saved to {args.replay_html} ({len(trace.steps)} steps)", file=sys.stderr)
+        return report_error(f"cannot write the trace: {exc}", 1)
+    print(f"trace saved to {args.trace} ({len(trace.steps)} steps)", file=sys.stderr)
     return 0
 
 

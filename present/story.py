@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 from typing import Callable
 
-from ..events import StepEvent
+from tr_core.events import StepEvent
 from .figures import copy_place, display_token, node_source, row_is_empty
 
 TokenText = Callable[[int], str]

@@ -17,7 +17,7 @@ from .figures import MatrixTracker, heatmap_figure, tree_figure
 from .microscope import CSS as MICROSCOPE_CSS
 from .microscope import explain, known_before, microscope_blocks, values_known
 from .story import ended_by, step_story
-from .trace import Trace
+from tr_core.trace import Trace
 
 TokenText = Callable[[int], str]
 # No request of any kind: scripts and styles are inline, plotly's heatmaps draw through data: images.
@@ -31,7 +31,7 @@ PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "showSendToCloud": Fa
 
 def replay_steps(trace: Trace, token_text: TokenText) -> list[dict[str, Any]]:
     """Per step: the tree and matrix-window figures (plotly JSON), the story, the tokens emitted and the step under
-    the microscope (its text blocks, tr_core.report.microscope, drawn by the page's script with textContent)."""
+    the microscope (its text blocks, present.microscope, drawn by the page's script with textContent)."""
     tracker = MatrixTracker()
     out = []
     for i, (ev, known) in enumerate(zip(trace.steps, known_before(trace))):
@@ -191,7 +191,7 @@ SCRIPT = """
   var prev = document.getElementById("tr-prev"), next = document.getElementById("tr-next");
   var story = document.getElementById("tr-story"), answer = document.getElementById("tr-answer");
   var microscope = document.getElementById("tr-microscope");
-  var TAGS = ["div", "span", "details", "summary"];  // tr_core.report.microscope.BLOCK_TAGS
+  var TAGS = ["div", "span", "details", "summary"];  // present.microscope.BLOCK_TAGS
   var runs = [];
   answer.querySelectorAll(".run").forEach(function (el) { runs[Number(el.dataset.step)] = el; });
   var current = 0;

@@ -4,7 +4,7 @@ forward, and the rows it wrote back, before and after (paper Sec. 3.1-3.3 on one
 `step_microscope(trace, i)` explains step i as plain data, from the trace alone (the rows read and the model's
 choices are recorded in each StepEvent: `rows_read*`, `choices`). `microscope_blocks` turns that into a small tree
 of text blocks, which `microscope_view` renders as escaped HTML for the studio and the offline replay renders
-with `textContent` in the browser (tr_core/report/replay.py): both draw the same blocks, so they cannot disagree.
+with `textContent` in the browser (present/replay.py): both draw the same blocks, so they cannot disagree.
 Everything shown from a trace is text: no string of a trace becomes markup.
 """
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import html
 from typing import Any, Iterator
 
-from ..events import StepEvent
+from tr_core.events import StepEvent
 from .figures import node_source, place_of, row_is_empty, visible_token
 from .story import end_words, ended_by
-from .trace import Trace
+from tr_core.trace import Trace
 
 MAX_READS_SHOWN = 3  # rows read shown open; the others sit in a folded list below them
 MAX_WRITES_SHOWN = 2  # rows written shown open, before and after

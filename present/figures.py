@@ -16,9 +16,9 @@ from typing import Any, Callable, NamedTuple
 
 import networkx as nx
 
-from ..context import LIBRARY
-from ..events import StepEvent
-from ..token_text import BYTES_CLOSE, BYTES_OPEN
+from tr_core.context import LIBRARY
+from tr_core.events import StepEvent
+from tr_core.token_text import BYTES_CLOSE, BYTES_OPEN
 
 TokenText = Callable[[int], str]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .replay import step_runs
-from .trace import Trace
+from tr_core.trace import Trace
 
 MEASURE_HINT = ("turn on “Measure the speedup against plain decoding” in the decoding settings and ask again")
 
