@@ -8,7 +8,7 @@ answer in turn, each with its own engine. Prints each task's speedup and mean ac
 and chosen draft size m, the steps' emitted tokens, median step and forward time, engine overhead, and the rate
 relative to a plain step (emitted / step ms x plain step ms): a size whose rate is below 1 lost time when chosen.
 This is how the winner's curse, the optimistic costs of never-tried sizes and the zero-draft overhead were found
-(README, "Hybrid drafting"). Timings are this machine's and noisy: compare rows of one run.
+(docs/cpu-policy.md). Timings are this machine's and noisy: compare rows of one run.
 """
 import collections
 import statistics as st

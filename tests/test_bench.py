@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tr_core.bench import bench, profile
+from tr_core.bench import answers, bench, profile, results, tables
 from tr_core.bench.questions import (
     MULTI_TURN,
+    group_by,
     QuestionFileError,
     load_questions,
     select_questions,
@@ -22,7 +23,7 @@ from tr_core.cli import bench as bench_command
 from tr_core.cli import profile as profile_command
 
 DATA = Path(__file__).resolve().parents[1] / "bench" / "data"  # the development question sets, in the repository
-DEV_FILES = ["mbpp_dev.jsonl", "spec_bench_dev.jsonl"]
+DEV_FILES = ["harder.jsonl", "mbpp_dev.jsonl", "spec_bench_dev.jsonl"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -156,6 +157,16 @@ def test_development_files_parse_and_cover_all_tasks():
     assert {q.task for q in picked} == {MULTI_TURN, "translation", "summarization", "qa", "math_reasoning", "rag", "code"}
 
 
+def test_the_harder_questions_are_the_third_and_fourth_of_each_task_unchanged():
+    dev = {}
+    for name in ("spec_bench_dev.jsonl", "mbpp_dev.jsonl"):
+        lines = [line for line in (DATA / name).read_text(encoding="utf-8").splitlines() if line.strip()]
+        for task, group in group_by(zip(load_questions(DATA / name), lines), lambda pair: pair[0].task).items():
+            dev[task] = [line for _, line in group]
+    harder = (DATA / "harder.jsonl").read_text(encoding="utf-8").splitlines()
+    assert harder == [line for task in dev for line in dev[task][2:4]]
+
+
 # ----------------------------------------------------------------------------- methods and input validation
 
 
@@ -219,9 +230,9 @@ def test_without_template_the_bench_runs_the_tree_the_app_uses_on_the_device(tmp
 
 
 def test_cut_at_stop():
-    assert bench.cut_at_stop([5, 6, 2, 7], {2}, 10) == ([5, 6, 2], [5, 6])
-    assert bench.cut_at_stop([5, 6, 7, 8], {2}, 3) == ([5, 6, 7], [5, 6, 7])
-    assert bench.cut_at_stop([2], {2, 3}, 3) == ([2], [])
+    assert answers.cut_at_stop([5, 6, 2, 7], {2}, 10) == ([5, 6, 2], [5, 6])
+    assert answers.cut_at_stop([5, 6, 7, 8], {2}, 3) == ([5, 6, 7], [5, 6, 7])
+    assert answers.cut_at_stop([2], {2, 3}, 3) == ([2], [])
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -248,7 +259,7 @@ def _records():
 
 
 def test_aggregate_totals_speedup_identical():
-    agg = bench.aggregate(_records(), ["vanilla", "recycling", "hf"])
+    agg = results.aggregate(_records(), ["vanilla", "recycling", "hf"])
     v, r, h = agg["vanilla"], agg["recycling"], agg["hf"]
     assert v["speedup"] == pytest.approx(1.0) and v["mean_accepted"] == pytest.approx(1.0)
     assert (v["identical"], v["compared"]) == (3, 3)
@@ -264,7 +275,7 @@ def test_aggregate_totals_speedup_identical():
 
 
 def test_aggregate_per_task():
-    agg = bench.aggregate(_records(), ["vanilla", "recycling"])
+    agg = results.aggregate(_records(), ["vanilla", "recycling"])
     per = agg["recycling"]["per_category"]
     assert list(per) == ["qa", "rag"]  # Spec-Bench task order
     assert per["qa"]["speedup"] == pytest.approx(2.0)
@@ -277,33 +288,71 @@ def test_aggregate_per_task():
 
 
 def test_implausible_speedups_are_flagged_noisy_in_the_tables():
-    agg = bench.aggregate(_records(), ["vanilla", "recycling", "hf"])
-    agg["recycling"]["per_category"]["qa"].update(speedup=2.9, plausible=bench._plausible(2.9, 2.5))
+    agg = results.aggregate(_records(), ["vanilla", "recycling", "hf"])
+    agg["recycling"]["per_category"]["qa"].update(speedup=2.9, plausible=results._plausible(2.9, 2.5))
     assert agg["recycling"]["per_category"]["qa"]["plausible"] is False  # 2.9 > 1.1 x 2.5
     assert agg["hf"]["plausible"] is None  # no step count: cannot be checked
-    tables = bench.format_tables({"methods": agg})
-    assert "2.90x ⚠ noisy" in tables and "load changed" in tables
+    text = tables.format_tables({"methods": agg})
+    assert "2.90x ⚠ noisy" in text and "load changed" in text
     agg["recycling"]["per_category"]["qa"].update(speedup=2.0, plausible=True)
-    assert "noisy" not in bench.format_tables({"methods": agg})
+    assert "noisy" not in tables.format_tables({"methods": agg})
 
 
-def test_tables_and_html_report(tmp_path):
+def test_tables_of_one_run(tmp_path):
     specs = bench.parse_methods("recycling,hf", "2.2.2")
     qs = load_questions(_write(tmp_path, "a.jsonl", [
         '{"question_id": 1, "category": "qa", "turns": ["x"]}',
         '{"question_id": 2, "category": "rag", "turns": ["x", "y"]}']))
     meta = {"model": "m", "device": "cpu", "machine": "test", "dtype": "float32", "torch": "t", "transformers": "t",
             "date": "d", "max_new_tokens": 8, "temperature": 0.0, "template": "2.2.2", "command": "c"}
-    result = bench.build_result(_records(), specs, qs, meta)
-    text = bench.format_tables(result)
+    result = results.build_result(_records(), specs, qs, meta)
+    text = tables.format_tables(result)
     assert "| recycling | 3.00 | 12.0 | 2.33x | 2/3 |" in text
     assert "| hf | n/a |" in text
     assert "2.00x (2.50)" in text  # recycling on qa: speedup (mean accepted)
-    out = tmp_path / "r.html"
-    bench.write_html(result, out)
-    html = out.read_text()
-    assert html.count("<table>") == 2 and "plotly" in html.lower()
-    assert '<script src="http' not in html and len(html) > 1_000_000  # self-contained: plotly.js is inlined
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({**result, "questions": 2, "answers": 3}))
+    assert tables.main([str(path)]) == 0  # the same tables again from the JSON file
+    assert tables.main([str(tmp_path / "none.json")]) == 2 and tables.main([]) == 2
+
+
+def _run_file(folder: Path, name: str, machine: str, speedup: float, identical: int = 3) -> None:
+    methods = {"vanilla": {"tokens_per_s": 20.0, "speedup": 1.0, "mean_accepted": 1.0, "identical": 3, "compared": 3},
+               "recycling[hybrid]": {"tokens_per_s": 30.0, "speedup": speedup, "mean_accepted": 2.5,
+                                     "plausible": results._plausible(speedup, 2.5), "identical": identical,
+                                     "compared": 3}}
+    (folder / f"{name}.json").write_text(json.dumps({"machine": machine, "methods": methods}))
+
+
+def test_the_results_grid_reads_a_folder_of_runs_and_profiles(tmp_path):
+    _run_file(tmp_path, "zen-2t-harder", "Zen", 1.25)
+    _run_file(tmp_path, "zen-1t-dev", "Zen", 1.5, identical=2)
+    _run_file(tmp_path, "zen-2t-dev", "Zen", 2.9)  # above 1.1 x 2.5 tokens per step: noise
+    _run_file(tmp_path, "zen-1t-dev-80-nodes", "Zen", 0.5)  # not a <machine>-<T>t-<set> name: left out
+    curve = {"1": {"ms": 40.0, "min_ms": 38.0, "ratio": 1.0}, "4": {"ms": 50.0, "min_ms": 47.0, "ratio": 1.25}}
+    (tmp_path / "profile-zen-2t.json").write_text(json.dumps({"machine": "Zen", "curve": curve}))
+    text = tables.folder_tables(tmp_path)
+    assert "| method | development, 1 thread | development, 2 threads | harder, 2 threads |" in text
+    assert "| plain decoding, tokens/s | 20.0 | 20.0 | 20.0 |" in text
+    assert ("| Token Recycling, `hybrid` (matrix + context; the CPU default) | 1.50x (2.50) | 2.90x ⚠ noisy (2.50) | "
+            "1.25x (2.50) |") in text and "load changed" in text
+    assert "| answers identical to plain decoding's | 2/3 | 3/3 | 3/3 |" in text and "0.50x" not in text
+    assert "| Zen, 2 threads | 40.0 (38.0) | 1.25 |" in text
+    assert tables.main([str(tmp_path)]) == 0
+
+
+def test_the_readme_results_are_the_grid_of_bench_results():
+    """The README's Results tables are the generated grid of bench/results, figure for figure."""
+    root = Path(__file__).resolve().parents[1]
+    grid = tables.results_grid({p.stem: json.loads(p.read_text()) for p in (root / "bench" / "results").glob("*.json")
+                                if tables.RUN_NAME.match(p.stem)})
+    rows = [line for line in grid.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 2 * 6
+    readme, bench_readme = (root / "README.md").read_text(), (root / "bench" / "README.md").read_text()
+    for row in rows:
+        assert row in bench_readme, row
+        if not row.startswith("| method"):
+            assert row in readme, row
 
 
 # ----------------------------------------------------------------------------- profile
@@ -374,11 +423,11 @@ def test_json_contract_on_tiny_model(tmp_path):
         '{"question_id": 2, "category": "qa", "turns": ["What is the capital of France?"]}',
         '{"question_id": 3, "category": "code", "turns": ["def add(a, b):\\n    return a + b\\nprint(add(1, 2))"]}',
     ])
-    out_json, out_html = tmp_path / "r.json", tmp_path / "r.html"
+    out_json = tmp_path / "r.json"
     args = _parser().parse_args([
         "bench", "--questions", str(qfile), "--model", str(folder), "--device", "cpu", "--max-new-tokens", "24",
         "--methods", "vanilla,recycling,hf,pld", "--template", "2.2.2,adaptive,adaptive-fixed",
-        "--no-progress", "--json", str(out_json), "--html", str(out_html)])
+        "--no-progress", "--json", str(out_json)])
     assert args.func(args) == 0
     data = json.loads(out_json.read_text())
     for key in ("model", "device", "dtype", "torch", "transformers", "date", "max_new_tokens", "temperature",
@@ -413,7 +462,6 @@ def test_json_contract_on_tiny_model(tmp_path):
     assert 40 < data["methods"]["recycling[2.2.2]"]["mean_tree_nodes"] <= 81
     assert data["methods"]["recycling[adaptive-fixed]"]["mean_tree_nodes"] > 40
     assert len(data["records"]) == 4 * 6
-    assert out_html.stat().st_size > 1_000_000
 
 
 def test_a_prompt_past_the_context_is_skipped_by_bench_and_refused_by_generate(tmp_path, capsys):
@@ -434,7 +482,7 @@ def test_a_prompt_past_the_context_is_skipped_by_bench_and_refused_by_generate(t
     data = json.loads(out.read_text())  # the other question's results are all there
     assert {r["question"] for r in data["records"]} == {"q/2"} and len(data["records"]) == 3
     assert data["answers"] == 1 and [(s["question"], s["turn"]) for s in data["skipped"]] == [("q/1", 1), ("q/1", 2)]
-    assert "(1 answers, 2 turns skipped: too long for the model)" in bench.format_header(data)
+    assert "(1 answers, 2 turns skipped: too long for the model)" in tables.format_header(data)
     assert main(["generate", "--raw", "--prompt", long_turn, "--model", str(folder), "--device", "cpu",
                  "--max-new-tokens", "4"]) == 2
     assert "the prompt has 4500 tokens; this model's context holds 4096" in capsys.readouterr().err

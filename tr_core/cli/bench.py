@@ -1,5 +1,6 @@
 """`python -m tr_core bench`: its options, their checks before any model is loaded, and the run (tr_core/bench/bench.py
-measures; this module reads the command line and writes what it asks for)."""
+measures, results.py makes the JSON document, tables.py the tables; this module reads the command line and writes what
+it asks for)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..bench import bench
+from ..bench import bench, results, tables
 from ..bench.questions import QuestionFileError
 from ..config import DecodeConfigError
 from ..tree import template_problem
@@ -50,7 +51,6 @@ def register(subparsers) -> argparse.ArgumentParser:
                         "each method's fastest time: a busy machine's slow spells then hit few answers")
     threads_option(p)
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the results as JSON")
-    p.add_argument("--html", default=None, metavar="OUT.html", help="write a self-contained plotly report")
     p.add_argument("--max-minutes", type=float, default=None, metavar="M",
                    help="start no new question after M minutes; results cover the questions completed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -74,9 +74,8 @@ def validate_args(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
         raise bench.BenchInputError("--pld-tokens and --pld-ngram must be >= 1")
     if args.topk_candidates < 1:
         raise bench.BenchInputError(f"--topk-candidates must be >= 1, got {args.topk_candidates}")
-    for opt in ("json", "html"):
-        if problem := output_problem(getattr(args, opt), f"--{opt}"):
-            raise bench.BenchInputError(problem)
+    if problem := output_problem(args.json, "--json"):
+        raise bench.BenchInputError(problem)
     if args.template is None:  # the tree the app and `generate` use on this device
         from ..models import default_device
         from ..tree import default_template
@@ -92,7 +91,7 @@ def validate_args(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate, load the model, warm up, run all methods interleaved, print tables, write JSON/HTML."""
+    """Validate, load the model, warm up, run all methods interleaved, print the tables, write the JSON."""
     try:
         questions, specs = validate_args(args)
     except (QuestionFileError, bench.BenchInputError) as exc:
@@ -106,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     model, tokenizer = loaded
     runner = bench.Runner(model, tokenizer, specs, args, decode_config(args))
-    meta = bench.run_meta(args, model, runner.device)
+    meta = results.run_meta(args, model, runner.device)
     n_answers = len(questions) if args.fresh_sessions else sum(len(q.turns) for q in questions)
     print(f"bench: {len(questions)} questions ({n_answers} answers) x {len(specs)} methods "
           f"({', '.join(s.name for s in specs)}) on {meta['device']} ({meta['machine']})", file=sys.stderr)
@@ -126,14 +125,11 @@ def run(args: argparse.Namespace) -> int:
 
     meta["linear"] = describe_plan(model)
     print(meta["linear"]["summary"], file=sys.stderr)
-    result = bench.build_result(records, specs, questions, meta, skipped)
-    print(bench.format_header(result))
+    result = results.build_result(records, specs, questions, meta, skipped)
+    print(tables.format_header(result))
     print()
-    print(bench.format_tables(result))
+    print(tables.format_tables(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         print(f"wrote {args.json}", file=sys.stderr)
-    if args.html:
-        bench.write_html(result, args.html)
-        print(f"wrote {args.html}", file=sys.stderr)
     return 0

@@ -1,0 +1,153 @@
+"""The JSON document a `python -m tr_core bench` run writes: the run's metadata, each method's totals and per-task
+breakdown (Spec-Bench's definitions: bench.py), one row per answer. tables.py shows it."""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import shlex
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .bench import BASELINE, MethodSpec, TurnRecord
+from .questions import Question, task_sort_key
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def _plausible(speedup: float | None, mean_accepted: float | None) -> bool | None:
+    """False when a speedup exceeds what its mean accepted tokens per step allow (meter.plausible_limit): the
+    machine's load changed during the run, and the figure is noise. None when either number is missing."""
+    from .meter import plausible_limit
+
+    if speedup is None or mean_accepted is None:
+        return None
+    return speedup <= plausible_limit(mean_accepted)
+
+
+def _stats(recs: list[TurnRecord], base: dict[tuple[str, int], TurnRecord]) -> dict[str, Any]:
+    """Totals of a set of records, with speedup and identical counts against the baseline records `base`."""
+    tokens = sum(r.tokens for r in recs)
+    seconds = sum(r.seconds for r in recs)
+    steps = None if any(r.steps is None for r in recs) else sum(r.steps for r in recs)
+    paired = [(r, base[(r.question, r.turn)]) for r in recs if (r.question, r.turn) in base]
+    speedup = _ratio(sum(b.seconds for _, b in paired), sum(r.seconds for r, _ in paired)) if paired else None
+    mean_accepted = _ratio(tokens, steps) if steps else None
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": _ratio(tokens, seconds),
+        "steps": steps,
+        "mean_accepted": mean_accepted,
+        "mean_tree_nodes": (_ratio(sum(r.tree_nodes for r in recs), steps)
+                            if steps and all(r.tree_nodes for r in recs) else None),
+        "speedup": speedup,
+        "plausible": _plausible(speedup, mean_accepted),
+        "identical": sum(r.answer_ids == b.answer_ids for r, b in paired),
+        "compared": len(paired),
+        "answers": len(recs),
+    }
+
+
+def accepted_histogram(recs: list[TurnRecord]) -> dict[str, int]:
+    """Count of decoding steps by tokens emitted per step (engine methods; empty for hf/pld)."""
+    hist: dict[int, int] = {}
+    for r in recs:
+        for n in r.accepted_lengths:
+            hist[n] = hist.get(n, 0) + 1
+    return {str(k): hist[k] for k in sorted(hist)}
+
+
+def aggregate(records: list[TurnRecord], method_names: list[str], baseline: str = BASELINE) -> dict[str, dict]:
+    """Per-method totals and per-task breakdown (the `methods` part of the JSON document)."""
+    base = {(r.question, r.turn): r for r in records if r.method == baseline}
+    out: dict[str, dict] = {}
+    for name in method_names:
+        mine = [r for r in records if r.method == name]
+        entry = _stats(mine, base)
+        tasks = sorted({r.task for r in mine}, key=task_sort_key)
+        entry["per_category"] = {t: _stats([r for r in mine if r.task == t], base) for t in tasks}
+        entry["accepted_histogram"] = accepted_histogram(mine)
+        out[name] = entry
+    return out
+
+
+def build_result(records: list[TurnRecord], specs: list[MethodSpec], questions: list[Question],
+                 meta: dict[str, Any], skipped: list[dict] = ()) -> dict[str, Any]:
+    """The full JSON document: run metadata, the `methods` aggregate, one row per answer and the `skipped` turns.
+
+    Only questions with records count (a `--max-minutes` run may stop before the last ones), and only the turns
+    answered: a turn past the model's context is in `skipped`, not in `answers`.
+    """
+    done = {r.question for r in records}
+    selected = len(questions)
+    questions = [q for q in questions if q.key in done]
+    meta = {**meta, "questions_selected": selected}
+    methods = aggregate(records, [s.name for s in specs])
+    for s in specs:
+        methods[s.name]["kind"] = s.kind
+        methods[s.name]["template"] = s.template
+    rows = [{k: v for k, v in asdict(r).items() if k not in ("answer_ids", "accepted_lengths")} for r in records]
+    answered = len({(r.question, r.turn) for r in records})
+    return {**meta, "questions": len(questions), "answers": answered, "skipped": list(skipped),
+            "question_keys": [q.key for q in questions], "methods": methods, "records": rows}
+
+
+def checkout_commit() -> str:
+    """The commit of the git checkout this code runs from (read from .git, no subprocess); '' when there is none,
+    as in an installed package or a worktree."""
+    git = Path(__file__).resolve().parents[2] / ".git"
+    try:
+        head = (git / "HEAD").read_text(encoding="utf-8").strip()
+        if head.startswith("ref: "):
+            ref = head[len("ref: "):]
+            if (git / ref).exists():
+                head = (git / ref).read_text(encoding="utf-8").strip()
+            else:  # refs packed by `git gc`: "<sha> <ref>" lines
+                packed = (git / "packed-refs").read_text(encoding="utf-8").splitlines()
+                head = next((line.split()[0] for line in packed if line.endswith(" " + ref)), "")
+    except OSError:
+        return ""
+    return head[:7]
+
+
+def run_meta(args: argparse.Namespace, model, device) -> dict[str, Any]:
+    """Metadata of the run (the top-level keys of the JSON document, but `questions` and `methods`)."""
+    import torch
+    import transformers
+
+    from ..machine import describe
+    from ..runner import GQA_SWITCH
+
+    name = Path(args.model).name if args.model else "SmolLM2-135M-Instruct (embedded, Q4_1 GGUF dequantised)"
+    return {
+        "model": name,
+        "device": str(device),
+        "machine": describe(device),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "repetition_penalty": args.repetition_penalty,
+        "seed": args.seed,
+        "template": args.template,
+        "fresh_matrix": bool(args.fresh_matrix),
+        "fresh_sessions": bool(getattr(args, "fresh_sessions", False)),
+        "topk_candidates": args.topk_candidates,
+        "pld_tokens": args.pld_tokens,
+        "pld_ngram": args.pld_ngram,
+        "repeats": getattr(args, "repeats", 1),
+        "threads": torch.get_num_threads(),
+        "sdpa_shared_kv_heads": os.environ.get(GQA_SWITCH) == "1",  # masked attention reads grouped heads (runner.py)
+        "commit": checkout_commit(),
+        "command": ("python -m tr_core " + shlex.join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py")
+                    else shlex.join(sys.argv)),
+    }
