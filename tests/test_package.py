@@ -73,7 +73,8 @@ def venv(wheel, tmp_path_factory) -> Path:
 
 def test_wheel_installs_into_an_empty_folder_and_imports_without_the_app_packages(site, tmp_path):
     assert (site / "tr_core" / "engine.py").is_file() and not (site / "studio").exists()
-    for room in ("report", "bench", "cli"):  # the rooms above the library travel with it (tests/test_architecture.py)
+    assert not (site / "present").exists() and not (site / "tr_core" / "report").exists()  # the views stay home
+    for room in ("bench", "cli", "vllm"):  # the rooms above the library travel with it (tests/test_architecture.py)
         assert (site / "tr_core" / room / "__init__.py").is_file(), room
     assert (site / "tr_core" / "warm_start" / "corpus.jsonl").is_file()
     outside = tmp_path / "elsewhere"
@@ -119,8 +120,8 @@ def test_the_extras_bring_what_they_say(wheel):
     needs = requirements_of(wheel)
     assert needs[""] == {"torch", "transformers", "numpy", "safetensors", "tqdm"}
     assert needs["gguf"] == {"gguf", "accelerate"}  # transformers reads .gguf files with these
-    assert needs["report"] == {"plotly", "networkx"}
-    assert needs["studio"] == {"gradio"} | needs["report"] | needs["gguf"]
+    assert "report" not in needs  # the library draws nothing: the views (present/) live beside the studio
+    assert needs["studio"] == {"gradio", "plotly", "networkx"} | needs["gguf"]
     # Spaces installs requirements.txt: the library and the studio extra, nothing more nor less
     assert requirements_txt("requirements.txt") == needs[""] | needs["studio"]
 
@@ -132,7 +133,7 @@ def third_party_imports(files: list[Path]) -> dict[str, set[str]]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
-            for top in {n.split(".")[0] for n in names} - set(sys.stdlib_module_names) - {"tr_core", "studio"}:
+            for top in {n.split(".")[0] for n in names} - set(sys.stdlib_module_names) - {"tr_core", "present", "studio"}:
                 found.setdefault(top, set()).add(str(path.relative_to(ROOT)))
     return found
 
@@ -141,12 +142,13 @@ def test_every_import_is_a_declared_requirement(wheel):
     needs = requirements_of(wheel)
     provides = importlib.metadata.packages_distributions()  # module -> distributions, of this environment
     for files, allowed, where in [
-        (sorted(p for p in (ROOT / "tr_core").rglob("*.py") if "vllm" not in p.parts),
-         needs[""] | needs["report"], "the dependencies or [report]"),
+        (sorted(p for p in (ROOT / "tr_core").rglob("*.py") if "vllm" not in p.parts), needs[""],
+         "the library's dependencies"),
         # tr_core/vllm runs inside vLLM's own environment (docs/vllm.md): vllm itself comes from there, the rest
         # must be the library's dependencies
         (sorted((ROOT / "tr_core" / "vllm").rglob("*.py")), needs[""], "the dependencies"),
-        (sorted((ROOT / "studio").rglob("*.py")) + [ROOT / "app.py"], requirements_txt("requirements.txt"),
+        (sorted([*(ROOT / "present").rglob("*.py"), *(ROOT / "studio").rglob("*.py"), ROOT / "app.py"]),
+         requirements_txt("requirements.txt"),
          "requirements.txt"),
     ]:
         for module, users in third_party_imports(files).items():
