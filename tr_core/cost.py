@@ -1,11 +1,5 @@
-"""What a forward costs on this device: the one measurement path for the adaptive tree and the profiler.
-
-`measure_forward_costs` times forwards of N tree tokens over a TreeKVCache (the engine's own cache and mask
-path), so `python -m tr_core profile` prints the very curve the adaptive tree acts on. `ForwardCost` keeps
-that curve and refines it online from every step's forward. `StepClock` times a step's phases; on CUDA the
-forward is timed with CUDA events read after the step's one host sync, so GPU timings are true without
-an extra stall.
-"""
+"""What a forward costs on this device, timed over the engine's own cache and mask path: the one measurement
+for the adaptive tree and the profiler. On CUDA, events are read after the step's one host sync (no stall)."""
 from __future__ import annotations
 
 import bisect
@@ -46,8 +40,7 @@ MAX_RETIMES = 2  # rounds of re-timing an unsteady probe's unsteady sizes, at mo
 
 
 def relative_spread(times: list[float]) -> float:
-    """How far the repeats of one timing disagree: the median's distance above the fastest, relative to the fastest
-    (0 for fewer than two repeats). The fastest run is the least disturbed; a busy machine lifts the median."""
+    """(median - fastest) / fastest of one timing's repeats (0 for fewer than two): a busy machine lifts the median."""
     if len(times) < 2:
         return 0.0
     ordered = sorted(times)
@@ -55,8 +48,7 @@ def relative_spread(times: list[float]) -> float:
 
 
 def timing_context(runner: ModelRunner, context: list[int], sizes: Iterable[int]) -> tuple[list[int], list[int]]:
-    """(context, sizes) for timing forwards: the last 256 tokens of `context` (at least 1), fewer where the model's
-    position table leaves too little room after them for the largest size; sizes that fit even after 1 token."""
+    """(the last <= 256 tokens of `context`, leaving room for the largest size, the sizes that fit after them)."""
     limit, sizes = runner.context_limit(), list(sizes)
     keep = max(1, min(256, limit - max(sizes, default=1)))
     context = (context or [0])[-keep:]
@@ -64,10 +56,8 @@ def timing_context(runner: ModelRunner, context: list[int], sizes: Iterable[int]
 
 
 class ForwardTimer:
-    """Times forwards of n tree tokens (a chain: the widest mask) after a context prefilled once into a TreeKVCache;
-    each forward is cut back off the cache, like a rejected draft. Use as a context manager (no autograd). It times
-    the model as it runs now: inside `kernels.installed(model)` (an engine's answer, the tuning) with the timed
-    matrix products, outside it with the library's."""
+    """Times forwards of n chain tokens (the widest mask) after a context prefilled once; each forward is cut back
+    off the cache like a rejected draft. A context manager (no autograd); times the model's products as installed."""
 
     def __init__(self, runner: ModelRunner, context: list[int]) -> None:
         self.runner, self.context = runner, context
@@ -101,8 +91,7 @@ class ForwardTimer:
 
 def measure_forward_costs(runner: ModelRunner, context: list[int], sizes: list[int], repeats: int = 2,
                           warmup: int = 1) -> dict[int, list[float]]:
-    """Milliseconds of forwards of n tree tokens after `context` (ForwardTimer), `repeats` times each after `warmup`
-    rounds; sizes interleaved within each round, so machine drift hits all alike."""
+    """n -> `repeats` ms of forwards of n tokens after `context`; sizes interleaved so machine drift hits all alike."""
     times: dict[int, list[float]] = {n: [] for n in sizes}
     with ForwardTimer(runner, context) as timer:
         for rep in range(warmup + repeats):
@@ -114,14 +103,8 @@ def measure_forward_costs(runner: ModelRunner, context: list[int], sizes: list[i
 
 
 class ForwardCost:
-    """t(N): the measured cost of one step of N tokens, from a start-up probe refined online (EMA).
-
-    The probe times bare forwards; the drafters observe whole steps (forward and the engine's work), which
-    cost a little more. Sizes that were observed follow their own EMA; sizes never observed follow the probe
-    scaled by the observed/probed ratio of the others, so a size is not chosen just because it was never tried.
-    The curve is kept as measured: where a larger forward is cheaper (it happens on some CPUs), the
-    adaptive tree may take it.
-    """
+    """t(N): one step of N tokens, probed at start-up and refined online (EMA). Never-observed sizes follow the probe
+    scaled by the observed/probed ratio, so a size is not chosen just because it was never tried."""
 
     def __init__(self) -> None:
         self.ms = {n: float(n) for n in COST_GRID}  # placeholder shape until measured: linear in N
@@ -151,8 +134,7 @@ class ForwardCost:
                 self.ms[p] = self.probed[p] * self.scale
 
     def set_measured(self, times: dict[int, list[float]], max_tokens: int) -> None:
-        """Take a probe's times (median per size); sizes past `max_tokens` scale linearly from the last one. `spread`
-        becomes the largest relative spread of the repeats of one size."""
+        """Take a probe's times (median per size); sizes past `max_tokens` scale linearly from the last one."""
         self.spread = max((relative_spread(v) for v in times.values()), default=0.0)
         for n in COST_GRID:
             if n in times and times[n]:
@@ -166,10 +148,7 @@ class ForwardCost:
 
     def probe(self, runner: ModelRunner, context: list[int], max_tokens: int, repeats: int = 2,
               known: dict[int, float] | None = None) -> None:
-        """Measure the grid up to `max_tokens` on this device: 3 rounds of every size (6 s on a 2-core Xeon, 1 thread,
-        for the embedded model, sizes up to 81). Sizes in `known` (ms, e.g. kernels.timed_costs: the CPU's linear
-        layers were just tuned on whole forwards of 1-32 and 64 tokens) are taken as they are, and only the others
-        timed (48 and 81 tokens then: about 2 s instead of 4-6)."""
+        """Measure the grid up to `max_tokens`, timing only sizes not in `known` (ms, e.g. kernels.timed_costs)."""
         known = {n: ms for n, ms in (known or {}).items() if n in COST_GRID and n <= max(max_tokens, 1)}
         sizes = [n for n in COST_GRID if n <= max(max_tokens, 1) and n not in known]
         context, sizes = timing_context(runner, context, sizes)
@@ -184,10 +163,7 @@ class ForwardCost:
 
 
 class StepClock:
-    """Phase timings of one decoding step, in ms; the forward is timed with CUDA events on a GPU.
-
-    `exact=True` synchronises at every mark on CUDA (per-phase times exact, decoding slower).
-    """
+    """Phase timings of one decoding step in ms; `exact=True` syncs CUDA at every mark (exact, slower)."""
 
     def __init__(self, device: torch.device, exact: bool = False) -> None:
         self.cuda = device.type == "cuda"

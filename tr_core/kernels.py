@@ -1,36 +1,11 @@
 """The matrix product behind a model's linear layers on a CPU, chosen per row count by timing this machine.
 
-A decoding step multiplies a handful of rows (1 for plain decoding, N for a draft tree of N tokens) by every weight
-matrix of the model. `F.linear` hands that to the BLAS as x @ W^T, and for a few rows the BLAS may take a slow path:
-on a 2-core AMD EPYC with torch 2.13's MKL, two or three rows cost 2-3x one row (the weights are read once per
-row), so the forward of a 2-token tree cost 1.7x that of one token and a draft token had to be accepted 70% of the
-time just to break even. Two other ways to compute the same product are tried:
-
-- `transposed`: W @ x^T, the weight matrix streamed once for all rows, a one-row input padded to two (a
-  one-column product is the matrix-vector path). It cut the embedded model's forward from 62 to 34 ms for one
-  token and from 101 to 38 ms for two, with 2 threads.
-- `onednn`: oneDNN's matrix product (`torch.ops.mkldnn._linear_pointwise`, where the torch build has it) on a copy
-  of each weight packed once into oneDNN's own layout (`torch.ops.mkldnn._reorder_linear_weight`), the path torch's
-  CPU compiler takes for frozen weights. Unpacked, oneDNN reorders the weight on every call: on the same CPU with 1
-  thread a 4-token forward then cost 88-94 ms against 57-61 ms packed, 1.1-1.2x a 1-token forward instead of
-  1.4-1.9x (README: "The matrix product on a CPU"). The packed copies cost the linear weights' memory once more; they
-  are made when first used and dropped when the plan routes no row count this way (`drop_packs`); where free memory
-  would not hold them twice over, this way is not tried (`no_room_for_packs`).
-
-Other CPUs and BLAS builds differ, so nothing is assumed: tuning.py times whole forwards every admitted way on this
-machine and `set_plan` keeps the fastest way per row count (a `LinearPlan`, with how steady its timings were).
-
-The model is left as it was found. A plan is kept beside the model (`plan_of`, a weak mapping), shared by every
-engine and by the engine's plain decoding, so the speedup is measured against plain decoding at its own best. The
-products are installed only while a call runs (`installed`, reference-counted per model: overlapping answers share
-one installation, and the last to end, close or raise restores every layer exactly). A layer's own instance
-`forward` is never overwritten: an accelerate hook keeps running around the timed product (its `_old_forward` is
-swapped for the call and put back); any other per-instance wrapper stays in charge of its layer. Only plain
-`nn.Linear` layers on a CPU are routed; GPUs and other layer kinds keep their own path.
-
-Exactness: a way is routed only where tuning.py admitted it (`tuning.agreement`); docs/exactness.md gives the
-measurements and the tests that hold greedy output to an untouched model's `generate` under mixed plans.
-"""
+For a few rows the BLAS may read the weights once per row (MKL on a 2-core EPYC: 2-3 rows cost 2-3x one row). Other
+ways: `transposed` (W @ x^T, the weight streamed once) and `onednn` (on weights packed once into oneDNN's layout,
+which unpacked it reorders every call; the packs cost the weights' memory again, so need room: `no_room_for_packs`).
+The plan lives beside the model (a weak mapping), shared with plain decoding so the speedup is measured against its
+best, and is installed only while a call runs, reference-counted: the last user restores every layer exactly
+(accelerate hooks keep running around ours). Exactness: docs/exactness.md."""
 from __future__ import annotations
 
 import contextlib
@@ -49,36 +24,30 @@ from . import machine
 
 STOCK, TRANSPOSED, ONEDNN = "stock", "transposed", "onednn"
 WAYS = (STOCK, TRANSPOSED, ONEDNN)  # a route is an index into this tuple
-# a plan whose deciding timings varied more than this between rounds (the median's distance above the fastest,
-# relative) is re-timed at those sizes (tuning.py) and never kept on disk if still so
+# a plan whose deciding timings varied more than this (relative) is re-timed (tuning.py) and never kept on disk
 STEADY_SPREAD = 0.25
 PACK_ROOM = 2.0  # oneDNN's packed weights are made only where free memory holds them this many times over
 
 
 @dataclass(frozen=True)
 class LinearPlan:
-    """The way each timed row count multiplies, and the whole-forward times that chose it (plain data).
-
-    `ways[n]`: the way for n rows; `ms[way][n]`: the fastest of the timed forwards of n tree tokens that way. Row
-    counts up to `limit` that were not timed follow the nearest timed count (the lower on a tie); larger ones (a
-    long prompt's prefill) follow the way of `limit` rows.
-    """
+    """`ways[n]`: the way n rows multiply; `ms[way][n]`: the fastest timed forward of n tokens that way. Untimed
+    counts up to `limit` follow the nearest timed one (the lower on a tie), larger ones the way of `limit` rows."""
 
     ways: dict[int, str]
     limit: int
     ms: dict[str, dict[int, float]] = field(default_factory=dict)
     layers: int = 0
-    note: str = ""  # why a way was not tried (no room for oneDNN's packed weights), for the summary
-    cached: str = ""  # where and when it was timed, when taken from the plan cache (plan_cache.py)
+    note: str = ""  # why a way was not tried (no room for oneDNN's packed weights)
+    cached: str = ""  # where and when it was timed, when loaded from plan_cache.py
     spread: float = 0.0  # the largest relative spread of the timings that chose a way (cost.relative_spread)
-    origin: str = ""  # what this process did to get it: timed now and kept / timed now, not kept / loaded
-    # per admitted way: its largest deviation from the library's one-row product, relative ("way_rel") and next to
-    # the library's own n-row product's ("library_rel"), measured on the model's layers (`agreement`)
+    origin: str = ""  # timed now and kept / timed now, not kept / loaded
+    # per admitted way: its relative deviation from the one-row product, beside the library's (tuning.agreement)
     agreement: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def steady(self) -> bool:
-        """True when the timings that chose the ways agreed between rounds (spread at most STEADY_SPREAD)."""
+        """True when the timings that chose the ways agreed between rounds."""
         return self.spread <= STEADY_SPREAD
 
     def routes(self) -> tuple[int, ...]:
@@ -106,9 +75,8 @@ class LinearPlan:
 
 
 def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
-    """F.linear(x, weight, bias) as (W @ x^T)^T: the weight streamed once for all `rows`; one row is padded to two
-    (a one-column product is a matrix-vector product, the slow path this avoids). The result is contiguous, so
-    the next layer's input keeps the row-major layout this product is fast for."""
+    """F.linear as (W @ x^T)^T for x [..., d] of `rows` rows -> [..., out]. One row is padded to two (a one-column
+    product is the slow matrix-vector path); the result is contiguous, the layout the next layer is fast for."""
     d = x.shape[-1]
     flat = x.reshape(rows, d)
     if rows == 1:
@@ -119,10 +87,8 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-# id(weight) -> (a weak reference to the weight, its data pointer and version when packed, the oneDNN-packed copy):
-# one pack per weight tensor, dropped with the tensor (a deep-copied model packs its own weights), made again if the
-# weight is changed in place. Keyed by id with the weight's own weak reference checked, not a WeakIdKeyDictionary:
-# this runs for every layer of every forward, and that dictionary's lookup cost 1.7 us against 0.3 us here.
+# id(weight) -> (weak ref, (data pointer, version) when packed, packed copy); re-packed if changed in place. Keyed by
+# id, not a WeakIdKeyDictionary: this runs for every layer of every forward (1.7 us per lookup there, 0.3 us here).
 _PACKS: dict[int, tuple[weakref.ref, tuple[int, int], torch.Tensor]] = {}
 
 
@@ -155,9 +121,7 @@ def is_packed(weight: torch.Tensor) -> bool:
 
 
 def no_room_for_packs(model: Any, free: int | None = None) -> str:
-    """Why oneDNN's packed copies of `model`'s linear weights must not be made ("" when they may): they take the
-    weights' memory once more, and are made only where free memory (`machine.free_memory()` unless given) holds them
-    PACK_ROOM times over, so a large model on a small machine keeps its memory rather than run out of it."""
+    """Why oneDNN's packed weights must not be made ("" when they may): free memory must hold them PACK_ROOM times."""
     need = sum(layer.weight.numel() * layer.weight.element_size() for layer in linear_layers(model))
     free = machine.free_memory() if free is None else free
     if free is None or free >= PACK_ROOM * need:
@@ -167,15 +131,14 @@ def no_room_for_packs(model: Any, free: int | None = None) -> str:
 
 
 def drop_packs(model: Any) -> None:
-    """Free the packed copies of `model`'s linear weights (the plan no longer routes any row count to oneDNN)."""
+    """Free the packed copies of `model`'s linear weights."""
     for layer in linear_layers(model):
         if is_packed(layer.weight):
             _PACKS.pop(id(layer.weight), None)
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
-    """F.linear(x, weight, bias) through oneDNN's matrix product on the packed weight (what torch's own CPU compiler
-    emits for frozen weights). Where autograd needs a gradient, which the packed product has not, the library's."""
+    """F.linear through oneDNN's packed weight, x [..., d] -> [..., out] (F.linear where autograd needs a gradient)."""
     if torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad):
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])
@@ -187,8 +150,8 @@ PRODUCTS = {TRANSPOSED: transposed_linear, ONEDNN: onednn_linear}
 
 
 def available_ways(dtype: torch.dtype = torch.float32) -> tuple[str, ...]:
-    """The ways this torch build can multiply weights of `dtype` on a CPU: the library's product, then each other way
-    only where it runs and agrees with F.linear (oneDNN has no float16 product on most CPUs, for one)."""
+    """The ways this torch build can multiply `dtype` weights on a CPU: stock, then each way that runs and agrees
+    with F.linear (oneDNN has no float16 product on most CPUs)."""
     g = torch.Generator().manual_seed(0)
     w, b, x = (torch.randn(*s, generator=g).to(dtype) for s in ((6, 5), (6,), (1, 3, 5)))
     rtol, atol = (1e-4, 1e-5) if dtype == torch.float32 else (2e-2, 2e-2)
@@ -204,8 +167,7 @@ def available_ways(dtype: torch.dtype = torch.float32) -> tuple[str, ...]:
 
 
 def _routed_forward(layer: torch.nn.Linear, routes: tuple[int, ...], inner: Any, x: torch.Tensor) -> torch.Tensor:
-    """The forward a routed layer runs while installed: m rows go the way routes[m] names (CPU tensors of the
-    weight's dtype only); everything else goes to `inner`, the forward the layer had (None: the library's)."""
+    """x [..., d]: m rows go the way routes[m] names (CPU, weight's dtype); the rest to `inner` (None: F.linear)."""
     d = x.shape[-1]
     rows = x.numel() // d if d else 0
     way = routes[rows] if rows < len(routes) else routes[-1]  # past the largest timed count: its way
@@ -230,14 +192,13 @@ _ABSENT = object()  # a slot the layer's own __dict__ did not hold before routin
 
 
 class _Routing:
-    """One model's layers as routed for the calls running now: who uses the routing, and what each routed slot held
-    before (restored exactly when the last user leaves). Kept beside the model (`_ROUTINGS`), never on it."""
+    """One model's routing: its users and what each routed slot held before (restored when the last user leaves)."""
 
     def __init__(self) -> None:
         self.users = 0
         self.routes: tuple[int, ...] = ()
         self.slots: list[tuple[torch.nn.Linear, str, Any, Any]] = []  # (layer, slot, what it held, what we put)
-        self.wrapped = 0  # layers left to a forward wrapper of someone else's that has no accelerate-style seam
+        self.wrapped = 0  # layers left to someone else's forward wrapper without an accelerate-style seam
 
     def route(self, model: Any, routes: tuple[int, ...]) -> int:
         """Send each linear layer's rows by `routes` (() or all zero: the library's product); layers routed."""
@@ -271,11 +232,10 @@ class _Routing:
         self.slots, self.wrapped = [], 0
 
 
-# id(model) -> its routing, while some call uses it. By id, not a weak key: a model in use is alive, and the entry
-# goes with its last user.
+# id(model) -> its routing while in use (a model in use is alive; the entry goes with its last user)
 _ROUTINGS: dict[int, _Routing] = {}
 _ROUTING_LOCK = threading.RLock()
-# model -> its plan: kept beside the model (a weak key: the plan goes with the model), shared by every engine of it
+# model -> its plan (a weak key: the plan goes with the model), shared by every engine of it
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -304,8 +264,7 @@ def release(model: Any) -> None:
 
 @contextlib.contextmanager
 def installed(model: Any) -> Iterator[None]:
-    """`model`'s plan installed for the duration of the block (reference-counted: nested and overlapping blocks on
-    one model share it; the last to leave removes it, also when the block raises)."""
+    """`model`'s plan installed for the block (reference-counted: the last to leave removes it, also on raise)."""
     acquire(model)
     try:
         yield
@@ -362,9 +321,7 @@ def describe_plan(model: Any) -> dict[str, Any]:
 
 
 def timed_costs(model: Any) -> dict[int, float]:
-    """Milliseconds of a whole forward of n tokens, for every row count n the plan timed, the way the plan runs it
-    (its tuning's fastest round); empty when `model` was never tuned or its timings were unsteady. The cost-sized
-    trees' start-up probe takes these instead of timing the same forwards again."""
+    """n -> ms of a whole forward of n tokens as the plan runs it (for cost.py's probe); empty if untuned/unsteady."""
     plan = plan_of(model)
     if plan is None or not plan.steady:
         return {}

@@ -1,10 +1,6 @@
 """A preallocated KV cache that an unmodified transformers model writes into, compacted in place after verification.
 
-transformers' DynamicCache concatenates the whole cache on every forward. Here each layer owns a buffer
-that grows by doubling; a forward writes its new keys/values after the committed ones and attends over a view.
-After verification only the accepted tree nodes are kept: their entries move into place (O(accepted tokens))
-and the length is cut back, so the rejected nodes are simply overwritten by the next forward.
-"""
+Each layer owns a doubling buffer (no concatenation per forward); accepted nodes' entries move into place."""
 from __future__ import annotations
 
 import torch
@@ -26,11 +22,8 @@ def _used_part(buffer: str) -> property:
 
 
 class _BufferLayer(DynamicLayer):
-    """One layer's keys and values in a growing buffer [B, H, capacity, D].
-
-    `length` is the truth; `keys`/`values` are views of the used part, cut when read (so compaction only sets
-    `length`). Assigning them (as transformers' base classes do) replaces the buffer.
-    """
+    """One layer's keys and values in a growing buffer [B, H, capacity, D]; `length` is the truth and
+    `keys`/`values` are views cut when read (so compaction only sets `length`)."""
 
     _k: torch.Tensor | None = None
     _v: torch.Tensor | None = None
@@ -101,20 +94,18 @@ class TreeKVCache(Cache):
         super().__init__(layer_class_to_replicate=_BufferLayer)
 
     def require_length(self, committed: int) -> None:
-        """Raise CacheInvariantError unless every layer holds exactly `committed` entries (checked before a forward)."""
+        """Raise CacheInvariantError unless every layer holds exactly `committed` entries."""
         for i, layer in enumerate(self.layers):
             have = layer.length if layer.is_initialized else 0
             if have != committed:
-                raise CacheInvariantError(f"KV cache layer {i} holds {have} entries but {committed} tokens are committed")
+                raise CacheInvariantError(
+                    f"KV cache layer {i} holds {have} entries but {committed} tokens are committed")
 
     def keep(self, start: int, accepted: list[int]) -> None:
         """After a tree forward that began at `start`, keep only the accepted nodes' entries, in path order."""
         count = len(accepted)
-        in_place = accepted == list(range(count))
-        src = None
-        if not in_place:
-            device = self.layers[0].device
-            src = torch.tensor(accepted, dtype=torch.long, device=device)
+        src = None if accepted == list(range(count)) else \
+            torch.tensor(accepted, dtype=torch.long, device=self.layers[0].device)  # None: already in place
         for layer in self.layers:
             if layer.is_initialized:
                 if layer.length < start + max(accepted) + 1:

@@ -1,9 +1,4 @@
-"""The machine this process runs on, described once: its CPU, cores, memory and what timings taken here depend on.
-
-Every reading of the machine lives here (/proc/cpuinfo for the CPU's name, /proc/meminfo and the control group for
-free memory), so a plan kept on disk (plan_cache.py), oneDNN's room for packed weights (kernels.py) and the headers
-of `bench` and `profile` describe the same machine the same way.
-"""
+"""The machine this process runs on: its CPU, cores, memory and what timings depend on (every reading of it)."""
 from __future__ import annotations
 
 import os
@@ -33,21 +28,20 @@ def describe(device: Any = None) -> str:
 
 
 def timing_key() -> dict[str, Any]:
-    """What a timing taken in this process depends on besides the model: the CPU, its cores, torch's threads and
-    build (a plan kept on disk records it, and is not used where it differs)."""
+    """What a timing here depends on besides the model: the CPU, its cores, torch's threads and build."""
     return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def free_memory() -> int | None:
-    """Bytes this process may still take: the smaller of the system's available memory and the room left under its
-    control group's limit (a container's); None where neither can be read (not Linux)."""
+    """Bytes this process may still take: available memory or its cgroup's room, the smaller; None if unreadable."""
     found = []
     meminfo = _read_text("/proc/meminfo")
     for line in meminfo.splitlines():
         if line.startswith("MemAvailable:") and line.split()[1].isdigit():
             found.append(int(line.split()[1]) * 1024)
     for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2, then v1
-                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
         cap, used = _read_text(limit).strip(), _read_text(usage).strip()
         if cap.isdigit() and used.isdigit():  # "max": no limit
             found.append(int(cap) - int(used))

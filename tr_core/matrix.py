@@ -25,33 +25,22 @@ class AdjacencyMatrix:
         self.vocab_size = vocab_size
         self.k = k
         self.device = torch.device(device)
-        # int32 holds any real vocabulary (< 2^31) at half the memory of int64.
         self.table = torch.zeros(vocab_size, k, dtype=torch.int32, device=self.device)  # [V, k] candidate ids
-        # [V, k] each candidate's probability when written, quantised to 1/255 steps (uint8: a quarter of fp32)
+        # [V, k] each candidate's probability when written, in 1/255 steps (uint8: a quarter of fp32's memory)
         self.probs = torch.zeros(vocab_size, k, dtype=torch.uint8, device=self.device)
         self.filled = torch.zeros(vocab_size, dtype=torch.bool, device=self.device)  # [V] row written at least once
-        # [V] when each row was last written, on the writer's clock (Engine.clock: one tick per step and per prompt
-        # seeding); -1 = never, or before this matrix was loaded from a file. Provenance for teaching: "this draft
-        # token was recycled from step 12".
+        # [V] when each row was last written, on Engine.clock; -1 = never, or before a load (provenance for teaching)
         self.stamps = torch.full((vocab_size,), -1, dtype=torch.int32, device=self.device)
 
     # -- the paper's update rule ------------------------------------------------------------------------------
     def update(self, tokens: torch.Tensor, logits: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None = None,
                consume: bool = False, stamp: int = -1,
                path: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Overwrite the row of every tree token with the top-k of its node's logits (Sec. 3.3).
+        """Overwrite each tree token's row with the top-k of its node's logits [N, V] (Sec. 3.3); tokens [N].
 
-        tokens: [N] long, logits: [N, V]; `top`: (values, ids) [N, k] of logits[:, :vocab_size] when the caller
-        already has them (see reduce.top_rows); consume=True lets the update use `logits` as scratch space
-        (fp32 logits hold garbage afterwards). A token that appears at several nodes takes the row of its node on
-        the accepted path when it has one (`path`: [N] bool, the verified path's nodes; their context is the text
-        now committed), its deepest there when it occurs twice on it (its last occurrence in the text: "the top-k
-        last seen after the token", as decoding one token at a time would leave it), else of its FIRST node in BFS
-        order (the shallowest, whose context is closest to the committed text); every write of that token then
-        carries the same values, so the result does not depend on scatter order. The rewritten rows are stamped
-        with `stamp` (the writer's clock).
-        Returns (first_nodes [N] bool, new rows [N, k] long, their probs [N, k] float32).
-        """
+        `top`: (values, ids) [N, k] if known; consume=True: logits are scratch. A repeated token takes the row of its
+        deepest node on the accepted path (`path` [N] bool; as one-token decoding would leave it), else its first
+        node, so scatter order does not matter. Returns (first_nodes [N] bool, rows [N, k] long, probs [N, k])."""
         if logits.shape[-1] < self.vocab_size:
             raise ValueError(f"logits have {logits.shape[-1]} entries but the matrix has {self.vocab_size} rows")
         logits = logits[..., : self.vocab_size]
@@ -79,12 +68,7 @@ class AdjacencyMatrix:
         return is_first, top_ids, top_probs
 
     def seed_from_text(self, ids: list[int], prob: float = 0.5, stamp: int = -1) -> int:
-        """Put each token's successor in `ids` first in its row (the last occurrence wins); returns rows changed.
-
-        Text that copies its prompt (summaries, retrieval answers, code) then drafts from the prompt itself.
-        The other candidates shift right; the seeded one gets probability `prob` and the others keep their share of
-        the rest (each scaled by 1 - prob), so a row's probabilities stay sorted and sum to at most 1.
-        """
+        """Put each token's successor in `ids` first in its row (last occurrence wins); returns rows changed."""
         succ: dict[int, int] = {}
         for a, b in zip(ids, ids[1:]):
             if 0 <= a < self.vocab_size and 0 <= b < self.vocab_size:
@@ -107,10 +91,10 @@ class AdjacencyMatrix:
         self.stamps[rows] = stamp
         return len(succ)
 
-    def origins(self, tokens: torch.Tensor, parents: torch.Tensor, ranks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Where each tree node's token was recycled from, read BEFORE this step rewrites rows: the stamp of its
-        parent's row ([N] int32, -1 unknown) and the probability its candidate had when written ([N] float).
-        Nodes whose rank is past the row (copied from the context) read column k - 1: their callers ignore it."""
+    def origins(self, tokens: torch.Tensor, parents: torch.Tensor,
+                ranks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Before this step's update: each node's parent-row stamp [N] int32 and candidate probability [N] float.
+        Ranks past the row (context copies) read column k - 1; callers ignore it."""
         rows = tokens[parents]
         return self.stamps[rows], self.probs[rows, ranks.clamp(0, self.k - 1)].float() / 255
 
@@ -122,7 +106,7 @@ class AdjacencyMatrix:
 
     @property
     def size_mb(self) -> float:
-        """Memory of the matrix (candidate ids, their probabilities, the filled flags and write stamps) in MB."""
+        """Memory of all the matrix's tensors in MB."""
         return sum(t.numel() * t.element_size() for t in map(self.__getattribute__, self.TENSORS)) / 1e6
 
     def get_probs(self) -> torch.Tensor:
@@ -132,12 +116,8 @@ class AdjacencyMatrix:
     def snapshot(self, rows: list[int]) -> dict:
         """Plain-data copy of some rows: {"rows", "values" [len, k], "probs" [len, k], "filled"}."""
         idx = torch.tensor(rows, dtype=torch.long, device=self.device)
-        return {
-            "rows": list(rows),
-            "values": self.table[idx].tolist(),
-            "probs": (self.probs[idx].float() / 255).tolist(),
-            "filled": self.filled[idx].tolist(),
-        }
+        return {"rows": list(rows), "values": self.table[idx].tolist(),
+                "probs": (self.probs[idx].float() / 255).tolist(), "filled": self.filled[idx].tolist()}
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     def clone(self) -> "AdjacencyMatrix":
@@ -161,16 +141,12 @@ class AdjacencyMatrix:
         self.stamps.fill_(-1)
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the matrix to a file (torch format, written atomically); raises OSError when it cannot be written,
-        and then leaves no file behind."""
+        """Write the matrix atomically (torch format); OSError when it cannot, leaving no file behind."""
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         try:
-            torch.save(
-                {"format": _FORMAT, "vocab_size": self.vocab_size, "k": self.k, "table": self.table.cpu(),
-                 "probs": self.probs.cpu(), "filled": self.filled.cpu()},
-                tmp,
-            )
+            torch.save({"format": _FORMAT, "vocab_size": self.vocab_size, "k": self.k, "table": self.table.cpu(),
+                        "probs": self.probs.cpu(), "filled": self.filled.cpu()}, tmp)
             os.replace(tmp, path)
         except (OSError, RuntimeError) as exc:  # torch.save reports a missing folder as a RuntimeError
             tmp.unlink(missing_ok=True)
@@ -185,26 +161,19 @@ class AdjacencyMatrix:
         self.stamps.fill_(-1)  # the file's rows were written on another clock
 
 
-def _unpacked_limit(vocab_size: int, k: int) -> int:
-    """The most bytes a saved [vocab_size, k] matrix can unpack to (int64 ids at most), plus 1 MiB of records."""
-    return vocab_size * k * (8 + 1) + vocab_size + (1 << 20)
-
-
 def _check_archive(path: Path, vocab_size: int, k: int) -> None:
-    """Refuse a file that is not torch's zip format, or that would unpack past what a matrix needs (a zip bomb),
-    before torch reads a byte of it."""
+    """Refuse a non-zip file or a zip bomb before torch reads a byte of it."""
     try:
         with zipfile.ZipFile(path) as archive:
             unpacked = sum(info.file_size for info in archive.infolist())
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
         raise ValueError(f"{path} is not a saved adjacency matrix (not a file written by torch.save)") from exc
-    if unpacked > _unpacked_limit(vocab_size, k):
+    if unpacked > vocab_size * k * (8 + 1) + vocab_size + (1 << 20):  # int64 ids at most, plus 1 MiB of records
         raise ValueError(f"{path} unpacks to {unpacked:,} bytes, more than a matrix of this model can hold")
 
 
 def read_saved(path: str | os.PathLike, vocab_size: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(table, probs, filled) of a matrix file written by `AdjacencyMatrix.save`, checked against a model's
-    vocabulary and k; raises ValueError with a short reason for anything else (nothing is unpickled but tensors)."""
+    """(table [V, k], probs [V, k], filled [V]) of a file from `AdjacencyMatrix.save`; ValueError for anything else."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"matrix file not found: {path}")
@@ -216,10 +185,8 @@ def read_saved(path: str | os.PathLike, vocab_size: int, k: int) -> tuple[torch.
     if not isinstance(data, dict) or data.get("format") != _FORMAT:
         raise ValueError(f"{path} is not a saved adjacency matrix (format {_FORMAT!r} expected)")
     if data.get("vocab_size") != vocab_size or data.get("k") != k:
-        raise ValueError(
-            f"{path} holds a matrix for vocabulary {data.get('vocab_size')} with k = {data.get('k')}, "
-            f"but this model needs vocabulary {vocab_size} with k = {k}"
-        )
+        raise ValueError(f"{path} holds a matrix for vocabulary {data.get('vocab_size')} with k = {data.get('k')}, "
+                         f"but this model needs vocabulary {vocab_size} with k = {k}")
     table, probs, filled = data.get("table"), data.get("probs"), data.get("filled")
     if not all(isinstance(t, torch.Tensor) for t in (table, probs, filled)):
         raise ValueError(f"{path}: the table, probs and filled tensors are missing")
@@ -231,4 +198,3 @@ def read_saved(path: str | os.PathLike, vocab_size: int, k: int) -> tuple[torch.
     if table.numel() and (int(table.min()) < 0 or int(table.max()) >= vocab_size):
         raise ValueError(f"{path}: candidate ids outside the vocabulary")
     return table, probs, filled
-

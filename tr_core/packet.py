@@ -1,7 +1,6 @@
 """The step's one host sync: device tensors registered by name, copied to the host in one go, split back by name.
 
-float64 carries every token id (< 2^53) and every float32 probability exactly, so nothing is rounded.
-"""
+float64 carries every token id (< 2^53) and every float32 probability exactly."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -50,4 +49,3 @@ class SyncPacket:
             out[name] = [int(v) for v in values] if integer else values
             start += part.numel()
         return out
-

@@ -1,19 +1,7 @@
-"""The timed choice of matrix products (kernels.py, tuning.py), kept on disk per machine and model shape.
+"""The timed choice of matrix products, kept on disk per machine and model shape ($TR_PLAN_CACHE; empty: off).
 
-Timing every way at every row count costs whole forwards: 12-15 s for the embedded model on a 2-core CPU, about
-30 s for a 0.5B model. The choice depends only on the machine (its CPU, cores, torch threads, torch build) and on
-the shapes and dtype of the model's linear layers, so it is timed once and kept in a small JSON file
-($TR_PLAN_CACHE, else `linear_plans.json` in the model cache folder; TR_PLAN_CACHE= with nothing disables it).
-A later process on the same machine takes it from there, and says so in the plan's summary. A plan that cannot be
-used as it is (a way this torch build lacks, no room now for oneDNN's packed copies) is timed again.
-
-What makes an entry stale, and how it is noticed: another CPU, core count, torch threads or torch build, or other
-layer shapes or dtype give another key (`plan_key`), so such an entry is never found; each entry also records
-them, and one whose record disagrees with this process is not used. A timing that disagrees with what is observed
-later (tuning.check_kept times one- and eight-token forwards before a kept plan is used) makes it timed again.
-A plan whose timings were unsteady (kernels.STEADY_SPREAD) is never kept, and an entry without a record of its
-steadiness (an older file) is not used.
-"""
+Tuning costs seconds of whole forwards and depends only on `plan_key`; a kept entry is used only where its machine
+record, steadiness, ways and memory still hold (and tuning.check_kept agrees)."""
 from __future__ import annotations
 
 import hashlib
@@ -85,8 +73,7 @@ def plan_from_dict(data: dict[str, Any], where: Path) -> LinearPlan | None:
 
 
 def load_plan(model: Any) -> tuple[LinearPlan | None, str]:
-    """(this machine's kept plan for `model`'s shapes, "") when one can be used now; else (None, why not: "" when
-    nothing was kept, or what was wrong with the entry)."""
+    """(this machine's kept plan for `model`'s shapes, "") when usable now; else (None, why not, "" if none kept)."""
     path = plan_cache_path()
     if path is None:
         return None, ""

@@ -1,18 +1,8 @@
 """Row reductions over the vocabulary (argmax, top-k, log-sum-exp), fast on a CPU.
 
-A tree step ends with the model's logits for every node, [N, V] (81 x 49,152 for the paper's tree on SmolLM2).
-On a CPU, PyTorch's own `argmax` and `topk` walk those 4 M values at a few ns each: 5 and 8 ms, about 10% of
-the step together. Reading the row in chunks is faster: one vectorised `amax` per chunk of S values
-(0.5 ms), then the exact answers from the few chunks that can hold them:
-
-- argmax: the first chunk holding the row's maximum, then the first maximum inside it. This is exactly
-  `torch.argmax` (first occurrence on ties), so greedy decoding stays token-identical to plain decoding.
-- top-k: the k chunks with the largest maxima hold the k largest values (if some chunk holding a value >= the
-  k-th largest were left out, the k chunks taken would each hold such a value instead). Values are exact;
-  among equal values at the k-th place, which token ids are kept is as unspecified as in `torch.topk`.
-
-On CUDA the library kernels are already fast and are used as they are.
-"""
+On a CPU, torch's `argmax` and `topk` over [N, V] cost about 10% of a step; one `amax` per chunk is faster, then the
+exact answers from the chunks that can hold them: argmax exactly as `torch.argmax` (first on ties, so greedy stays
+token-identical), top-k from the k chunks with the largest maxima. On CUDA the library kernels are used."""
 from __future__ import annotations
 
 import torch
@@ -29,8 +19,7 @@ def _chunks(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, int, int]:
 
 
 def _first_max(logits: torch.Tensor, body: torch.Tensor, maxima: torch.Tensor) -> torch.Tensor:
-    """Exactly `logits.argmax(dim=-1)` [N], from the whole chunks `body` [N, C, S] and their maxima [N, C]: the first
-    chunk holding the row's maximum, the first maximum inside it, unless the tail past the chunks holds a larger one."""
+    """Exactly `logits.argmax(dim=-1)` [N] from the whole chunks `body` [N, C, S], their maxima [N, C], and the tail."""
     n, n_chunks, size = body.shape
     first = maxima.argmax(dim=-1)  # [N]
     inside = body.gather(1, first.view(n, 1, 1).expand(n, 1, size))[:, 0].argmax(dim=-1)
@@ -43,8 +32,7 @@ def _first_max(logits: torch.Tensor, body: torch.Tensor, maxima: torch.Tensor) -
 
 
 def row_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """Exactly `logits.argmax(dim=-1)` for rows [N, V] (first maximum on ties): the chunked pass on a CPU, where it is
-    several times faster even for one row (a plain step's), the library kernel on CUDA."""
+    """Exactly `logits.argmax(dim=-1)` [N] for logits [N, V]: chunked on a CPU (faster even for one row)."""
     if logits.is_cuda or logits.shape[1] < 2 * CHUNK:
         return logits.argmax(dim=-1)
     body, _, _ = _chunks(logits, 1)
@@ -71,9 +59,7 @@ def top_rows(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 def log_normalizer(logits: torch.Tensor, row_max: torch.Tensor, overwrite: bool = False) -> torch.Tensor:
-    """log(sum(exp(logits))) per row [N, 1], given each row's maximum [N, 1]: 2x faster than torch.logsumexp on CPU.
-
-    overwrite=True works in place in `logits` (which then hold garbage), sparing a [N, V] temporary.
-    """
+    """log(sum(exp(logits))) [N, 1] given row maxima [N, 1], 2x faster than torch.logsumexp on CPU; overwrite=True
+    works in place in `logits` (garbage after), sparing an [N, V] temporary."""
     shifted = logits.sub_(row_max) if overwrite else logits - row_max
     return row_max + shifted.exp_().sum(dim=-1, keepdim=True).log_()

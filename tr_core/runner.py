@@ -1,18 +1,8 @@
 """Model plumbing shared by the engine and the profiler: one forward of [1, N] tokens over a TreeKVCache.
 
-Everything model-specific lives here: which keyword the model takes its cache under, whether it can return
-the last position's logits only, its attention kind (flash/flex and chunked attention cannot take a tree
-mask) and its sliding windows (which need a sliding tree mask of their own).
-
-Grouped key/value heads on a CPU. A tree forward passes a mask, and with a mask transformers' SDPA path copies
-every key/value head once for each query head it serves (`repeat_kv`) in every layer, unless its switch
-GQA_SWITCH is set; then torch's SDPA (2.5 or later) reads the shared heads itself. The logits are bitwise the
-same; the copy is gone. On the 2-core AMD EPYC with 2 threads (the embedded model: 9 query heads share 3
-key/value heads) an 8-token tree forward took 98 ms against 125 ms after 2,000 tokens of context, 79 against 93
-after 1,000 and 74 against 80 after 400 (median of 8, interleaved). A one-token step passes no mask and shares the
-heads either way. The switch is transformers' own and process-wide: on a CPU every model of the process, the
-benchmark's PLD and transformers-generate baselines included, gets it (`share_kv_heads`), unless the user set it.
-"""
+Grouped key/value heads on a CPU: with a mask, transformers' SDPA copies every key/value head per query head unless
+GQA_SWITCH is set; then torch's SDPA (2.5+) reads them itself, bitwise the same and faster (98 against 125 ms, 8
+tokens after 2,000). The switch is process-wide: every CPU model of the process gets it unless the user set it."""
 from __future__ import annotations
 
 import inspect
@@ -28,8 +18,7 @@ GQA_SWITCH = "TRANSFORMERS_SDPA_FORCE_GQA"  # transformers: "1" = SDPA shares gr
 
 
 def share_kv_heads(config: Any, device: torch.device) -> bool:
-    """Set GQA_SWITCH for a CPU model whose query heads share key/value heads (torch 2.5+, which takes
-    `enable_gqa`), unless the environment already sets it; True when the switch is on for this model."""
+    """Set GQA_SWITCH for a grouped-heads CPU model (torch 2.5+) unless already set; True when on for this model."""
     heads, kv_heads = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
     grouped = isinstance(heads, int) and isinstance(kv_heads, int) and 0 < kv_heads < heads
     able = torch.__version__ >= "2.5"
@@ -54,19 +43,8 @@ def text_config(model: Any) -> Any:
 
 
 def tree_blocker(config: Any) -> str | None:
-    """Why a draft tree cannot go through this model in one exact forward, or None when it can.
-
-    A tree forward needs every layer to read each token's position from `position_ids` and whom it sees from the
-    mask. Refused, each with a test of the family (tests/test_engine_design.py) rather than left to give other
-    tokens than plain decoding or an obscure error deep in the model:
-    - flash and flex attention kernels take no arbitrary mask;
-    - layers other than full or sliding attention over a per-token cache (`layer_types` such as "linear_attention",
-      "conv", "mamba", "hybrid": Mamba, Jamba, Qwen3-Next, LFM2, Granite 4 hybrids, Falcon-H1) keep a running
-      state, through which sibling drafts would mix; Llama 4's "chunked_attention" and kinds not checked here
-      (e.g. "indexed_attention") are refused too;
-    - ALiBi position biases (Bloom, MPT, Falcon with alibi=True) are computed from cache slots, not positions;
-    - GPT-Neo's local layers count their window in cache slots too (a tree's nodes would shift it).
-    """
+    """Why a draft tree cannot go through this model in one exact forward (every layer must read positions from
+    `position_ids` and visibility from the mask), or None when it can."""
     attn = getattr(config, "_attn_implementation", None) or "eager"
     if "flash" in attn or "flex" in attn:
         return f"attention '{attn}' cannot take a tree mask; load the model with attn_implementation='sdpa'"
@@ -120,20 +98,15 @@ class ModelRunner:
         return logits[-1:] if last_only else logits
 
     def prefill(self, ids: list[int], cache: TreeKVCache) -> torch.Tensor | None:
-        """Run `ids` from position 0 into the cache (the model's own causal mask); the last token's logits [1, V]
-        (None when `ids` is empty). The engine passes the whole prompt, or all but the last token when the first
-        step's tree needs its own forward."""
+        """Run `ids` from position 0 into the cache (causal mask); the last token's logits [1, V], None if empty."""
         if not ids:
             return None
         t = torch.tensor([ids], dtype=torch.long, device=self.device)
         return self.forward(t, torch.arange(len(ids), device=self.device)[None], None, cache, last_only=True)
 
     def mask(self, tree_mask: torch.Tensor, depths: torch.Tensor, past: int) -> Any:
-        """The additive tree mask for this model: one tensor, or one per layer type for mixed sliding models.
-
-        tree_mask: [N, N] bool ancestry; depths: [N]. A one-token step sees everything (within any window):
-        no mask, so the model keeps its usual fast path.
-        """
+        """The additive mask for tree_mask [N, N], depths [N]: one tensor, or one per layer type for mixed sliding
+        models; None for a one-token step within any window (the model keeps its fast path)."""
         n = tree_mask.shape[0]
         if n == 1 and (self.window is None or past + 1 < self.window):
             return None

@@ -1,11 +1,7 @@
 """Choosing the model's token at each position: greedy argmax, or sampling that is a pure function of (seed, position).
 
-Sampling uses the Gumbel-max trick with noise derived from a counter-based hash of (seed, position, token id).
-The draw at a position therefore does not depend on how many tokens were decoded per step, so Token
-Recycling and plain decoding with the same seed return the same tokens, on any device.
-The logits are processed by transformers' own processors (repetition penalty, temperature, top-k, top-p),
-each tree node with its own prefix.
-"""
+Gumbel-max with noise hashed from (seed, position, token id): the draw does not depend on how many tokens a step
+decoded, so Token Recycling and plain decoding with the same seed agree."""
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -22,8 +18,7 @@ _MASK32 = 0xFFFFFFFF
 
 
 def _hash32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (two xorshift-multiply rounds) on int64 tensors holding values < 2^32."""
-    # The multiplier stays below 2^27 so products fit int64 without overflow.
+    """A 32-bit hash (two xorshift-multiply rounds) of int64 values < 2^32; the multiplier < 2^27 fits int64."""
     x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
     x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
     return (x >> 16) ^ x
@@ -39,8 +34,7 @@ def gumbel_noise(seed: int, positions: torch.Tensor, vocab: int) -> torch.Tensor
     return (-torch.log(-torch.log(u))).float()
 
 
-# Processors whose effect at a node depends only on that node's logits and the set of tokens in its prefix:
-# they can be applied to every tree node at once, each with its own prefix.
+# processors that depend only on a node's logits and its prefix's token set: applied to all nodes at once
 PER_NODE = (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
             MinPLogitsWarper)
 
@@ -77,11 +71,8 @@ def needs_prefix(processors: LogitsProcessorList) -> bool:
 
 
 def node_prefixes(context: torch.Tensor, tokens: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
-    """Each node's prefix as input_ids [N, L + N]: the committed context [L], then the node's path in the tree.
-
-    Non-ancestors are written as the root token, which the context already ends with: prefix-set processors
-    (the repetition penalty) then see exactly the tokens before and at the node. No sync.
-    """
+    """Each node's prefix [N, L + N]: the context [L], then its path, non-ancestors written as the root token (which
+    the context already ends with, so prefix-set processors see exactly the node's prefix)."""
     n = tokens.shape[0]
     path = torch.where(tree_mask, tokens[None, :], tokens[:1][None, :])  # [N, N]
     return torch.cat([context[None, :].expand(n, -1), path], dim=1)
@@ -92,17 +83,15 @@ def process(logits: torch.Tensor, processors: LogitsProcessorList, prefixes: tor
     scores = logits.float()
     if not processors:
         return scores
-    ids = prefixes if prefixes is not None else torch.zeros(scores.shape[0], 0, dtype=torch.long, device=scores.device)
+    ids = prefixes if prefixes is not None else \
+        torch.zeros(scores.shape[0], 0, dtype=torch.long, device=scores.device)
     return processors(ids, scores)
 
 
 def choose_tokens(scores: torch.Tensor, cfg: DecodeConfig, first_position: int, depths: torch.Tensor,
                   levels: int) -> torch.Tensor:
-    """The model's token for each node's processed scores [N, V]; node i's token goes to position first_position + depths[i].
-
-    depths: [N] long, every value < levels (the tree's depth + 1, known on the host: no sync).
-    Greedy: argmax. Sampling: argmax(scores + Gumbel noise keyed by (seed, position)). Returns [N] long.
-    """
+    """The model's token [N] long for scores [N, V], node i at position first_position + depths[i] (depths [N] <
+    levels): greedy argmax, or argmax of scores + Gumbel noise keyed by (seed, position)."""
     if cfg.greedy:
         return row_argmax(scores)
     positions = torch.arange(first_position, first_position + levels, device=scores.device)

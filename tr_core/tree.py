@@ -1,8 +1,6 @@
 """Draft trees (paper Sec. 3.2): static templates turned once into tensors, BFS drafting, the tree attention mask.
 
-A template is a list of paths; path (a, b) is candidate b of candidate a of the root. Node 0 of every
-tree is the root (the last committed token); the other nodes follow in BFS order (by depth, then path).
-"""
+Path (a, b) is candidate b of candidate a of the root; node 0 is the root, the rest follow in BFS order."""
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -47,9 +45,7 @@ TEMPLATE_NAMES = (*TEMPLATES, *DYNAMIC)  # every name the engine accepts
 
 
 def default_template(device: torch.device | str) -> str:
-    """The tree that wins on `device` in the benchmark: on a CPU the hybrid tree (matrix + context, sized by
-    cost; see the README's results, where the static tree runs at under half speed). On a GPU the paper's tree
-    stays the default until `scripts/gpu_check.sh` has measured the hybrid trees there (no GPU was lent yet)."""
+    """The tree that wins on `device` in the benchmark: hybrid on a CPU, the paper's on a GPU (hybrid unmeasured)."""
     return "2.2.2" if torch.device(device).type == "cuda" else HYBRID
 
 
@@ -68,7 +64,8 @@ def template_problem(template: str | None, k: int) -> str | None:
     need = 1 + max(max(path) for path in TEMPLATES[template])
     if k >= need:
         return None
-    return f"--template {template} drafts candidates up to rank {need - 1}, so it needs --topk-candidates >= {need}, got {k}"
+    return (f"--template {template} drafts candidates up to rank {need - 1}, so it needs --topk-candidates >= {need}, "
+            f"got {k}")
 
 
 class TemplateError(ValueError):
@@ -81,7 +78,8 @@ def validate_template(paths: list[Path] | list[list[int]], k: int) -> list[Path]
         raise TemplateError(f"a template is a list of paths, got {type(paths).__name__}")
     out: list[Path] = []
     for p in paths:
-        if not isinstance(p, (list, tuple)) or len(p) == 0 or not all(isinstance(r, int) and not isinstance(r, bool) for r in p):
+        if not isinstance(p, (list, tuple)) or len(p) == 0 or \
+                not all(isinstance(r, int) and not isinstance(r, bool) for r in p):
             raise TemplateError(f"every path must be a non-empty list of ints, got {p!r}")
         out.append(tuple(p))
     seen = set(out)
@@ -141,7 +139,8 @@ def build_tree(name: str, paths: list[Path], device: torch.device | str = "cpu")
     return tree_from_parents(name, parents, ranks, device)
 
 
-def tree_from_parents(name: str, parents: list[int], ranks: list[int], device: torch.device | str = "cpu") -> DraftTree:
+def tree_from_parents(name: str, parents: list[int], ranks: list[int],
+                      device: torch.device | str = "cpu") -> DraftTree:
     """Build a DraftTree from BFS-ordered parent indices (parents[0] = -1, parents[i] < i, depth non-decreasing)."""
     n = len(parents)
     if not n or parents[0] != -1 or not all(0 <= parents[i] < i for i in range(1, n)):
@@ -157,22 +156,12 @@ def tree_from_parents(name: str, parents: list[int], ranks: list[int], device: t
         while j >= 0:
             mask[i, j] = True
             j = parents[j]
-    max_d = max(depths)
-    slices = []
-    for d in range(1, max_d + 1):
-        members = [i for i in range(n) if depths[i] == d]
-        slices.append((members[0], members[-1] + 1))
-    return DraftTree(
-        name=name,
-        parents=torch.tensor([max(p, 0) for p in parents], dtype=torch.long, device=device),
-        depths=torch.tensor(depths, dtype=torch.long, device=device),
-        ranks=torch.tensor([max(r, 0) for r in ranks], dtype=torch.long, device=device),
-        level_slices=tuple(slices),
-        tree_mask=mask.to(device),
-        parents_list=tuple(parents),
-        depths_list=tuple(depths),
-        ranks_list=tuple(ranks),
-    )
+    slices = [(depths.index(d), n - depths[::-1].index(d)) for d in range(1, max(depths) + 1)]  # depths are sorted
+    return DraftTree(name=name, parents=torch.tensor([max(p, 0) for p in parents], dtype=torch.long, device=device),
+                     depths=torch.tensor(depths, dtype=torch.long, device=device),
+                     ranks=torch.tensor([max(r, 0) for r in ranks], dtype=torch.long, device=device),
+                     level_slices=tuple(slices), tree_mask=mask.to(device), parents_list=tuple(parents),
+                     depths_list=tuple(depths), ranks_list=tuple(ranks))
 
 
 @lru_cache(maxsize=64)
@@ -182,10 +171,7 @@ def chain_tree(n: int, device: torch.device | str = "cpu") -> DraftTree:
 
 
 def bfs_draft(table: torch.Tensor, root_token: torch.Tensor, tree: DraftTree) -> torch.Tensor:
-    """Fill the tree's nodes with candidate tokens from the adjacency matrix, one gather per depth.
-
-    table: [V, k] adjacency matrix; root_token: [] or [1] long. Returns tokens [N] long.
-    """
+    """Candidate tokens [N] long for the tree's nodes from table [V, k], root_token [] or [1]; one gather per depth."""
     tokens = torch.empty(tree.size, dtype=torch.long, device=table.device)
     tokens[0] = root_token.reshape(())
     for start, end in tree.level_slices:
@@ -194,11 +180,7 @@ def bfs_draft(table: torch.Tensor, root_token: torch.Tensor, tree: DraftTree) ->
 
 
 def live_nodes(filled: torch.Tensor, tokens: torch.Tensor, tree: DraftTree) -> torch.Tensor:
-    """[N] bool: the nodes whose every ancestor's matrix row holds candidates (the root: always).
-
-    A row never written holds zeros: drafting from it proposes token 0 (`<|endoftext|>` in many vocabularies) k
-    times over, which no model accepts. filled: [V] bool (AdjacencyMatrix.filled); tokens: [N] long (bfs_draft).
-    One gather per depth, no host sync."""
+    """[N] bool: nodes whose ancestors' rows all hold candidates (an unwritten row proposes token 0); filled [V]."""
     live = torch.ones(tree.size, dtype=torch.bool, device=tokens.device)
     for start, end in tree.level_slices:
         parents = tree.parents[start:end]
@@ -206,14 +188,10 @@ def live_nodes(filled: torch.Tensor, tokens: torch.Tensor, tree: DraftTree) -> t
     return live
 
 
-def attention_bias(
-    tree_mask: torch.Tensor, past: int, dtype: torch.dtype, window: int | None = None, depths: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Additive 4D mask [1, 1, N, past + N]: the prefix is visible, tree nodes see their ancestors and themselves.
-
-    With `window`, keys more than `window - 1` positions behind a query are hidden too (sliding-window layers);
-    node i sits at position past + depths[i] and prefix key j at position j.
-    """
+def attention_bias(tree_mask: torch.Tensor, past: int, dtype: torch.dtype, window: int | None = None,
+                   depths: torch.Tensor | None = None) -> torch.Tensor:
+    """Additive mask [1, 1, N, past + N]: the prefix is visible, nodes see their ancestors and themselves. With
+    `window`, keys window or more positions behind a query are hidden too (node i sits at past + depths[i])."""
     n = tree_mask.shape[0]
     device = tree_mask.device
     allowed = torch.ones(n, past + n, dtype=torch.bool, device=device)

@@ -1,17 +1,8 @@
-"""The trust factor of a cost-sized tree: how much of its predicted acceptance the tree really gets, per size.
+"""The trust factor of a cost-sized tree: realised / predicted accepted tokens per size class.
 
-A size choice maximises (trust * expected[m] + 1) / t(m + 1). The expected curve comes from calibrated rates,
-which are global (learned over all answers) and flatter the sizes they choose (the winner's curse), so the
-trust scales them to this answer: realised / predicted accepted tokens, per size class.
-
-It is learned in hindsight from every step's tree, drafted or not. Under greedy verification a tree accepts
-the longest path that matches the tokens the answer goes on to emit, whichever part of it was drafted, so once
-those tokens are known, every size m of the tree (its best m nodes) has a known outcome: the accepted tokens a
-draft of that size would have given. A step that drafts nothing therefore still tells whether drafting would
-have paid, so the trust needs no drafts that fail to learn that drafting fails, nor retries to learn that it
-pays again. The same holds under seeded sampling, whose draw at each position is fixed by (seed, position)
-(sampling.py), whatever was drafted.
-"""
+A size choice maximises (trust * expected[m] + 1) / t(m + 1); global calibrated rates flatter the sizes they choose
+(the winner's curse). Learned in hindsight from every tree, drafted or not: once the next tokens are known (greedy,
+or seeded sampling), every size has a known outcome, so a step that drafts nothing still says if drafting pays."""
 from __future__ import annotations
 
 import bisect
@@ -49,11 +40,8 @@ class Watched:
 
 
 def realised_counts(path_ranks: list[int], largest: int) -> list[int]:
-    """Accepted draft tokens of every draft size m = 0..largest, given per matched depth the lowest rank of a node
-    that matches there.
-
-    Ranks rise along a path (a child never scores above its parent), so a draft of the best m nodes holds a
-    matching node at depth d, with its whole path, exactly when that depth's lowest rank is <= m."""
+    """Accepted draft tokens of every draft size m = 0..largest, from each matched depth's lowest matching rank
+    (ranks rise along a path, so the best m nodes hold depth d's match exactly when its rank is <= m)."""
     counts = [0] * (largest + 1)
     for r in path_ranks:
         if r <= largest:
@@ -98,18 +86,15 @@ class HindsightTrust:
         self.realised = [float(v) for v in state["realised"]]
 
     def start_answer(self) -> None:
-        """A new answer: the last one's trees still open are judged by its tokens so far (its end bounded what any
-        draft could accept); the factors carry over."""
+        """A new answer: the last one's open trees are judged by its tokens so far; the factors carry over."""
         for tree in self.watched:
             self._fold(tree)
         self.stream.clear()
         self.watched.clear()
 
     def watch(self, tokens: list[int], parents: list[int], order: list[int], expected: list[float]) -> None:
-        """Judge this tree (node 0 the root, parents before children) when the tokens after its root are known.
-
-        order: its draft nodes best first (a draft of m nodes is order[:m]); expected[m]: their predicted
-        accepted tokens."""
+        """Judge this tree (node 0 the root) once the tokens after it are known; order: draft nodes best first,
+        expected[m]: predicted accepted tokens of order[:m]."""
         largest = min(len(order), len(expected) - 1)
         if largest < 1:
             return
@@ -135,8 +120,7 @@ class HindsightTrust:
         self.watched = still
 
     def _advance(self, tree: Watched) -> None:
-        """Follow the tree's matching nodes along the known tokens; it is settled at the first token none of them
-        has a child for (the frontier is then empty)."""
+        """Follow the tree's matching nodes along the known tokens; settled when the frontier empties."""
         while tree.frontier and tree.start + len(tree.path) < len(self.stream):
             token = self.stream[tree.start + len(tree.path)]
             tree.frontier = [c for node in tree.frontier for c in tree.children.get((node, token), ())]

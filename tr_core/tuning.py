@@ -1,18 +1,7 @@
 """The timed choice of matrix products (kernels.py): which way each row count multiplies, chosen by timing this machine.
 
-`tune` times whole forwards every admitted way at each row count of TUNE_SIZES on this machine, re-times sizes whose
-rounds disagreed (bounded), records how steady the deciding timings were (`LinearPlan.spread`), and keeps the
-fastest way per row count (`kernels.set_plan`). `ensure_tuned` does that once per model, or takes the plan this
-machine timed for the same shapes in an earlier process (plan_cache.py) when a quick check (`check_kept`) still
-agrees with it.
-
-Exactness. No way, the library's own included, gives a row of an n-row product the bits of that row multiplied
-alone (the one-row product plain decoding and transformers' `generate` compute): on this machine's MKL the library's
-n-row product is already up to 4e-6 away from it. So bit-equality cannot be the rule; a way is admitted only where
-it adds no more than ADMIT_FACTOR times the rounding the library's own n-row product carries (`agreement`, measured
-on the model's own layer shapes). docs/exactness.md gives the measurements and the tests that hold greedy output to
-an untouched model's `generate` under mixed plans.
-"""
+Exactness: no way, the library's included, gives an n-row product's row the bits of that row alone (MKL's is up to
+4e-6 away), so a way is admitted within ADMIT_FACTOR of the library's own n-row rounding (docs/exactness.md)."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,13 +19,9 @@ from .plan_cache import load_plan, save_plan
 
 # row counts timed; others follow the nearest one timed, and more than the largest (long prompts) follow the largest
 TUNE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
-# sizes whose deciding timings varied more than kernels.STEADY_SPREAD between rounds get at most this many more rounds
-MAX_EXTRA_ROUNDS = 2
+MAX_EXTRA_ROUNDS = 2  # more rounds, at most, for sizes whose deciding timings varied over kernels.STEADY_SPREAD
 STALE_RATIO = 1.5  # a kept plan whose forwards now take more than this factor more or less time is timed again
-# A way is admitted only where its largest deviation from the library's one-row product (what plain decoding and
-# transformers' generate compute) is at most this many times the library's own n-row product's deviation from it
-# (what any tree forward already carries): docs/exactness.md has the measurements behind it.
-ADMIT_FACTOR = 4.0
+ADMIT_FACTOR = 4.0  # a way may deviate from the one-row product this many times what the library's n-row one does
 AGREE_ROWS = (1, 2, 3, 4, 8, 16)  # row counts the agreement is measured at
 _LOCK = threading.Lock()  # one tuning at a time in a process (the app's sessions share models)
 
@@ -58,10 +43,8 @@ def _distinct_layers(model: Any) -> list[torch.nn.Linear]:
 
 @torch.no_grad()
 def agreement(model: Any, way: str, rows: tuple[int, ...] = AGREE_ROWS, seed: int = 0) -> dict[str, float]:
-    """How far `way`'s product of n rows is from the library's product of each row alone (plain decoding's), on one
-    layer of each shape of `model` with random inputs [n, in]; beside it, how far the library's own n-row product
-    is. Largest absolute ("way_abs", "library_abs") and relative to the output's largest value ("way_rel",
-    "library_rel"); "bit_equal": 1.0 when the way gave the one-row bits at every row count."""
+    """Largest gap of `way`'s n-row product [n, out] from the library's one-row products, beside the library's own
+    n-row product's: "way_abs", "library_abs", relative "way_rel", "library_rel"; "bit_equal" 1.0 or 0.0."""
     g = torch.Generator().manual_seed(seed)
     product = kernels.PRODUCTS.get(way, lambda x, w, b, n: F.linear(x, w, b))
     worst = {"way_abs": 0.0, "way_rel": 0.0, "library_abs": 0.0, "library_rel": 0.0, "bit_equal": 1.0}
@@ -81,9 +64,7 @@ def agreement(model: Any, way: str, rows: tuple[int, ...] = AGREE_ROWS, seed: in
 
 
 def admitted_ways(model: Any) -> tuple[tuple[str, ...], dict[str, dict[str, float]], str]:
-    """(ways to time, each admitted way's `agreement`, why any was left out) for `model` on this machine: those that
-    run in its dtype, that add no more rounding than a tree forward already carries (ADMIT_FACTOR) and, for oneDNN,
-    whose packed copies fit in memory."""
+    """(ways to time, each admitted way's `agreement`, why any other was left out) for `model` on this machine."""
     dtype = weight_dtype(model)
     floor = 4 * torch.finfo(dtype).eps  # a library that is itself row-invariant still leaves the last bits free
     ways, measured, notes = [STOCK], {}, []
@@ -133,9 +114,7 @@ def _deciding_spread(times: dict[str, dict[int, list[float]]], chosen: dict[int,
 
 def tune(runner: Any, context: list[int], sizes: tuple[int, ...] = TUNE_SIZES, repeats: int = 2,
          extra_rounds: int = MAX_EXTRA_ROUNDS) -> LinearPlan:
-    """Time whole forwards of each size every admitted way on this machine (interleaved; `repeats` rounds after one
-    warm-up round, and up to `extra_rounds` more at sizes whose deciding timings were unsteady), keep the fastest
-    way per size for `model` and return the plan. 12-15 s with 2 threads on a 2-core CPU for the embedded model."""
+    """Time whole forwards of each size every admitted way (interleaved), keep and return the fastest per size."""
     context, sized = timing_context(runner, context, sizes)
     sized = list(sized) or [1]
     model = runner.model
@@ -160,8 +139,7 @@ def tune(runner: Any, context: list[int], sizes: tuple[int, ...] = TUNE_SIZES, r
 
 
 def check_kept(runner: Any, context: list[int], plan: LinearPlan, sizes: tuple[int, ...] = (1, 8)) -> str:
-    """Why a plan kept from an earlier process no longer holds here ("" when it does): forwards of `sizes` tokens
-    timed now (the fastest of 2, after a warm-up), the plan's way, must take within STALE_RATIO of what it says."""
+    """Why a kept plan no longer holds ("" when it does): forwards of `sizes` must take within STALE_RATIO of it."""
     context, sized = timing_context(runner, context, [n for n in sizes if n in plan.ways])
     if not sized:
         return ""
@@ -176,9 +154,7 @@ def check_kept(runner: Any, context: list[int], plan: LinearPlan, sizes: tuple[i
 
 
 def ensure_tuned(runner: Any, context: list[int]) -> LinearPlan | None:
-    """Tune `runner`'s model once (CPU only; later calls and other engines of the same model reuse the plan), or take
-    the plan this machine timed for the same shapes in an earlier process (plan_cache.py), when a quick check of its
-    timings still agrees. The plan's `origin` says which happened."""
+    """Tune `runner`'s model once (CPU only), or take the plan kept by plan_cache.py when `check_kept` agrees."""
     if not needs_tuning(runner.model, runner.device):
         return plan_of(runner.model)
     with _LOCK:

@@ -1,6 +1,4 @@
-"""The command line, `token-recycling` or `python -m tr_core`: generate (generate.py), bench (bench.py) and profile
-(profile.py), with the options they share (options.py). The top of the layers: it may use the library, its views
-and its benchmark (tr_core.bench); nothing in tr_core imports it."""
+"""The command line, `token-recycling` or `python -m tr_core`: generate, bench and profile, with shared options."""
 from __future__ import annotations
 
 import argparse
@@ -11,9 +9,8 @@ from . import bench, generate, profile
 
 
 def program_name() -> str:
-    """How the user started this program, for the usage line: the console script's name or `python -m tr_core`."""
+    """How the user started this program: the console script's name or `python -m tr_core` (argv[0] __main__.py)."""
     name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
-    # `python -m tr_core` puts tr_core/__main__.py in argv[0], a name the user never typed
     return "python -m tr_core" if name in ("", "__main__.py", "-c") else name
 
 

@@ -1,5 +1,4 @@
-"""`python -m tr_core generate`: answer one prompt, streaming the text, then print a summary; optionally save the
-adjacency matrix and the answer's trace (every step as JSON; `python -m present replay` draws it as HTML)."""
+"""`python -m tr_core generate`: answer one prompt, streaming the text, then a summary (and the matrix, the trace)."""
 from __future__ import annotations
 
 import argparse
@@ -21,8 +20,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     gen.add_argument("--plain", action="store_true", help="plain decoding (one token per step), same harness")
     gen.add_argument("--json", action="store_true", help="print one JSON object (tokens, summary) instead of text")
     warm_start_option(gen)
-    gen.add_argument("--load-matrix", default=None, help="start from an adjacency matrix saved earlier (replaces the "
-                                                         "warm start's matrix)")
+    gen.add_argument("--load-matrix", default=None,
+                     help="start from an adjacency matrix saved earlier (replaces the warm start's matrix)")
     gen.add_argument("--save-matrix", default=None, help="save the adjacency matrix after answering")
     gen.add_argument("--trace", default=None, metavar="FILE.json",
                      help="save the answer's trace: every step's tree, verdict and matrix rows, as JSON (`python -m "
@@ -32,8 +31,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _prepared_engine(args: argparse.Namespace, cfg: Any) -> tuple[Any, Any] | int:
-    """The model loaded into an engine with its warm start (and --load-matrix), and the config with the device's
-    default tree; or the exit code after a one-line error."""
+    """(engine with its warm start and --load-matrix, config with the device's default tree), or an exit code."""
     from ..engine import Engine
     from ..tree import default_template, template_problem
 
@@ -68,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
         if problem := output_problem(path, option):
             return report_error(problem, 2)
     try:
-        cfg = decode_config(args, template=args.template or "2.2.2", plain=args.plain)
+        cfg = decode_config(args, template=args.template or "2.2.2", plain=args.plain,
+                            provenance=bool(args.trace))  # a trace's replay shows each step under the microscope
     except DecodeConfigError as exc:
         return report_error(exc.as_option(), 2)
     if not args.plain and (problem := template_problem(args.template, args.topk_candidates)):
@@ -78,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         return prepared
     engine, cfg = prepared
     tokenizer = engine.tokenizer
-    ids = engine.encode_chat([{"role": "user", "content": args.prompt}]) if not args.raw else tokenizer(args.prompt)["input_ids"]
+    ids = engine.encode_chat([{"role": "user", "content": args.prompt}]) if not args.raw else \
+        tokenizer(args.prompt)["input_ids"]
     try:
         engine.check_prompt(ids)
     except ValueError as exc:
@@ -131,10 +131,9 @@ def _print_summary(args: argparse.Namespace, engine: Any, summary: Any) -> None:
         print(json.dumps({"tokens": summary.tokens, "text": engine.decode(summary.tokens), "steps": summary.steps,
                           "mean_accepted": summary.mean_accepted, "tokens_per_s": summary.tokens_per_s,
                           "new_tokens": summary.new_tokens, "stop_reason": summary.stop_reason,
-                          "method": summary.method, "template": summary.template,
-                          "overhead_ms": summary.overhead_ms, "forward_ms": summary.forward_ms,
-                          "prompt_tokens": summary.prompt_tokens, "prefill_s": summary.prefill_s,
-                          "decode_s": summary.decode_s, "wall_s": summary.wall_s,
+                          "method": summary.method, "template": summary.template, "overhead_ms": summary.overhead_ms,
+                          "forward_ms": summary.forward_ms, "prompt_tokens": summary.prompt_tokens,
+                          "prefill_s": summary.prefill_s, "decode_s": summary.decode_s, "wall_s": summary.wall_s,
                           "device": str(engine.device), "dtype": str(engine.dtype).replace("torch.", "")}))
     else:
         method = "plain decoding" if args.plain else f"Token Recycling ({summary.template})"

@@ -1,5 +1,4 @@
-"""The command line's shared options: argparse helpers, checks made before any work, and the model and warm start
-they ask for (the commands themselves: generate.py, bench.py, profile.py)."""
+"""The command line's shared options: argparse helpers, checks made before any work, the model and warm start."""
 from __future__ import annotations
 
 import argparse
@@ -46,7 +45,8 @@ def apply_threads(threads: int | None) -> None:
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """`--model`, `--device`, `--dtype`: which model to load, where and in what precision."""
-    p.add_argument("--model", default=None, help="hub id, local folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--model", default=None,
+                   help="hub id, local folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)")
     linear_option(p)
@@ -114,8 +114,7 @@ def warm_start_option(p: argparse.ArgumentParser) -> None:
 
 
 def apply_warm_start(choice: str, engine: Any, model_name: str | None) -> Any:
-    """Apply `--warm-start` to an engine and say on stderr what it did; returns the WarmStartInfo (None for off).
-    Raises ValueError (warm.WarmStartError) when a file does not fit the model."""
+    """Apply `--warm-start`, saying on stderr what it did; the WarmStartInfo (None: off); ValueError on a bad file."""
     from .. import warm
 
     if choice == "off":

@@ -5,10 +5,8 @@
                                              "model": "tr_core.vllm.TokenRecyclingProposer",
                                              "num_speculative_tokens": 8})
 
-Install this package into vLLM's environment (`pip install token-recycling`): its `vllm.general_plugins` entry
-point installs the hook in every worker. Importing this module does not import vLLM; the studio and the library
-work without it. See docs/vllm.md.
-"""
+Installed into vLLM's environment, its `vllm.general_plugins` entry point installs the hook in every worker.
+Importing this module does not import vLLM. See docs/vllm.md."""
 from .proposer import TokenRecyclingProposer
 from .support import SUPPORTED_TEXT, UnsupportedVLLM, check_supported
 

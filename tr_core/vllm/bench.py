@@ -2,19 +2,11 @@
 
     python -m tr_core.vllm.bench --questions bench/data/spec_bench_dev.jsonl --questions bench/data/mbpp_dev.jsonl
 
-Every method runs in its own process with its own vLLM engine (so vLLM's speculative-decoding counters are that
-method's alone), all built before timing starts. Each cell (a round at one concurrency: 1 request at a time, or 8
-at once) gets its own questions, `--per-task` of each task that no earlier cell asked: Token Recycling's shared
-matrix learns only from questions answered before, as a server learns from earlier users, and never sees a
-question twice. Within a round the methods take turns on the cell's questions in rotating order; while one runs,
-the others' processes are paused (SIGSTOP), since an idle vLLM engine keeps polling for work.
-
-Reported per method and concurrency, over all rounds: tokens/s (generated tokens over wall time), mean accepted
-tokens per step (generated tokens over model steps per request, steps without a draft included, from vLLM's
-counters), drafted and accepted tokens, and how many greedy answers are identical to plain vLLM's. `--studio` adds
-the library's own one-at-a-time engine (warm start, the CPU's default tree) on the same cells.
-Runs in vLLM's environment (see docs/vllm.md); nothing here is imported by tr_core.
-"""
+Every method runs in its own process with its own vLLM engine (its own speculative counters). Each cell (a round
+at one concurrency) gets `--per-task` unseen questions of each task, so the shared matrix learns only from earlier
+questions, as a server does. Methods take turns in rotating order; the idle ones are paused (SIGSTOP), since an
+idle vLLM engine keeps polling. Reported per method and concurrency: tokens/s, tokens per step, drafted and
+accepted tokens, and greedy answers identical to plain vLLM's. `--studio` adds the library's own engine."""
 from __future__ import annotations
 
 import argparse
@@ -59,8 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def cell_prompts(args: argparse.Namespace) -> dict[str, list[list[dict[str, str]]]]:
-    """{"round/concurrency": the cell's chat messages}: `per_task` questions of each task per cell, no question in
-    two cells (the first turn of each), after the first `skip_per_task` of each task."""
+    """{"round/concurrency": the cell's chat messages}: `per_task` questions of each task, none in two cells."""
     from tr_core.bench.questions import load_questions, select_questions
 
     cells = [f"{r}/{c}" for r in range(args.rounds) for c in args.concurrency]
@@ -74,8 +65,8 @@ def cell_prompts(args: argparse.Namespace) -> dict[str, list[list[dict[str, str]
                              + (f" after {args.skip_per_task}" if args.skip_per_task else ""))
         chosen = chosen[args.skip_per_task * tasks:]  # round-robin over tasks: the first N of each
         per_file.append((chosen, args.per_task * tasks))  # round-robin over tasks: each slice spans them
-    return {cell: [[{"role": "user", "content": q.turns[0]}] for chosen, n in per_file for q in chosen[i * n:(i + 1) * n]]
-            for i, cell in enumerate(cells)}
+    return {cell: [[{"role": "user", "content": q.turns[0]}]
+                   for chosen, n in per_file for q in chosen[i * n:(i + 1) * n]] for i, cell in enumerate(cells)}
 
 
 # -- one method's process --------------------------------------------------------------------------------------------
@@ -149,8 +140,7 @@ class StudioRunner:
 
 
 def worker(args: argparse.Namespace) -> int:
-    """One method's process: build its engine, print DONE, then run each cell named on stdin ("round/concurrency")
-    and write its result to the file named after it (a JSON line: {"cell", "out"})."""
+    """One method's process: build its engine, print DONE, then run each cell ordered on stdin ({"cell", "out"})."""
     from tr_core.vllm.models import model_folder
 
     model, cells = model_folder(args.model), cell_prompts(args)
@@ -250,8 +240,7 @@ def summarise(name: str, concurrency: int, cells: dict[str, Any], plain: dict[st
     if plain is not None:
         same = sum(a == b for cell, out in mine.items() for a, b in zip(out["answers"], plain[cell]["answers"]))
     steps = tokens - accepted  # a step emits its accepted draft tokens and one more
-    return {"method": name, "concurrency": concurrency, "tokens": tokens,
-            "seconds": seconds, "tok_s": tokens / seconds,
+    return {"method": name, "concurrency": concurrency, "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
             "per_round": [len(sum(out["answers"], [])) / out["seconds"] for out in mine.values()],
             "drafted": sum(out["drafted"] for out in mine.values()), "accepted": accepted,
             "tokens_per_step": tokens / max(steps, 1), "identical": same,
@@ -264,8 +253,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         same = "" if r.get("identical") is None else f"{r['identical']}/{r['answers']}"
         rounds = ", ".join(f"{v:.1f}" for v in r["per_round"])
-        lines.append(f"| {r['method']} | {r['concurrency']} | {r['tok_s']:.1f} | {rounds} | {r['tokens_per_step']:.2f} "
-                     f"| {int(r['drafted'])} | {int(r['accepted'])} | {same} |")
+        lines.append(f"| {r['method']} | {r['concurrency']} | {r['tok_s']:.1f} | {rounds} "
+                     f"| {r['tokens_per_step']:.2f} | {int(r['drafted'])} | {int(r['accepted'])} | {same} |")
     return "\n".join(lines)
 
 

@@ -1,10 +1,8 @@
 """Calibrated acceptance: how often a drafted token of each kind was accepted, learned from every verified step.
 
-A drafted token has a kind: a matrix candidate, by the probability its row stored for it (5 bands), or a context
-token, by the length of the suffix that matched (1..4) and whether the matrix's row also lists it. For each kind
-the rate is (accepted + prior) / (tried + prior weight): tokens past the first rejected one were never tried and
-are not counted. `chains.draft_chains` multiplies rates along a chain to estimate how far it will be accepted.
-"""
+A kind is a matrix candidate's stored-probability band, or a context token's matched suffix length and whether
+the row also lists it. Rate = (accepted + prior) / (tried + prior weight); tokens past the first rejection were
+never tried. `chains.draft_chains` multiplies rates along a chain."""
 from __future__ import annotations
 
 import torch

@@ -1,13 +1,8 @@
 """Drafting one chain per request for vLLM: the best chain of the Token Recycling tree, from matrix and context.
 
-vLLM 0.32 verifies chains only (its rejection sampler has no tree), so a request gets the one path of the draft
-tree most likely to be accepted: at each depth either the adjacency matrix's top candidate after the previous
-token (the paper's row) or the token that followed the same suffix earlier in the request's own context (the
-`hybrid` idea: prompt lookup). Which one, and how far to draft, is decided by calibrated acceptance rates
-(`calibration.Acceptance`), so a request whose drafts keep failing drafts little and one that copies drafts long.
-
-Everything here is a pure function of tensors and arrays, tested without vLLM.
-"""
+vLLM 0.32 verifies chains only, so a request gets the tree's path most likely to be accepted: at each depth the
+matrix's top candidate or the token that followed the same suffix in its own context, chosen, and cut, by
+calibrated acceptance rates. Pure functions of tensors and arrays, tested without vLLM."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,10 +15,8 @@ EMPTY = -1  # an adjacency-matrix row that was never written
 
 
 def context_continuation(tokens: np.ndarray, length: int, max_n: int = MAX_NGRAM) -> tuple[np.ndarray, int]:
-    """What followed the latest earlier occurrence of the longest suffix of `tokens` (1..max_n tokens long).
-
-    tokens: [L] int. Returns (continuation [<= length], matched suffix length); (empty, 0) when nothing matches.
-    """
+    """(what followed the latest earlier occurrence of the longest suffix of tokens [L], 1..max_n long, [<= length],
+    the suffix's length); (empty, 0) when nothing matches."""
     n_tokens = len(tokens)
     for n in range(min(max_n, n_tokens - 1), 0, -1):
         suffix = tokens[n_tokens - n:]
@@ -74,11 +67,8 @@ def draft_chains(last: torch.Tensor, contexts: Contexts, matrix: torch.Tensor, p
                  acceptance, min_reach: float, caps: torch.Tensor) -> Chains:
     """The best chain of each request's draft tree, cut where its estimated reach falls under `min_reach`.
 
-    last: [B] the requests' last tokens; matrix: [V, k] candidate ids (EMPTY: unwritten); probs: [V, k] their
-    probabilities when written; acceptance: a calibration.Acceptance; caps: [B] most tokens each may draft.
-    At depth d a request takes the context's token while it still follows the context and the context's estimate
-    is at least the matrix's; otherwise the matrix's top candidate after its previous token.
-    """
+    last [B], matrix [V, k] (EMPTY: unwritten), probs [V, k], caps [B] most tokens each may draft. A request takes the
+    context's token while it follows the context and its rate is at least the matrix's top candidate's."""
     batch, depth = contexts.tokens.shape
     prev = last.clone()
     on_context = contexts.match > 0

@@ -1,13 +1,9 @@
 """The runner hook: hands the target logits of every verified row to the proposer's matrix and calibration.
 
-vLLM gives a custom proposer no logits, and refuses logits processors when speculative decoding is on. Its model
-runner's `_sample(logits, spec_decode_metadata)` sees them all: row r of `logits` is the model's output after input
-token `input_ids[logits_indices[r]]` (vLLM reads its draft tokens the same way). For request i the rows
-cu_num_sampled_tokens[i] - (n_i + 1) .. cu_num_sampled_tokens[i] - 1 follow its last accepted token and then its
-n_i draft tokens. The wrapper reads them before sampling (which may scale logits in place), lets vLLM sample and
-verify as usual, and only then reads how many drafts were accepted. Runners without a TokenRecyclingProposer
-are not touched. Installed once per process, by the `vllm.general_plugins` entry point and by the proposer.
-"""
+vLLM gives a custom proposer no logits; its runner's `_sample(logits, spec_decode_metadata)` sees them all: row r
+follows input token `input_ids[logits_indices[r]]`. The wrapper reads them before sampling (which may scale logits
+in place), lets vLLM sample and verify, then reads how many drafts were accepted. Runners without a
+TokenRecyclingProposer are not touched."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,10 +1,7 @@
 """The adjacency matrix inside vLLM: one for all requests, on vLLM's device, rewritten from every verified row.
 
-Row t holds the k most likely next tokens the model last gave after token t, with their probabilities
-(the paper's M, shared across requests as in its "hot start"). After each forward, every row the model computed
-logits for (each request's last accepted token and each of its draft tokens, accepted or not, and the last
-prompt token of a prefill) overwrites the row of its input token: one top-k and one scatter for the whole batch.
-"""
+Row t holds the top-k next tokens the model last gave after t (the paper's M, shared as in its "hot start"); every
+logits row of a forward overwrites its input token's row: one top-k and one scatter for the batch."""
 from __future__ import annotations
 
 import torch
@@ -23,7 +20,7 @@ class SharedMatrix:
         self.updates = 0  # rows written so far (for logs and tests)
 
     def update(self, inputs: torch.Tensor, logits: torch.Tensor) -> None:
-        """Write row inputs[r] from logits[r] for every r. inputs: [R] token ids; logits: [R, V'] raw scores."""
+        """Write row inputs[r] from logits[r] for every r; inputs [R], logits [R, V'] raw scores."""
         keep = (inputs >= 0) & (inputs < self.ids.shape[0])
         inputs, logits = inputs[keep].long(), logits[keep].float()
         if inputs.numel() == 0:

@@ -1,9 +1,6 @@
 """vLLM's `vllm.general_plugins` entry point: installs the runner hook in every vLLM process.
 
-vLLM runs each registered general plugin in its engine and worker processes before models are built. On a vLLM
-this integration does not support, it logs why and changes nothing: vLLM without Token Recycling keeps working,
-and asking for the proposer then fails with the reason.
-"""
+On an unsupported vLLM it logs why and changes nothing; asking for the proposer then fails with the reason."""
 from __future__ import annotations
 
 import logging

@@ -1,14 +1,7 @@
 """TokenRecyclingProposer: vLLM's `custom_class` speculative proposer, drafting from the adjacency matrix.
 
-    speculative_config={"method": "custom_class", "model": "tr_core.vllm.TokenRecyclingProposer",
-                        "num_speculative_tokens": 8}
-
-vLLM builds one per worker with its VllmConfig and, after every step, calls `propose` with the tokens each request
-just got and each request's whole token history. The proposer drafts the best chain of each request's Token
-Recycling tree (`chains.draft_chains`). The matrix and the calibration are fed by the runner hook (`hook.py`),
-which vLLM's plugin entry point installs in every worker: it sees the target logits of every verified row, which
-vLLM gives no proposer. vLLM verifies the drafts with its rejection sampler, so output is what vLLM alone produces.
-"""
+It drafts the best chain of each request's tree (`chains.draft_chains`); the matrix and calibration are fed by the
+runner hook (`hook.py`). vLLM's rejection sampler verifies, so output is what vLLM alone produces."""
 from __future__ import annotations
 
 import os
@@ -22,8 +15,7 @@ from .chains import batch_contexts, draft_chains
 from .matrix import SharedMatrix
 from .support import check_supported
 
-MIN_REACH = 0.2  # draft a token while the chain's estimated chance of being accepted up to it is at least this
-# (0.2: chosen on 14 development questions against 0.35 and 0.1; docs/vllm.md#results)
+MIN_REACH = 0.2  # draft while the chain's estimated acceptance up to here is at least this (docs/vllm.md#results)
 REACH_ENV = "TR_VLLM_MIN_REACH"  # overrides MIN_REACH (0 < value <= 1)
 EXPLORE = 32  # every this many steps, draft full chains whatever the estimates, so a low rate can recover
 
