@@ -9,8 +9,11 @@ import random
 import pytest
 
 from tr_core import trace as trace_mod
+from tr_core import trace_schema as schema
 from tr_core.events import StepEvent, SummaryEvent
-from present.figures import MatrixTracker, accepted_chart, heatmap_figure, tree_figure
+from present.chart import accepted_chart
+from present.heatmap import MatrixTracker, heatmap_figure
+from present.tree import tree_figure
 from tr_core.trace import Trace, TraceError
 
 VOCAB = {0: "<root>", 1: " the", 2: " cat", 3: " sat", 4: " dog", 5: "the", 6: "\n", 7: " on", 8: " mat", 9: "!"}
@@ -138,7 +141,7 @@ def test_hybrid_engine_traces_keep_where_each_node_came_from(tmp_path):
     assert retrieved, "a prompt that repeats itself must give context drafts"
     assert all(ev.origins[i].startswith("copied from") for ev, i in retrieved)
     data = json.loads(trace.save(tmp_path / "hybrid.json").read_text(encoding="utf-8"))
-    assert data["version"] == trace_mod.TRACE_VERSION == 2
+    assert data["version"] == schema.TRACE_VERSION == 2
     back = Trace.load(tmp_path / "hybrid.json")
     assert back.to_dict() == trace.to_dict() and back.steps == trace.steps
     draw_all(back)
@@ -183,17 +186,18 @@ def test_other_versions_are_refused_saying_which_are_read(tmp_path):
 
 
 ANY_SOURCE = r"must be \"matrix\", \"context\" or \"both\"$"
+A_SOURCE = r"must be \"root\", \"matrix\", \"context\" or \"both\", got "
 
 
 @pytest.mark.parametrize("path, value, message", [
     ("steps/1/sources", ["root", "matrix"],
      r"^step 1: \"sources\" must be a list of 7 strings \(one per node\), got a list of 2$"),
     ("steps/1/sources", "matrix", r"^step 1: \"sources\" must be a list of 7 strings .*got a string$"),
-    ("steps/1/sources/2", 5, r"^step 1: \"sources\"\[2\] must be a string, got an integer$"),
-    ("steps/1/sources/2", "prompt", r"^step 1: source of node 2 is \"prompt\", " + ANY_SOURCE),
+    ("steps/1/sources/2", 5, r"^step 1: \"sources\"\[2\] " + A_SOURCE + "5$"),
+    ("steps/1/sources/2", "prompt", r"^step 1: \"sources\"\[2\] " + A_SOURCE + r"\"prompt\"$"),
     ("steps/1/sources/0", "context", r"^step 1: source of node 0 is \"context\", must be \"root\"$"),
     ("steps/1/sources/5", "root", r"^step 1: source of node 5 is \"root\", " + ANY_SOURCE),
-    ("steps/1/origins/3", "x" * 201, r"^step 1: origin of node 3 has 201 characters \(the limit is 200\)$"),
+    ("steps/1/origins/3", "x" * 201, r"^step 1: \"origins\"\[3\] has 201 characters \(the limit is 200\)$"),
     ("steps/1/origins/3", None, r"^step 1: \"origins\"\[3\] must be a string, got null$"),
     ("steps/1/ranks/3", 80, r"^step 1: \"ranks\"\[3\] must be an integer from -1 to 79, got 80$"),
 ])
@@ -206,8 +210,23 @@ def test_sources_and_origins_are_checked_with_clear_messages(path, value, messag
 
 def test_context_children_may_rank_above_k():
     data = valid_dict()
-    data["steps"][1]["ranks"][3] = trace_mod.MAX_K + 3  # the 4th context-only child of a row of MAX_K candidates
-    assert Trace.from_dict(data).steps[1].ranks[3] == trace_mod.MAX_K + 3
+    data["steps"][1]["ranks"][3] = schema.MAX_K + 3  # the 4th context-only child of a row of MAX_K candidates
+    assert Trace.from_dict(data).steps[1].ranks[3] == schema.MAX_K + 3
+
+
+def test_the_schema_knows_every_field_of_a_trace_and_its_defaults():
+    """A field missing from a table would refuse every trace that has it; a wrong default would check the wrong value."""
+    from dataclasses import MISSING, fields
+
+    def defaults(cls) -> dict:
+        return {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(cls)
+                if f.default is not MISSING or f.default_factory is not MISSING}
+
+    assert set(schema.STEP.fields) == {f.name for f in fields(StepEvent)}
+    assert set(schema.SUMMARY.fields) == {f.name for f in fields(SummaryEvent)}
+    assert set(schema.TRACE.fields) == {"format", "version"} | {f.name for f in fields(Trace)}
+    assert schema.TRACE.defaults == defaults(Trace)
+    assert schema.STEP.defaults == {k: v for k, v in defaults(StepEvent).items() if k != "kind"}
 
 
 # ------------------------------------------------------------------------------------ mutations of a dict
@@ -264,7 +283,7 @@ MUTATIONS = {
     "root depth": setter("steps/0/depths/0", 1),
     "root rank": setter("steps/0/ranks/0", 0),
     "negative rank": setter("steps/0/ranks/2", -1),
-    "rank too large": setter("steps/0/ranks/2", trace_mod.MAX_RANK),
+    "rank too large": setter("steps/0/ranks/2", schema.MAX_RANK),
     "ragged tokens": lambda d: step0(d)["tokens"].pop(),
     "ragged parents": lambda d: step0(d)["parents"].append(0),
     "ragged depths": lambda d: step0(d)["depths"].pop(),
@@ -417,13 +436,14 @@ def test_deeply_nested_object_in_memory_is_a_trace_error():
 
 
 def test_bounds_are_module_constants(monkeypatch):
+    """The file's limits are tr_core.trace's, its fields' tr_core.trace_schema's."""
     for name, value in [("MAX_STEPS", 2), ("MAX_TOTAL_NODES", 13), ("MAX_TOTAL_MATRIX_VALUES", 15),
                         ("MAX_TOKEN_TEXT_CHARS", 20), ("MAX_TOTAL_CHARS", 50), ("MAX_TOKEN_TEXTS", 3),
                         ("MAX_MESSAGES", 1), ("MAX_SETTINGS", 1), ("MAX_STRING_CHARS", 10), ("MAX_TIMINGS", 2),
                         ("MAX_ANSWER_TOKENS", 6), ("MAX_RANK", 2), ("MAX_ORIGIN_CHARS", 40)]:
         Trace.from_dict(valid_dict())
         with monkeypatch.context() as m:
-            m.setattr(trace_mod, name, value)
+            m.setattr(trace_mod if name in ("MAX_TOTAL_CHARS", "MAX_STRING_CHARS") else schema, name, value)
             with pytest.raises(TraceError):
                 Trace.from_dict(valid_dict())
 
@@ -493,7 +513,7 @@ def test_nan_and_infinity_in_a_file_are_refused(tmp_path):
 
 def test_step_count_over_the_bound(monkeypatch, tmp_path):
     path = valid_trace().save(tmp_path / "upload_trace.json")
-    monkeypatch.setattr(trace_mod, "MAX_STEPS", 2)
+    monkeypatch.setattr(schema, "MAX_STEPS", 2)
     assert "steps" in load_error(path)
 
 
