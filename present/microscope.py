@@ -13,7 +13,9 @@ import html
 from typing import Any, Iterator
 
 from tr_core.events import StepEvent
-from .figures import node_source, place_of, row_is_empty, visible_token
+from .heatmap import row_is_empty
+from .nodes import node_source, place_of
+from .style import visible_token
 from .story import end_words, ended_by
 from tr_core.trace import Trace
 

@@ -2,7 +2,7 @@
 
 The file holds plotly.js, the answer with each step's accepted run coloured, and per step the draft tree, the
 adjacency-matrix window, the step story and the step under the microscope (the same builders as the studio:
-figures.py, story.py, microscope.py; the microscope's text blocks are drawn with textContent).
+tree.py, heatmap.py, story.py, microscope.py; the microscope's text blocks are drawn with textContent).
 A slider, previous/next buttons and the arrow keys move them together. Nothing is fetched: no CDN, no fonts,
 no images, and a Content-Security-Policy forbids any request. Every string from the trace is escaped (a trace
 may come from a stranger); the per-step data sits in a JSON script block whose '<', '>' and '&' are escaped.
@@ -13,7 +13,8 @@ import html
 import json
 from typing import Any, Callable
 
-from .figures import MatrixTracker, heatmap_figure, tree_figure
+from .heatmap import MatrixTracker, heatmap_figure
+from .tree import tree_figure
 from .microscope import CSS as MICROSCOPE_CSS
 from .microscope import explain, known_before, microscope_blocks, values_known
 from .story import ended_by, step_story

@@ -10,7 +10,9 @@ import html
 from typing import Callable
 
 from tr_core.events import StepEvent
-from .figures import copy_place, display_token, node_source, row_is_empty
+from .heatmap import row_is_empty
+from .nodes import copy_place, node_source
+from .style import display_token
 
 TokenText = Callable[[int], str]
 MAX_QUOTED = 6  # accepted tokens quoted one by one; more are counted

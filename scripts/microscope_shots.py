@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from present.figures import tree_figure  # noqa: E402
+from present.tree import tree_figure  # noqa: E402
 from present.microscope import microscope_view  # noqa: E402
 from present.replay import PLOTLY_CONFIG, json_script, plotly_js, replay_html  # noqa: E402
 from studio.recording import record_live  # noqa: E402
@@ -36,8 +36,8 @@ def record(template: str, tokens: int) -> Trace:
     warm_start(engine, "embedded", learn=False)  # as a new studio session starts: the shipped warm start
     messages = [{"role": "user", "content": QUESTION}]
     trace = Trace(model="SmolLM2-135M-Instruct", settings={"template": template}, messages=messages)
-    for _ in record_live(engine, engine.encode_chat(messages), DecodeConfig(max_new_tokens=tokens, template=template),
-                         trace, every_s=0.1):
+    cfg = DecodeConfig(max_new_tokens=tokens, template=template, provenance=True)  # the microscope's rows
+    for _ in record_live(engine, engine.encode_chat(messages), cfg, trace, every_s=0.1):
         pass
     trace.record_texts(engine.token_text)
     return trace

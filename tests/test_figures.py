@@ -10,11 +10,13 @@ from collections import Counter
 import pytest
 
 from tr_core.events import StepEvent, SummaryEvent
-from present.figures import (ACCEPTED_COLOUR, BONUS_COLOUR, BONUS_NODE, REJECTED_COLOUR, MatrixTracker,
-                                    MeterView, accepted_chart, boxes_overlap, coloured_markdown, display_token,
-                                    heatmap_figure, label_boxes, meter_html, symbol_note, tree_figure, tree_frame,
-                                    tree_layout, tree_legend_names, unique_labels)
-from present.figures import FEW_LABELS, _path_segments, segment_crosses
+from present.chart import accepted_chart
+from present.chat import coloured_markdown
+from present.heatmap import MatrixTracker, heatmap_figure, unique_labels
+from present.meter import MeterView, meter_html
+from present.style import ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, display_token, symbol_note
+from present.tree import BONUS_NODE, tree_figure, tree_legend_names
+from present.tree_layout import tree_layout
 from tr_core.trace import TextAssembler, Trace, TraceError, boundaries_from_texts
 
 VOCAB = {0: "<root>", 1: " the", 2: " cat", 3: " sat", 4: " dog", 5: "the", 6: "\n", 7: " on", 8: " mat", 9: "!"}
@@ -36,7 +38,8 @@ def make_event(step: int = 0) -> StepEvent:
 
 
 def node_traces(fig):
-    return {t["name"]: t for t in fig.traces if t["mode"] == "markers+text"}
+    """The traces that draw the tree's nodes and the bonus star (by name): those with a hover text."""
+    return {t["name"]: t for t in fig.traces if "hovertext" in t}
 
 
 def test_tree_figure_has_every_node_and_marks_the_accepted_path():
@@ -198,11 +201,14 @@ def test_tree_figure_without_context_drafts_keeps_its_legend():
     symbols, hovers = node_markers(fig)
     assert set(symbols.values()) == {"circle"} and "from the matrix: candidate #2 after" in hovers[3]
     assert not any(n.startswith(("●", "■", "◆")) for n in legend_names(fig))
-    assert not any("legendgroup" in t for t in fig.traces)
+    assert not any(t["x"] == [None] for t in fig.traces)  # no stand-in entries: no shapes to explain
     plain = tree_figure(make_event(), text_of)  # no sources: as before, rank in the hover, one symbol per trace
     assert [t["marker"]["symbol"] for t in node_traces(plain).values()] == ["circle"] * 3 + ["star"]
     assert not any("from the matrix" in h for h in node_markers(plain)[1].values())
-    assert len(plain.traces) == 7 and not any("legendgroup" in t for t in plain.traces)  # edges, nodes, bonus
+    assert len(plain.traces) == 7  # edges, nodes, the bonus's edge and star
+    # each legend entry its own legend group: plotly.js then packs the legend's rows entry by entry
+    groups = [t["legendgroup"] for t in plain.traces if t.get("showlegend", True) and "name" in t]
+    assert len(groups) == len(set(groups)) == 4
 
 
 # ------------------------------------------------------------------------- labels of the 80-node tree
@@ -240,47 +246,65 @@ def drawn_labels(fig) -> dict[int, tuple[str, str]]:
     """Node -> (text, textposition) of every non-empty label in the tree figure (the bonus as BONUS_NODE)."""
     out = {}
     for t in node_traces(fig).values():
+        if "text" not in t:
+            continue
         nodes = t.get("customdata", [BONUS_NODE])
         positions = t["textposition"] if isinstance(t["textposition"], list) else [t["textposition"]] * len(nodes)
         out.update({n: (text, pos) for n, text, pos in zip(nodes, t["text"], positions) if text})
     return out
 
 
-@pytest.mark.parametrize("turns,bonus,width,hybrid", [((0, 1, 0), 17, 640, False), ((0, 0, 0, 0, 0, 0), 4, 640, False),
-                                                      ((1, 0), 30, 640, False), ((), 8, 640, False),
-                                                      ((0, 0, 1), None, 900, False), ((0, 1, 0), 17, 640, True)])
-def test_paper_tree_labels_never_overlap_and_the_accepted_path_is_labelled(turns, bonus, width, hybrid):
+def labelled_nodes(ev: StepEvent) -> set[int]:
+    """The nodes the tree labels: the root, the accepted path (past the answer's end too) and the bonus."""
+    return {0, *ev.accepted} | ({BONUS_NODE} if ev.bonus is not None else set())
+
+
+@pytest.mark.parametrize("turns,bonus,hybrid", [((0, 1, 0), 17, False), ((0, 0, 0, 0, 0, 0), 4, False),
+                                                ((1, 0), 30, False), ((), 8, False), ((0, 0, 1), None, False),
+                                                ((0, 1, 0), 17, True)])
+def test_the_80_node_tree_labels_its_root_accepted_path_and_bonus_and_every_node_hovers(turns, bonus, hybrid):
     ev = paper_tree_event(turns, bonus)
-    if hybrid:  # per-node marker symbols and a taller, grouped legend: less room under the plot
+    if hybrid:  # per-node marker symbols and a grouped legend
         ev.sources = ["root"] + ["matrix", "context", "both"] * 26 + ["matrix", "context"]
     assert len(ev.tokens) == 81 and Counter(ev.depths)[2] == 21 and Counter(ev.depths)[3] == 25
-    boxes = label_boxes(ev, words_of, width=width)
-    for i, a in enumerate(boxes):
-        assert a.x0 < a.x1 and a.y0 < a.y1
-        for b in boxes[i + 1:]:
-            assert not boxes_overlap(a, b), (a, b)
-    frame = tree_frame(ev, width)
-    assert all(frame.inside(b) for b in boxes)
-    path = _path_segments(ev, tree_layout(tuple(ev.parents), tuple(ev.ranks)), frame)
-    assert not any(segment_crosses(b, seg) for b in boxes for seg in path)  # no label struck out by the green path
-    labelled = {b.node for b in boxes}
-    must = set(ev.accepted) | ({BONUS_NODE} if bonus is not None else set())
-    assert must <= labelled
-    assert 0 < len(labelled - must) <= FEW_LABELS  # a large tree: its likeliest few drafts only (more on hover)
-    fig = tree_figure(ev, words_of, width=width)  # the figure draws exactly those labels, where they were placed
-    assert drawn_labels(fig) == {b.node: (b.text, b.position) for b in boxes}
-    if bonus is not None:
-        assert drawn_labels(fig)[BONUS_NODE][0] == display_token(words_of(bonus))
+    fig = tree_figure(ev, words_of)
+    labels = drawn_labels(fig)
+    assert set(labels) == labelled_nodes(ev)
+    for node, (text, position) in labels.items():
+        shown = display_token(words_of(bonus if node == BONUS_NODE else ev.tokens[node]), 8)
+        assert text in (shown, f"“{shown}”")  # a lone punctuation mark in quotes
+        assert position in (("top center",) if node == 0 else ("middle left", "middle right"))
+    _, hovers = node_markers(fig)
+    assert sorted(hovers) == list(range(81))  # every node's token on hover, labelled or not
+    for i, hover in hovers.items():
+        assert f"<b>{html.escape(repr(words_of(ev.tokens[i])))}</b>" in hover
+    rejected = node_traces(fig)["rejected drafts"]
+    assert not any(rejected["text"]) and len(rejected["text"]) == 81 - len(ev.accepted)  # hover only
     fig.to_plotly()
 
 
-def test_a_long_copied_run_is_labelled_on_alternate_sides_without_covering_its_own_markers():
+def test_a_label_stands_away_from_the_edge_into_its_node_and_the_root_is_labelled_above():
+    from present.tree import UNDER_X, X_RANGE
+
+    for turns in ((0, 1, 0), (1, 0), (7,), (0, 0, 1)):
+        ev = paper_tree_event(turns, 17)
+        layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
+        labels = drawn_labels(tree_figure(ev, words_of))
+        assert labels[0][1] == "top center"
+        for node in ev.accepted[1:]:
+            dx = layout.x[node] - layout.x[ev.parents[node]]
+            if abs(dx) >= UNDER_X:  # the edge comes in from the other side: it crosses no label
+                assert labels[node][1] == ("middle right" if dx > 0 else "middle left"), (turns, node)
+    right = paper_tree_event((7,), 3)  # the root's last candidate, at the right edge: its label goes right...
+    node = right.accepted[1]
+    assert drawn_labels(tree_figure(right, words_of))[node][1] == "middle right"
+    assert X_RANGE[1] - tree_layout(tuple(right.parents), tuple(right.ranks)).x[node] >= 0.15  # ... with room
+
+
+def test_a_long_copied_run_is_labelled_on_alternate_sides():
     # a recorded hybrid step (Chinese text: every label a split character's bytes): the accepted path zig-zags over
     # the matrix's candidates, then runs 10 tokens copied from the context down one column, whose levels are closer
-    # than a label is tall. Each of those labels took 'bottom center', over the next two markers of the path, rather
-    # than be crossed by the path once at the column's top (11 overlaps with accepted markers); now none covers one.
-    from present.figures import _marker_boxes
-
+    # than a label is tall: labels on one side would run into each other
     parents = [-1, 0, 0, 2, 2, 2, 2, 4, 5, 2, 2, 8, 8, 5, 13, *range(14, 24)]
     depths = [0, 1, 1, 2, 2, 2, 2, 3, 3, 2, 2, 4, 4, 3, 4, *range(5, 15)]
     ranks = [-1, 0, 1, 2, 3, 0, 1, 0, 0, 4, 5, 0, 1, 1, 0, 0, *[8] * 9]
@@ -292,13 +316,18 @@ def test_a_long_copied_run_is_labelled_on_alternate_sides_without_covering_its_o
                    accepted=accepted, emitted=[tokens[i] for i in accepted[1:]] + [7], bonus=7, timings={},
                    template="hybrid", sources=sources)
     text = lambda t: f"‹{t % 256:02x}›"  # noqa: E731  (as a split character's bytes read)
-    boxes = label_boxes(ev, text)
-    markers = _marker_boxes(ev, tree_layout(tuple(ev.parents), tuple(ev.ranks)), tree_frame(ev))
-    must = {*accepted, BONUS_NODE}
-    assert must <= {b.node for b in boxes}
-    covered = [(b.node, n) for b in boxes for m, n in markers if n != b.node and n in must and boxes_overlap(b, m)]
-    assert covered == []
-    assert {b.position for b in boxes if b.node in accepted[5:]} == {"middle left", "middle right"}
+    fig = tree_figure(ev, text)
+    labels = drawn_labels(fig)
+    assert set(labels) == labelled_nodes(ev)
+    layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
+    run = [i for i in accepted[1:] if layout.x[i] == layout.x[ev.parents[i]]]  # hanging straight under the last
+    assert len(run) >= 9
+    for node in run:
+        assert {labels[node][1], labels[ev.parents[node]][1]} == {"middle left", "middle right"}, node
+    assert labels[BONUS_NODE][1] != labels[accepted[-1]][1]  # the star under the run's end takes the other side
+    roomy = paper_tree_event((0, 0, 0, 0, 0, 0), 4)  # a chain where levels have room: no need to alternate
+    sides = {drawn_labels(tree_figure(roomy, words_of))[i][1] for i in roomy.accepted[1:]}
+    assert len(sides) == 1
 
 
 def deep_run_event(depth: int, siblings: int = 7, second_run: bool = False) -> StepEvent:
@@ -323,42 +352,44 @@ def deep_run_event(depth: int, siblings: int = 7, second_run: bool = False) -> S
 
 
 @pytest.mark.parametrize("depth", [12, 16, 18, 22])
-def test_a_deep_copied_run_takes_the_legends_room_and_its_star_and_labels_cover_nothing(depth):
-    # The README's first screenshot: 16 copied tokens accepted in one step left 13 px a level under a two-row
-    # legend; the markers merged into one green bar and the bonus star covered the last node.
-    from present.figures import MIN_MARKER, _marker_boxes
+def test_a_deep_copied_run_draws_beads_and_its_star_clear_of_the_last_node(depth):
+    # The README's first screenshot: 16 copied tokens accepted in one step; the markers merged into one green bar
+    # and the bonus star covered the last node.
+    from present.tree import MIN_MARKER, marker_px, star_clear_px
 
     ev = deep_run_event(depth)
-    frame, layout = tree_frame(ev), tree_layout(tuple(ev.parents), tuple(ev.ranks))
-    assert frame.legend == "left" and frame.legend_box is not None  # the run hangs right: the left corner is free
-    assert frame.level_px > tree_frame(deep_run_event(depth, second_run=True)).level_px  # more room than below
-    markers = dict((n, m) for m, n in _marker_boxes(ev, layout, frame))
-    assert not boxes_overlap(markers[BONUS_NODE], markers[ev.accepted[-1]])
-    run = ev.accepted[2:]
-    assert all(not boxes_overlap(markers[a], markers[b]) for a, b in zip(run, run[1:]))  # beads, not one bar
-    assert MIN_MARKER <= frame.marker_size("accepted") <= 22 and (depth < 16 or frame.marker_size("accepted") < 22)
-    boxes = label_boxes(ev, words_of)
-    assert {*ev.accepted, BONUS_NODE} <= {b.node for b in boxes}
-    for i, a in enumerate(boxes):
-        assert frame.inside(a) and not boxes_overlap(a, frame.legend_box)
-        assert all(not boxes_overlap(a, b) for b in boxes[i + 1:]), a
-        assert all(not boxes_overlap(a, m) for n, m in markers.items() if n != a.node), a
-    assert not any(boxes_overlap(frame.legend_box, m) for m in markers.values())
     fig = tree_figure(ev, words_of)
-    assert fig.layout["legend"]["orientation"] == "v" and fig.layout["legend"]["xanchor"] == "left"
-    assert {t["marker"]["size"] for t in node_traces(fig).values()} <= {frame.marker_size(g) for g in
-                                                                         ("root", "accepted", "rejected", "bonus")}
+    margin, (bottom, top) = fig.layout["margin"], fig.layout["yaxis"]["range"]
+    level = (fig.layout["height"] - margin["t"] - margin["b"]) / (top - bottom)  # px between depths, as drawn
+    sizes = {t["name"]: t["marker"]["size"] for t in node_traces(fig).values()}
+    assert MIN_MARKER <= sizes["accepted drafts"] <= level  # beads, not one bar: two levels' markers do not overlap
+    assert depth < 16 or sizes["accepted drafts"] < 22
+    star = node_traces(fig)["bonus token"]
+    last = ev.accepted[-1]
+    drop_px = (-ev.depths[last] - star["y"][0]) * level
+    assert drop_px + 1e-9 >= star_clear_px(level) >= (marker_px("bonus", level) + sizes["accepted drafts"]) / 2
+    assert bottom <= star["y"][0] - 0.3 and top > 0  # the star and the root's label inside the y range
+    labels = drawn_labels(fig)
+    assert set(labels) == labelled_nodes(ev)
+    run = ev.accepted[2:]
+    assert all(labels[a][1] != labels[b][1] for a, b in zip(run, run[1:]))  # alternate sides down the run
+    assert fig.layout["legend"]["orientation"] == "h"  # the legend under the plot, placed by plotly
     fig.to_plotly()
 
 
-def test_a_tree_keeps_its_legend_below_when_its_levels_have_room_or_no_corner_is_free():
-    assert tree_frame(paper_tree_event()).legend == "below"  # the paper's tree: 6 levels
-    assert tree_frame(deep_run_event(6)).legend == "below"
-    both = deep_run_event(16, second_run=True)  # runs down both sides
-    frame = tree_frame(both)
-    assert frame.legend == "below" and frame.legend_box is None
-    assert "orientation" not in tree_figure(both, words_of).layout["legend"] or \
-        tree_figure(both, words_of).layout["legend"]["orientation"] == "h"
+def test_the_bonus_star_keeps_off_the_drafts_under_the_paths_end_and_labels_away_from_it():
+    ev = paper_tree_event((0, 1, 0), 17)  # the path ends above more drafts, levels too close to drop the star
+    fig = tree_figure(ev, words_of)
+    layout, last = tree_layout(tuple(ev.parents), tuple(ev.ranks)), ev.accepted[-1]
+    star, labels = node_traces(fig)["bonus token"], drawn_labels(fig)
+    assert any(d == ev.depths[last] + 1 for d in ev.depths)
+    assert star["x"][0] != layout.x[last] and layout.y[last] - 1 < star["y"][0] < layout.y[last]  # aside, between rows
+    assert labels[BONUS_NODE][1] == ("middle right" if star["x"][0] > layout.x[last] else "middle left")  # its way
+    assert labels[BONUS_NODE][1] != labels[last][1]  # the node's label on the other side of the node
+    small = make_event()  # levels with room: straight under the path's end, its label on the same side
+    star, labels = node_traces(tree_figure(small, text_of))["bonus token"], drawn_labels(tree_figure(small, text_of))
+    assert star["x"][0] == tree_layout(tuple(small.parents), tuple(small.ranks)).x[small.accepted[-1]]
+    assert labels[BONUS_NODE][1] == labels[small.accepted[-1]][1]
 
 
 def test_the_tree_title_counts_the_tokens_the_step_emitted():
@@ -373,7 +404,8 @@ def test_the_tree_title_counts_the_tokens_the_step_emitted():
 
 def test_accepted_drafts_past_the_answers_end_are_drawn_apart_from_those_it_kept():
     """A cold reader saw the dropped draft with the same green as the kept ones ("16 accepted, 15 kept")."""
-    from present.figures import PAST_END_COLOUR, node_groups
+    from present.nodes import node_groups
+    from present.style import PAST_END_COLOUR
 
     ev = make_event()
     path = ev.accepted[1:]
@@ -381,7 +413,7 @@ def test_accepted_drafts_past_the_answers_end_are_drawn_apart_from_those_it_kept
     groups = node_groups(ev)
     assert groups["accepted"] == path[:1] and groups["past end"] == path[1:]
     fig = tree_figure(ev, text_of)
-    nodes = {t["name"]: t for t in fig.traces if t.get("mode") == "markers+text"}
+    nodes = node_traces(fig)
     past = nodes["accepted, past the answer's end (not kept)"]
     assert past["marker"]["color"] == PAST_END_COLOUR and past["customdata"] == path[1:]
     assert all(text for text in past["text"])  # labelled, as the kept path is
@@ -394,29 +426,16 @@ def test_accepted_drafts_past_the_answers_end_are_drawn_apart_from_those_it_kept
         t["line"]["color"] == PAST_END_COLOUR for t in tree_figure(ev, text_of).traces if t.get("mode") == "lines")
 
 
-def test_dropped_labels_stay_on_hover_and_labels_are_escaped():
+def test_hostile_token_text_is_escaped_in_labels_and_hovers():
     ev = paper_tree_event()
-    fig = tree_figure(ev, words_of)
-    labelled = drawn_labels(fig)
+    hostile = {ev.tokens[i] for i in ev.accepted} | {ev.bonus, ev.tokens[5]}  # node 5 is rejected: hover only
+    text = lambda t: "<b>x" if t in hostile else words_of(t)  # noqa: E731
+    fig = tree_figure(ev, text)
+    labels = [label for label, _ in drawn_labels(fig).values()]
+    assert labels and all(label == "&lt;b&gt;x" for label in labels)
     _, hovers = node_markers(fig)
-    dropped = [i for i in range(len(ev.tokens)) if i not in labelled]
-    assert dropped
-    for i in dropped:
-        assert html.escape(repr(words_of(ev.tokens[i]))) in hovers[i]
-    texts = [text for text, _ in labelled.values()]
-    assert any("&lt;b&gt;" in t for t in texts) and not any("<b>" in t for t in texts)
-    assert all(h.count("<b>") == 1 for h in hovers.values())  # the token in bold, escaped
-
-
-def test_rejected_labels_keep_clear_of_markers():
-    from present.figures import _marker_boxes
-
-    ev = paper_tree_event()
-    frame = tree_frame(ev)
-    markers = _marker_boxes(ev, tree_layout(tuple(ev.parents), tuple(ev.ranks)), frame)
-    for box in label_boxes(ev, words_of):
-        if box.node not in ev.accepted and box.node != BONUS_NODE:
-            assert not any(boxes_overlap(box, m) for m, node in markers if node != box.node), box
+    assert "&lt;b&gt;x" in hovers[5] and all(h.count("<b>") == 1 for h in hovers.values())  # the token in bold
+    assert "<b>x" not in json.dumps(fig) and "&lt;b&gt;x" in node_traces(fig)["bonus token"]["hovertext"][0]
 
 
 def test_siblings_are_laid_out_in_candidate_rank_order():
@@ -435,51 +454,42 @@ def test_siblings_are_laid_out_in_candidate_rank_order():
     assert tree_layout(parents).x[1] < tree_layout(parents).x[2]  # without ranks: node order, as before
 
 
-def test_a_small_tree_labels_every_node():
+def test_a_small_tree_labels_its_path_too_and_its_drafts_on_hover():
     from tr_core.tree import TEMPLATES, build_tree
 
     tree = build_tree("chain-4", TEMPLATES["chain-4"], "cpu")
     ev = make_event()
     ev.tokens, ev.accepted, ev.bonus = [1, 2, 3, 4, 5], [0, 1, 2], 6
     ev.parents, ev.depths, ev.ranks = list(tree.parents_list), list(tree.depths_list), list(tree.ranks_list)
-    boxes = label_boxes(ev, text_of)
-    assert {b.node for b in boxes} == {0, 1, 2, 3, 4, BONUS_NODE}
-    assert set(drawn_labels(tree_figure(ev, text_of))) == {0, 1, 2, 3, 4, BONUS_NODE}
+    fig = tree_figure(ev, text_of)
+    assert set(drawn_labels(fig)) == {0, 1, 2, BONUS_NODE}
+    _, hovers = node_markers(fig)
+    assert html.escape(repr(text_of(4))) in hovers[3] and html.escape(repr(text_of(5))) in hovers[4]
 
 
 def test_a_lone_punctuation_mark_is_labelled_in_quotes_so_it_can_be_seen():
-    from present.figures import node_label
+    from present.style import node_label
 
     assert [node_label(t, 8) for t in (",", "_", "'", "(", ".")] == ["“,”", "“_”", "“'”", "“(”", "“.”"]
     assert [node_label(t, 8) for t in ("a", "7", " ", "\n", "", " the", ",,")] == ["a", "7", "␣", "↵", "∅", "␣the", ",,"]
     ev = make_event()
-    texts = {b.node: b.text for b in label_boxes(ev, lambda t: "," if t == ev.tokens[1] else text_of(t))}
-    assert texts[1] == "“,”"
-
-
-def test_a_rejected_draft_with_room_shows_its_token_as_long_as_an_accepted_one():
-    # a cold reader saw 'rever…' alone at the tree's edge with room for 'reverse'
-    ev = deep_run_event(3, siblings=3)  # root -> 3 candidates, the last one accepted and its copied run below
-    rejected = [i for i in range(1, len(ev.tokens)) if i not in ev.accepted]
-    long_text = lambda t: "␣reverse_string" if t in rejected else f"w{t}"  # noqa: E731  (token ids = nodes here)
-    shown = {b.node: b.text for b in label_boxes(ev, long_text)}
-    assert all(shown[i] == "␣revers…" for i in rejected), shown  # 8 characters, as accepted labels
-    crowded = deep_run_event(3, siblings=7)  # seven siblings across the width: no room for 8 characters each
-    rejected = [i for i in range(1, len(crowded.tokens)) if i not in crowded.accepted]
-    long_text = lambda t: "␣reverse_string" if t in rejected else f"w{t}"  # noqa: E731
-    shown = {b.node: b.text for b in label_boxes(crowded, long_text) if b.node in rejected}
-    assert shown and set(shown.values()) <= {"␣revers…", "␣reve…"} and "␣reve…" in shown.values(), shown
+    labels = drawn_labels(tree_figure(ev, lambda t: "," if t == ev.tokens[1] else text_of(t)))
+    assert labels[1][0] == "“,”"
 
 
 def test_tree_explains_its_symbols_only_when_a_label_shows_them():
-    fig = tree_figure(make_event(), text_of)  # labels " the" as "␣the"
-    assert [a["text"] for a in fig.layout["annotations"]] == ["␣ = space"]
-    fig = tree_figure(make_event(), lambda t: "\n" if t == 4 else text_of(t))  # and node 2 as "↵"
-    assert [a["text"] for a in fig.layout["annotations"]] == ["␣ = space · ↵ = new line"]
-    plain = tree_figure(make_event(), lambda t: f"w{t}")
-    assert not plain.layout.get("annotations")
+    def note(fig) -> str:
+        return fig.layout["legend"].get("title", {}).get("text", "").strip()
+
+    fig = tree_figure(make_event(), text_of)  # labels " the" as "␣the": the legend starts with its meaning
+    assert note(fig) == "␣ = space" and not fig.layout.get("annotations")
+    assert fig.layout["legend"]["title"]["font"]["size"] >= 16
+    fig = tree_figure(make_event(), lambda t: "\n" if t == 2 else text_of(t))  # and node 3 as "↵"
+    assert note(fig) == "␣ = space · ↵ = new line"
+    assert note(tree_figure(make_event(), lambda t: "\n" if t == 4 else text_of(t))) == "␣ = space"  # 4: rejected
+    assert note(tree_figure(make_event(), lambda t: f"w{t}")) == ""
     assert symbol_note(["a", "b"]) == "" and symbol_note(["x\u2423", "∅"]) == "␣ = space · ∅ = empty token"
-    hybrid = make_hybrid_event()  # the margin under the plot is sized for the legend the figure shows
+    hybrid = make_hybrid_event()
     for ev in (make_event(), hybrid, paper_tree_event()):
         assert tree_legend_names(ev) == legend_names(tree_figure(ev, text_of))
 
@@ -563,7 +573,7 @@ def test_accepted_chart_and_meter():
 
 
 def test_the_chart_credits_the_answers_accepted_drafts_to_their_source():
-    from present.figures import accepted_chart_explained, draft_credit
+    from present.chart import accepted_chart_explained, draft_credit
 
     events = [make_event(i) for i in range(3)]
     accepted = sum(len(e.accepted) - 1 for e in events)
@@ -629,7 +639,7 @@ def test_meter_colour_follows_meaning_and_noise_says_noisy():
 
 
 def test_untrusted_text_cannot_carry_html_or_images():
-    from present.figures import safe_markdown
+    from present.chat import safe_markdown
 
     out = safe_markdown('<img src="http://x/a.png"> ![t](http://x/b.png) [l](http://x) `<b>`')
     assert "<img" not in out and "![" not in out and "&#91;l]" in out and "`<b>`" in out
@@ -660,7 +670,7 @@ def _text_of(out: str) -> str:
 
 
 def test_a_fenced_code_block_carries_its_steps_colours_as_escaped_html():
-    from present.figures import CODE_CLOSE, CODE_OPEN
+    from present.chat import CODE_CLOSE, CODE_OPEN
 
     body = "def f(x):\n    return x < 2 and [x] != '<b>'\n"
     text = f"Code:\n\n```python\n{body}```\n\nDone."
@@ -679,7 +689,7 @@ def test_a_fenced_code_block_carries_its_steps_colours_as_escaped_html():
 
 
 def test_a_code_block_still_streaming_is_closed_and_odd_fences_stay_markdown():
-    from present.figures import CODE_CLOSE, CODE_OPEN
+    from present.chat import CODE_CLOSE, CODE_OPEN
 
     streaming = coloured_markdown("Code:\n~~~\nx = 1\ny", [8, 15, 16])
     assert streaming.endswith(CODE_CLOSE) and streaming.count(CODE_OPEN) == 1
@@ -693,7 +703,7 @@ def test_a_code_block_still_streaming_is_closed_and_odd_fences_stay_markdown():
 
 
 def test_marked_markdown_outlines_only_the_shown_steps_run():
-    from present.figures import marked_markdown, safe_markdown
+    from present.chat import marked_markdown, safe_markdown
 
     text = "Here:\n```python\nprint('x')\n```\n- item `a<b`\n# Title <b>"
     bounds = [3, 20, 35, len(text)]
@@ -707,7 +717,7 @@ def test_marked_markdown_outlines_only_the_shown_steps_run():
 
 
 def test_accepted_chart_explained_has_a_legend_for_each_colour():
-    from present.figures import accepted_chart_explained
+    from present.chart import accepted_chart_explained
 
     events = [make_event(i) for i in range(3)]
     fig = accepted_chart_explained(events, current=1)
@@ -765,9 +775,8 @@ def test_text_assembler_waits_for_complete_characters():
 def test_redrawing_an_80_node_step_reuses_the_layout():
     """The live view redraws while the engine decodes: the networkx layout is computed once per tree shape.
 
-    (Its cost is measured, not asserted: tests/measure_live_overhead.py; timed tests fail on slow runners.)
+    (Its cost is measured, not asserted: scripts/measure_live_overhead.py; timed tests fail on slow runners.)
     """
-    from present.figures import tree_layout
     from tr_core.tree import TEMPLATES, build_tree
 
     tree = build_tree("2.2.2", TEMPLATES["2.2.2"])
@@ -830,7 +839,7 @@ def test_record_live_folds_events_into_the_trace_and_throttles():
 
 
 def test_hover_says_which_step_each_draft_token_was_recycled_from():
-    from present.figures import provenance_text
+    from present.nodes import provenance_text
 
     ev = make_hybrid_event()
     n = len(ev.tokens)
@@ -849,20 +858,14 @@ def test_hover_says_which_step_each_draft_token_was_recycled_from():
     assert "<br>and the matrix: recycled from step 12" in hovers[1]  # a shared node says both
 
 
-def test_a_large_tree_labels_its_accepted_path_and_only_a_few_drafts_all_at_16_px_or_more():
-    from present.figures import FEW_LABELS, MIN_FONT
+def test_every_text_of_the_tree_is_16_px_or_more():
+    from present.style import MIN_FONT
 
-    ev = paper_tree_event((0, 1, 0), 17)
-    boxes = label_boxes(ev, words_of)
-    labelled = {b.node for b in boxes}
-    assert set(ev.accepted) | {BONUS_NODE} <= labelled
-    assert 0 < len(labelled - set(ev.accepted) - {BONUS_NODE}) <= FEW_LABELS
-    fig = tree_figure(ev, words_of)
-    sizes = [t["textfont"]["size"] for t in fig.traces if "textfont" in t]
-    sizes += [a["font"]["size"] for a in fig.layout.get("annotations", [])] + [fig.layout["legend"]["font"]["size"]]
-    assert sizes and min(sizes) >= MIN_FONT
-    small = make_event()  # a small tree still labels every draft that has room
-    assert len(label_boxes(small, text_of)) > len(small.accepted) + 1
+    for ev in (paper_tree_event((0, 1, 0), 17), make_hybrid_event(), deep_run_event(16)):
+        fig = tree_figure(ev, words_of)
+        sizes = [t["textfont"]["size"] for t in fig.traces if "textfont" in t]
+        sizes += [fig.layout["legend"]["font"]["size"], fig.layout["legend"]["title"]["font"]["size"]]
+        assert len(sizes) >= 4 and min(sizes) >= MIN_FONT
 
 
 def test_a_step_that_drafted_nothing_shows_the_tree_it_would_have_drafted_as_not_verified():
@@ -878,42 +881,3 @@ def test_a_step_that_drafted_nothing_shows_the_tree_it_would_have_drafted_as_not
     assert all(t.get("marker", {}).get("color") != ACCEPTED_COLOUR for t in fig.traces)  # nothing accepted
     ev.unverified = {"tokens": [5, 1], "parents": [-1, 3]}  # malformed (from a file): the plain step's figure
     assert "NOT VERIFIED" not in json.dumps(tree_figure(ev, text_of))
-
-
-def side_run_event(depth: int, left: int, right: int, grandchildren: int) -> StepEvent:
-    """A root with `left` rejected candidates, then the accepted one with a copied run `depth` deep under it, then
-    `right` more; `grandchildren` rejected under the first candidate (the README screenshot's step 60)."""
-    siblings = left + 1 + right
-    parents, depths, ranks = [-1] + [0] * siblings, [0] + [1] * siblings, [-1] + list(range(siblings))
-    sources = ["root"] + ["matrix"] * siblings
-    node, accepted = left + 1, [0, left + 1]
-    for d in range(2, depth + 1):
-        parents.append(node), depths.append(d), ranks.append(8), sources.append("context")
-        node = len(parents) - 1
-        accepted.append(node)
-    for j in range(grandchildren):
-        parents.append(1), depths.append(2), ranks.append(j), sources.append("matrix")
-    tokens = list(range(len(parents)))
-    return StepEvent(step=59, position=300, tokens=tokens, parents=parents, depths=depths, ranks=ranks,
-                     accepted=accepted, emitted=[tokens[i] for i in accepted[1:]] + [99], bonus=99, timings={},
-                     template="hybrid", sources=sources)
-
-
-@pytest.mark.parametrize("shape", [(18, 5, 0, 3), (18, 9, 1, 0), (20, 3, 0, 3), (16, 7, 1, 3)])
-def test_the_legend_of_spaces_moves_aside_rather_than_push_a_run_label_onto_its_next_node(shape):
-    """The README screenshot's deep run: the first copied token's only free side held '␣ = space', so its label
-    went under it, onto the next node. The legend now takes another free corner."""
-    from present.figures import LABEL_GAP_PX, _marker_boxes, _symbol_note_box
-
-    ev = side_run_event(*shape)
-    words = lambda t: f" w{t}" if t % 3 else "_"  # noqa: E731 - labels with a space: the legend of ␣ is shown
-    layout, frame = tree_layout(tuple(ev.parents), tuple(ev.ranks)), tree_frame(ev)
-    markers = _marker_boxes(ev, layout, frame)
-    path = set(ev.accepted)
-    for label in label_boxes(ev, words):
-        box = (label.x0, label.y0, label.x1, label.y1)
-        assert not any(boxes_overlap(box, m) for m, n in markers if n in path and n != label.node), label
-    note = tree_figure(ev, words).layout["annotations"][0]
-    corner = f"{note['yanchor']} {note['xanchor']}"
-    box = _symbol_note_box(frame, note["text"], corner)
-    assert not any(boxes_overlap(box, m, LABEL_GAP_PX) for m, _ in markers), corner

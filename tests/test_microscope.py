@@ -270,7 +270,7 @@ def _answer(engine: Engine, prompt: list[int], template: str) -> list[tuple[Step
     """(event, matrix just before its step) for every step after an answer's first (whose draft follows the prompt's
     seeding inside the engine); the matrix copy is taken between steps, where the engine is suspended."""
     out, before = [], None
-    for ev in engine.generate(prompt, DecodeConfig(template=template, max_new_tokens=40)):
+    for ev in engine.generate(prompt, DecodeConfig(template=template, max_new_tokens=40, provenance=True)):
         if isinstance(ev, StepEvent):
             if before is not None:
                 out.append((ev, before))
@@ -310,7 +310,8 @@ def test_recorded_reads_equal_the_matrix_before_the_step(template):
 
 def test_choices_and_stored_probabilities_agree_with_the_path_and_the_matrix():
     engine = Engine(tiny_model("qwen2"), TinyTokenizer(TINY_VOCAB))
-    for ev in engine.generate([5, 9, 14, 22, 9, 14, 30, 31], DecodeConfig(template="2.2.2", max_new_tokens=30)):
+    cfg = DecodeConfig(template="2.2.2", max_new_tokens=30, provenance=True)
+    for ev in engine.generate([5, 9, 14, 22, 9, 14, 30, 31], cfg):
         if not isinstance(ev, StepEvent):
             continue
         assert len(ev.choices) == len(ev.tokens)

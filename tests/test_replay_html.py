@@ -37,8 +37,8 @@ def tiny_trace() -> Trace:
     engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
     messages = [{"role": "user", "content": "hello there, tell me a story"}]
     trace = Trace(model="tiny llama", settings={"template": "2.2.2", "k": 8}, messages=messages)
-    for _ in record_live(engine, engine.encode_chat(messages), DecodeConfig(max_new_tokens=40, template="2.2.2"),
-                         trace, every_s=0.05):
+    cfg = DecodeConfig(max_new_tokens=40, template="2.2.2", provenance=True)  # the studio asks for provenance
+    for _ in record_live(engine, engine.encode_chat(messages), cfg, trace, every_s=0.05):
         pass
     trace.record_texts(engine.token_text)
     assert len(trace.steps) >= 4 and len(trace.step_texts) == len(trace.steps)

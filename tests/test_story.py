@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from tr_core.events import StepEvent
-from present.figures import MatrixTracker
+from present.heatmap import MatrixTracker
 from present.story import quoted, step_story
 
 VOCAB = {0: "<root>", 1: " the", 2: " cat", 3: " sat", 4: " dog", 5: "the", 6: "\n", 7: " on", 8: " mat", 9: "!"}

@@ -1,0 +1,93 @@
+"""The speedup meter: Token Recycling's speed beside plain decoding's over the same tokens, and their ratio with its
+uncertainty (or why there is none), as HTML. Every number comes from engine-side timings (tr_core.bench.meter)."""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+
+@dataclass
+class MeterView:
+    """What the speedup meter shows; every number comes from engine-side timings (UI time excluded)."""
+
+    # idle | live (answering; measured after it) | live-off (answering; not to be measured) | measuring | measured |
+    # noisy | off (not compared)
+    state: str = "idle"
+    tr_tps: float | None = None  # Token Recycling tokens/s
+    plain_tps: float | None = None  # plain decoding tokens/s over the same tokens (measured, never estimated)
+    mean_accepted: float | None = None  # tokens per step, bonus included
+    ratio: float | None = None  # plain time / Token Recycling time (states measured and noisy)
+    error: float | None = None  # one standard error of the ratio
+    identical: bool | None = None  # both outputs token-identical (None = not compared)
+    note: str = ""  # one line under the figures: where the numbers come from, or why there is no ratio
+
+
+PARITY = 0.05  # ratios within 5% of 1 (or whose error bar crosses 1) are shown as parity, not as a speedup
+
+
+def ratio_class(ratio: float, error: float = 0.0) -> str:
+    """The meter's colour by meaning: 'up' (speedup), 'par' (no clear difference) or 'down' (slowdown)."""
+    if ratio - error > 1.0 and ratio >= 1.0 + PARITY:
+        return "up"
+    if ratio + error < 1.0 and ratio <= 1.0 - PARITY:
+        return "down"
+    return "par"
+
+
+def _ratio_parts(v: MeterView) -> tuple[str, str, str]:
+    """(ratio text, its colour class, its label) for the meter's big line."""
+    if v.state == "measured" and v.ratio is not None:
+        err = f" ± {v.error:.2f}" if v.error is not None else ""
+        cls = ratio_class(v.ratio, v.error or 0.0)
+        verb = {"up": "measured", "down": "measured: slower", "par": "measured: no clear difference"}[cls]
+        # "1.30× as fast as plain decoding", not "1.30× faster" (read as 130% faster); one line in the presentation view
+        return f"{v.ratio:.2f}×{err}", cls, f"as fast as plain decoding ({verb})"
+    if v.state == "noisy":
+        return "too noisy to measure", "none", "speedup not shown"
+    if v.state in ("live", "measuring"):
+        return "…", "none", "speedup: measured right after the answer" if v.state == "live" else "measuring speedup…"
+    if v.state == "live-off":
+        return "—", "none", "speedup: not measured (turned off in the decoding settings)"
+    if v.state == "off":
+        return "—", "none", "speedup not measured"
+    return "—", "none", "speedup"
+
+
+def speed_format(v: MeterView, plain: float | None) -> str:
+    """The format of both tok/s figures: one decimal, or as many more (up to 3) as it takes for the shown speeds to
+    divide to the shown ratio (31.43 / 21.30 = 1.4756 shows 1.48×, but 31.4 / 21.3 = 1.474 would read 1.47×)."""
+    if v.state != "measured" or v.ratio is None or not v.tr_tps or not plain:
+        return "{:.1f}"
+    shown = round(v.ratio, 2)
+    for decimals in (1, 2, 3):
+        if round(round(v.tr_tps, decimals) / round(plain, decimals), 2) == shown:
+            return f"{{:.{decimals}f}}"
+    return "{:.1f}"
+
+
+def meter_html(v: MeterView) -> str:
+    """The speedup meter as HTML: the ratio with its uncertainty (or why none), both speeds, mean accepted."""
+    def num(x: float | None, fmt: str = "{:.1f}") -> str:
+        return fmt.format(x) if x is not None else "—"
+
+    ratio_text, cls, label = _ratio_parts(v)
+    plain = None if v.state == "noisy" else v.plain_tps  # beside Token Recycling's, it would imply the unshown ratio
+    tps = speed_format(v, plain)
+    if v.identical is None:
+        flag = '<span class="tr-flag tr-flag-none">outputs not compared</span>'
+    elif v.identical:
+        flag = '<span class="tr-flag tr-flag-ok">✓ token-identical to plain decoding</span>'
+    else:
+        flag = '<span class="tr-flag tr-flag-bad">✗ outputs differ from plain decoding</span>'
+    live = ' <span class="tr-live">live</span>' if v.state == "live" else ""
+    note = f'<div class="tr-note" title="{html.escape(v.note)}">{html.escape(v.note)}</div>' if v.note else ""
+    return (
+        f'<div class="tr-meter tr-meter-{cls}" id="tr-meter" data-state="{html.escape(v.state)}">'
+        f'<div class="tr-big"><span class="tr-ratio tr-ratio-{cls}" id="tr-ratio">{html.escape(ratio_text)}</span>'
+        f'<span class="tr-biglabel">{html.escape(label)}{live}</span></div>'
+        '<div class="tr-cells">'
+        f'<div class="tr-cell"><span class="tr-val" id="tr-tps">{num(v.tr_tps, tps)}</span><span class="tr-lab">Token Recycling tok/s</span></div>'
+        f'<div class="tr-cell"><span class="tr-val" id="tr-plain">{num(plain, tps)}</span><span class="tr-lab">plain tok/s, same tokens</span></div>'
+        f'<div class="tr-cell"><span class="tr-val" id="tr-mat">{num(v.mean_accepted, "{:.2f}")}</span><span class="tr-lab">tokens per step</span></div>'
+        f'</div>{flag}{note}</div>'
+    )

@@ -1,0 +1,51 @@
+"""What every view shares: the colours of the groups of a step's tree, the smallest font, and tokens made visible.
+
+Colours are chosen for a projector: strong for what was accepted, muted for what was rejected; no text is smaller
+than MIN_FONT, so that the back row of a lecture hall can read it.
+"""
+from __future__ import annotations
+
+import html
+from typing import Callable
+
+from tr_core.token_text import BYTES_CLOSE, BYTES_OPEN
+
+TokenText = Callable[[int], str]  # a token id -> its text (Trace.token_text, a tokenizer's decode of one id)
+
+ROOT_COLOUR = "#1e3a8a"
+ACCEPTED_COLOUR = "#16a34a"
+BONUS_COLOUR = "#f59e0b"
+REJECTED_COLOUR = "#cbd5e1"
+PAST_END_COLOUR = "#86efac"  # accepted drafts the answer did not keep: its end (a stop token, the limit) came first
+REJECTED_TEXT = "#64748b"  # grey text: notes, captions, rejected drafts
+EDGE_COLOUR = "#cbd5e1"
+MIN_FONT = 16  # px: no text in the tree or the heatmap is smaller, so a lecture hall's back row can read it
+
+SYMBOL_NOTES = {"␣": "␣ = space", "↵": "↵ = new line", "⇥": "⇥ = tab", "∅": "∅ = empty token",  # a note explains
+                BYTES_OPEN: f"{BYTES_OPEN}e4{BYTES_CLOSE} = a byte of a split character"}  # those shown
+
+
+def visible_token(text: str, max_len: int = 10) -> str:
+    """A token string as a label shows it (not HTML-escaped yet): spaces '␣', newlines '↵', tabs '⇥', cut to max_len."""
+    shown = text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "")
+    if shown == "":
+        shown = "∅"
+    return shown if len(shown) <= max_len else shown[: max_len - 1] + "…"
+
+
+def node_label(text: str, max_len: int) -> str:
+    """A tree node's label (not HTML-escaped yet): visible_token, and a lone punctuation mark in curly quotes (a ','
+    was a speck a lecture hall could not see, '_' read as the space sign; straight quotes would triple an
+    apostrophe)."""
+    shown = visible_token(text, max_len)
+    return f"“{shown}”" if len(shown) == 1 and not shown.isalnum() and shown not in "␣↵⇥∅" else shown
+
+
+def display_token(text: str, max_len: int = 10) -> str:
+    """Make a token string visible in a label: spaces as '␣', newlines as '↵', tabs as '⇥', cut to max_len."""
+    return html.escape(visible_token(text, max_len), quote=False)  # plotly renders a subset of HTML: show text
+
+
+def symbol_note(texts: list[str]) -> str:
+    """'␣ = space · ↵ = new line' for the symbols that occur in some of the texts ('' if none)."""
+    return " · ".join(note for s, note in SYMBOL_NOTES.items() if any(s in t for t in texts))
