@@ -84,9 +84,9 @@ def run(decays: list[float], templates: list[str], per_task: int, skip: int, poi
     for template in templates:
         for decay in decays:
             engine = Engine(model, tok)
-            for drafter in (engine.adaptive, engine.hybrid):
-                drafter.cost = curve
-                drafter.trust.decay = decay
+            for name in ("adaptive", "hybrid"):
+                engine.use_forward_cost(name, curve)
+            engine.use_trust_decay(decay)
             engines[f"{template}@{decay}"] = (engine, template)
     totals = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0.0]))  # task -> run -> [tokens, ms]
     for task, items in questions(per_task, skip).items():

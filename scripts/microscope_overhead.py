@@ -1,79 +1,86 @@
-"""What recording the rows each step read costs: the engine's median overhead per step (step time minus the model
-forward) with the rows read gathered and synced, and without (the gather replaced by nothing), answers interleaved.
+"""What the microscope's provenance costs: the engine's overhead per step (SummaryEvent.overhead_ms: step time minus
+the model forward) with `DecodeConfig(provenance=True)` (every step gathers and syncs the rows it read and its
+candidates' origins, as every step did before provenance became opt-in) and without it, answers interleaved.
 
-    python scripts/microscope_overhead.py [--template 2.2.2] [--answers 3] [--tokens 48]
+    python scripts/microscope_overhead.py [--templates hybrid,2.2.2] [--rounds 2] [--tokens 64] [--threads 1]
 
-Embedded SmolLM2 on this machine's device; greedy, so both variants decode the same tokens.
+Embedded SmolLM2 on this machine's device, started from its shipped warm start as the studio starts; every answer
+begins from the same state (a snapshot restored), greedy, so both variants decode the same tokens (a cost-sized tree
+may size a few steps differently: its sizes follow the measured step times).
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import tr_core.engine as engine_module  # noqa: E402
-from tr_core import DecodeConfig, Engine, StepEvent, load_model  # noqa: E402
+from tr_core import DecodeConfig, Engine, StepEvent, SummaryEvent, load_model  # noqa: E402
+from tr_core.warm import warm_start  # noqa: E402
 
 PROMPTS = ["Write a Python function that returns the n-th Fibonacci number, with a docstring.",
            "List the planets of the solar system in order, one per line, with one fact each.",
            "Explain in three sentences why the sky is blue."]
+VARIANTS = ("provenance on", "provenance off")
 
 
-@contextmanager
-def without_reads():
-    """The engine with nothing gathered for the rows read (an empty part in the sync, no decoding on the host)."""
-    packed, decode = engine_module.packed_rows, engine_module.rows_read
-    engine_module.packed_rows = lambda matrix, tokens: torch.empty(0, dtype=torch.float64, device=tokens.device)
-    engine_module.rows_read = lambda host, sources, k: ([], [], [])
-    try:
-        yield
-    finally:
-        engine_module.packed_rows, engine_module.rows_read = packed, decode
-
-
-def overheads(engine: Engine, prompt: list[int], cfg: DecodeConfig) -> tuple[list[float], list[float], int]:
-    """Per step: engine overhead (ms, all but the forward), sync (ms); and the rows read over the answer."""
-    engine.forget()  # each answer starts from the same empty matrix, so both variants draft the same trees
-    over, sync, rows = [], [], 0
+def answer(engine: Engine, start: dict, prompt: list[int], cfg: DecodeConfig) -> tuple[float, list[float], list[float]]:
+    """(SummaryEvent.overhead_ms, per drafted step: overhead ms, sync ms) of one answer from the state `start`."""
+    engine.restore(start)
+    steps, syncs = [], []
     for ev in engine.generate(prompt, cfg):
         if isinstance(ev, StepEvent) and len(ev.tokens) > 1:
-            over.append(ev.timings["total"] - ev.timings["forward"])
-            sync.append(ev.timings.get("sync", 0.0))
-            rows += len(ev.rows_read)
-    return over, sync, rows
+            steps.append(ev.timings["total"] - ev.timings["forward"])
+            syncs.append(ev.timings.get("sync", 0.0))
+        elif isinstance(ev, SummaryEvent):
+            return ev.overhead_ms, steps, syncs
+    raise RuntimeError("no summary")
+
+
+def measure(engine: Engine, start: dict, template: str, rounds: int, tokens: int) -> dict[str, tuple]:
+    """Per variant: (per-answer overhead_ms, per-drafted-step overhead ms, sync ms), the variants alternating first."""
+    runs = {name: ([], [], []) for name in VARIANTS}
+    prompts = [engine.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
+    for r in range(rounds):
+        for j, prompt in enumerate(prompts):
+            for name in VARIANTS if (r + j) % 2 == 0 else VARIANTS[::-1]:
+                cfg = DecodeConfig(template=template, max_new_tokens=tokens, provenance=name == VARIANTS[0])
+                summary, steps, syncs = answer(engine, start, prompt, cfg)
+                runs[name][0].append(summary)
+                runs[name][1].extend(steps)
+                runs[name][2].extend(syncs)
+    return runs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--template", default="2.2.2")
-    parser.add_argument("--answers", type=int, default=3, help="answers per variant (interleaved)")
-    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--templates", default="hybrid,2.2.2")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds over the prompts (each: both variants)")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model, tokenizer = load_model()
     engine = Engine(model, tokenizer)
-    cfg = DecodeConfig(template=args.template, max_new_tokens=args.tokens)
-    runs = {"with reads": ([], [], 0), "without": ([], [], 0)}
-    list(engine.generate(engine.encode_chat([{"role": "user", "content": "hi"}]), cfg))  # warm-up, not timed
-    for j in range(args.answers):
-        prompt = engine.encode_chat([{"role": "user", "content": PROMPTS[j % len(PROMPTS)]}])
-        for name in (("with reads", "without") if j % 2 == 0 else ("without", "with reads")):
-            if name == "without":
-                with without_reads():
-                    got = overheads(engine, prompt, cfg)
-            else:
-                got = overheads(engine, prompt, cfg)
-            o, s, r = runs[name]
-            runs[name] = (o + got[0], s + got[1], r + got[2])
-    for name, (o, s, r) in runs.items():
-        q = statistics.quantiles(o, n=4) if len(o) > 1 else [0, 0, 0]
-        print(f"{args.template:8s} {name:10s}: {len(o)} drafted steps, {r} rows read; overhead median "
-              f"{statistics.median(o):.3f} ms (IQR {q[0]:.3f}-{q[2]:.3f}), sync median {statistics.median(s):.3f} ms")
+    print(warm_start(engine, None, learn=False).describe())
+    for template in args.templates.split(","):
+        warm_up = DecodeConfig(template=template, max_new_tokens=16)
+        list(engine.generate(engine.encode_chat([{"role": "user", "content": "hi"}]), warm_up))  # tuning, probes
+        start = engine.snapshot()
+        runs = measure(engine, start, template, args.rounds, args.tokens)
+        for name, (summaries, steps, syncs) in runs.items():
+            print(f"{template:8s} {name:15s}: {len(summaries)} answers, {len(steps)} drafted steps; overhead_ms per "
+                  f"step, median over answers {statistics.median(summaries):.3f} ms; per drafted step median "
+                  f"{statistics.median(steps) if steps else 0:.3f} ms, sync median "
+                  f"{statistics.median(syncs) if syncs else 0:.3f} ms")
+        on, off = (statistics.median(runs[name][0]) for name in VARIANTS)
+        print(f"{template:8s} provenance costs {on - off:+.3f} ms per step ({(on - off) / max(off, 1e-9):+.0%} of the "
+              f"overhead without it)")
 
 
 if __name__ == "__main__":

@@ -24,9 +24,9 @@ MAX_DURATION_ENV = "TR_ZEROGPU_MAX_S"  # the longest GPU call this Space's quota
 DEFAULT_MAX_S = 120  # the longest `duration` asked for by default: longer asks are refused by small quotas
 SETUP_S = 15  # a call's time beyond its decoding: the worker's start, moving the model, the matrix both ways
 DRAIN_S = 10.0  # after a Stop, how long the worker may take to finish its step and send the matrix back
-DRAFTERS = ("adaptive", "hybrid")  # the engine's drafters with state of their own
 
-_CATALOG: Any = None  # the app's ModelCatalog (inherited by each forked worker)
+# The module's state, mutated in place, never rebound (each forked worker inherits it as the app left it):
+_INSTALLED: dict[str, Any] = {}  # "catalog": the app's ModelCatalog, the workers' source of models
 _ENGINES: dict[tuple[str, int], Any] = {}  # the worker's GPU engines by (model, k): built once per worker process
 _CALLS: dict[str, Callable[..., Iterator[Any]]] = {}  # "decode" / "measure": the decorated functions
 
@@ -65,12 +65,11 @@ def import_spaces() -> None:
 def install(catalog: Any) -> bool:
     """On ZeroGPU: decorate the GPU functions with `spaces.GPU` (at start-up, as ZeroGPU requires) and keep the
     catalogue the workers load models from. Elsewhere: nothing (and False)."""
-    global _CATALOG
     if not on_zerogpu():
         return False
     import spaces  # type: ignore  # only on ZeroGPU; the Space's requirements provide it
 
-    _CATALOG = catalog
+    _INSTALLED["catalog"] = catalog
     _CALLS["decode"] = spaces.GPU(duration=_requested)(gpu_decode)
     _CALLS["measure"] = spaces.GPU(duration=_requested)(gpu_measure)
     return True
@@ -90,20 +89,13 @@ def _requested(*args: Any, duration: int, **kwargs: Any) -> int:
 
 
 def pack_state(engine: Any) -> bytes:
-    """What answers teach an engine, as bytes (CPU tensors: a CUDA tensor must not cross ZeroGPU's boundary):
-    the matrix's tensors and clock, the drafters' calibration and trust (`learned()`, from the warm start on), and
-    their measured forward costs (they describe the GPU). Not the hybrid tree's context index: a call starts it
-    from its own prompt."""
-    matrix = engine.matrix
-    drafters = {name: getattr(engine, name, None) for name in DRAFTERS}
-    state = {"matrix": {name: getattr(matrix, name).cpu() for name in matrix.TENSORS}, "clock": engine.clock,
-             "answer_starts": list(engine.answer_starts),
-             "learned": {name: _cpu(d.learned()) for name, d in drafters.items() if hasattr(d, "learned")},
-             "costs": {name: getattr(d, "cost", None) for name, d in drafters.items()}}
-    buf = io.BytesIO()
+    """What answers teach an engine (`Engine.state_dict`: the matrix and its clock, the drafters' calibration, trust
+    and measured forward costs, as CPU tensors: a CUDA tensor must not cross ZeroGPU's boundary), as bytes. Not the
+    hybrid tree's context index: a call starts it from its own prompt."""
     import torch
 
-    torch.save(state, buf)
+    buf = io.BytesIO()
+    torch.save(engine.state_dict(), buf)
     return buf.getvalue()
 
 
@@ -111,21 +103,7 @@ def unpack_state(engine: Any, data: bytes, costs: bool) -> None:
     """Take packed state into `engine` (its matrix in place, on its own device); `costs`: also the forward costs."""
     import torch
 
-    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-    for name, tensor in state["matrix"].items():
-        getattr(engine.matrix, name).copy_(tensor)
-    engine.clock, engine.answer_starts = state["clock"], list(state["answer_starts"])
-    for name, learned in state["learned"].items():
-        getattr(engine, name).take_learned(learned)
-    for name, cost in state["costs"].items():
-        drafter = getattr(engine, name, None)
-        if costs and drafter is not None and cost is not None and getattr(cost, "measured", False):
-            drafter.cost = cost
-
-
-def _cpu(learned: dict) -> dict:
-    """A drafter's `learned()` with its tensors on the CPU."""
-    return {key: value.cpu() if hasattr(value, "cpu") else value for key, value in learned.items()}
+    engine.load_state_dict(torch.load(io.BytesIO(data), map_location="cpu", weights_only=False), costs=costs)
 
 
 # ----------------------------------------------------------------------------- inside the GPU worker process
@@ -141,7 +119,7 @@ def worker_engine(model_name: str, k: int, state: bytes) -> Any:
 
     engine = _ENGINES.get((model_name, k))
     if engine is None:
-        model, tokenizer = _CATALOG.get(model_name)
+        model, tokenizer = _INSTALLED["catalog"].get(model_name)
         if torch.cuda.is_available() and next(model.parameters()).device.type != "cuda":
             model.to("cuda", default_dtype(torch.device("cuda")))  # this worker's copy; the app's stays on the CPU
         engine = _ENGINES[(model_name, k)] = Engine(model, tokenizer, topk_candidates=k)

@@ -81,7 +81,7 @@ def test_forward_cost_probe_learning_and_a_cheaper_larger_forward():
 
 
 def test_tested_candidates_count_the_whole_tree_not_only_the_draft():
-    from tr_core.adaptive import tested_candidates
+    from tr_core.calibration import tested_candidates
 
     # root 0 -> 1 (-> 3), 2; drafted: root and node 1; node 1 accepted, then the bonus 77
     tokens, parents, depths, keys = [5, 10, 11, 12], [0, 0, 0, 1], [0, 1, 1, 2], [0, 4, 5, 6]
@@ -311,17 +311,56 @@ def test_snapshot_and_restore_return_to_the_same_learned_state():
     cfg = DecodeConfig(max_new_tokens=24, template="hybrid-fixed")
     list(engine.generate(PROMPTS[0], cfg))
     snap = engine.snapshot()
-    table, rates, clock = engine.matrix.table.clone(), engine.hybrid.rate.clone(), engine.clock
+    table, rates, clock = engine.matrix.table.clone(), engine.hybrid.rate.clone(), engine.clock.tick
     matrix = engine.matrix
     first = list(engine.generate(PROMPTS[1], cfg))
-    assert engine.clock > clock and not torch.equal(engine.hybrid.rate, rates)
+    assert engine.clock.tick > clock and not torch.equal(engine.hybrid.rate, rates)
     for _ in range(2):  # twice from the same snapshot
         engine.restore(snap)
         assert engine.matrix is matrix and torch.equal(engine.matrix.table, table)  # copied in place
-        assert torch.equal(engine.hybrid.rate, rates) and engine.clock == clock
+        assert torch.equal(engine.hybrid.rate, rates) and engine.clock.tick == clock
         again = list(engine.generate(PROMPTS[1], cfg))
         assert again[-1].tokens == first[-1].tokens
         assert [e.tokens for e in again[:-1]] == [e.tokens for e in first[:-1]]  # every step's tree
+
+
+def test_a_fork_is_an_independent_twin_that_decodes_as_the_engine_did_from_the_same_start():
+    """`fork`: the same model, its own matrix, clock and drafters; what either learns leaves the other as it was."""
+    engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
+    cfg = DecodeConfig(max_new_tokens=24, template="hybrid-fixed")
+    list(engine.generate(PROMPTS[0], cfg))
+    twin = engine.fork()
+    assert twin.model is engine.model and twin.matrix is not engine.matrix and twin.clock == engine.clock
+    assert twin.clock is not engine.clock and twin.hybrid is not engine.hybrid
+    assert twin.hybrid.trust is not engine.hybrid.trust and twin.hybrid.index is not engine.hybrid.index
+    table, clock = engine.matrix.table.clone(), engine.clock.tick
+    first = list(twin.generate(PROMPTS[1], cfg))
+    assert torch.equal(engine.matrix.table, table) and engine.clock.tick == clock  # the twin taught only itself
+    again = list(engine.generate(PROMPTS[1], cfg))
+    assert [e.tokens for e in again[:-1]] == [e.tokens for e in first[:-1]]  # the same trees from the same start
+
+
+def test_state_dict_round_trips_and_start_session_and_forget_to_a_snapshot():
+    """`state_dict` / `load_state_dict` carry the matrix, clock, calibration, trust (and costs when asked) as CPU
+    data; `start_session` returns to the priors keeping the forward cost; `forget(to=...)` empties all but the
+    snapshot's matrix; `on_model` shares everything it learned."""
+    engine, other = (Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB)) for _ in range(2))
+    list(engine.generate(PROMPTS[0], DecodeConfig(max_new_tokens=16, template="adaptive")))
+    state = engine.state_dict()
+    assert all(t.device.type == "cpu" for t in state["matrix"].values())
+    other.load_state_dict(state, costs=True)
+    assert other.clock == engine.clock and torch.equal(other.matrix.table, engine.matrix.table)
+    assert torch.equal(other.adaptive.hits, engine.adaptive.hits) and other.adaptive.cost.measured
+    snap = engine.snapshot()
+    engine.start_session()
+    assert engine.matrix.rows_filled == 0 and engine.clock.tick == 0 and engine.adaptive.cost.measured
+    assert torch.equal(engine.adaptive.hits, type(engine.adaptive)(engine.device).hits)
+    engine.forget(to=snap)
+    assert torch.equal(engine.matrix.table, snap["matrix"].table) and engine.clock.tick == 0
+    parked = engine.on_model(None)
+    assert parked.model is None and engine.model is not None and parked.matrix is engine.matrix
+    list(parked.on_model(engine.model).generate(PROMPTS[1], DecodeConfig(max_new_tokens=4)))
+    assert engine.clock.tick > 0  # the parked engine's clock is the engine's own
 
 
 def test_a_causal_model_whose_config_says_not_a_decoder_loads_and_a_bidirectional_one_is_refused(embedded, tmp_path):

@@ -1,4 +1,5 @@
-"""Provenance of drafted tokens: each node says which step's logits wrote its candidate into the matrix."""
+"""Provenance of drafted tokens: each node says which step's logits wrote its candidate into the matrix. It is
+gathered only when asked (`DecodeConfig.provenance`, as the studio asks for its microscope)."""
 from __future__ import annotations
 
 import pytest
@@ -26,13 +27,40 @@ def test_matrix_stamps_rows_and_reads_origins_before_they_are_rewritten():
 
 
 @pytest.mark.parametrize("template", ["2.2.2", "adaptive-fixed", "hybrid-fixed"])
+def test_without_the_flag_nothing_is_gathered_and_the_decode_is_the_same(template, monkeypatch):
+    """Off (the default), no step reads rows or origins for the sync: the events' provenance fields stay empty, as a
+    plain step's; the tokens, trees and matrix are those of a decode that gathered it."""
+    from tr_core import engine as engine_module
+
+    prompts = [[5, 9, 14, 22, 9, 14, 30, 31], [5, 9, 14, 40, 41, 9, 14]]
+    runs = {}
+    for flag in (True, False):
+        engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
+        cfg = DecodeConfig(template=template, max_new_tokens=30, provenance=flag)
+        runs[flag] = [[ev for ev in engine.generate(p, cfg) if isinstance(ev, StepEvent)] for p in prompts], engine
+    off, on = runs[False][0], runs[True][0]
+    for a, b in zip(sum(off, []), sum(on, [])):
+        assert (a.tokens, a.parents, a.emitted, a.matrix_rows, a.matrix_values) == \
+            (b.tokens, b.parents, b.emitted, b.matrix_rows, b.matrix_values)
+        assert a.written is None and a.candidate_probs is None and a.rows_read == [] and a.rows_before == []
+    assert len(sum(off, [])) == len(sum(on, [])) and any(b.rows_read for b in sum(on, []))
+    assert torch.equal(runs[False][1].matrix.table, runs[True][1].matrix.table)
+    gathered = []
+    monkeypatch.setattr(engine_module, "gather", lambda *args: gathered.append(args) or {})
+    list(runs[False][1].generate(prompts[0], DecodeConfig(template=template, max_new_tokens=8)))
+    assert not gathered  # the step loop never asked for it
+    list(runs[False][1].generate(prompts[0], DecodeConfig(template=template, max_new_tokens=8, provenance=True)))
+    assert gathered  # ... and the spy sees it when it does
+
+
+@pytest.mark.parametrize("template", ["2.2.2", "adaptive-fixed", "hybrid-fixed"])
 def test_every_drafted_node_names_the_step_that_wrote_it(template):
     engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
     steps: dict[tuple[int, int], StepEvent] = {}
     prompts = [[5, 9, 14, 22, 9, 14, 30, 31], [5, 9, 14, 40, 41, 9, 14]]
     checked = 0
     for a, prompt in enumerate(prompts):
-        for ev in engine.generate(prompt, DecodeConfig(template=template, max_new_tokens=30)):
+        for ev in engine.generate(prompt, DecodeConfig(template=template, max_new_tokens=30, provenance=True)):
             if not isinstance(ev, StepEvent):
                 continue
             assert ev.answer == a and len(ev.written) == len(ev.tokens) == len(ev.candidate_probs)
@@ -64,11 +92,11 @@ def test_a_step_that_drafts_nothing_shows_the_root_alone_and_plain_steps_show_no
     engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
     engine.adaptive.choose_size = lambda expected, budget: 0  # every step a zero-draft one
     prompt = [5, 9, 14, 22, 9, 14, 30, 31]
-    events = [ev for ev in engine.generate(prompt, DecodeConfig(template="adaptive", max_new_tokens=8))
+    events = [ev for ev in engine.generate(prompt, DecodeConfig(template="adaptive", max_new_tokens=8, provenance=True))
               if isinstance(ev, StepEvent)]
     assert events and all(len(ev.tokens) == 1 for ev in events)
     assert all(ev.written == [[-1, -1]] and ev.candidate_probs == [0.0] and ev.matrix_rows for ev in events)
-    plain = [ev for ev in engine.generate(prompt, DecodeConfig(plain=True, max_new_tokens=4))
+    plain = [ev for ev in engine.generate(prompt, DecodeConfig(plain=True, max_new_tokens=4, provenance=True))
              if isinstance(ev, StepEvent)]
     assert all(ev.written is None and ev.candidate_probs is None for ev in plain)
 
@@ -79,7 +107,8 @@ def test_provenance_survives_a_trace_round_trip_and_bad_values_are_refused(tmp_p
     from tr_core.trace import Trace, TraceError
 
     engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
-    events = list(engine.generate([5, 9, 14, 22, 9, 14], DecodeConfig(template="2.2.2", max_new_tokens=12)))
+    events = list(engine.generate([5, 9, 14, 22, 9, 14], DecodeConfig(template="2.2.2", max_new_tokens=12,
+                                                                      provenance=True)))
     trace = Trace(model="tiny")
     for ev in events[:-1]:
         trace.add_step(ev, token_text=str)

@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from tr_core import AdjacencyMatrix, DecodeConfig, TemplateError, build_tree, validate_template
-from tr_core.adaptive import AdaptiveDrafter, ancestor_mask
+from tr_core.adaptive import AdaptiveDrafter
 from tr_core.cost import ForwardCost
-from tr_core.engine import path_to, verify_tree
+from tr_core.growth import ancestor_mask
 from tr_core.kv_cache import TreeKVCache
 from tr_core.reduce import log_normalizer, row_argmax, top_rows
 from tr_core.sampling import build_processors, check_per_node, choose_tokens, gumbel_noise, node_prefixes, process
 from tr_core.tree import TEMPLATES, attention_bias, bfs_draft, resolve_template, tree_from_parents
+from tr_core.verify import path_to, verify_tree
 
 # A hand-built tree:      0
 #                       /   \
@@ -350,7 +351,8 @@ def test_host_grown_tree_equals_the_device_one(budget, depth):
     """On a CPU the tree is grown best-first in plain Python (`grow_lists`); it must keep the nodes the torch growth
     (`grow_on_device`, used on GPUs) keeps: the same expected-acceptance curve, a valid tree whose every score is its
     parent's times its key's rate, and the same nodes where no two scores tie."""
-    from tr_core.adaptive import _BIN_OF_STORED_LIST, N_BINS, grow_lists, grow_on_device, stored_bin
+    from tr_core.calibration import BIN_OF_STORED_LIST, N_BINS, stored_bin
+    from tr_core.growth import grow_lists, grow_on_device
 
     gen = torch.Generator().manual_seed(budget * 31 + depth)
     drafter = AdaptiveDrafter(torch.device("cpu"))
@@ -361,7 +363,7 @@ def test_host_grown_tree_equals_the_device_one(budget, depth):
     matrix.probs[:] = torch.randint(0, 256, (50, 4), generator=gen, dtype=torch.uint8)
     matrix.stamps[:] = torch.randint(0, 6, (50,), generator=gen, dtype=matrix.stamps.dtype)
     drafter.answer_start = 3
-    lut = torch.tensor([drafter.rate_host[b] for b in _BIN_OF_STORED_LIST], dtype=torch.float32)
+    lut = torch.tensor([drafter.rate_host[b] for b in BIN_OF_STORED_LIST], dtype=torch.float32)
     device = grow_on_device(matrix, torch.tensor([7]), lut, 3, budget, depth)
     host = grow_lists(matrix, 7, drafter.rate_host, 3, budget, depth)
     assert host["expected"] == pytest.approx(device.expected.tolist(), rel=1e-5)
@@ -387,7 +389,7 @@ def test_host_grown_tree_equals_the_device_one(budget, depth):
 def test_host_draft_keeps_the_nodes_the_device_take_keeps(size):
     """On a CPU `draft` takes the first m nodes of the host tree, which `grow_lists` yields best first; they must be
     the m nodes the device path's `take` picks by score from the same tree, in a valid tree of the same shape."""
-    from tr_core.adaptive import grown_tensors
+    from tr_core.growth import grown_tensors
 
     gen = torch.Generator().manual_seed(size + 5)
     drafter = AdaptiveDrafter(torch.device("cpu"))
@@ -417,7 +419,7 @@ def test_host_draft_keeps_the_nodes_the_device_take_keeps(size):
 def test_candidates_of_rows_written_before_the_answer_are_calibrated_apart():
     """A row recycled in an earlier answer (another question's context) keys its candidates N_BINS higher, so their
     acceptance is learned apart from rows this answer wrote; the tree ranks them by their own rates."""
-    from tr_core.adaptive import MATRIX_KEYS, N_BINS, stored_bin
+    from tr_core.calibration import MATRIX_KEYS, N_BINS, stored_bin
 
     drafter = AdaptiveDrafter(torch.device("cpu"))
     matrix = AdjacencyMatrix(10, k=2)
@@ -447,7 +449,7 @@ def test_the_engine_tells_the_drafter_when_the_answer_began():
     from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
 
     from tr_core import Engine
-    from tr_core.adaptive import MATRIX_KEYS, N_BINS
+    from tr_core.calibration import MATRIX_KEYS, N_BINS
 
     engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
     cfg = DecodeConfig(template="adaptive-fixed", max_new_tokens=24)
@@ -457,7 +459,7 @@ def test_the_engine_tells_the_drafter_when_the_answer_began():
     list(engine.generate([11, 12, 13, 14, 15], cfg))
     assert drafter.answer_start == 0 and drafter.trials[older].sum().item() == start
     list(engine.generate([15, 14, 13, 12, 11], cfg))
-    assert drafter.answer_start == engine.answer_starts[-1] > 0
+    assert drafter.answer_start == engine.clock.answer_starts[-1] > 0
     assert drafter.trials[older].sum().item() > start
 
 

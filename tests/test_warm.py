@@ -8,9 +8,10 @@ import torch
 from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
 
 from tr_core import AdjacencyMatrix, DecodeConfig, Engine, StepEvent, SummaryEvent, build_tree, validate_template
-from tr_core import warm
-from tr_core.adaptive import AdaptiveDrafter, grow_lists, grow_on_device
+from tr_core import warm, warm_build
+from tr_core.adaptive import AdaptiveDrafter
 from tr_core.drafters import StaticTreeDrafter, StepResult
+from tr_core.growth import grow_lists, grow_on_device
 from tr_core.hybrid import live_part
 from tr_core.trace import TraceError, check_step
 from tr_core.tree import live_nodes, resolve_template
@@ -209,28 +210,28 @@ def test_learning_averages_the_rows_and_calibrates_from_a_warm_matrix(monkeypatc
     """Pass 2: every row that precedes an answer token is the average over the answers; pass 3: one prompt in
     CALIBRATE_EVERY is answered again from rows averaged over the other prompts' answers, after the older-row
     calibration of pass 1 is dropped, so the shipped older-row counts are those of warm first answers."""
-    from tr_core.adaptive import MATRIX_KEYS, N_BINS
+    from tr_core.calibration import MATRIX_KEYS, N_BINS
 
     prompts = CORPUS + ["one more prompt", "and another", "the eighth prompt"]  # 8: two calibration answers
     engine = tiny_engine()
     answers: dict = {}
-    decode = warm._decode
+    decode = warm_build._decode
 
     def spy(engine, prompt, max_new_tokens, template):
         out = decode(engine, prompt, max_new_tokens, template)
         answers.setdefault(prompt, []).append((out[0], engine.matrix.rows_filled))
         return out
 
-    monkeypatch.setattr(warm, "_decode", spy)
+    monkeypatch.setattr(warm_build, "_decode", spy)
     calibrating: list[float] = []
-    real_calibrate = warm.calibrate
+    real_calibrate = warm_build.calibrate
 
     def watch(engine, held, max_new_tokens, tick):
         calibrating.append(float(engine.hybrid.trials[N_BINS:MATRIX_KEYS].sum()))
         real_calibrate(engine, held, max_new_tokens, tick)
         calibrating.append(float(engine.hybrid.trials[N_BINS:MATRIX_KEYS].sum()))
 
-    monkeypatch.setattr(warm, "calibrate", watch)
+    monkeypatch.setattr(warm_build, "calibrate", watch)
     progress = []
     state = warm.learn(engine, prompts, 16, lambda done, total: progress.append((done, total)))
     held = prompts[::warm.CALIBRATE_EVERY]
@@ -377,14 +378,14 @@ def test_context_free_rows_are_the_models_top_k_after_the_request_then_the_token
     longer than their window."""
     from conftest import tiny_model
 
-    monkeypatch.setattr(warm, "CONTEXT_FREE_REQUEST", " ".join(str(i) for i in range(2, 40)))
-    monkeypatch.setattr(warm, "context_free_batch", lambda vocab: 7)  # several forwards, the last one short
+    monkeypatch.setattr(warm_build, "CONTEXT_FREE_REQUEST", " ".join(str(i) for i in range(2, 40)))
+    monkeypatch.setattr(warm_build, "context_free_batch", lambda vocab: 7)  # several forwards, the last one short
     engine = Engine(tiny_model(arch), TinyTokenizer(TINY_VOCAB), tune_kernels=False)
     tokens = [5, 9, 2, 40, 77, 3, 11, 60, 8, 31]
     ticks = []
     rows, table, probs = warm.context_free_rows(engine, tokens, ticks.append)
     assert rows.tolist() == tokens and ticks == [1, 2] and table.dtype == torch.int32
-    prompt = engine.encode_chat([{"role": "user", "content": warm.CONTEXT_FREE_REQUEST}])
+    prompt = engine.encode_chat([{"role": "user", "content": warm_build.CONTEXT_FREE_REQUEST}])
     assert len(prompt) > 24  # past the sliding window
     with torch.no_grad():
         for i, t in enumerate(tokens):
@@ -399,7 +400,7 @@ def test_learning_fills_the_rows_no_answer_wrote_with_context_free_guesses():
     context-free guess; the manifest counts those; context_free=0 leaves them out."""
     engine = tiny_engine()
     state = warm.learn(engine, CORPUS[:2], 12, context_free=40)
-    answers = [warm._decode(tiny_engine(), p, 12, "hybrid")[0] for p in CORPUS[:2]]  # greedy: the same answers
+    answers = [warm_build._decode(tiny_engine(), p, 12, "hybrid")[0] for p in CORPUS[:2]]  # greedy: the same answers
     averaged = warm.average_rows(engine.model, answers, TINY_VOCAB, 8)
     at = {r: i for i, r in enumerate(state.rows.tolist())}
     guessed = sorted(set(range(40)) - set(averaged[0].tolist()))
@@ -435,8 +436,9 @@ def test_the_warm_starts_answers_are_a_library_the_hybrid_copies_from_losslessly
     assert found and found[0].tokens == tuple(answer[6:6 + len(found[0].tokens)])
     fresh.hybrid.index.clear()
     from tr_core.hybrid import CTX_KEY, EARLIER, N_KEYS  # rate runs from outside the conversation as sure: drafted
-    fresh.hybrid.hits[CTX_KEY + EARLIER:N_KEYS] = fresh.hybrid.trials[CTX_KEY + EARLIER:N_KEYS]
-    fresh.hybrid._refresh()
+    learned = fresh.hybrid.learned()
+    learned["hits"][CTX_KEY + EARLIER:N_KEYS] = learned["trials"][CTX_KEY + EARLIER:N_KEYS]
+    fresh.hybrid.take_learned(learned)
     plain = list(tiny_engine().generate(prompt, DecodeConfig(max_new_tokens=24, plain=True)))[-1].tokens
     events = list(fresh.generate(prompt, DecodeConfig(max_new_tokens=24, template="hybrid-fixed")))
     assert events[-1].tokens == plain  # lossless

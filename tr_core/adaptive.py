@@ -12,47 +12,26 @@ after verification (the bonus token is known on the device then), and its expect
 along in the step's single sync, so the host can pick the size for the next step. On a CPU there is no sync to
 save, and the tree is grown in plain Python (`grow_lists`) and drafted from those lists, which never leave the host:
 right after a forward every distinct torch or NumPy call starts cold, and the plain-Python growth cost a third of
-the torch one there.
+the torch one there. The calibration keys live in calibration.py, the tree growth in growth.py.
 """
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections import deque
-from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
+from .calibration import BIN_OF_STORED_LIST, MATRIX_KEYS, N_BINS, matrix_prior, tested_candidates
 from .config import DecodeConfig
 from .cost import ForwardCost
-from .drafters import Draft, DraftContext, NoDraft, StepResult
+from .drafters import BaseDrafter, Draft, DraftContext, NoDraft, StepResult
+from .growth import (DRAFTED, GROWN, GrownTree, ancestor_mask, grow_lists, grow_on_device, grown_tensors, host_draft,
+                     root_alone)
 from .kernels import timed_costs
 from .matrix import AdjacencyMatrix
 from .tree import ADAPTIVE, SIZED_BY_COST
 from .trust import HindsightTrust, size_class
 
-N_BINS = 16  # calibration bins over the stored candidate probability (uint8 0..255), finer where it is small
-# Matrix calibration keys: bin, plus N_BINS when the candidate's row was written before this answer began (a row
-# recycled from another question's context, rather than from this answer's or its prompt's)
-MATRIX_KEYS = 2 * N_BINS
 DRAFT_MARGIN = 1.03  # draft only where the predicted rate beats a plain step by 3% (estimates are noisy; ties lose)
-
-
-def stored_bin(stored: torch.Tensor) -> torch.Tensor:
-    """The calibration bin (long) of stored candidate probabilities (uint8 0..255, p = stored / 255).
-
-    Bins are even in sqrt(p): bin b holds stored values s with sqrt(s / 256) in [b/16, (b+1)/16), so p up to
-    about 0.4%, 1.6%, 3.5%, 6.3%, ... 88% and 100%.
-    Most of a tree's candidates are unlikely ones; with even bins in p, the first bin (p < 6%) would pool the
-    p = 0.1% candidates with the p = 5% ones the drafts take, and the calibration learned from every tested
-    candidate (`tested_candidates`) would rate the latter by the former."""
-    return (torch.sqrt(stored.float() / 256) * N_BINS).long()
-
-
-def bin_centers() -> torch.Tensor:
-    """[N_BINS] float64: the probability at the middle of each bin (a calibrated model's rate there)."""
-    return ((torch.arange(N_BINS, dtype=torch.float64) + 0.5) / N_BINS) ** 2
 
 
 def sized_by_cost(cfg: DecodeConfig) -> bool:
@@ -61,82 +40,7 @@ def sized_by_cost(cfg: DecodeConfig) -> bool:
     return cfg.hardware_aware and cfg.template in SIZED_BY_COST
 
 
-def matrix_prior(prior: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Starting (hits, trials) [MATRIX_KEYS] of the matrix keys: this answer's bins at their own stored probability,
-    weight `prior`; older rows' bins empty, as their rate leans on this answer's bin (AdaptiveDrafter._rates)."""
-    hits = torch.cat([bin_centers() * prior, torch.zeros(N_BINS, dtype=torch.float64)])
-    trials = torch.cat([torch.full((N_BINS,), prior, dtype=torch.float64), torch.zeros(N_BINS, dtype=torch.float64)])
-    return hits, trials
-
-
-# the calibration key of every stored value (0..255) of a row of this answer, then (256..511) of an older row
-_BIN_OF_STORED = torch.cat([stored_bin(torch.arange(256)), stored_bin(torch.arange(256)) + N_BINS])
-_BIN_OF_STORED_LIST = _BIN_OF_STORED.tolist()
-GROWN = ("tokens", "parents", "depths", "bins")  # the grown tree's fields synced for learning (and merging)
-_DRAFTED = ("tokens", "parents", "depths", "ranks", "scores", "bins")  # a host tree's fields a Draft is built from
-
-
-# Small constant tensors of `grow`, by size and device: a step's small tensors are many, each an allocation. They
-# depend on their arguments only (and are never written to), so they are built once.
-@lru_cache(maxsize=256)
-def _level_index(sizes: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """For level sizes (root level first): every node's previous level's first node index (root: 0) and every
-    node's depth, both [sum]."""
-    starts = [0, 0]  # the root's (itself), then the level before each level's
-    for size in sizes[:-2]:
-        starts.append(starts[-1] + size)
-    level_start = torch.repeat_interleave(torch.tensor(starts), torch.tensor(sizes)).to(device)
-    dep = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(device)
-    return level_start, dep
-
-
-@lru_cache(maxsize=8)
-def _zero(device: torch.device) -> torch.Tensor:
-    """[1] long zero on the device."""
-    return torch.zeros(1, dtype=torch.long, device=device)
-
-
-@lru_cache(maxsize=8)
-def _root_parts(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """[1] float one (a root's score) and the [1, 1] bool mask of a root alone, on the device (never written to)."""
-    return torch.ones(1, device=device), torch.ones(1, 1, dtype=torch.bool, device=device)
-
-
-def root_alone(name: str, root: torch.Tensor, levels: int, extras: tuple[str, ...] = ("bins",), **fields) -> Draft:
-    """The Draft of a zero-draft step, the root token [1] alone, from constant parts: in an answer the model accepts
-    little of, this is most steps, and building its tensors anew each step cost more than the rest of the draft.
-    `extras`: the drafter's per-node fields (all 0 at the root)."""
-    zero, (one, mask) = _zero(root.device), _root_parts(root.device)
-    return Draft(name=name, tokens=root.view(1), parents=zero, depths=zero, ranks=zero, tree_mask=mask, size=1,
-                 levels=levels, node_probs=one, extras={key: zero for key in extras}, **fields)
-
-
-@lru_cache(maxsize=256)
-def _arange(n: int, device: torch.device) -> torch.Tensor:
-    """0..n-1 on the device."""
-    return torch.arange(n, device=device)
-
-
-@lru_cache(maxsize=8)
-def _bin_of(device: torch.device) -> torch.Tensor:
-    """[256] long: the calibration bin of every stored probability, on the device."""
-    return _BIN_OF_STORED.to(device)
-
-
-@dataclass
-class GrownTree:
-    """A best-first tree on the device, nodes sorted by score (so any prefix is a valid tree)."""
-
-    tokens: torch.Tensor  # [B+1] long, node 0 = root
-    parents: torch.Tensor  # [B+1] long, parent index < own index (root: 0)
-    depths: torch.Tensor  # [B+1] long
-    ranks: torch.Tensor  # [B+1] long, candidate rank in the parent's row (root: 0)
-    scores: torch.Tensor  # [B+1] float, estimated probability that the node is accepted (root: 1)
-    bins: torch.Tensor  # [B+1] long, calibration bin of the node's candidate (root: 0)
-    expected: torch.Tensor  # [B+1] float, expected accepted draft tokens using the first n nodes (n = 0..B)
-
-
-class AdaptiveDrafter:
+class AdaptiveDrafter(BaseDrafter):
     """Grows best-first trees, picks their size from the cost model, and learns its calibration online."""
 
     recycles = True
@@ -191,7 +95,7 @@ class AdaptiveDrafter:
         for key in sorted(keys):  # this answer's bins before the older ones that lean on them
             self.rate_host[key] = self._rate(key, hits, trials)
         if not self.on_host:
-            self.rate_lut = torch.tensor([self.rate_host[key] for key in _BIN_OF_STORED_LIST], dtype=torch.float32,
+            self.rate_lut = torch.tensor([self.rate_host[key] for key in BIN_OF_STORED_LIST], dtype=torch.float32,
                                          device=self.device)
 
     def learned(self) -> dict:
@@ -201,7 +105,7 @@ class AdaptiveDrafter:
 
     def drop_older_row_calibration(self) -> None:
         """Forget what was learned of rows written before an answer began (the older-row keys, back to leaning on
-        this answer's bins), e.g. before learning it again for another kind of older row (warm.calibrate)."""
+        this answer's bins), e.g. before learning it again for another kind of older row (warm_build.calibrate)."""
         self.hits[N_BINS:MATRIX_KEYS] = 0.0
         self.trials[N_BINS:MATRIX_KEYS] = 0.0
         self._refresh()
@@ -287,7 +191,7 @@ class AdaptiveDrafter:
             why = self.why_not(first, tree["expected"], tree, tree["scores"], order)
             return root_alone(ADAPTIVE, root, self.max_depth + 1, extras=("bins", "node"), no_draft=why)
         n = size + 1
-        return host_draft(ADAPTIVE, {name: tree[name][:n] for name in _DRAFTED}, self.max_depth + 1, root.device,
+        return host_draft(ADAPTIVE, {name: tree[name][:n] for name in DRAFTED}, self.max_depth + 1, root.device,
                           extras={"node": list(range(n))})
 
     def lookahead(self, bonus: torch.Tensor, matrix: AdjacencyMatrix) -> dict[str, torch.Tensor]:
@@ -441,137 +345,3 @@ class AdaptiveDrafter:
         tested = [node for node in range(1, len(parents)) if parents[node] in on_path]
         self.count([bins[node] for node in tested], [node in on_path for node in tested])
 
-
-def grow_on_device(matrix: AdjacencyMatrix, root: torch.Tensor, lut: torch.Tensor, answer_start: int, budget: int,
-                   max_depth: int) -> GrownTree:
-    """`AdaptiveDrafter.grow` in torch on the matrix's device, one gather per depth, no sync.
-
-    lut: [512] the calibrated acceptance rate of a stored probability (0..255 in a row of this answer, +256 in an
-    older row)."""
-    table, probs, stamps = matrix.table, matrix.probs, matrix.stamps
-    filled = matrix.filled.float()  # [V] 0 for a row never written: its candidates score 0, below every real one
-    device = table.device
-    k = table.shape[1]
-    zero = _zero(device)
-    level_tok, level_score = root.view(1), torch.ones(1, device=device)
-    toks, scores, tops, raws, sizes = [level_tok], [level_score], [zero], [zero], [1]
-    for _ in range(max_depth):
-        cand = table[level_tok].view(-1)  # [F*k]
-        older = (stamps[level_tok] < answer_start).long() * 256  # [F] 256 where the row is older
-        cprob = (probs[level_tok].long() + older[:, None]).view(-1)  # [F*k] stored probabilities (+256: older)
-        cscore = (level_score[:, None] * filled[level_tok][:, None] * lut[cprob].view(-1, k)).view(-1)
-        level_score, top = torch.topk(cscore, min(budget, cscore.shape[0]))
-        level_tok = cand[top]  # int32 ids index as well as long ones
-        toks.append(level_tok)
-        scores.append(level_score)
-        tops.append(top)
-        raws.append(cprob[top])
-        sizes.append(top.shape[0])
-    # parents and ranks of all levels at once: candidate j of a level is child j // k of the previous level
-    # (the root's entry 0 gives it parent 0 and rank 0)
-    level_start, dep = _level_index(tuple(sizes), device)
-    top_all = torch.cat(tops)
-    par, rnk = level_start + top_all // k, top_all % k
-    tok, score = torch.cat(toks), torch.cat(scores)  # promoted to long by the root
-    # The root (score 1) and the best n candidates; every rate is below 1, so a child scores below its parent
-    # and parents are kept. topk's values come best first: their running sum is the expected-acceptance curve.
-    best, order = torch.topk(score, min(budget, tok.shape[0] - 1) + 1)
-    expected = best.cumsum(0) - 1.0  # expected accepted draft tokens using the best m nodes, m = 0..n
-    order = torch.sort(order).values  # index order: parents before children (levels are stored in order)
-    new_index = torch.zeros(tok.shape[0], dtype=torch.long, device=device)
-    new_index[order] = _arange(order.shape[0], device)
-    return GrownTree(tokens=tok[order], parents=new_index[par[order]], depths=dep[order], ranks=rnk[order],
-                     scores=score[order], bins=_bin_of(device)[torch.cat(raws)[order]], expected=expected)
-
-
-def grow_lists(matrix: AdjacencyMatrix, root: int, rates: list[float], answer_start: int, budget: int,
-               max_depth: int) -> dict[str, list]:
-    """`grow_on_device`'s tree grown best-first in plain Python over a CPU matrix, as lists: {tokens, parents, depths,
-    ranks, bins, scores, expected}, nodes in the order they were taken (parents first, scores falling).
-
-    The best frontier candidate is taken until `budget` nodes are: as a child never scores above its parent, these
-    are the best `budget` nodes of the tree `max_depth` deep, the nodes `grow_on_device` keeps (ties aside: here the
-    earlier pushed wins). After a forward the CPU's caches hold the model's weights, not the host code's, and every
-    distinct NumPy or torch call then starts cold (about 35 us each on the 2-core EPYC); this loop repeats two
-    row reads and heap moves, so it ran in a third of the NumPy version's time there (8 nodes over 3 levels:
-    0.19 against 0.52 ms after a 49k-row matmul) and below the torch one."""
-    table, probs, stamps = matrix.table.numpy(), matrix.probs.numpy(), matrix.stamps.numpy()
-    filled = matrix.filled.numpy()
-    tree: dict[str, list] = {"tokens": [root], "parents": [0], "depths": [0], "ranks": [0], "bins": [0],
-                             "scores": [1.0]}
-    heap: list[tuple[float, int, int, int, int, int]] = []  # (-score, order pushed, parent, rank, token, key)
-    pushed = itertools.count()
-
-    def expand(node: int) -> None:
-        token, score = tree["tokens"][node], tree["scores"][node]
-        if not filled[token]:  # a row never written holds zeros, not candidates
-            return
-        older = 256 if stamps[token] < answer_start else 0
-        for rank, (cand, stored) in enumerate(zip(table[token].tolist(), probs[token].tolist())):
-            key = _BIN_OF_STORED_LIST[stored + older]
-            heapq.heappush(heap, (-score * rates[key], next(pushed), node, rank, cand, key))
-
-    expand(0)
-    while heap and len(tree["tokens"]) <= budget:
-        neg, _, parent, rank, token, key = heapq.heappop(heap)
-        depth = tree["depths"][parent] + 1
-        for name, value in (("tokens", token), ("parents", parent), ("depths", depth), ("ranks", rank),
-                            ("bins", key), ("scores", -neg)):
-            tree[name].append(value)
-        if depth < max_depth and len(tree["tokens"]) <= budget:
-            expand(len(tree["tokens"]) - 1)
-    tree["expected"] = list(itertools.accumulate(tree["scores"][1:], initial=0.0))
-    return tree
-
-
-def host_draft(name: str, nodes: dict[str, list], levels: int, device: torch.device,
-               extras: dict[str, list[int]] | None = None, **fields) -> Draft:
-    """A Draft from host lists `nodes` (_DRAFTED: tokens, parents, depths, ranks, scores, bins; the root first,
-    parents before children), with the drafter's per-node `extras` (sent back through the sync) and Draft `fields`."""
-    parents = torch.tensor(nodes["parents"], dtype=torch.long, device=device)
-    longs = {key: torch.tensor(nodes[key], dtype=torch.long, device=device) for key in ("tokens", "depths", "ranks")}
-    extras = {"bins": nodes["bins"], **(extras or {})}
-    return Draft(name=name, parents=parents, tree_mask=ancestor_mask(parents, max(nodes["depths"])),
-                 size=len(nodes["tokens"]), levels=levels, node_probs=torch.tensor(nodes["scores"], device=device),
-                 extras={key: torch.tensor(value, dtype=torch.long, device=device) for key, value in extras.items()},
-                 **longs, **fields)
-
-
-def grown_tensors(tree: dict[str, list]) -> GrownTree:
-    """A `grow_lists` tree as a GrownTree on the CPU."""
-    return GrownTree(**{name: torch.tensor(tree[name], dtype=torch.float32 if name in ("scores", "expected")
-                                           else torch.long) for name in GrownTree.__dataclass_fields__})
-
-
-def tested_candidates(tokens: list[int], parents: list[int], depths: list[int], keys: list[int], kept: list[int],
-                      accepted: list[int], emitted: list[int]) -> tuple[list[int], list[bool]]:
-    """The calibration keys of every candidate a step tested, and whether each passed, over a whole tree of which
-    only the nodes `kept` (root first, in draft order) were drafted; `accepted` indexes the draft.
-
-    A candidate was tested when its parent was accepted, drafted or not. A drafted one passed if verification
-    accepted it; one left out (all of them on a zero-draft step) would have passed if its token is the one the
-    model emitted after its parent, which is what greedy verification decides. So candidates the size choice
-    keeps out still teach their rates: without them a source that starts too pessimistic never drafts, so never
-    learns (a copy from the prompt in a translation), and one too optimistic learns only from what it drafted."""
-    path = [kept[a] for a in accepted]  # tree nodes of the accepted path; path[d] is at depth d
-    on_path, drafted = set(path), set(kept)
-    out_keys, hits = [], []
-    for node in range(1, len(tokens)):
-        parent = parents[node]
-        depth = depths[parent]
-        if parent in on_path and depth < len(emitted):
-            out_keys.append(keys[node])
-            hits.append(node in on_path if node in drafted else tokens[node] == emitted[depth])
-    return out_keys, hits
-
-
-def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """[N, N] bool, [i, j] = node j is node i or one of its ancestors, from parents [N] (root: 0). No sync."""
-    n = parents.shape[0]
-    rows = torch.arange(n, device=parents.device)
-    anc = torch.eye(n, dtype=torch.bool, device=parents.device)
-    reach = rows
-    for _ in range(max_depth):
-        reach = parents[reach]  # the root is its own parent, so walking past it stays there
-        anc[rows, reach] = True
-    return anc

@@ -46,6 +46,9 @@ class DecodeConfig:
     # None = on for adaptive trees, off for the static templates (which then run as the paper published them)
     prompt_seeding: bool | None = None
     sync_timings: bool = False  # CUDA only: synchronise around each phase so per-phase timings are exact
+    # record each step's provenance for the microscope (the rows it read before rewriting them, where each candidate
+    # was written): a copy and a larger sync every step, so off unless a view asks (tr_core/provenance.py)
+    provenance: bool = False
 
     def __post_init__(self) -> None:
         for name in _REALS:  # ints and NumPy numbers become floats (transformers' warpers refuse an int temperature)

@@ -1,10 +1,13 @@
 """The drafter seam (in the spirit of transformers' CandidateGenerator): what proposes the tree each step.
 
-A drafter turns the last committed token into a `Draft` (the tree's tokens and shape on the device), may do
-device work right after verification whose results ride along in the step's one host sync (`lookahead`),
-and learns from the verified step (`observe`). The engine never branches on the kind of drafter:
-plain decoding, the paper's static templates and the adaptive tree are three classes behind one protocol;
-a new drafter is one new class.
+A drafter proposes: it turns the last committed token into a `Draft` (the tree's tokens and shape on the device),
+as `get_candidates` does. It observes: it learns from the verified step (`observe`), as `update_candidate_strategy`
+does. The one hook between them, `lookahead`, is that observation's device half: work done right after
+verification (the bonus token is known on the device then) whose results ride the step's one host sync to
+`observe`. `begin` starts an answer and `times_forwards` warns of its cost probe; `BaseDrafter` gives every hook
+but `draft` a do-nothing default, so a new drafter is one class with one method. What a drafter learned across
+answers is copied, saved and replaced only through the engine (engine_state.py). The engine never branches on the
+kind of drafter: plain decoding, the paper's static templates and the adaptive trees are classes behind one seam.
 """
 from __future__ import annotations
 
@@ -96,7 +99,7 @@ class DraftContext:
 
 
 class Drafter(Protocol):
-    """Proposes each step's draft tree and learns from its verification."""
+    """Proposes each step's draft tree (`draft`) and learns from its verification (`lookahead`, then `observe`)."""
 
     recycles: bool  # True: every step's logits are recycled into the adjacency matrix
     seeds_prompt: bool  # prompt seeding's default when DecodeConfig.prompt_seeding is None
@@ -118,20 +121,13 @@ class Drafter(Protocol):
         """Learn from the verified step."""
 
 
-def _draft_of(tree: DraftTree, tokens: torch.Tensor) -> Draft:
-    return Draft(name=tree.name, tokens=tokens, parents=tree.parents, depths=tree.depths, ranks=tree.ranks,
-                 tree_mask=tree.tree_mask, size=tree.size, levels=tree.max_depth + 1)
-
-
-class PlainDrafter:
-    """Plain decoding through the same harness: a one-node tree, nothing recycled."""
+class BaseDrafter:
+    """The seam's defaults: nothing recycled, nothing to prepare, look ahead or learn. A drafter overrides `draft`
+    and whichever of the rest it needs."""
 
     recycles = False
     seeds_prompt = False
     max_depth = 0
-
-    def __init__(self, device: torch.device) -> None:
-        self.tree = tree_from_parents("plain", [-1], [-1], device)
 
     def begin(self, ctx: DraftContext) -> None:
         """Nothing to prepare."""
@@ -141,8 +137,8 @@ class PlainDrafter:
         return False
 
     def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
-        """The root alone."""
-        return _draft_of(self.tree, root.view(1))
+        """The draft tree under `root` ([1] long)."""
+        raise NotImplementedError
 
     def lookahead(self, bonus: torch.Tensor, matrix: AdjacencyMatrix) -> dict[str, torch.Tensor]:
         """Nothing to prepare."""
@@ -152,7 +148,23 @@ class PlainDrafter:
         """Nothing to learn."""
 
 
-class StaticTreeDrafter(PlainDrafter):
+def _draft_of(tree: DraftTree, tokens: torch.Tensor) -> Draft:
+    return Draft(name=tree.name, tokens=tokens, parents=tree.parents, depths=tree.depths, ranks=tree.ranks,
+                 tree_mask=tree.tree_mask, size=tree.size, levels=tree.max_depth + 1)
+
+
+class PlainDrafter(BaseDrafter):
+    """Plain decoding through the same harness: a one-node tree, nothing recycled."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.tree = tree_from_parents("plain", [-1], [-1], device)
+
+    def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
+        """The root alone."""
+        return _draft_of(self.tree, root.view(1))
+
+
+class StaticTreeDrafter(BaseDrafter):
     """A fixed template (the paper's "2.2.2" and others), filled by BFS over the adjacency matrix (Sec. 3.2).
 
     Nodes under a matrix row that was never written are left out with their subtrees (a cold matrix would draft
@@ -182,15 +194,15 @@ class StaticTreeDrafter(PlainDrafter):
         if len(keep) == self.tree.size:
             return _draft_of(self.tree, tokens)
         if len(keep) == 1:
-            return replace(_draft_of(self.plain_tree(), tokens[:1]), name=self.tree.name,
+            return replace(_draft_of(self._root_tree(), tokens[:1]), name=self.tree.name,
                            no_draft=NoDraft("empty row"))
-        return self.pruned(tokens, keep)
+        return self._pruned(tokens, keep)
 
-    def plain_tree(self) -> DraftTree:
+    def _root_tree(self) -> DraftTree:
         """The root alone, on the template's device."""
         return chain_tree(1, self.tree.parents.device)
 
-    def pruned(self, tokens: torch.Tensor, keep: list[int]) -> Draft:
+    def _pruned(self, tokens: torch.Tensor, keep: list[int]) -> Draft:
         """The draft of the template's nodes `keep` (the root first, BFS order), each with its template rank."""
         key = tuple(keep)
         if key not in self._shapes:

@@ -8,10 +8,11 @@ compaction) -> learn (the drafter observes the step) -> a StepEvent. The phase t
 Which tree is drafted is the drafter's business (drafters.py, adaptive.py): the engine never asks its kind.
 An answer's first step is drafted before the prompt's forward; when it drafts nothing, that forward takes the
 prompt's last token too and verifies it (`_prefill`), so the step runs no forward of its own.
+What the answers teach (matrix, drafters, clock) is owned by the base class (engine_state.py); verification's pure
+functions live in verify.py; the microscope's provenance (provenance.py) is gathered only when a config asks.
 """
 from __future__ import annotations
 
-import bisect
 import contextlib
 import copy
 import time
@@ -21,67 +22,22 @@ from typing import Any
 
 import torch
 
-from .adaptive import AdaptiveDrafter
-from .hybrid import HybridDrafter
 from .config import DecodeConfig
 from .cost import StepClock, sync
 from .drafters import Draft, DraftContext, Drafter, PlainDrafter, StaticTreeDrafter, StepResult
-from .events import StepEvent, SummaryEvent
+from .engine_state import EngineState
+from .events import EVENT_DIGITS, StepEvent, SummaryEvent
 from .kernels import installed, needs_tuning
 from .kv_cache import TreeKVCache
-from .matrix import AdjacencyMatrix
 from .packet import SyncPacket
+from .prompt import check_prompt, encode_chat, stop_tokens, token_text
+from .provenance import event_fields, gather
 from .reduce import row_argmax, top_rows
 from .runner import ModelRunner
 from .sampling import build_processors, choose_tokens, needs_prefix, node_prefixes, process
 from .tree import DYNAMIC, HYBRID, HYBRID_FIXED, DraftTree, build_tree, resolve_template
-from .token_text import partial_token_text
 from .tuning import ensure_tuned
-
-# Token strings that end a chat turn in common chat templates (used when they are single tokens of the vocabulary).
-_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "<|end_of_text|>", "</s>",
-                "<|eom_id|>", "<turn|>")
-EVENT_DIGITS = 4  # probabilities in events are rounded to 4 digits (the matrix itself stores 1/255 steps)
-
-
-def verify_tree(tokens: torch.Tensor, targets: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
-                tree_mask: torch.Tensor) -> torch.Tensor:
-    """The deepest node whose whole path agrees with the model: the end of the accepted path (Sec. 3.2).
-
-    tokens, targets, parents, depths: [N] long; tree_mask: [N, N] bool ancestry. A node is accepted when it and
-    every ancestor equal the model's choice at their parent. Siblings hold distinct candidates, so at most one
-    child can match: this equals walking the tree from the root. Returns the node index [] (0 = nothing accepted).
-    """
-    if tokens.shape[0] == 1:  # the root alone (a plain or zero-draft step): nothing to walk
-        return torch.zeros((), dtype=torch.long, device=tokens.device)
-    ok = tokens == targets[parents]  # [N]; ok[i]: node i is what the model chose after its parent
-    ok[0] = True
-    accepted = ~(tree_mask & ~ok[None, :]).any(dim=1)  # [N]
-    return torch.argmax(torch.where(accepted, depths, -1))  # first of the deepest: deterministic
-
-
-def path_to(parents: list[int] | tuple[int, ...], node: int) -> list[int]:
-    """Node indices from the root down to `node`."""
-    path = [node]
-    while path[-1] != 0:
-        path.append(parents[path[-1]])
-    return path[::-1]
-
-
-def accept_tokens(path_tokens: list[int], bonus: int, stop_ids: set[int], room: int) -> tuple[list[int], str | None]:
-    """The tokens a step emits: the accepted drafts, then the bonus, cut after an end-of-turn token or at `room`.
-
-    Returns (emitted, "eos" | "length" | None).
-    """
-    emitted: list[int] = []
-    for token in [*path_tokens, bonus]:
-        emitted.append(token)
-        if token in stop_ids:
-            return emitted, "eos"
-        if len(emitted) >= room:
-            return emitted, "length"
-    return emitted, None
-
+from .verify import accept_tokens, path_to, verify_tree
 
 @dataclass
 class DecodeState:
@@ -106,8 +62,9 @@ class DecodeState:
     overhead_ms: float = 0.0  # summed over steps
 
 
-class Engine:
-    """Holds a model, its tokenizer, the adjacency matrix and the drafters' learned state across `generate` calls."""
+class Engine(EngineState):
+    """A model, its tokenizer and what answers teach it (EngineState: the adjacency matrix, the drafters' learned
+    state, the matrix clock) across `generate` calls."""
 
     def __init__(self, model, tokenizer, topk_candidates: int = 8, tune_kernels: bool = True):
         self.model = model
@@ -116,70 +73,27 @@ class Engine:
         self.tune_kernels = tune_kernels  # on a CPU: each linear layer's product chosen by timing (kernels.py)
         self.device, self.dtype = self.runner.device, self.runner.dtype
         self.vocab_size = self.runner.vocab_size()
-        self.matrix = AdjacencyMatrix(self.vocab_size, topk_candidates, self.device)
-        self.stop_token_ids = self._stop_tokens()
+        super().__init__(self.device, self.vocab_size, topk_candidates)
+        self.stop_token_ids = stop_tokens(model, tokenizer, self.vocab_size)
         self.context_limit = self.runner.context_limit()
-        self._static: dict[Any, StaticTreeDrafter] = {}
-        self.adaptive = AdaptiveDrafter(self.device)  # learned calibration and forward cost persist across answers
-        self.hybrid = HybridDrafter(self.device)  # so do the hybrid's, and its context index
+        self._static: dict[Any, StaticTreeDrafter] = {}  # per template, built once (a fork shares them)
         self.plain = PlainDrafter(self.device)
-        # The matrix's clock: one tick per prompt seeding and per step, across answers. A row's stamp says which
-        # step wrote it (provenance, `origin_of`); answer i began at tick answer_starts[i] (its prompt seeding).
-        self.clock = 0
-        self.answer_starts: list[int] = []
         # The prompt's forward includes its last token, whose logits then verify a first step that drafts nothing
         # (as `adaptive` and `hybrid` do, and plain decoding): one forward fewer per answer. Off: a tree forward.
         self.first_step_from_prompt = True
-        self.warm: Any = None  # the warm start applied (tr_core.warm.WarmStartInfo), None: the engine started cold
 
-    def _stop_tokens(self) -> list[int]:
-        ids: set[int] = set()
-        gen = getattr(self.model, "generation_config", None)
-        for source in (getattr(gen, "eos_token_id", None), self.tokenizer.eos_token_id):
-            if isinstance(source, int):
-                ids.add(source)
-            elif isinstance(source, (list, tuple)):
-                ids.update(int(i) for i in source)
-        vocab = self.tokenizer.get_vocab()
-        special = list(getattr(self.tokenizer, "all_special_tokens", [])) + list(
-            getattr(self.tokenizer, "added_tokens_encoder", {}))
-        ids.update(vocab[text] for text in _END_OF_TURN if text in vocab and text in special)
-        return sorted(i for i in ids if 0 <= i < self.vocab_size)
-
-    def forget(self) -> None:
-        """Forget what earlier answers taught: the adjacency matrix and the hybrid tree's context index, and the warm
-        start's answers the hybrid copies from (tr_core.warm).
-
-        The drafters' calibration and the measured forward costs are kept (they describe the model and device).
-        """
-        self.matrix.reset()
-        self.hybrid.index.clear()
-        self.hybrid.library = None
-        self.clock, self.answer_starts = 0, []
-
-    def snapshot(self) -> dict[str, Any]:
-        """A copy of all that answers teach this engine: the matrix, the drafters' calibration, trust, forward costs
-        and context index, and the matrix clock. `restore` returns to it, e.g. to decode the same answer again from
-        the same start (the benchmark's `--repeats`)."""
-        return {"matrix": self.matrix.clone(), "drafters": copy.deepcopy((self.adaptive, self.hybrid)),
-                "clock": self.clock, "answer_starts": list(self.answer_starts)}
-
-    def restore(self, snapshot: dict[str, Any]) -> None:
-        """Return to a `snapshot` (which stays as it was, for further restores). The matrix is copied in place."""
-        self.matrix.copy_from(snapshot["matrix"])
-        self.adaptive, self.hybrid = copy.deepcopy(snapshot["drafters"])
-        self.clock, self.answer_starts = snapshot["clock"], list(snapshot["answer_starts"])
+    def on_model(self, model: Any) -> "Engine":
+        """This engine running `model` (None: parked, holding no reference to a model), sharing all it learned: the
+        matrix, drafters and clock are the same objects (transformers' `generate` keeps them beside the model)."""
+        twin = copy.copy(self)
+        twin.runner = copy.copy(self.runner)
+        twin.model = twin.runner.model = model
+        return twin
 
     # -- chat helpers -----------------------------------------------------------------------------------------
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Prompt ids for a conversation: the model's chat template, or plain 'Role: text' turns without one."""
-        if not messages:
-            raise ValueError("no messages to encode")
-        if getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
-        return self.tokenizer("\n\n".join(lines) + "\n\nAssistant:")["input_ids"]
+        return encode_chat(self.tokenizer, messages)
 
     def decode(self, ids: list[int]) -> str:
         """Text of some token ids, special tokens dropped."""
@@ -187,10 +101,12 @@ class Engine:
 
     def token_text(self, token_id: int) -> str:
         """Display text of one token; one holding part of a character shows that part's bytes ('‹e4bd›')."""
-        text = self.tokenizer.decode([token_id])
-        if "\ufffd" in text or text == "":
-            text = partial_token_text(str(self.tokenizer.convert_ids_to_tokens(token_id)))
-        return text
+        return token_text(self.tokenizer, token_id)
+
+    def check_prompt(self, prompt_ids: list[int] | torch.Tensor) -> list[int]:
+        """The prompt as a list of ids; raises ValueError when it is empty, not one sequence, holds ids outside the
+        vocabulary or does not fit the model's context (a [1, L] tensor is one sequence)."""
+        return check_prompt(prompt_ids, self.vocab_size, self.context_limit)
 
     # -- drafters ---------------------------------------------------------------------------------------------
     def static_tree(self, template: str | list) -> DraftTree:
@@ -256,39 +172,16 @@ class Engine:
                     break
             yield self._summary(state, cfg, drafter, prefill_s, time.perf_counter() - decode_start)
 
-    def check_prompt(self, prompt_ids: list[int] | torch.Tensor) -> list[int]:
-        """The prompt as a list of ids; raises ValueError when it is empty, not one sequence, holds ids outside the
-        vocabulary or does not fit the model's context (a [1, L] tensor, as tokenizers return, is one sequence)."""
-        if isinstance(prompt_ids, torch.Tensor):
-            if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
-                prompt_ids = prompt_ids[0]
-            if prompt_ids.dim() != 1:
-                raise ValueError(f"the prompt must be one sequence of token ids, shape [L] or [1, L]; "
-                                 f"got shape {list(prompt_ids.shape)}")
-            prompt_ids = prompt_ids.tolist()
-        try:
-            prompt = [int(t) for t in prompt_ids]
-        except (TypeError, ValueError) as exc:
-            raise ValueError("the prompt must be one sequence of integer token ids") from exc
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        if any(t < 0 or t >= self.vocab_size for t in prompt):
-            raise ValueError(f"prompt has token ids outside the vocabulary [0, {self.vocab_size})")
-        if len(prompt) >= self.context_limit:
-            raise ValueError(f"the prompt has {len(prompt)} tokens; this model's context holds {self.context_limit}")
-        return prompt
-
     def _begin(self, prompt: list[int], cfg: DecodeConfig, drafter: Drafter, keep_context: bool) -> DecodeState:
         """Seed the matrix from the prompt if asked, let the drafter prepare and draft the first step, prefill."""
         seeding = cfg.prompt_seeding if cfg.prompt_seeding is not None else drafter.seeds_prompt
-        self.answer_starts.append(self.clock)
+        start = self.clock.start_answer()
         if seeding and drafter.recycles:
-            self.matrix.seed_from_text(prompt, stamp=self.clock)
-        self.clock += 1
+            self.matrix.seed_from_text(prompt, stamp=start)
+        self.clock.tick += 1
         if self.tune_kernels:
             ensure_tuned(self.runner, prompt)  # once per model: a no-op when tuned, on a GPU or without linear layers
-        drafter.begin(DraftContext(prompt=prompt, cfg=cfg, matrix=self.matrix, runner=self.runner,
-                                   answer_start=self.answer_starts[-1]))
+        drafter.begin(DraftContext(prompt=prompt, cfg=cfg, matrix=self.matrix, runner=self.runner, answer_start=start))
         budget = min(cfg.max_new_tokens, self.context_limit - len(prompt))
         context = None
         if keep_context:
@@ -320,46 +213,47 @@ class Engine:
 
     def _step(self, state: DecodeState, cfg: DecodeConfig, drafter: Drafter, processors) -> tuple[StepEvent, bool]:
         """One decoding step: draft -> forward -> verify -> update -> sync -> commit -> learn."""
-        clock = StepClock(self.device, cfg.sync_timings)
+        timer = StepClock(self.device, cfg.sync_timings)
         if state.first is not None:  # drafted, and perhaps verified by the prompt's forward, in `_begin`
             (active, draft, logits), state.first = state.first, None
         else:
             active, logits = self._active(state, drafter), None
             draft = active.draft(state.root, self.matrix)
-        clock.mark("draft")
+        timer.mark("draft")
         forwarded = logits is None
         if forwarded:
-            logits = self._forward(state, draft, clock)
-        clock.mark("forward")
+            logits = self._forward(state, draft, timer)
+        timer.mark("forward")
         targets, best, top = self._verify(state, cfg, draft, logits, processors, active.recycles)
-        clock.mark("verify")
-        packet = self._update(active, draft, logits, top, targets, best)
-        clock.mark("update")
+        timer.mark("verify")
+        packet = self._update(active, draft, logits, top, targets, best, cfg.provenance)
+        timer.mark("update")
         host = packet.sync()  # the one host sync of the step
-        clock.mark("sync")
+        timer.mark("sync")
         position = state.past
         accepted, emitted, bonus, finished = self._commit(state, draft, host)
-        clock.mark("commit")
-        so_far = clock.timings()
+        timer.mark("commit")
+        so_far = timer.timings()
         active.observe(StepResult(parents=host["parents"], accepted=accepted, emitted=emitted,
                                   forward_tokens=draft.size, forward_ms=so_far["forward"], step_ms=so_far["total"],
                                   extras=_drafter_part(host), forwarded=forwarded))
-        clock.mark("learn")
-        self.clock += 1
-        timings = clock.timings()
+        timer.mark("learn")
+        self.clock.tick += 1
+        timings = timer.timings()
         state.forward_ms += timings["forward"]
         state.overhead_ms += timings["total"] - timings["forward"]
         state.steps += 1
-        event = self._event(state.steps - 1, position, draft, host, accepted, emitted, bonus, timings, active.recycles)
+        event = self._event(state.steps - 1, position, draft, host, accepted, emitted, bonus, timings,
+                            active.recycles and cfg.provenance)
         return event, finished
 
-    def _forward(self, state: DecodeState, draft: Draft, clock: StepClock) -> torch.Tensor:
+    def _forward(self, state: DecodeState, draft: Draft, timer: StepClock) -> torch.Tensor:
         """ONE forward of the whole tree at positions past + depth, with the tree attention mask. [N, V]."""
         state.cache.require_length(state.past)
         mask = self.runner.mask(draft.tree_mask, draft.depths, state.past)
-        clock.forward_begins()
+        timer.forward_begins()
         logits = self.runner.forward(draft.tokens[None], (state.past + draft.depths)[None], mask, state.cache)
-        clock.forward_ends()
+        timer.forward_ends()
         return logits
 
     def _verify(self, state: DecodeState, cfg: DecodeConfig, draft: Draft, logits: torch.Tensor, processors,
@@ -392,20 +286,19 @@ class Engine:
         return scores
 
     def _update(self, drafter: Drafter, draft: Draft, logits: torch.Tensor, top: tuple | None,
-                targets: torch.Tensor, best: torch.Tensor) -> SyncPacket:
-        """Recycle every node's top-k into the matrix (Sec. 3.3), let the drafter look ahead; gather the sync."""
+                targets: torch.Tensor, best: torch.Tensor, provenance: bool) -> SyncPacket:
+        """Recycle every node's top-k into the matrix (Sec. 3.3), let the drafter look ahead; gather the sync (and,
+        when asked, the rows read and the candidates' origins before the rewrite: tr_core.provenance)."""
         packet = SyncPacket().update({"best": best.view(1), "targets": targets, "tokens": draft.tokens,
                                       "parents": draft.parents, "depths": draft.depths, "ranks": draft.ranks})
         if draft.node_probs is not None:
             packet.add("node_probs", draft.node_probs)
         packet.update({f"drafter.{k}": v for k, v in draft.extras.items()})
         if drafter.recycles:
-            if draft.size > 1:  # the root alone has no origin to show
-                stamps, probs = self.matrix.origins(draft.tokens, draft.parents, draft.ranks)  # before the rewrite
-                packet.update({"origin_stamps": stamps, "origin_probs": probs})
-            packet.add("rows_read", packed_rows(self.matrix, draft.tokens))  # every node's row, before the rewrite
+            if provenance:
+                packet.update(gather(self.matrix, draft))
             first, row_ids, row_probs = self.matrix.update(draft.tokens, logits, top=top[1:], consume=True,
-                                                           stamp=self.clock, path=draft.tree_mask[best])
+                                                           stamp=self.clock.tick, path=draft.tree_mask[best])
             # as the matrix stores them (the same float32 ops as its update): every figure of a row then agrees
             packet.update({"first": first, "row_ids": row_ids, "row_probs": row_probs.mul(255).round_()})
             ahead = drafter.lookahead(targets[best].view(1), self.matrix)
@@ -436,8 +329,8 @@ class Engine:
         return accepted, emitted, bonus, finished
 
     def _event(self, step: int, position: int, draft: Draft, host: dict[str, list], accepted: list[int],
-               emitted: list[int], bonus: int | None, timings: dict[str, float], recycles: bool) -> StepEvent:
-        """The step as plain data (`recycles`: the step's drafter recycles the matrix, so its nodes have origins)."""
+               emitted: list[int], bonus: int | None, timings: dict[str, float], provenance: bool) -> StepEvent:
+        """The step as plain data (`provenance`: a recycling step that gathered its provenance)."""
         rows, values, probs = [], [], []
         k = self.matrix.k
         for j, first in enumerate(host.get("first", [])):
@@ -446,16 +339,14 @@ class Engine:
                 values.append(host["row_ids"][j * k : (j + 1) * k])
                 probs.append([round(q / 255, EVENT_DIGITS) for q in host["row_probs"][j * k : (j + 1) * k]])
         node_probs = [round(p, EVENT_DIGITS) for p in host["node_probs"]] if "node_probs" in host else None
-        written, candidate_probs = self._provenance(draft, host) if recycles else (None, None)
+        recorded = event_fields(host, draft.sources, rows, k, self.clock.origin_of) if provenance else {}
         return StepEvent(step=step, position=position, tokens=host["tokens"], parents=host["parents"],
                          depths=host["depths"], ranks=host["ranks"], accepted=accepted, emitted=emitted, bonus=bonus,
                          timings=timings, matrix_rows=rows, matrix_values=values, matrix_probs=probs,
                          node_probs=node_probs, template=draft.name,
                          sources=list(draft.sources) if draft.sources is not None else None,
                          origins=list(draft.origins) if draft.origins is not None else None,
-                         answer=len(self.answer_starts) - 1, written=written, candidate_probs=candidate_probs,
-                         choices=host["targets"], **recorded_rows(host, draft.sources, rows, k),
-                         **self._no_draft(draft, host))
+                         answer=self.clock.answer, choices=host["targets"], **recorded, **self._no_draft(draft, host))
 
     def _no_draft(self, draft: Draft, host: dict[str, list]) -> dict[str, Any]:
         """The event's `no_draft_reason` and `unverified` tree: set when the drafter says why it drafted nothing."""
@@ -463,27 +354,6 @@ class Engine:
             return {}
         return {"no_draft_reason": draft.no_draft.reason(self.token_text(host["tokens"][0])),
                 "unverified": draft.no_draft.unverified()}
-
-    def _provenance(self, draft: Draft, host: dict[str, list]) -> tuple[list[list[int]], list[float]]:
-        """Per node: [answer, step] of the step whose logits wrote its candidate (step -1: that answer's prompt
-        seeding; [-1, -1]: the root, a token copied from the context, or unknown) and the candidate's probability
-        then. Only for steps of a recycling drafter."""
-        if "origin_stamps" not in host:  # it drafted nothing: the root alone
-            return [[-1, -1]], [0.0]
-        sources = draft.sources or ()
-        written, probs = [[-1, -1]], [0.0]
-        for i in range(1, len(host["origin_stamps"])):
-            from_matrix = i >= len(sources) or sources[i] != "context"
-            written.append(self.origin_of(host["origin_stamps"][i]) if from_matrix else [-1, -1])
-            probs.append(round(host["origin_probs"][i], EVENT_DIGITS) if from_matrix else 0.0)
-        return written, probs
-
-    def origin_of(self, stamp: int) -> list[int]:
-        """[answer, step] of a matrix stamp: step -1 is that answer's prompt seeding; [-1, -1] unknown."""
-        if stamp < 0 or not self.answer_starts:
-            return [-1, -1]
-        answer = bisect.bisect_right(self.answer_starts, stamp) - 1
-        return [answer, stamp - self.answer_starts[answer] - 1]
 
     def _summary(self, state: DecodeState, cfg: DecodeConfig, drafter: Drafter, prefill_s: float,
                  decode_s: float) -> SummaryEvent:
@@ -504,36 +374,3 @@ class Engine:
 def _drafter_part(host: dict[str, list]) -> dict[str, list]:
     """The synced tensors a drafter registered (under "drafter."), by their own names."""
     return {k[len("drafter."):]: v for k, v in host.items() if k.startswith("drafter.")}
-
-
-def packed_rows(matrix: AdjacencyMatrix, tokens: torch.Tensor) -> torch.Tensor:
-    """The matrix row of every node's token as it is now, each cell packed as id * 256 + stored probability (0..255)
-    in a float64 ([N, k]): one part of the step's sync at half the size of ids and probabilities apart, and
-    exact (ids < 2^31, so the packed value < 2^39 < 2^53); a float part, so the sync makes no Python ints of it."""
-    return matrix.table[tokens].double() * 256 + matrix.probs[tokens]
-
-
-def recorded_rows(host: dict[str, list], sources: tuple[str, ...] | None, written: list[int],
-                  k: int) -> dict[str, list]:
-    """The event's rows as they were before the step, from its `packed_rows`: `rows_read*` (the parent of every node
-    not copied from the context, each row once, in parent order) and `rows_before*` (the rows it wrote, `written`,
-    that it did not read). Nothing when the step synced no rows (a drafter that does not recycle)."""
-    packed = host.get("rows_read")
-    if packed is None:
-        return {}
-    tokens, parents = host["tokens"], host["parents"]
-    node_of: dict[int, int] = {}
-    for node, token in enumerate(tokens):  # nodes of one token share its row: the first one's
-        node_of.setdefault(token, node)
-    readers = sorted({parents[i] for i in range(1, len(tokens)) if sources is None or sources[i] != "context"})
-    read = list(dict.fromkeys(tokens[node] for node in readers))
-    was_read = set(read)
-    out: dict[str, list] = {}
-    for name, rows in (("rows_read", read), ("rows_before", [row for row in written if row not in was_read])):
-        cells = [[divmod(int(c), 256) for c in packed[node_of[row] * k : (node_of[row] + 1) * k]] for row in rows]
-        out.update({name: rows, f"{name}_values": [[token for token, _ in row] for row in cells],
-                    f"{name}_probs": [[_STORED[q] for _, q in row] for row in cells]})  # (id, stored probability)
-    return out
-
-
-_STORED = [round(q / 255, EVENT_DIGITS) for q in range(256)]  # a stored probability (1/255 steps) as events show it

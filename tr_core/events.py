@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+EVENT_DIGITS = 4  # probabilities in events are rounded to 4 digits (the matrix itself stores 1/255 steps)
+
 
 @dataclass
 class StepEvent:
@@ -35,19 +37,21 @@ class StepEvent:
     sources: list[str] | None = None
     origins: list[str] | None = None  # per node, where a retrieved token was found ("" for matrix nodes), or None
     answer: int = 0  # which answer of the engine this is (0 = its first): the reference for `written`
-    # Provenance of each node's token (None for plain steps): [answer, step] of the step whose logits wrote the
-    # candidate into its parent's matrix row (step -1: that answer's prompt seeding; [-1, -1]: the root, a token
-    # copied from the context, or unknown, e.g. a matrix loaded from a file)
+    # Provenance of each node's token (None for plain steps, and unless DecodeConfig.provenance asked for it):
+    # [answer, step] of the step whose logits wrote the candidate into its parent's matrix row (step -1: that
+    # answer's prompt seeding; [-1, -1]: the root, a token copied from the context, or unknown, e.g. a matrix loaded
+    # from a file)
     written: list[list[int]] | None = None
     candidate_probs: list[float] | None = None  # per node, the probability the candidate had when written
     # What the draft READ (one step under the microscope): the matrix rows its matrix nodes came from (each such
     # node's parent token's row, in order of the parent node, each row once), as they were before this step
-    # rewrote any row; probabilities as the matrix stores them (1/255 steps). Empty for plain steps, older traces.
+    # rewrote any row; probabilities as the matrix stores them (1/255 steps). Empty for plain steps, older traces,
+    # and unless DecodeConfig.provenance.
     rows_read: list[int] = field(default_factory=list)  # the rows read, [R]
     rows_read_values: list[list[int]] = field(default_factory=list)  # their candidate tokens before the step, [R, k]
     rows_read_probs: list[list[float]] = field(default_factory=list)  # their stored probabilities then, [R, k]
     # The rows this step rewrote but did not read (its leaves' tokens', the root's on a plain step), as they were
-    # before it: with `rows_read`, every row written back has its before and after. Empty for plain steps, older traces.
+    # before it: with `rows_read`, every row written back has its before and after. Empty as `rows_read` is.
     rows_before: list[int] = field(default_factory=list)  # [W], none of them in rows_read, all in matrix_rows
     rows_before_values: list[list[int]] = field(default_factory=list)  # [W, k]
     rows_before_probs: list[list[float]] = field(default_factory=list)  # [W, k]

@@ -9,7 +9,6 @@ sampling draws from the same distribution, with position-keyed noise seeded from
 """
 from __future__ import annotations
 
-import copy
 import inspect
 import os
 import threading
@@ -54,18 +53,12 @@ def engine_of(model: Any, topk_candidates: int = 8) -> Engine:
         if parked is None or parked.matrix.k != topk_candidates:
             engine = Engine(model, _Vocabless(), topk_candidates=topk_candidates)
             _ENGINES[model] = parked = _park(engine)
-    engine = copy.copy(parked)  # shallow: the matrix, drafters and clock's history are the parked engine's own
-    engine.model, engine.runner = model, copy.copy(parked.runner)
-    engine.runner.model = model
-    return engine
+    return parked.on_model(model)  # the matrix, drafters and clock are the parked engine's own
 
 
 def _park(engine: Engine) -> Engine:
-    """A shallow copy of `engine` holding no reference to its model (the weak mapping's value)."""
-    parked = copy.copy(engine)
-    parked.runner = copy.copy(engine.runner)
-    parked.model = parked.runner.model = None
-    return parked
+    """`engine` holding no reference to its model (the weak mapping's value), sharing all it learned."""
+    return engine.on_model(None)
 
 
 def reset(model: Any) -> None:
@@ -138,9 +131,6 @@ def generate(model: Any, input_ids: torch.LongTensor, logits_processor: Any = No
     scores: list[torch.Tensor] = []
     hook = scores.append if getattr(config, "output_scores", False) else None
     new = _run(engine, prompt, cfg, processors, hook, stopping_criteria, streamer, input_ids)
-    with _ENGINES_LOCK:
-        if (parked := _ENGINES.get(model)) is not None and parked.matrix is engine.matrix:
-            parked.clock = engine.clock  # the matrix's stamps go on counting from here next call
     if streamer is not None:
         streamer.end()
     sequences = torch.cat([input_ids, torch.tensor([new], dtype=input_ids.dtype, device=input_ids.device)], dim=1)

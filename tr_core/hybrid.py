@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .adaptive import (GROWN, MATRIX_KEYS, AdaptiveDrafter, host_draft, matrix_prior, root_alone,
-                       tested_candidates)
+from .adaptive import AdaptiveDrafter
+from .calibration import MATRIX_KEYS, matrix_prior, tested_candidates
+from .growth import GROWN, host_draft, root_alone
 from .context import LIBRARY, MAX_MATCH, ContextIndex, Library, Match
 from .drafters import Draft, DraftContext, StepResult
 from .matrix import AdjacencyMatrix
@@ -129,6 +130,11 @@ class HybridDrafter(AdaptiveDrafter):
         self.name = HYBRID
         self.k = 8
         self._answering = False  # emitted tokens of this answer are being indexed
+
+    def forget_context(self) -> None:
+        """Forget every conversation it indexed and the warm start's answers (its calibration stays)."""
+        self.index.clear()
+        self.library = None
 
     # -- the drafter seam -------------------------------------------------------------------------------------
     def begin(self, ctx: DraftContext) -> None:

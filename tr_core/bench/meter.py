@@ -12,7 +12,6 @@ so a step that emits `a` tokens can at most be `a` times faster than one plain s
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import time
@@ -315,37 +314,16 @@ def measure_interleaved(tr_events: Iterator[Any], plain_events: Iterator[Any], *
 
 
 def forked(engine: Any, sizes: list[int] | None = None) -> Any:
-    """A copy of an engine sharing its model (and its drafters' measured forward costs) but with its own adjacency
-    matrix and drafter state.
+    """The engine's twin for the measurement, `Engine.fork`: its own matrix and drafter state, the same model.
 
     Taken before an answer, it lets the speed measurement re-run Token Recycling from exactly the state
     the answer started from (the answer itself taught the live matrix its own text, which would flatter it).
     `sizes` (`answer_sizes` of the answer): its cost-sized drafters draft the answer's tree sizes again.
     """
-    twin = copy.copy(engine)
-    twin.matrix = engine.matrix.clone()
-    twin.answer_starts = list(getattr(engine, "answer_starts", []))  # the twin's own clock history
-    twin.adaptive = _fork_drafter(engine.adaptive)
-    twin.hybrid = _fork_drafter(engine.hybrid)
-    if sizes is not None:  # the answer's own tree sizes (cost-sized trees): the twin re-decodes its very steps
-        for drafter in (twin.adaptive, twin.hybrid):
-            if hasattr(drafter, "replay_sizes"):
-                drafter.replay_sizes(sizes)
-    return twin
+    return engine.fork(sizes)
 
 
 def answer_sizes(steps: list[StepEvent]) -> list[int]:
     """The tree sizes an answer drafted (nodes per step after the root), from its second step on: what a cost-sized
     drafter is told to draft again (`AdaptiveDrafter.replay_sizes`)."""
     return [len(ev.tokens) - 1 for ev in steps[1:]]
-
-
-def _fork_drafter(drafter: Any) -> Any:
-    """A deep copy of a drafter. Its forward cost curve is part of the state an answer started from: a cost-sized tree
-    sizes every step by it, so a twin re-decoding with the curve the answer left behind would draft other trees. It
-    is copied when it was measured before the answer; a twin taken before the answer's start-up probe shares it
-    instead and reads the probe's result rather than timing it again (seconds that would come out of the
-    measurement's time cap)."""
-    cost = getattr(drafter, "cost", None)
-    shared = cost is not None and not getattr(cost, "measured", False)
-    return copy.deepcopy(drafter, memo={id(cost): cost} if shared else {})

@@ -1,0 +1,244 @@
+"""Learning a warm start (issue 40): decode a corpus through the engine, average the rows its answers wrote,
+calibrate the drafters to such a matrix, and capture the result as a `WarmState` (warm_file.py) to save or apply.
+
+Never from a visitor's conversation, whose text a matrix row could leak to the next visitor: from the corpus the
+project ships (tr_core/warm_start/corpus.jsonl), greedy.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .engine_state import DRAFTERS
+from .warm_file import FORMAT, WarmState, model_fingerprint
+
+# rows no answer wrote get the model's context-free guess for this many of the lowest ids (a BPE vocabulary's first
+# merges: its commonest tokens); the shipped file has every id's (scripts/build_warm_start.py)
+LEARN_CONTEXT_FREE = 16384
+CONTEXT_FREE_REQUEST = "Hello."  # the conversation a context-free row's token opens the answer to
+COUNT_CAP = 32.0  # calibration trials kept per key: the shipped rates start informed but still follow the session
+CALIBRATE_EVERY = 4  # one corpus prompt in this many is decoded again, from the warm matrix, to calibrate the drafters
+
+
+def learn(engine, prompts: list[str], max_new_tokens: int,
+          progress: Callable[[int, int], None] | None = None,
+          context_free: int | None = LEARN_CONTEXT_FREE) -> WarmState:
+    """What a fresh engine should start from, learned from `prompts` (three passes; leaves the engine cold again,
+    its forward costs measured):
+
+    1. decode every prompt greedily from an empty engine, alternating the hybrid and the adaptive tree (each
+       learns its calibration and trust; both fill the one matrix);
+    2. replace every row that precedes an answer token by the model's average top-k after that token over the
+       answers (`average_rows`; one forward per answer, no decoding);
+    3. calibrate the drafters to such a matrix: one prompt in CALIBRATE_EVERY is answered again, each answer
+       starting from the rows averaged over the OTHER prompts' answers (as a visitor's first answer starts from
+       rows learned on other questions), after the older-row calibration of pass 1 is dropped.
+    Rows no answer wrote hold the model's context-free guess (`context_free_rows`) for the `context_free` lowest ids
+    (None: every id; 0: none), under the averaged rows in pass 3 and in the matrix kept, which is averaged over all
+    the answers. progress(done, total) counts pass 1's answers, the context-free rows' forwards, pass 3's answers."""
+    engine.forget()
+    held = set(range(0, len(prompts), CALIBRATE_EVERY)) if len(prompts) >= 2 * CALIBRATE_EVERY else set()
+    vocab, k = engine.vocab_size, engine.matrix.k
+    guessed = lowest_ids(engine, context_free)
+    forwards = -(-len(guessed) // context_free_batch(vocab))
+    total = len(prompts) + forwards + len(held)
+    tick = (lambda i: progress(i, total)) if progress is not None else (lambda i: None)
+    answers, steps = decode_answers(engine, prompts, max_new_tokens, tick)
+    tops = dict(zip(answers, answer_tops(engine.model, list(answers.values()), vocab, k)))  # one forward each
+    set_rows(engine.matrix, *context_free_rows(engine, guessed, lambda i: tick(len(prompts) + i)))
+    if held:
+        set_rows(engine.matrix, *average_tops([t for i, t in tops.items() if i not in held], vocab, k))
+        calibrate(engine, [prompts[i] for i in sorted(held)], max_new_tokens,
+                  lambda i: tick(len(prompts) + forwards + i))
+    averaged = average_tops(list(tops.values()), vocab, k)
+    set_rows(engine.matrix, *averaged)
+    state = capture(engine, {"answers": len(answers), "tokens": sum(len(a) for _, a in answers.values()),
+                             "steps": steps, "max_new_tokens": max_new_tokens,
+                             "calibration_answers": len(held),
+                             "rows_context_free": len(set(guessed) - set(averaged[0].tolist()))})
+    engine.forget()
+    return with_library(state, [answer for _, answer in answers.values()])
+
+
+def with_library(state: WarmState, answers: list[list[int]]) -> WarmState:
+    """The warm state with `answers` (token ids) as the hybrid's library, counted in its manifest."""
+    state.library = [list(a) for a in answers if a]
+    state.manifest.update(library_answers=len(state.library), library_tokens=sum(map(len, state.library)))
+    return state
+
+
+def decode_answers(engine, prompts: list[str], max_new_tokens: int, tick: Callable[[int], None]
+                   ) -> tuple[dict[int, tuple[list[int], list[int]]], int]:
+    """Pass 1 of `learn`: {prompt index: (prompt ids, answer ids)} and the steps taken, alternating the trees."""
+    answers, steps = {}, 0
+    for i, prompt in enumerate(prompts):
+        answer, answer_steps = _decode(engine, prompt, max_new_tokens, "hybrid" if i % 2 == 0 else "adaptive")
+        if answer is not None:
+            answers[i], steps = answer, steps + answer_steps
+        tick(i + 1)
+    return answers, steps
+
+
+def lowest_ids(engine, n: int | None) -> list[int]:
+    """The n lowest token ids (None: all) of those the tokenizer names (ids past its length are never emitted)."""
+    try:
+        named = min(engine.vocab_size, len(engine.tokenizer))
+    except TypeError:  # a tokenizer without a length
+        named = engine.vocab_size
+    return list(range(named if n is None else min(named, n)))
+
+
+def context_free_batch(vocab_size: int) -> int:
+    """Tokens per forward of `context_free_rows`: 256, fewer for vocabularies whose logits would pass 128 MB."""
+    return max(16, min(256, (32 << 20) // max(vocab_size, 1)))
+
+
+@torch.no_grad()
+def context_free_rows(engine, tokens: list[int], tick: Callable[[int], None] = lambda i: None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each token's row as the model's top-k after it when it opens an answer to CONTEXT_FREE_REQUEST: a guess
+    for the rows no corpus answer wrote (without one, a warm session drafts nothing after such a token; a word's
+    first piece is mostly followed by its usual second). (rows [R] long, candidates [R, k] int32, probabilities
+    [R, k] uint8), in the order of `tokens`.
+
+    The request's prompt is run into a cache once; then each forward takes `context_free_batch` tokens at the same
+    position, each seeing the prompt and itself (a tree of siblings), and is cut back off the cache. tick(i) after
+    the i-th forward."""
+    from .kv_cache import TreeKVCache
+
+    runner, k, vocab = engine.runner, engine.matrix.k, engine.vocab_size
+    prompt = engine.encode_chat([{"role": "user", "content": CONTEXT_FREE_REQUEST}])
+    cache = TreeKVCache()
+    runner.prefill(prompt, cache)
+    past, size = len(prompt), context_free_batch(vocab)
+    tables, probs = [], []
+    for i, start in enumerate(range(0, len(tokens), size)):
+        chunk = torch.tensor(tokens[start:start + size], dtype=torch.long, device=runner.device)
+        n = chunk.numel()
+        depths = torch.zeros(n, dtype=torch.long, device=runner.device)
+        alone = torch.eye(n, dtype=torch.bool, device=runner.device)
+        logits = runner.forward(chunk[None], (past + depths)[None], runner.mask(alone, depths, past), cache)
+        cache.truncate(past)
+        top_p, top_ids = torch.softmax(logits[:, :vocab].float(), dim=-1).topk(k, dim=-1)
+        tables.append(top_ids.to(torch.int32).cpu())
+        probs.append((top_p * 255).round().clamp(0, 255).to(torch.uint8).cpu())
+        tick(i + 1)
+    if not tables:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, k, dtype=torch.int32), torch.zeros(0, k, dtype=torch.uint8)
+    return torch.tensor(tokens, dtype=torch.long), torch.cat(tables), torch.cat(probs)
+
+
+def set_rows(matrix, rows: torch.Tensor, table: torch.Tensor, probs: torch.Tensor) -> None:
+    """Write whole rows into the matrix (rows [R] long, candidates [R, k] int32, probabilities [R, k] uint8)."""
+    on = rows.to(matrix.device)
+    matrix.table[on], matrix.probs[on] = table.to(matrix.device), probs.to(matrix.device)
+    matrix.filled[on] = True
+
+
+def calibrate(engine, prompts: list[str], max_new_tokens: int, tick: Callable[[int], None]) -> None:
+    """Pass 3 of `learn`: answer `prompts`, each from the matrix as it is now (restored before every answer; the
+    context index emptied), so that the drafters learn how often candidates of such rows are accepted. The
+    older-row calibration learned in pass 1 (rows last written by another answer) is dropped first."""
+    engine.drop_older_row_calibration()
+    start = engine.matrix.clone()
+    start.stamps.fill_(-1)  # every row written before the answers: rated as older rows, as in a warm session
+    for i, prompt in enumerate(prompts):
+        engine.forget()
+        engine.matrix.copy_from(start)
+        _decode(engine, prompt, max_new_tokens, "hybrid" if i % 2 == 0 else "adaptive")
+        tick(i + 1)
+    engine.forget()
+    engine.matrix.copy_from(start)
+
+
+def _decode(engine, prompt: str, max_new_tokens: int,
+            template: str) -> tuple[tuple[list[int], list[int]] | None, int]:
+    """((prompt ids, answer ids), steps) of one greedy answer; (None, 0) when the prompt leaves no room."""
+    from .config import DecodeConfig
+    from .events import SummaryEvent
+
+    ids = engine.encode_chat([{"role": "user", "content": prompt}])
+    if len(ids) + max_new_tokens >= engine.context_limit:
+        return None, 0
+    for event in engine.generate(ids, DecodeConfig(max_new_tokens=max_new_tokens, template=template)):
+        if isinstance(event, SummaryEvent):
+            return (ids, list(event.tokens)), event.steps
+    return None, 0
+
+
+def average_rows(model, answers: list[tuple[list[int], list[int]]], vocab_size: int,
+                 k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each token's row as the model's average top-k after it over `answers` [(prompt ids, answer ids)]:
+    (rows [R] long, candidates [R, k] int32, probabilities [R, k] uint8), rows ascending.
+
+    The paper's matrix keeps the candidates LAST seen after a token: right for the conversation at hand, but for a
+    warm start that last place is an accident of the corpus's order. Averaged over every place the token precedes
+    an answer token (the answers fed back whole: one forward each, no decoding), a row holds what most often
+    follows it. A candidate's score is its summed probability; its stored probability the mean over the places."""
+    return average_tops(answer_tops(model, answers, vocab_size, k), vocab_size, k)
+
+
+@torch.no_grad()
+def answer_tops(model, answers: list[tuple[list[int], list[int]]], vocab_size: int,
+                k: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per answer: (the tokens that precede its answer tokens [L] long, the model's top-k after each [L, k] long and
+    their probabilities [L, k] float64), on the CPU; one forward per answer. An answer with nothing gives empties."""
+    device = next(model.parameters()).device
+    out = []
+    for prompt, answer in answers:
+        ids, start = list(prompt) + list(answer), len(prompt) - 1
+        if start < 0 or not answer:
+            out.append((torch.zeros(0, dtype=torch.long), torch.zeros(0, k, dtype=torch.long),
+                        torch.zeros(0, k, dtype=torch.float64)))
+            continue
+        logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0, start:, :vocab_size]
+        probs, cands = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)  # [L, k]
+        out.append((torch.tensor(ids[start:], dtype=torch.long), cands.cpu(), probs.cpu().double()))
+    return out
+
+
+def average_tops(tops: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], vocab_size: int,
+                 k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`average_rows` from the answers' `answer_tops`: each row's k candidates of highest summed probability."""
+    if not any(rows.numel() for rows, _, _ in tops):
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, k, dtype=torch.int32), torch.zeros(0, k, dtype=torch.uint8)
+    seen = torch.zeros(vocab_size, dtype=torch.float64)
+    for rows, _, _ in tops:
+        seen.index_add_(0, rows, torch.ones(rows.numel(), dtype=torch.float64))
+    keys = torch.cat([(rows[:, None] * vocab_size + cands).view(-1) for rows, cands, _ in tops])
+    pairs, where = torch.unique(keys, return_inverse=True)  # ascending: by row, then candidate
+    score = torch.zeros(pairs.numel(), dtype=torch.float64).index_add_(0, where, torch.cat([p.view(-1) for *_, p in tops]))
+    row = pairs // vocab_size
+    order = torch.argsort(-score, stable=True)
+    order = order[torch.argsort(row[order], stable=True)]  # by row, best candidate first
+    row, cand, score = row[order], (pairs % vocab_size)[order], score[order]
+    starts = torch.searchsorted(row, row, right=False)  # each entry's row's first index
+    keep = torch.arange(row.numel()) - starts < k  # every row has >= k candidates: each place gave k distinct ones
+    rows = row[keep].view(-1, k)[:, 0]
+    probs = (score[keep] / seen[row[keep]]).view(-1, k)
+    return rows, cand[keep].view(-1, k).to(torch.int32), (probs * 255).round().clamp(0, 255).to(torch.uint8)
+
+
+def capped(hits: torch.Tensor, trials: torch.Tensor, cap: float = COUNT_CAP) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counts [keys] scaled down to at most `cap` trials per key, each key's rate kept."""
+    scale = torch.clamp(cap / trials.clamp(min=1e-9), max=1.0)
+    return hits * scale, trials * scale
+
+
+def capture(engine, manifest: dict[str, Any]) -> WarmState:
+    """The engine's learned state as a WarmState (its manifest: `manifest` plus the model and matrix facts)."""
+    matrix = engine.matrix
+    rows = matrix.filled.nonzero().view(-1).cpu()
+    learned = {}
+    for name, state in engine.learned().items():
+        hits, trials = capped(state["hits"], state["trials"])
+        learned[name] = {"hits": hits, "trials": trials, "trust": state["trust"]}
+    info = {"format": FORMAT, "fingerprint": model_fingerprint(engine), "vocab_size": matrix.vocab_size,
+            "k": matrix.k, "rows_filled": int(rows.numel()),
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "trust": {name: learned[name]["trust"] for name in DRAFTERS}, **manifest}
+    return WarmState(rows=rows, table=matrix.table[rows.to(matrix.device)].cpu().to(torch.int32),
+                     probs=matrix.probs[rows.to(matrix.device)].cpu(), learned=learned, manifest=info)
