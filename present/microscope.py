@@ -15,6 +15,7 @@ from typing import Any, Iterator
 from tr_core.events import StepEvent
 from .heatmap import row_is_empty
 from .nodes import node_source, place_of
+from .reasons import no_draft_reason
 from .style import visible_token
 from .story import end_words, ended_by
 from tr_core.trace import Trace
@@ -194,7 +195,7 @@ def explain(trace: Trace, i: int, known: dict) -> dict[str, Any]:
     counts = {s: sum(1 for w in writes if w["status"] == s) for s in ("changed", "same", "new", "unknown")}
     return {"step": i, "number": ev.step + 1, "root": {"token": ev.tokens[0], "text": _text(trace, ev.tokens[0])},
             "recorded": bool(ev.rows_read) or len(ev.tokens) == 1, "k": _k(ev),
-            "no_draft": getattr(ev, "no_draft_reason", None) or "",
+            "no_draft": no_draft_reason(ev, trace.token_text) or "",
             "reads": _reads(trace, ev), "copied": _copied(trace, ev), "verdict": _verdict(trace, ev, ended_by(trace, i)),
             "writes": writes, "write_counts": counts}
 

@@ -12,6 +12,7 @@ from typing import Callable
 from tr_core.events import StepEvent
 from .heatmap import row_is_empty
 from .nodes import copy_place, node_source
+from .reasons import no_draft_reason
 from .style import display_token
 
 TokenText = Callable[[int], str]
@@ -66,7 +67,7 @@ def step_story(ev: StepEvent, token_text: TokenText, matrix_before: dict[int, li
 def _plain_sentence(ev: StepEvent, token_text: TokenText) -> str:
     """A step without a draft: the forward gave one token."""
     token = ev.bonus if ev.bonus is not None else (ev.emitted[-1] if ev.emitted else None)
-    reason = getattr(ev, "no_draft_reason", None)  # the cost-sized tree's own words (absent from older traces)
+    reason = no_draft_reason(ev, token_text)
     head = f"Plain step: nothing was drafted ({reason})" if reason else "Plain step: nothing was drafted"
     if token is None:
         return f"{head}, and the answer ended here."

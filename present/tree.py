@@ -11,6 +11,7 @@ import html
 from tr_core.events import StepEvent
 from .figure import Figure
 from .nodes import has_retrieved, node_group, node_groups, node_hover, node_source
+from .reasons import no_draft_reason
 from .style import (ACCEPTED_COLOUR, BONUS_COLOUR, EDGE_COLOUR, MIN_FONT, PAST_END_COLOUR, REJECTED_COLOUR,
                     REJECTED_TEXT, ROOT_COLOUR, TokenText, display_token, node_label, symbol_note)
 from .tree_layout import TreeLayout, tree_layout
@@ -316,7 +317,7 @@ def unverified_figure(ev: StepEvent, token_text: TokenText, height: int = TREE_H
     fig.layout["annotations"] = [dict(text="NOT VERIFIED: the tree it would have drafted", showarrow=False,
                                       xref="paper", yref="paper", x=0.99, y=0.02, xanchor="right", yanchor="bottom",
                                       font=dict(size=18, color=REJECTED_TEXT))]
-    reason = getattr(ev, "no_draft_reason", None) or "the cost-sized tree chose no draft"
+    reason = no_draft_reason(ev, token_text) or "the cost-sized tree chose no draft"
     fig.title(f"Step {ev.step + 1}: drafted nothing, one plain forward<br>"
               f'<span style="font-size:{MIN_FONT}px;color:{REJECTED_TEXT}">{html.escape(reason[:120])}</span>')
     return fig

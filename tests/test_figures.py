@@ -871,10 +871,10 @@ def test_every_text_of_the_tree_is_16_px_or_more():
 def test_a_step_that_drafted_nothing_shows_the_tree_it_would_have_drafted_as_not_verified():
     ev = StepEvent(step=4, position=9, tokens=[5], parents=[-1], depths=[0], ranks=[-1], accepted=[0], emitted=[6],
                    bonus=6, timings={"total": 10.0})
-    ev.no_draft_reason = "a 3-token forward costs more here than the 1.2 tokens it would gain"
+    ev.no_draft = {"why": "cost", "drafts": 3, "gain": 1.2, "cost_ratio": 2.5, "context": False}
     ev.unverified = {"tokens": [5, 1, 2, 3], "parents": [-1, 0, 0, 1], "expected": 1.2}
     fig = tree_figure(ev, text_of)
-    assert "drafted nothing" in fig.layout["title"]["text"] and "1.2 tokens it would gain" in fig.layout["title"]["text"]
+    assert "drafted nothing" in fig.layout["title"]["text"] and "would add 1.20 accepted" in fig.layout["title"]["text"]
     assert "NOT VERIFIED" in fig.layout["annotations"][0]["text"]
     lines = [t for t in fig.traces if t.get("mode") == "lines"]
     assert lines and all(t["line"]["dash"] == "dash" for t in lines)  # dashed: never verified

@@ -79,9 +79,10 @@ def test_story_of_a_rejected_draft_a_plain_step_and_a_stop():
     assert "It wrote 1 row of the matrix" in plain and "the row of 'the' now starts with '↵'" in plain
     assert sentences(plain) == 2
     why = make_event(tokens=[5], parents=[-1], depths=[0], ranks=[-1], accepted=[0], emitted=[6], bonus=6)
-    why.no_draft_reason = "a 2-token forward costs more here than the 1.1 tokens it would gain"
+    why.no_draft = {"why": "cost", "drafts": 2, "gain": 0.31, "cost_ratio": 1.62, "context": False}
     assert step_story(why, text_of).startswith(
-        "Plain step: nothing was drafted (a 2-token forward costs more here than the 1.1 tokens it would gain), so ")
+        "Plain step: nothing was drafted (no draft: the best tree (2 tokens) would add 0.31 accepted tokens on "
+        "average, which would not pay for its forward (1.62× a one-token step on this machine)), so ")
     # cut by a stop token inside the accepted path: no bonus
     stop = step_story(make_event(emitted=[1], bonus=None), text_of)
     assert "The model agreed with 2 ('␣the', '␣cat'); the answer ended after 1 of them, at '␣the'" in stop

@@ -141,7 +141,7 @@ def test_hybrid_engine_traces_keep_where_each_node_came_from(tmp_path):
     assert retrieved, "a prompt that repeats itself must give context drafts"
     assert all(ev.origins[i].startswith("copied from") for ev, i in retrieved)
     data = json.loads(trace.save(tmp_path / "hybrid.json").read_text(encoding="utf-8"))
-    assert data["version"] == schema.TRACE_VERSION == 2
+    assert data["version"] == schema.TRACE_VERSION == 3
     back = Trace.load(tmp_path / "hybrid.json")
     assert back.to_dict() == trace.to_dict() and back.steps == trace.steps
     draw_all(back)
@@ -168,14 +168,14 @@ def test_version_1_traces_still_load(tmp_path):
     back = Trace.load(path)
     assert len(back.steps) == 3 and all(ev.sources is None and ev.origins is None for ev in back.steps)
     draw_all(back)
-    assert json.loads(back.save(tmp_path / "again.json").read_text(encoding="utf-8"))["version"] == 2  # saved as new
+    assert json.loads(back.save(tmp_path / "again.json").read_text(encoding="utf-8"))["version"] == 3  # saved as new
 
 
 def test_other_versions_are_refused_saying_which_are_read(tmp_path):
-    for version in (3, 0, -1, 99):
+    for version in (4, 0, -1, 99):
         data = valid_dict()
         data["version"] = version
-        expected = rf"^unsupported trace version {version} \(this app reads versions 1 and 2\)$"
+        expected = rf"^unsupported trace version {version} \(this app reads versions 1, 2 and 3\)$"
         with pytest.raises(TraceError, match=expected):
             Trace.from_dict(data)
     data = version_1_dict()
@@ -222,11 +222,12 @@ def test_the_schema_knows_every_field_of_a_trace_and_its_defaults():
         return {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(cls)
                 if f.default is not MISSING or f.default_factory is not MISSING}
 
-    assert set(schema.STEP.fields) == {f.name for f in fields(StepEvent)}
+    legacy = {"no_draft_reason"}  # read in version 2 traces, not kept (tests/test_warm.py)
+    assert set(schema.STEP.fields) == {f.name for f in fields(StepEvent)} | legacy
     assert set(schema.SUMMARY.fields) == {f.name for f in fields(SummaryEvent)}
     assert set(schema.TRACE.fields) == {"format", "version"} | {f.name for f in fields(Trace)}
     assert schema.TRACE.defaults == defaults(Trace)
-    assert schema.STEP.defaults == {k: v for k, v in defaults(StepEvent).items() if k != "kind"}
+    assert schema.STEP.defaults == {**{k: v for k, v in defaults(StepEvent).items() if k != "kind"}, "no_draft_reason": None}
 
 
 # ------------------------------------------------------------------------------------ mutations of a dict
@@ -366,7 +367,7 @@ MUTATIONS = {
     "sources in a version 1 trace": setter("version", 1),
     # header, messages, settings
     "no format": deleter("format"),
-    "unknown version": setter("version", 3),
+    "unknown version": setter("version", 4),
     "version 0": setter("version", 0),
     "string version": setter("version", "1"),
     "bool version": setter("version", True),

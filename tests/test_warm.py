@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
+from present.reasons import no_draft_reason
 
 from tr_core import AdjacencyMatrix, DecodeConfig, Engine, StepEvent, SummaryEvent, build_tree, validate_template
 from tr_core import warm, warm_build
@@ -56,7 +57,8 @@ def test_static_template_on_an_empty_matrix_drafts_the_root_alone_and_says_why()
     drafter = static(resolve_template("2.2.2", 8)[1], k=8, name="2.2.2")
     d = drafter.draft(torch.tensor([7]), AdjacencyMatrix(50, 8))
     assert d.size == 1 and d.tokens.tolist() == [7] and d.name == "2.2.2"
-    assert d.no_draft is not None and "no candidates after 'x'" in d.no_draft.reason("x")
+    assert d.no_draft is not None
+    assert d.no_draft.as_data() == {"why": "empty row", "drafts": 0, "gain": 0.0, "cost_ratio": 0.0, "context": False}
     assert d.no_draft.unverified() is None
 
 
@@ -107,7 +109,8 @@ def test_a_cold_engine_never_drafts_token_zero_and_stays_lossless():
         assert events[-1].tokens == plain, template
         if template != "hybrid-fixed":
             assert steps[0].tokens == [prompt[-1]]  # nothing under the root
-            assert steps[0].no_draft_reason is not None and "no candidates" in steps[0].no_draft_reason
+            assert steps[0].no_draft is not None and steps[0].no_draft["why"] == "empty row"
+            assert "no candidates after 'a'" in no_draft_reason(steps[0], lambda t: "a")  # as the views say it
         written: set[int] = set()
         for ev in steps:
             for node in range(1, len(ev.tokens)):
@@ -134,23 +137,26 @@ def test_a_cost_sized_tree_that_drafts_nothing_says_why_with_its_numbers(templat
     _expensive(engine)
     steps = [e for e in engine.generate(prompt, DecodeConfig(max_new_tokens=30, template=template))
              if isinstance(e, StepEvent)]
-    assert "first step" in steps[0].no_draft_reason or "prompt's own forward" in steps[0].no_draft_reason
+    assert steps[0].no_draft["why"] == "first step" and "prompt's own forward" in no_draft_reason(steps[0])
     costly = [e for e in steps[1:] if e.unverified is not None]
     assert costly, "no step explained a tree too costly to verify"
     for ev in costly:
-        assert len(ev.tokens) == 1 and "would not pay for its forward" in ev.no_draft_reason
+        assert len(ev.tokens) == 1 and ev.no_draft["why"] == "cost" and ev.no_draft["cost_ratio"] > 1
         tree = ev.unverified
         assert tree["tokens"][0] == ev.tokens[0] and tree["parents"][0] == -1
         assert len(tree["tokens"]) == len(tree["parents"]) == len(tree["expected"]) >= 2
         assert all(0 <= tree["parents"][i] < i for i in range(1, len(tree["parents"])))
-        assert "× a one-token step" in ev.no_draft_reason
+        assert ev.no_draft["drafts"] == len(tree["tokens"]) - 1 and ev.no_draft["context"] == (template == "hybrid")
+        text = no_draft_reason(ev)
+        assert "would not pay for its forward" in text and f"({ev.no_draft['cost_ratio']:.2f}× a one-token step" in text
         check_step(json.loads(json.dumps(ev.to_dict())), ev.step)  # a trace of it loads
-    assert all(e.no_draft_reason is None and e.unverified is None for e in steps if len(e.tokens) > 1)
+    assert all(e.no_draft is None and e.unverified is None for e in steps if len(e.tokens) > 1)
 
 
 def test_trace_loader_refuses_a_malformed_unverified_tree():
     ev = StepEvent(step=0, position=3, tokens=[7], parents=[-1], depths=[0], ranks=[-1], accepted=[0], emitted=[8],
-                   bonus=8, timings={"total": 1.0}, no_draft_reason="no draft: why",
+                   bonus=8, timings={"total": 1.0},
+                   no_draft={"why": "cost", "drafts": 2, "gain": 0.3, "cost_ratio": 1.9, "context": False},
                    unverified={"tokens": [7, 8, 9], "parents": [-1, 0, 1], "expected": [1.0, 0.5, 0.2]}).to_dict()
     check_step(ev, 0)
     bad = [
@@ -164,8 +170,12 @@ def test_trace_loader_refuses_a_malformed_unverified_tree():
     for tree in bad:
         with pytest.raises(TraceError):
             check_step({**ev, "unverified": tree}, 0)
-    with pytest.raises(TraceError):
-        check_step({**ev, "no_draft_reason": 3}, 0)
+    for bad_reason in (3, "no draft: why", {"why": "tired"}, {"why": "cost", "gain": -1.0}):
+        with pytest.raises(TraceError):
+            check_step({**ev, "no_draft": bad_reason}, 0)
+    with pytest.raises(TraceError):  # version 2 wrote the reason as text; version 3 does not
+        check_step({**ev, "no_draft_reason": "no draft: why"}, 0)
+    check_step({**ev, "no_draft": None, "no_draft_reason": "no draft: why"}, 0, version=2)  # an older trace loads
     with pytest.raises(TraceError):  # a step that drafted cannot say it drafted nothing
         check_step({**ev, "tokens": [7, 8], "parents": [-1, 0], "depths": [0, 1], "ranks": [-1, 0]}, 0)
 

@@ -34,18 +34,10 @@ class NoDraft:
     expected: tuple[float, ...] = ()  # per node, its estimated probability of being accepted (root: 1)
     context: bool = False  # the drafter also searched the conversation for runs to copy (hybrid)
 
-    def reason(self, root_text: str) -> str:
-        """The plain-English reason, for the page (`root_text`: how the root token reads)."""
-        if self.why == "first step":
-            return ("no draft: an answer's first step is checked by the prompt's own forward at no extra cost; "
-                    "a draft would need a forward of its own")
-        if self.why == "empty row":
-            where = " and the conversation holds no run to copy after it" if self.context else ""
-            return f"no draft: the matrix has no candidates after {root_text!r} yet (its row was never written){where}"
-        size = len(self.tokens) - 1
-        return (f"no draft: the best tree ({size} token{'s' * (size != 1)}) would add {self.gain:.2f} accepted tokens "
-                f"on average, which would not pay for its forward ({self.cost_ratio:.2f}× a one-token step on "
-                f"this machine)")
+    def as_data(self) -> dict[str, Any]:
+        """The reason as plain data for the step event (StepEvent.no_draft); the views phrase it."""
+        return {"why": self.why, "drafts": max(len(self.tokens) - 1, 0), "gain": round(self.gain, 4),
+                "cost_ratio": round(self.cost_ratio, 4), "context": self.context}
 
     def unverified(self) -> dict[str, list] | None:
         """The tree it would have drafted, as plain lists {"tokens", "parents", "expected"}; None when there is none."""

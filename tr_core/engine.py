@@ -349,10 +349,10 @@ class Engine(EngineState):
                          answer=self.clock.answer, choices=host["targets"], **recorded, **self._no_draft(draft, host))
 
     def _no_draft(self, draft: Draft, host: dict[str, list]) -> dict[str, Any]:
-        """The event's `no_draft_reason` and `unverified` tree: set when the drafter says why it drafted nothing."""
+        """The event's `no_draft` reason and `unverified` tree: set when the drafter says why it drafted nothing."""
         if draft.no_draft is None or draft.size != 1:
             return {}
-        return {"no_draft_reason": draft.no_draft.reason(self.token_text(host["tokens"][0])),
+        return {"no_draft": draft.no_draft.as_data(),
                 "unverified": draft.no_draft.unverified()}
 
     def _summary(self, state: DecodeState, cfg: DecodeConfig, drafter: Drafter, prefill_s: float,

@@ -56,9 +56,11 @@ class StepEvent:
     rows_before_values: list[list[int]] = field(default_factory=list)  # [W, k]
     rows_before_probs: list[list[float]] = field(default_factory=list)  # [W, k]
     choices: list[int] = field(default_factory=list)  # the model's own choice after every node, [N]; [] if unknown
-    # Why a step of a drafter that could draft verified the root alone, in plain words with the numbers that decided
-    # it ("no draft: the best tree (3 tokens) would add 0.31 accepted tokens ..."); None when it drafted
-    no_draft_reason: str | None = None
+    # Why a step of a drafter that could draft verified the root alone, as data: {"why": "first step" (the prompt's
+    # forward verified it) | "empty row" (no candidates after the root) | "cost" (no tree paid for its forward),
+    # "drafts": the best tree's drafts, "gain": its expected accepted drafts, "cost_ratio": its step cost over a
+    # one-token step's, "context": the conversation was searched too}; None when it drafted
+    no_draft: dict[str, Any] | None = None
     # The tree it would have drafted, NOT verified: {"tokens", "parents" (root -1), "expected" (per node, its
     # estimated probability of being accepted; root 1)}, lists of one length; None when there was none
     unverified: dict[str, list] | None = None

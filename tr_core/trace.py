@@ -273,13 +273,13 @@ def _check_path(ev: dict, where: str) -> None:
 
 
 def _check_no_draft(ev: dict, where: str) -> None:
-    """no_draft_reason and unverified: only on a step that verified its root alone; that root heads the unverified
-    tree, whose parents come before their children."""
+    """no_draft (or a version 2 trace's no_draft_reason) and unverified: only on a step that verified its root alone;
+    that root heads the unverified tree, whose parents come before their children."""
     tree = ev.get("unverified")
-    if tree is None and ev.get("no_draft_reason") is None:
+    if tree is None and ev.get("no_draft") is None and ev.get("no_draft_reason") is None:
         return
     if len(ev["tokens"]) != 1:
-        raise TraceError(f"{where}: \"no_draft_reason\" and \"unverified\" belong to a step that drafted nothing, "
+        raise TraceError(f"{where}: \"no_draft\" and \"unverified\" belong to a step that drafted nothing, "
                          f"but this step drafted {len(ev['tokens']) - 1} nodes")
     if tree is None:
         return

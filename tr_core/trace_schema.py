@@ -1,10 +1,9 @@
-"""What each field of a trace file may hold: the fields' limits, and a table of specs per object checked by a few specs.
+"""What each field of a trace file may hold: the fields' limits and a table of specs per object.
 
-A trace file comes from anyone (visitors of the public app upload them): everything the studio draws is checked
-before a Trace is built, so that a bad file gives one short TraceError (never a path) instead of an IndexError while
-drawing; what the fields say together (each step's tree, path and rows) is checked in tr_core/trace.py. A bound
-may be a name, read when checking: an upper-case name is one of the limits below (tests lower them), a lower-case one
-a field of the same object (its length; the table checks that field first).
+A trace file comes from anyone: every field is checked before a Trace is built, so a bad file gives one short
+TraceError (never a path); what the fields say together (tree, path, rows) is checked in tr_core/trace.py. A bound
+may be a name read when checking: an upper-case one is a limit below (tests lower them), a lower-case one the length
+of a field of the same object (checked first).
 """
 from __future__ import annotations
 
@@ -18,10 +17,10 @@ from typing import Any, Callable
 from .events import StepEvent, SummaryEvent
 
 TRACE_FORMAT = "token-recycling-trace"
-# written by this version; 2 added where each node came from: the steps' "sources" and "origins" (hybrid trees)
-# and "answer", "written", "candidate_probs" (which step's logits wrote each drafted candidate)
-TRACE_VERSION = 2
-READ_VERSIONS = (1, 2)  # versions the loader reads (version 1 steps have none of those fields)
+# 2 added where each node came from ("sources", "origins", "answer", "written", "candidate_probs"); 3 writes why a
+# step drafted nothing as data ("no_draft"; 2 wrote it as text, "no_draft_reason", which is read but not kept)
+TRACE_VERSION = 3
+READ_VERSIONS = (1, 2, 3)  # versions the loader reads (version 1 steps have none of those fields)
 VERSION_2_FIELDS = {"sources": None, "origins": None, "answer": 0, "written": None, "candidate_probs": None}  # defaults
 
 # Limits of a trace's fields (those of its file: tr_core/trace.py). Each is far above what the app records.
@@ -32,7 +31,8 @@ MAX_K = 64  # candidates per adjacency matrix row, and so candidate ranks (the a
 MAX_CONTEXT_CHILDREN = 16  # context-only children of one node (hybrid trees rank them k + j, after the matrix's k)
 MAX_RANK = MAX_K + MAX_CONTEXT_CHILDREN  # ranks of draft nodes are below this
 MAX_ORIGIN_CHARS = 200  # longest "origins" entry (where a retrieved token was found)
-MAX_REASON_CHARS = 1000  # longest "no_draft_reason"
+MAX_REASON_CHARS = 1000  # longest "no_draft_reason" (traces of version 2, which wrote the reason as text)
+NO_DRAFT_WHY = ("first step", "empty row", "cost")  # the reasons a step drafted nothing (StepEvent.no_draft)
 NODE_SOURCES = ("root", "matrix", "context", "both")  # values of a step's "sources"
 MAX_TOTAL_MATRIX_VALUES = 10_000_000  # matrix candidates recorded over all steps
 MAX_ANSWER_TOKENS = 1_000_000  # tokens listed in one summary
@@ -134,7 +134,6 @@ class Num(Spec):
 @dataclass(frozen=True)
 class Str(Spec):
     """A string of at most `max_chars` characters (every string: MAX_STRING_CHARS, tr_core/trace.py)."""
-
     max_chars: Any = None
     noun = "strings"
 
@@ -149,7 +148,6 @@ class Str(Spec):
 @dataclass(frozen=True)
 class OrNull(Spec):
     """Null, or what `spec` says."""
-
     spec: Spec
 
     def check(self, value: Any, where: str, obj: dict) -> None:
@@ -160,7 +158,6 @@ class OrNull(Spec):
 @dataclass(frozen=True)
 class ListOf(Spec):
     """A list of lo..hi items (or none, when `or_empty`), each as `item` says."""
-
     item: Spec
     lo: Any
     hi: Any
@@ -184,7 +181,6 @@ class ListOf(Spec):
 @dataclass(frozen=True)
 class Tuple(Spec):
     """A list of one item per spec of `items`."""
-
     items: tuple
     noun: str = "lists"
 
@@ -317,9 +313,12 @@ STEP = Obj({
     "candidate_probs": OrNull(_per_node(PROB)),
     **_rows("rows_read", "rows_read"), **_rows("rows_before", "rows_before"),
     "choices": ListOf(TOKEN, "tokens", "tokens", or_empty=True), "no_draft_reason": OrNull(Str("MAX_REASON_CHARS")),
+    "no_draft": OrNull(Obj({"why": _one_of(*NO_DRAFT_WHY), "drafts": Int(0, "MAX_NODES_PER_STEP"), "gain": Num(0.0),
+                            "cost_ratio": Num(0.0), "context": BOOL}, {"drafts": 0, "gain": 0.0, "cost_ratio": 0.0,
+                                                                       "context": False})),
     "unverified": OrNull(Obj({"tokens": ListOf(TOKEN, 2, "MAX_NODES_PER_STEP"),
                               "parents": _per_node(Int(-1, "MAX_NODES_PER_STEP")), "expected": _per_node(PROB)}, {})),
-}, _defaults(StepEvent))
+}, {**_defaults(StepEvent), "no_draft_reason": None})
 SUMMARY = Obj({
     "kind": _one_of("summary"), "tokens": ListOf(TOKEN, 0, "MAX_ANSWER_TOKENS"),
     **dict.fromkeys(("prompt_tokens", "new_tokens", "steps", "matrix_rows_filled"), Int()),
@@ -369,6 +368,10 @@ def check_step_fields(ev: Any, i: int, version: int = TRACE_VERSION) -> None:
         new = next((k for k, default in VERSION_2_FIELDS.items() if ev.get(k, default) != default), None)
         if new is not None:
             raise TraceError(f"{where}: \"{new}\" is new in trace version 2, but this trace says version {version}")
+    if version >= 3 and ev.get("no_draft_reason") is not None:
+        raise TraceError(f"{where}: \"no_draft_reason\" belongs to traces of version 2; version 3 writes \"no_draft\"")
+    if version < 3 and ev.get("no_draft") is not None:
+        raise TraceError(f"{where}: \"no_draft\" is new in trace version 3, but this trace says version {version}")
 
 
 # ---------------------------------------------------------------------------------------------- in messages

@@ -166,9 +166,7 @@ class Runner:
         """Forget everything the adjacency matrices and context indexes learnt: back to the warm start's matrix when
         there is one (`start_sessions`), else empty."""
         for name, engine in self.engines.items():
-            engine.forget()
-            if name in self.session_starts:
-                engine.matrix.copy_from(self.session_starts[name]["matrix"])
+            engine.forget(to=self.session_starts.get(name))
 
     def start_sessions(self, warm_start: Callable[[Any], Any]) -> None:
         """Put every engine in a new session's state (warm.fresh_session), the recycling ones warmed by `warm_start`
