@@ -135,7 +135,7 @@ def test_the_rules_read_the_code_they_are_about():
     assert {"library", "bench", "cli", "main", "present", "studio"} <= set(ROOMS)
     assert room("tr_core.engine") == "library" and room("present.replay") == "present"
     assert room("tr_core.cli.options") == "cli" and room("tr_core.__main__") == "main" and room("app") == "studio"
-    assert "present.figures" in GRAPH["present.replay"]  # a relative import within a room
+    assert "present.tree" in GRAPH["present.replay"]  # a relative import within a room
     assert "tr_core.events" in GRAPH["tr_core.bench.meter"]  # a relative import one room down
     assert "tr_core.tuning" in GRAPH["tr_core.engine"] and "tr_core.cli" in GRAPH["tr_core.__main__"]
     assert "tr_core.cli.options" in GRAPH["app"]  # an absolute import
@@ -200,3 +200,95 @@ def test_no_function_is_over_50_lines():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines} lines")
     assert not long, "\n".join(long)
+
+
+# -- one owner of engine state ---------------------------------------------------------------------------------------
+# The engine's own modules: the only ones that may read or write its learned state's parts or any drafter's insides
+ENGINE_MODULES = ("tr_core/engine.py", "tr_core/engine_state.py")
+ENGINE_STATE = {"adaptive", "hybrid", "clock", "answer_starts"}  # its drafters and clock: reached through its methods
+OWN = ("self", "cls")  # an object's own attributes are its business
+
+
+def scanned_files() -> list[Path]:
+    """Every module of the library, the views, the studio, app.py and the scripts."""
+    return sorted({*python_files(), *(ROOT / "scripts").glob("*.py")})
+
+
+def private_names(paths: list[Path]) -> set[str]:
+    """The `_private` names our code defines: functions, classes, module and class globals, `self._x` attributes
+    (a third-party private such as a tensor's `_version` is not ours to guard)."""
+    names: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and \
+                    isinstance(node.value, ast.Name) and node.value.id in OWN:
+                names.add(node.attr)
+    return {n for n in names if len(n) > 1 and n[0] == "_" and n[1] != "_"}
+
+
+def reach_ins(source: str, private: set[str]) -> list[str]:
+    """Where `source` reads or writes another object's engine-state part (`x.adaptive`, `x.clock`, ...) or one of our
+    `_private` names (`x._refresh`), by attribute or by getattr/setattr/hasattr/delattr with a constant name."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        target = None
+        if isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name) and node.value.id in OWN):
+            target = node.attr
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id in ("getattr", "setattr", "hasattr", "delattr") and len(node.args) >= 2 and \
+                isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str) and \
+                not (isinstance(node.args[0], ast.Name) and node.args[0].id in OWN):
+            target = node.args[1].value
+        if target is not None and (target in ENGINE_STATE or target in private):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_reach_in_rule_catches_the_old_patterns_and_spares_own_attributes():
+    """A rule that cannot fail is a defect: the patterns the engine's state API replaced are caught."""
+    private = private_names(scanned_files())
+    assert {"_refresh", "_static", "_learners"} <= private and "_version" not in private
+    old = ("twin.adaptive = _fork_drafter(engine.adaptive)\n"  # the meter's old fork
+           "parked.clock = engine.clock\n"  # transformers' parked engine
+           "state = {'answer_starts': list(engine.answer_starts)}\n"  # ZeroGPU's old pack
+           "new._refresh()\n"  # the warm start's old fresh session
+           "getattr(engine, 'hybrid').library = None\n")
+    assert sorted(hit.split(": ")[1] for hit in reach_ins(old, private)) == [
+        "engine.adaptive", "engine.answer_starts", "engine.clock", "getattr(engine, 'hybrid')", "new._refresh",
+        "parked.clock", "twin.adaptive"]
+    fine = ("self.adaptive = 1\nself._refresh()\ncls._shapes = {}\nweight._version\nengine.matrix.clone()\n"
+            "getattr(self, 'clock')\nengine.fork(sizes)\nengine.state_dict()\n")
+    assert reach_ins(fine, private) == []
+
+
+def test_nothing_outside_the_engine_reaches_into_its_state_or_anyones_private_fields():
+    """The engine owns its state: the meter, the warm start, the benchmark, ZeroGPU, transformers' `generate` and
+    the studio fork, snapshot, restore, pack and warm it through its methods (tr_core/engine_state.py)."""
+    files = scanned_files()
+    private = private_names(files)
+    found = [f"{path.relative_to(ROOT)}:{hit}" for path in files
+             if str(path.relative_to(ROOT)) not in ENGINE_MODULES
+             for hit in reach_ins(path.read_text(encoding="utf-8"), private)]
+    assert not found, "\n".join(found)
+
+
+MAX_FILE_LINES = {"tr_core": 400, "present": 500, "studio": 500}  # a file past these is a sign to split it by concept
+
+
+def overlong_files(limits: dict[str, int], root: Path = ROOT) -> list[str]:
+    """'path: N lines (limit L)' for every Python file under the limited folders that has more lines than allowed."""
+    return sorted(f"{path.relative_to(root)}: {n} lines (limit {limit})" for folder, limit in limits.items()
+                  for path in (root / folder).rglob("*.py")
+                  if (n := len(path.read_text(encoding="utf-8").splitlines())) > limit)
+
+
+def test_files_are_sized_to_their_job(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "big.py").write_text("x = 1\n" * 11)
+    (tmp_path / "pkg" / "small.py").write_text("x = 1\n" * 10)
+    assert overlong_files({"pkg": 10}, tmp_path) == ["pkg/big.py: 11 lines (limit 10)"]  # the check sees a long file
+    assert not (long := overlong_files(MAX_FILE_LINES)), "\n".join(long)
