@@ -24,7 +24,7 @@ TORCH_FROM := $(if $(GPU),,--extra-index-url $(TORCH_CPU_INDEX) --timeout 15 --r
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 DATA = bench/data
 
-.PHONY: install install-test demo test bench torch model vllm-env test-vllm
+.PHONY: install install-test demo test test-fast bench torch model vllm-env test-vllm
 .NOTPARALLEL:  # every step installs into the same environment
 
 $(VENV)/bin/python:
@@ -56,8 +56,12 @@ install-test: install  ## test packages and a headless browser for the real-brow
 demo: install
 	$(PY) app.py --host $(HOST) --port $(PORT)
 
-test: install-test
+test: install-test  ## every test (docs/tests.md), as CI runs it
 	$(PY) -m pytest -q tests
+
+test-fast: install  ## the fast tier: units and tiny models; no browser, app launch or embedded model (docs/tests.md)
+	$(PIP) "$$(grep '^pytest' requirements-test.txt)"
+	$(PY) -m pytest -q -m "not slow" tests --ignore=tests/vllm
 
 bench: install  ## the README's CPU results table (about 30 minutes on 2 cores)
 	$(PY) -m tr_core bench --questions $(DATA)/spec_bench_dev.jsonl --questions $(DATA)/mbpp_dev.jsonl

@@ -16,10 +16,10 @@ from studio import zerogpu
 zerogpu.import_spaces()  # on ZeroGPU, `spaces` must come before torch (it patches torch's CUDA on import)
 
 from studio.config import EMBEDDED, make_config, parse_models, wants_public  # noqa: E402
-from studio.handlers import WARMING, Studio, new_engine, share_costs  # noqa: E402
+from studio.handlers import WARMING, new_engine, share_costs  # noqa: E402
 from studio.models import ModelCatalog  # noqa: E402
 from studio.page import CSS, build_demo  # noqa: E402
-from studio.session import decode_slot  # noqa: E402
+from studio.session import Studio, decode_slot  # noqa: E402
 from tr_core.cli.options import apply_threads, threads_option  # noqa: E402
 
 MODEL_ENV = "TR_MODEL"  # environment variable naming the default model (hub id, folder or .gguf); empty = embedded
@@ -50,7 +50,7 @@ def preload(studio: Studio) -> None:
         engine = new_engine(studio, name, 8, progress=lambda i, n: _show_progress(studio, i, n))  # holds the slot
         ids = engine.encode_chat([{"role": "user", "content": "Say hello."}])
         with decode_slot():  # the first forwards, the CPU's kernel tuning and the cost probe time the machine alone
-            for cfg in (DecodeConfig(max_new_tokens=8, template=studio.default_template),
+            for cfg in (DecodeConfig(max_new_tokens=8, template=studio.default_template, provenance=True),  # as answers
                         DecodeConfig(max_new_tokens=8, plain=True)):
                 for _ in engine.generate(ids, cfg):
                     pass

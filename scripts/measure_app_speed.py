@@ -7,7 +7,7 @@ B: the app's `respond()` handler: engine in its worker thread, the handler build
 Prints tokens/s of both (engine-timed, SummaryEvent.tokens_per_s), their ratio per pair, and the CPU time the
 handler thread used per answer. Not a pytest test (timings on a shared CPU are noisy); run it by hand:
 
-    python tests/measure_app_speed.py [max_new_tokens=64] [torch_threads=1] [pairs=5]
+    python scripts/measure_app_speed.py [max_new_tokens=64] [torch_threads=1] [pairs=5]
 """
 from __future__ import annotations
 

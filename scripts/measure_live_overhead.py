@@ -4,7 +4,7 @@ A: the engine alone.  B: `record_live` (engine in its worker thread) with the st
 draft tree, matrix window, chart (as JSON), coloured answer text. Same prompt, matrix reset before every run.
 Prints tokens/s (engine-timed) of both, the per-pair ratio, and the drawing thread's CPU time.
 
-    python tests/measure_live_overhead.py [--model M] [--device cuda] [--max-new 128] [--pairs 5] [--json out.json]
+    python scripts/measure_live_overhead.py [--model M] [--device cuda] [--max-new 128] [--pairs 5] [--json out.json]
 """
 from __future__ import annotations
 
@@ -19,8 +19,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tr_core import DecodeConfig, Engine, load_model  # noqa: E402
-from present.figures import (MatrixTracker, Speed, accepted_chart, coloured_markdown,  # noqa: E402
-                                    heatmap_figure, meter_html, tree_figure)
+from present.chart import accepted_chart  # noqa: E402
+from present.chat import coloured_markdown  # noqa: E402
+from present.heatmap import MatrixTracker, heatmap_figure  # noqa: E402
+from present.meter import MeterView as Speed, meter_html  # noqa: E402
+from present.tree import tree_figure  # noqa: E402
 from studio.recording import record_live  # noqa: E402
 from tr_core.trace import Trace, boundaries_from_texts  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The page: layout built from small panel functions, and the wiring of events to handlers.
 
-Handlers (handlers.py) take a session and inputs and return a view (a dict keyed by views.KEYS); the
+Handlers (handlers.py, traces.py) take a session and inputs and return a view (a dict keyed by views.KEYS); the
 wrappers here find the visitor's session, call the handler and turn the view into component updates.
 Endpoint names are the documented API: /chat, /stop, /new_chat, /replay, /load_trace, /load_model,
 /reset_matrix, /save_matrix, /load_matrix, /export_html.
@@ -15,11 +15,13 @@ from typing import Any
 
 import gradio as gr
 
-from present.figures import safe_markdown
+from present.chat import safe_markdown
 
 from . import handlers as h
+from . import traces
 from .models import label
-from .session import Session, new_session
+from .session import Session, Studio, new_session
+from .settings import parse_settings
 from .views import KEYS, blank_views, matrix_info
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
@@ -114,7 +116,7 @@ class Registry:
     HTTP script) is cleaned up once idle for `idle_s`, and at most `max_sessions` are kept (oldest first out).
     """
 
-    def __init__(self, studio: h.Studio, idle_s: float = 1800.0, max_sessions: int = 1000) -> None:
+    def __init__(self, studio: Studio, idle_s: float = 1800.0, max_sessions: int = 1000) -> None:
         self.studio = studio
         self.idle_s, self.max_sessions = idle_s, max_sessions
         self.sessions: dict[str, Session] = {}
@@ -242,7 +244,7 @@ def _shown_step_panel(ui: dict, blank: dict[str, Any]) -> None:
     ui["race"] = gr.HTML(blank["race"], elem_id="tr-race-box")
 
 
-def _settings_panel(ui: dict, studio: h.Studio) -> None:
+def _settings_panel(ui: dict, studio: Studio) -> None:
     from tr_core.tree import TEMPLATE_NAMES
 
     with gr.Accordion("Decoding settings", open=False, elem_id="tr-settings"):
@@ -263,7 +265,7 @@ def _settings_panel(ui: dict, studio: h.Studio) -> None:
             ui["compare"] = gr.Checkbox(True, label="Measure the speedup against plain decoding after each answer")
 
 
-def _model_panel(ui: dict, studio: h.Studio) -> None:
+def _model_panel(ui: dict, studio: Studio) -> None:
     cfg = studio.config
     with gr.Accordion("Model and matrix", open=False, elem_id="tr-model-panel"):
         with gr.Row():
@@ -280,7 +282,7 @@ def _model_panel(ui: dict, studio: h.Studio) -> None:
             ui["matrix_file"] = gr.DownloadButton("Download the saved matrix", value=None, interactive=False)
 
 
-def _layout(studio: h.Studio) -> dict[str, Any]:
+def _layout(studio: Studio) -> dict[str, Any]:
     """Every component of the page, by name."""
     ui: dict[str, Any] = {}
     blank = blank_views()  # the panels before any answer (New chat shows them again)
@@ -314,13 +316,13 @@ def _layout(studio: h.Studio) -> dict[str, Any]:
 # -------------------------------------------------------------------------------------------- wiring
 
 
-def _chat_fn(studio: h.Studio, registry: Registry, ui: dict):
+def _chat_fn(studio: Studio, registry: Registry, ui: dict):
     """The /chat endpoint (keyword arguments are its parameter names)."""
     def chat(message, max_new_tokens, temperature, top_p, top_k, seed, template, compare, k, delay, colour,
              repetition_penalty, state, request: gr.Request):
         s = registry.get(state, request)
         notes: list[str] = []
-        settings = h.parse_settings(studio, dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+        settings = parse_settings(studio, dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                                  top_k=top_k, seed=seed, template=template, compare=compare, k=k,
                                                  delay=delay, colour=colour, repetition_penalty=repetition_penalty),
                                    notes)
@@ -411,7 +413,7 @@ PRESENT_FROM_URL_JS = ("() => { if (new URLSearchParams(window.location.search).
                        f"({PRESENT_JS})(true); }}")
 
 
-def _wire(demo: gr.Blocks, studio: h.Studio, registry: Registry, ui: dict) -> None:
+def _wire(demo: gr.Blocks, studio: Studio, registry: Registry, ui: dict) -> None:
     outs = [ui[k] for k in KEYS] + [ui["state"]]
     chat_inputs = [ui[k] for k in ("msg", "max_new", "temperature", "top_p", "top_k", "seed", "template", "compare",
                                    "k", "delay", "colour", "repetition_penalty", "state")]
@@ -427,18 +429,18 @@ def _wire(demo: gr.Blocks, studio: h.Studio, registry: Registry, ui: dict) -> No
     # the chat's own trash button: the same new conversation, so that what it clears from view is forgotten too
     ui["chat"].clear(_simple(registry, ui, h.new_chat), inputs=state, outputs=outs, queue=False,
                      api_visibility="private")
-    replay = _simple(registry, ui, h.replay)
+    replay = _simple(registry, ui, traces.replay)
     replay_inputs = [state, ui["replay"], ui["colour"]]
     ui["replay"].release(replay, inputs=replay_inputs, outputs=outs, api_name="replay")
     for btn, delta in ((ui["prev"], -1), (ui["next"], 1)):
-        move = _simple(registry, ui, lambda s, step, d=delta: {"replay": {"value": h.step_by(s, step, d)}})
+        move = _simple(registry, ui, lambda s, step, d=delta: {"replay": {"value": traces.step_by(s, step, d)}})
         btn.click(move, inputs=[state, ui["replay"]], outputs=outs, api_visibility="private").then(
             replay, inputs=replay_inputs, outputs=outs, api_visibility="private")
-    ui["trace_upload"].upload(_simple(registry, ui, lambda s, f: h.load_trace(studio, s, _file_path(f))),
+    ui["trace_upload"].upload(_simple(registry, ui, lambda s, f: traces.load_trace(studio, s, _file_path(f))),
                               inputs=[state, ui["trace_upload"]], outputs=outs, api_name="load_trace")
     ui["load"].click(_simple(registry, ui, lambda s, name: h.load_model(studio, s, name)), inputs=[state, ui["model"]],
                      outputs=outs, concurrency_limit=1, concurrency_id="load", api_name="load_model")
-    export = ui["export_html"].click(_simple(registry, ui, h.export_replay), inputs=state, api_name="export_html",
+    export = ui["export_html"].click(_simple(registry, ui, traces.export_replay), inputs=state, api_name="export_html",
                                      outputs=[ui["status"], ui["replay_html"], state], concurrency_limit=1,
                                      concurrency_id="export")  # a few seconds of CPU for a long answer: one at a time
     export.then(None, js=DOWNLOAD_JS, api_visibility="private")
@@ -460,7 +462,7 @@ def _wire(demo: gr.Blocks, studio: h.Studio, registry: Registry, ui: dict) -> No
     demo.unload(registry.close)
 
 
-def build_demo(studio: h.Studio) -> gr.Blocks:
+def build_demo(studio: Studio) -> gr.Blocks:
     """The page for one studio instance; every visitor gets their own session."""
     registry = Registry(studio)
     with gr.Blocks(title="Token Recycling Studio", delete_cache=(600, 3600)) as demo:

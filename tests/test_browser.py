@@ -556,14 +556,12 @@ def test_race_fills_both_panes_at_their_recorded_pace_and_ends_complete(app_brow
 
 
 def test_a_deep_trees_legend_and_labels_land_where_the_figure_placed_them(app_browser, tmp_path):
-    """Plotly.js draws the stacked legend of a deep copied run inside the box tree_frame reserved for it (labels
-    keep out of that box), and no label drawn overlaps another or the legend."""
+    """Plotly.js draws the legend of a deep copied run under the plot, in the room tree_figure left for it
+    (present.tree.legend_px), and no label drawn overlaps another or the legend."""
     from test_figures import deep_run_event, words_of
-    from present.figures import TREE_WIDTH, tree_figure, tree_frame
+    from present.tree import TREE_WIDTH, tree_figure
 
     ev = deep_run_event(16)
-    frame = tree_frame(ev)
-    assert frame.legend == "left"
     fig = tree_figure(ev, words_of).to_plotly()
     fig.update_layout(width=TREE_WIDTH)
     page_file = tmp_path / "tree.html"
@@ -575,14 +573,12 @@ def test_a_deep_trees_legend_and_labels_land_where_the_figure_placed_them(app_br
         page.wait_for_selector(".legend .bg")
         svg = page.locator(".main-svg").first.bounding_box()
         legend = page.locator(".legend .bg").first.bounding_box()
+        plot = page.locator(".draglayer .nsewdrag").first.bounding_box()
         texts = [b for b in (t.bounding_box() for t in page.locator(".scatterlayer .textpoint text").all()) if b]
     finally:
         context.close()
-    box = frame.legend_box
-    drawn = (legend["x"] - svg["x"], legend["y"] - svg["y"], legend["x"] - svg["x"] + legend["width"],
-             legend["y"] - svg["y"] + legend["height"])
-    assert box[0] - 2 <= drawn[0] and drawn[2] <= box[2] + 2 and box[1] - 2 <= drawn[1] and drawn[3] <= box[3] + 2, \
-        (drawn, box)
+    assert plot["y"] + plot["height"] <= legend["y"] + 2, (plot, legend)  # under the plot
+    assert legend["y"] + legend["height"] <= svg["y"] + svg["height"] + 2, (legend, svg)  # and inside the figure
     rects = [(t["x"], t["y"], t["x"] + t["width"], t["y"] + t["height"]) for t in texts]
     assert len(rects) >= len(ev.accepted)  # the path's labels and the bonus's, and a few drafts'
     legend_abs = (legend["x"], legend["y"], legend["x"] + legend["width"], legend["y"] + legend["height"])

@@ -107,7 +107,7 @@ def test_cli_asking_for_cuda_without_it_says_so():
 
 
 def test_a_token_holding_part_of_a_character_shows_its_bytes(engine):
-    from present.figures import symbol_note, visible_token
+    from present.style import symbol_note, visible_token
 
     ids = engine.tokenizer("你好 😀 naïve", add_special_tokens=False)["input_ids"]
     shown = [engine.token_text(i) for i in ids]

@@ -3,7 +3,8 @@
 Public mode (refused model names, several visitors, a client killed mid-answer, New chat during an answer,
 temporary folders of closed sessions), its limits (time limit per answer, slow-motion cap, bad characters),
 and the speedup meter of a private instance while the machine is busy. Three app launches in all (one per
-class); each test is bounded in time.
+class). Nothing is timed: where an answer must stop, the test waits (with a generous bound against hanging) for
+the app's decode log to say how that decode ended (conftest_app.log_decodes).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest_app import cpu_seconds, running_app_proc
+from conftest_app import decode_ends, running_app_proc
 
 gradio_client = pytest.importorskip("gradio_client")
 httpx = pytest.importorskip("httpx")
@@ -85,11 +86,12 @@ def kill_proc(proc: subprocess.Popen) -> None:
         pass
 
 
-def cpu_over(pid: int, seconds: float) -> float:
-    """CPU seconds the process uses during the next `seconds` of wall time."""
-    before = cpu_seconds(pid)
-    time.sleep(seconds)
-    return cpu_seconds(pid) - before
+def decode_end(log: Path, max_new_tokens: int, timeout_s: float = 90.0) -> tuple[str, int]:
+    """How the app's next decode asked for `max_new_tokens` ended: (stop reason, new tokens), waiting for it up to
+    `timeout_s` (a bound against hanging, not a speed: a decode that is never stopped fails here or by its reason)."""
+    assert wait_for(lambda: decode_ends(log, max_new_tokens), timeout_s, every_s=0.2), \
+        f"no decode of {max_new_tokens} tokens ended within {timeout_s:.0f} s: {log.read_text()[-500:]}"
+    return decode_ends(log, max_new_tokens)[0]
 
 
 def studio_folders(tmp: Path) -> set[str]:
@@ -135,34 +137,36 @@ def raw_chat(url: str, session_hash: str, fn_index: int, message: str, timeout_s
 def public_app(tmp_path_factory):
     """A public instance with its own temporary directory (so its tr-studio-* folders can be counted alone)."""
     tmp = tmp_path_factory.mktemp("public-app-tmp")
-    with running_app_proc(extra_args=["--public"], env={"TMPDIR": str(tmp)}) as (url, proc):
-        yield url, proc, tmp
+    log = tmp_path_factory.mktemp("public-app-log") / "decodes.log"
+    with running_app_proc(extra_args=["--public"], env={"TMPDIR": str(tmp)}, decode_log=log) as (url, proc):
+        yield url, proc, tmp, log
 
 
 class TestPublicMode:
     def test_refused_model_names_all_get_the_same_short_answer(self, public_app):
-        url, _, _ = public_app
+        url, _, _, log = public_app
         client = new_client(url)
         try:
+            # a refusal loads nothing (tests/test_app.py checks in process that the catalogue's loader is never
+            # called for these names) and starts no decode
             names = ["/etc/passwd", "/etc", "/no/such/path", "no-such-org/no-such-model", "../../x.gguf", "x" * 400]
             statuses = []
+            decodes = log.read_text() if log.exists() else ""
             for name in names:
-                t0 = time.monotonic()
                 status = client.predict(name, api_name="/load_model")[2]
-                took = time.monotonic() - t0
-                assert took < 2.0, f"refusing {name[:40]!r} took {took:.1f} s"
                 assert "not offered" in status, status
                 for leak in (name, "passwd", "json", "config"):
                     assert leak not in status, f"the refusal of {name[:40]!r} echoes {leak[:40]!r}: {status}"
                 statuses.append(status)
             assert len(set(statuses)) == 1, statuses
+            assert (log.read_text() if log.exists() else "") == decodes, "a refused name started a decode"
             status = client.predict(EMBEDDED_LABEL, api_name="/load_model")[2]
             assert status.startswith("✓ Loaded"), status
         finally:
             close_client(client)
 
     def test_three_visitors_at_once_get_the_same_greedy_answer(self, public_app):
-        url, _, _ = public_app
+        url, _, _, _ = public_app
         clients = [new_client(url) for _ in range(3)]
         try:
             jobs = [chat(c, "Name three colours of the rainbow.", max_new_tokens=32, temperature=0)
@@ -180,18 +184,17 @@ class TestPublicMode:
                 close_client(c)
 
     def test_new_chat_during_an_answer_stops_and_drops_it(self, public_app):
-        url, _, _ = public_app
+        url, _, _, log = public_app
         client = new_client(url)
         try:
             job = chat(client, LONG_QUESTION, max_new_tokens=300)
             assert wait_for(lambda: streaming(job) or job.done(), 120), "the answer never started streaming"
             assert not job.done(), "the 300-token answer ended before New chat could be tried"
             out = client.predict(api_name="/new_chat")
-            t0 = time.monotonic()
             assert out[0] == [] and "New conversation" in out[2], out[:3]
-            final = job.result(timeout=30)
-            took = time.monotonic() - t0
-            assert took < 5.0, f"the running answer took {took:.1f} s to end after New chat"
+            reason, tokens = decode_end(log, 300)  # New chat stopped the decode: it did not run to its end
+            assert reason == "stopped" and tokens < 300, (reason, tokens)
+            final = job.result(timeout=60)
             assert final[0] == [], f"the dropped answer's final chat is not empty: {final[0]}"
             after = chat(client, "Name a fruit.", max_new_tokens=12).result(timeout=120)
             conversation = after[0]
@@ -201,7 +204,7 @@ class TestPublicMode:
             close_client(client)
 
     def test_closed_sessions_leave_no_temporary_folders(self, public_app):
-        url, _, tmp = public_app
+        url, _, tmp, _ = public_app
         before = studio_folders(tmp)
         # a fresh session that only replays creates nothing
         fresh = new_client(url)
@@ -235,7 +238,7 @@ class TestPublicMode:
         assert len(left) <= 1, f"{len(left)} of 20 closed sessions left their folders: {sorted(left)[:5]}"
 
     def test_a_client_killed_mid_answer_leaves_the_server_idle(self, public_app):
-        url, proc, _ = public_app
+        url, _, _, log = public_app
         script = (
             "import sys, time\n"
             "from gradio_client import Client\n"
@@ -256,15 +259,13 @@ class TestPublicMode:
             reader.start()
             reader.join(timeout=150)
             assert line[0].strip() == "STREAMING", f"the visitor's answer did not stream: {line[0]!r}"
-            time.sleep(0.5)
-            busy = cpu_over(proc.pid, 3.0)  # ~4 s of streaming in all when the visitor is killed
+            assert decode_ends(log, 400) == [], "the visitor's answer ended before its visitor could be killed"
             visitor.kill()
             visitor.wait(timeout=10)
-            time.sleep(3.0)
-            idle = cpu_over(proc.pid, 3.0)
-            assert busy > 1.0, f"the app used only {busy:.2f} CPU s in 3 s while answering: the test cannot tell"
-            assert idle < 0.5, (f"the app still used {idle:.2f} CPU s in 3 s, 3 s after its visitor was killed "
-                                f"(vs {busy:.2f} while answering): the abandoned answer kept decoding")
+            # the request closed with its visitor, and that stopped the decode (the log's app lets nothing else stop
+            # it before the 120 s time limit): an abandoned answer that kept decoding would end by its length or eos
+            reason, tokens = decode_end(log, 400)
+            assert reason == "stopped" and tokens < 400, (reason, tokens)
         finally:
             kill_proc(visitor)
 
@@ -273,23 +274,24 @@ class TestPublicMode:
 
 
 @pytest.fixture(scope="class")
-def limited_app():
-    with running_app_proc(extra_args=["--public", "--time-limit", "3"]) as (url, proc):
-        yield url, proc
+def limited_app(tmp_path_factory):
+    log = tmp_path_factory.mktemp("limited-app-log") / "decodes.log"
+    with running_app_proc(extra_args=["--public", "--time-limit", "3"], decode_log=log) as (url, proc):
+        yield url, log
 
 
 class TestPublicLimits:
     def test_time_limit_stops_a_long_answer_and_slow_motion_is_capped(self, limited_app):
-        url, _ = limited_app
+        url, log = limited_app
         client = new_client(url)
         try:
-            # a short answer first: the model is loaded and warm, so the timed answer is decoding only
+            # a short answer first: the model is loaded and warm, so the limited answer is decoding only
             chat(client, "Say hi.", max_new_tokens=4, template="adaptive-fixed").result(timeout=240)
-            t0 = time.monotonic()
             final = chat(client, LONG_QUESTION, max_new_tokens=1024, template="adaptive-fixed").result(timeout=120)
-            took = time.monotonic() - t0
-            assert took < 10.0, f"a 3 s time limit let the answer run {took:.1f} s"
+            # the page says "time limit" only when the decode was stopped past its deadline (studio.recording)
             assert "time limit" in final[2], final[2]
+            reason, tokens = decode_end(log, 1024)
+            assert reason == "stopped" and tokens < 1024, (reason, tokens)
             assert plain_text(final[0][-1]).strip(), "the answer so far was not kept"
             final = chat(client, "Say hi.", max_new_tokens=4, delay=3.0).result(timeout=120)
             assert "capped at 0.5 s" in final[2], final[2]
@@ -323,6 +325,8 @@ def one_thread_app():
 
 RATIO = re.compile(r'id="tr-ratio">([0-9.]+)×(?: ± ([0-9.]+))?<')
 MEAN_ACCEPTED = re.compile(r'id="tr-mat">([0-9.]+)<')
+METER_STATE = re.compile(r'id="tr-meter" data-state="([a-z-]+)"')
+PLAIN_UNSHOWN = 'id="tr-plain">—<'
 
 
 class TestMeterUnderLoad:
@@ -345,7 +349,12 @@ class TestMeterUnderLoad:
                     for p in busy:
                         kill_proc(p)
                 meter = final[3]
-                if "noisy" in meter:
+                state = METER_STATE.search(meter)
+                assert state and state.group(1) in ("measured", "noisy"), \
+                    f"attempt {attempt + 1}: the final meter shows no result: {meter}"
+                if state.group(1) == "noisy":  # an honest "too noisy": no ratio, nor a plain speed that implies one
+                    assert not RATIO.search(meter) and PLAIN_UNSHOWN in meter, \
+                        f"attempt {attempt + 1}: a meter too noisy to measure still shows a speedup: {meter}"
                     continue
                 ratio, mean_acc = RATIO.search(meter), MEAN_ACCEPTED.search(meter)
                 assert ratio and mean_acc, f"attempt {attempt + 1}: the final meter shows no result: {meter}"
