@@ -26,20 +26,16 @@ def share_costs(studio: Studio, model: str, engine: Any, before_answer: bool = F
     each visitor's first adaptive or hybrid answer would pause seconds to time the forwards again). A curve timed
     while the machine was busy is never shared: `before_answer`, the engine drops it to time the forwards again in
     that answer (up to MAX_RETIMES per model), after which it is kept for that session only and the page flags it."""
-    for name in ("adaptive", "hybrid"):
-        drafter = getattr(engine, name, None)
-        cost = getattr(drafter, "cost", None)
-        if cost is None:
-            continue
+    for name, cost in engine.forward_costs().items():
         key = (model, name)
         known = studio.costs.get(key)
         if cost.measured and steady(cost):
             studio.costs.setdefault(key, copy.deepcopy(cost))
         elif known is not None:
-            drafter.cost = copy.deepcopy(known)
+            engine.use_forward_cost(name, copy.deepcopy(known))
         elif before_answer and cost.measured and studio.retimed.get(key, 0) < MAX_RETIMES:
             studio.retimed[key] = studio.retimed.get(key, 0) + 1
-            drafter.cost = type(cost)()  # unmeasured: the next answer times the forwards again
+            engine.use_forward_cost(name, type(cost)())  # unmeasured: the next answer times the forwards again
 
 
 def cost_curve(s: Session, trace: Trace | None) -> CostCurve:
@@ -62,8 +58,9 @@ def engine_curve(s: Session, trace: Trace | None) -> CostCurve:
         return CostCurve(None, f"this trace was recorded with another model ({trace.model[:60]})")
     template = str((trace.settings if trace is not None else {}).get("template", ""))
     names = ("hybrid", "adaptive") if template.startswith("hybrid") else ("adaptive", "hybrid")
+    costs = engine.forward_costs()
     for name in names:
-        cost = getattr(getattr(engine, name, None), "cost", None)
+        cost = costs.get(name)
         if cost is not None and getattr(cost, "measured", False) and cost(1) > 0:
             spread = float(getattr(cost, "spread", 0.0) or 0.0)
             return CostCurve(lambda n, c=cost: c(n) / c(1), source=f"the {name} tree on this machine",

@@ -11,6 +11,7 @@ import re
 import threading
 import time
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import safetensors.torch
@@ -47,7 +48,20 @@ class FakeMatrix:
 FAKE_ORIGIN = "copied from the prompt <b>, tokens 3-4 (after a 2-token match)"
 
 
-class FakeEngine:
+class FakeCosts:
+    """Engine.forward_costs / use_forward_cost over a fake's `adaptive` and `hybrid` drafters (None: it has none)."""
+
+    adaptive: Any = None
+    hybrid: Any = None
+
+    def forward_costs(self) -> dict:
+        return {name: d.cost for name in ("adaptive", "hybrid") if (d := getattr(self, name)) is not None}
+
+    def use_forward_cost(self, name: str, cost) -> None:
+        getattr(self, name).cost = cost
+
+
+class FakeEngine(FakeCosts):
     """Stands in for tr_core.Engine: 10 prompt tokens per message, `steps` steps of 2 tokens each."""
 
     context_limit = 50
@@ -376,7 +390,9 @@ def test_a_cost_curve_timed_on_a_busy_machine_is_never_shared_and_is_timed_again
     def engine_with(spread: float):
         cost = ForwardCost()
         cost.measured, cost.spread = True, spread
-        return SimpleNamespace(adaptive=None, hybrid=SimpleNamespace(cost=cost))
+        engine = FakeCosts()
+        engine.hybrid = SimpleNamespace(cost=cost)
+        return engine
 
     busy = engine_with(STEADY_SPREAD * 2)
     h.share_costs(studio, "m", busy)  # after an answer: kept by its engine, shared with no one
