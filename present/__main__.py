@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trace = Trace.load(args.trace)
     except (TraceError, OSError) as exc:
-        print(f"error: cannot read the trace: {exc}", file=sys.stderr)
+        print(f"error: {args.trace}: {exc}", file=sys.stderr)
         return 1
     try:
         with open(args.out, "w", encoding="utf-8") as f:
