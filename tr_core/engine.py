@@ -17,7 +17,6 @@ import contextlib
 import copy
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,6 +27,7 @@ from .drafters import Draft, DraftContext, Drafter, PlainDrafter, StaticTreeDraf
 from .engine_state import EngineState
 from .events import EVENT_DIGITS, StepEvent, SummaryEvent
 from .kernels import installed, needs_tuning
+from .decode_state import DecodeState, Drafted
 from .kv_cache import TreeKVCache
 from .packet import SyncPacket
 from .prompt import check_prompt, encode_chat, stop_tokens, token_text
@@ -38,29 +38,6 @@ from .sampling import build_processors, choose_tokens, needs_prefix, node_prefix
 from .tree import DYNAMIC, HYBRID, HYBRID_FIXED, DraftTree, build_tree, resolve_template
 from .tuning import ensure_tuned
 from .verify import accept_tokens, path_to, verify_tree
-
-@dataclass
-class DecodeState:
-    """What one answer carries from step to step."""
-
-    prompt_len: int  # tokens in the prompt
-    cache: TreeKVCache  # committed keys/values (length == past before every forward)
-    past: int  # committed tokens in the cache = position of the root
-    root: torch.Tensor  # [1] long, the last committed token
-    budget: int  # most tokens this answer may emit
-    context: torch.Tensor | None  # [prompt + budget] committed ids for prefix processors (None: not needed)
-    committed: int  # valid entries of `context`
-    out: list[int]  # emitted tokens
-    stop_ids: set[int]  # tokens that end the answer
-    stop_tensor: torch.Tensor  # [S] long, the same on the device (for min_new_tokens)
-    scores_hook: Callable[[torch.Tensor], None] | None = None  # gets the processed scores [len(emitted), V] per step
-    stop_reason: str = "length"
-    # the first step's draft and, when it is the root alone, its logits from the prompt's own forward (`_begin`)
-    first: tuple[Drafter, Draft, torch.Tensor | None] | None = None
-    steps: int = 0
-    forward_ms: float = 0.0  # summed over steps
-    overhead_ms: float = 0.0  # summed over steps
-
 
 class Engine(EngineState):
     """A model, its tokenizer and what answers teach it (EngineState: the adjacency matrix, the drafters' learned
@@ -88,6 +65,13 @@ class Engine(EngineState):
         twin = copy.copy(self)
         twin.runner = copy.copy(self.runner)
         twin.model = twin.runner.model = model
+        return twin
+
+    def fork(self, sizes: list[int] | None = None) -> "Engine":
+        """EngineState.fork, with static drafters of its own (they carry an answer's look-ahead, so two answers
+        decoding at once must not share one); the trees themselves are shared."""
+        twin = super().fork(sizes)
+        twin._static = {key: StaticTreeDrafter(drafter.tree) for key, drafter in self._static.items()}
         return twin
 
     # -- chat helpers -----------------------------------------------------------------------------------------
@@ -154,26 +138,32 @@ class Engine(EngineState):
         prompt = self.check_prompt(prompt_ids)
         drafter = self.drafter_for(cfg)
         processors = build_processors(cfg, logits_processor)
-        t_start = time.perf_counter()
         # The timed matrix products (kernels.py) ride this answer only, reference-counted per model: the last answer
         # running on it gives the model back as it was, also when it is closed early or raises.
         with installed(self.model) if self.tune_kernels else contextlib.nullcontext():
-            state = self._begin(prompt, cfg, drafter, needs_prefix(processors))
-            state.scores_hook = scores_hook
-            prefill_s = time.perf_counter() - t_start
-            decode_start = time.perf_counter()
+            state = self._begin(prompt, cfg, drafter, processors, scores_hook)
             while True:
-                event, finished = self._step(state, cfg, drafter, processors)
+                event, finished = self.step(state)
                 yield event
                 if finished:
                     break
                 if stop is not None and stop():
                     state.stop_reason = "stopped"
                     break
-            yield self._summary(state, cfg, drafter, prefill_s, time.perf_counter() - decode_start)
+            yield self.close_answer(state)
 
-    def _begin(self, prompt: list[int], cfg: DecodeConfig, drafter: Drafter, keep_context: bool) -> DecodeState:
+    def open_answer(self, prompt_ids: list[int], cfg: DecodeConfig | None = None,
+                    logits_processor: Iterable[Any] = ()) -> DecodeState:
+        """An answer ready for its first step (the prompt checked, seeded and prefilled), for callers that run the
+        steps themselves (batch.py); `generate` is the usual way. The caller installs the timed products."""
+        cfg = cfg or DecodeConfig()
+        prompt = self.check_prompt(prompt_ids)
+        return self._begin(prompt, cfg, self.drafter_for(cfg), build_processors(cfg, logits_processor), None)
+
+    def _begin(self, prompt: list[int], cfg: DecodeConfig, drafter: Drafter, processors: list,
+               scores_hook: Callable[[torch.Tensor], None] | None) -> DecodeState:
         """Seed the matrix from the prompt if asked, let the drafter prepare and draft the first step, prefill."""
+        t_start = time.perf_counter()
         seeding = cfg.prompt_seeding if cfg.prompt_seeding is not None else drafter.seeds_prompt
         start = self.clock.start_answer()
         if seeding and drafter.recycles:
@@ -184,16 +174,19 @@ class Engine(EngineState):
         drafter.begin(DraftContext(prompt=prompt, cfg=cfg, matrix=self.matrix, runner=self.runner, answer_start=start))
         budget = min(cfg.max_new_tokens, self.context_limit - len(prompt))
         context = None
-        if keep_context:
+        if needs_prefix(processors):
             context = torch.zeros(len(prompt) + budget, dtype=torch.long, device=self.device)
             context[: len(prompt)] = torch.tensor(prompt, dtype=torch.long)
         stop_ids = sorted(set(cfg.stop_token_ids if cfg.stop_token_ids is not None else self.stop_token_ids))
         state = DecodeState(prompt_len=len(prompt), cache=TreeKVCache(), stop_ids=set(stop_ids),
                             stop_tensor=torch.tensor(stop_ids, dtype=torch.long, device=self.device),
                             past=len(prompt) - 1, budget=budget, context=context, committed=len(prompt),
-                            root=torch.tensor([prompt[-1]], dtype=torch.long, device=self.device), out=[])
+                            root=torch.tensor([prompt[-1]], dtype=torch.long, device=self.device), out=[],
+                            cfg=cfg, drafter=drafter, processors=processors, scores_hook=scores_hook)
         state.first = self._prefill(state, prompt, drafter)
         sync(self.device)
+        state.prefill_s = time.perf_counter() - t_start
+        state.decode_start = time.perf_counter()
         return state
 
     def _prefill(self, state: DecodeState, prompt: list[int], drafter: Drafter) -> tuple[Drafter, Draft, Any]:
@@ -211,20 +204,36 @@ class Engine(EngineState):
         """The answer's drafter, or plain decoding where its deepest draft would pass the model's context."""
         return drafter if state.past + drafter.max_depth < self.context_limit else self.plain
 
-    def _step(self, state: DecodeState, cfg: DecodeConfig, drafter: Drafter, processors) -> tuple[StepEvent, bool]:
-        """One decoding step: draft -> forward -> verify -> update -> sync -> commit -> learn."""
-        timer = StepClock(self.device, cfg.sync_timings)
-        if state.first is not None:  # drafted, and perhaps verified by the prompt's forward, in `_begin`
-            (active, draft, logits), state.first = state.first, None
-        else:
-            active, logits = self._active(state, drafter), None
-            draft = active.draft(state.root, self.matrix)
+    def step(self, state: DecodeState) -> tuple[StepEvent, bool]:
+        """One decoding step of an open answer: draft -> forward -> verify -> update -> sync -> commit -> learn."""
+        drafted = self.draft_step(state)
+        logits = drafted.logits
+        if logits is None:
+            logits = self._forward(state, drafted.draft, drafted.timer)
+        drafted.timer.mark("forward")
+        return self.settle_step(state, drafted, logits)
+
+    def draft_step(self, state: DecodeState) -> Drafted:
+        """The step's draft (its logits too when the prompt's forward already verified it), its clock running."""
+        timer = StepClock(self.device, state.cfg.sync_timings)
+        active, draft, logits = self._draft(state, state.drafter)
         timer.mark("draft")
-        forwarded = logits is None
-        if forwarded:
-            logits = self._forward(state, draft, timer)
-        timer.mark("forward")
-        targets, best, top = self._verify(state, cfg, draft, logits, processors, active.recycles)
+        return Drafted(active, draft, logits, timer)
+
+    def _draft(self, state: DecodeState, drafter: Drafter) -> tuple[Drafter, Draft, torch.Tensor | None]:
+        """The step's drafter and draft, with the logits that verify it when the prompt's forward already ran it."""
+        if state.first is not None:  # drafted, and perhaps verified by the prompt's forward, in `_begin`
+            first, state.first = state.first, None
+            return first
+        active = self._active(state, drafter)
+        return active, active.draft(state.root, self.matrix), None
+
+    def settle_step(self, state: DecodeState, drafted: Drafted, logits: torch.Tensor) -> tuple[StepEvent, bool]:
+        """Everything after the forward: verify -> update -> sync -> commit -> learn, and the step's event (the
+        batched loop, batch.py, runs one forward for many answers and settles each on its own rows of logits)."""
+        cfg, (active, draft, _, timer) = state.cfg, drafted
+        forwarded = drafted.logits is None
+        targets, best, top = self._verify(state, cfg, draft, logits, state.processors, active.recycles)
         timer.mark("verify")
         packet = self._update(active, draft, logits, top, targets, best, cfg.provenance)
         timer.mark("update")
@@ -355,9 +364,9 @@ class Engine(EngineState):
         return {"no_draft": draft.no_draft.as_data(),
                 "unverified": draft.no_draft.unverified()}
 
-    def _summary(self, state: DecodeState, cfg: DecodeConfig, drafter: Drafter, prefill_s: float,
-                 decode_s: float) -> SummaryEvent:
+    def close_answer(self, state: DecodeState) -> SummaryEvent:
         """The end of the answer."""
+        cfg, prefill_s, decode_s = state.cfg, state.prefill_s, time.perf_counter() - state.decode_start
         n, steps = len(state.out), max(state.steps, 1)
         return SummaryEvent(
             tokens=state.out, prompt_tokens=state.prompt_len,

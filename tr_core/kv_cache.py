@@ -38,7 +38,8 @@ class _BufferLayer(DynamicLayer):
         self._v = value_states.new_empty(*value_states.shape[:2], 0, value_states.shape[3])
         self.is_initialized = True
 
-    def _reserve(self, needed: int) -> None:
+    def reserve(self, needed: int) -> None:
+        """Room for `needed` entries."""
         capacity = self._k.shape[2]
         if needed <= capacity:
             return
@@ -53,7 +54,7 @@ class _BufferLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[2]
-        self._reserve(self.length + n)
+        self.reserve(self.length + n)
         self._k[:, :, self.length : self.length + n].copy_(key_states)
         self._v[:, :, self.length : self.length + n].copy_(value_states)
         self.length += n
@@ -73,6 +74,27 @@ class _BufferLayer(DynamicLayer):
     def reset(self) -> None:
         if self.is_initialized:
             self.length = 0
+
+    def add_row(self, own: "_BufferLayer", rows: int) -> None:
+        """Put the one row of an answer's own layer `own` after this layer's first `rows` rows (BatchKVCache)."""
+        if not self.is_initialized:
+            self.lazy_initialization(own.keys[:, :, :0], own.values[:, :, :0])
+        self.reserve(max(own.length, self.length))
+        for name, part in (("_k", own.keys), ("_v", own.values)):
+            old = getattr(self, name)
+            grown = old.new_zeros(rows + 1, *old.shape[1:])
+            grown[:rows] = old[:rows]
+            grown[rows, :, : own.length] = part[0]
+            setattr(self, name, grown)
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep the rows `index` (in that order)."""
+        self._k, self._v = self._k.index_select(0, index), self._v.index_select(0, index)
+
+    def move_row(self, row: int, start: int, src: torch.Tensor) -> None:
+        """Row `row`'s entries src[i] move to start + i."""
+        for buffer in (self._k, self._v):
+            buffer[row, :, start : start + len(src)] = buffer[row].index_select(1, src)
 
     def keep(self, start: int, src: torch.Tensor | None, count: int) -> None:
         """Keep `count` entries after `start`: move entries start + src[i] to start + i (src None: already in place)."""
@@ -118,3 +140,59 @@ class TreeKVCache(Cache):
         for layer in self.layers:
             if layer.is_initialized:
                 layer.length = min(layer.length, length)
+
+
+class BatchKVCache(TreeKVCache):
+    """Several answers' caches as the rows of one (batch.py). Row r's committed entries are [0, rows[r]); a forward
+    writes every row's tree at the common end (the longest row's length), and each row then moves its accepted
+    nodes' entries right after its own. Entries between a row's end and the common end are stale: masked out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[int] = []  # committed entries per row
+        self.written_at = 0  # where the last forward wrote the trees
+
+    def add_row(self, solo: TreeKVCache) -> None:
+        """Append an answer prefilled alone (its entries copied; the solo cache can then be dropped)."""
+        if not self.rows:
+            self.layers = [_BufferLayer() for _ in solo.layers]
+        for layer, own in zip(self.layers, solo.layers):
+            layer.add_row(own, len(self.rows))
+        self.rows.append(solo.layers[0].length)
+
+    def drop_rows(self, keep: list[int]) -> None:
+        """Keep only the rows `keep` (in that order): finished or abandoned answers leave."""
+        self.rows = [self.rows[r] for r in keep]
+        if not self.rows:
+            self.layers = []
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.layers[0].device)
+        for layer in self.layers:
+            layer.select_rows(index)
+
+    def begin_forward(self, tree_width: int) -> int:
+        """Set the common end before a forward of `tree_width` tokens a row; returns it (where the trees go)."""
+        self.written_at = max(self.rows)
+        for layer in self.layers:
+            layer.length = self.written_at
+            layer.reserve(self.written_at + tree_width)
+        return self.written_at
+
+    def keep_row(self, row: int, start: int, accepted: list[int], forwarded: bool) -> None:
+        """Row `row` committed the accepted nodes of a tree rooted at `start`: move their entries (written at the
+        common end when `forwarded`, else already in place from its prefill) to start, start + 1, ..."""
+        if forwarded:
+            src = torch.tensor(accepted, dtype=torch.long, device=self.layers[0].device) + self.written_at
+            for layer in self.layers:
+                layer.move_row(row, start, src)
+        self.rows[row] = start + len(accepted)
+
+
+class BatchRow:
+    """One row of a BatchKVCache, standing in for an answer's own cache in the engine's commit."""
+
+    def __init__(self, batch: BatchKVCache, row: int) -> None:
+        self.batch, self.row, self.forwarded = batch, row, False
+
+    def keep(self, start: int, accepted: list[int]) -> None:
+        self.batch.keep_row(self.row, start, accepted, self.forwarded)

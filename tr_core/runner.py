@@ -97,6 +97,12 @@ class ModelRunner:
         logits = self.model(**kwargs).logits[0]
         return logits[-1:] if last_only else logits
 
+    def forward_rows(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: Any,
+                     cache: TreeKVCache) -> torch.Tensor:
+        """One forward of several rows, input_ids [B, N] at position_ids [B, N]; returns logits [B, N, V]."""
+        return self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                          **{self.cache_arg: cache}, use_cache=True).logits
+
     def prefill(self, ids: list[int], cache: TreeKVCache) -> torch.Tensor | None:
         """Run `ids` from position 0 into the cache (causal mask); the last token's logits [1, V], None if empty."""
         if not ids:

@@ -1,0 +1,196 @@
+"""Continuous batching: many answers decode together, each step's draft trees going through ONE forward.
+
+Every answer keeps its own engine (matrix, drafters, clock), settings and sampling seed, so its tokens are the ones
+it gives alone. Rows are ragged: a row's cache holds its own committed entries, the trees are written at the common
+end and compacted back per row (kv_cache.BatchKVCache); each row has its own tree mask and position ids, and the
+padding of short trees is masked out. Answers join and leave between steps.
+
+    batch = Batch(max_rows=8)
+    key = batch.add(engine.fork(), prompt_ids, DecodeConfig(max_new_tokens=64))
+    while batch:
+        for key, event in batch.step(): ...
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .config import DecodeConfig
+from .decode_state import DecodeState, Drafted
+from .engine import Engine
+from .events import StepEvent, SummaryEvent
+from .kernels import installed
+from .kv_cache import BatchKVCache, BatchRow
+from .tree import attention_bias
+
+Event = StepEvent | SummaryEvent
+
+
+@dataclass
+class Row:
+    """One answer in the batch."""
+
+    key: int
+    engine: Engine
+    state: DecodeState
+    stop: Callable[[], bool] | None
+
+
+class Batch:
+    """One decode loop over one model: `add` answers (each with an engine of its own), `step` them together."""
+
+    def __init__(self, max_rows: int = 8) -> None:
+        if max_rows < 1:
+            raise ValueError("max_rows must be at least 1")
+        self.max_rows = max_rows
+        self.rows: list[Row] = []
+        self.cache = BatchKVCache()
+        self._keys = itertools.count()
+        self._kernels = contextlib.ExitStack()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def full(self) -> bool:
+        return len(self.rows) >= self.max_rows
+
+    @torch.no_grad()
+    def add(self, engine: Engine, prompt_ids: list[int], cfg: DecodeConfig | None = None,
+            stop: Callable[[], bool] | None = None, logits_processor: Iterable[Any] = ()) -> int:
+        """Prefill a new answer and give it a row; returns its key. The engine must run the batch's model and be in
+        no other row (`engine.fork()` gives each answer one that learns on its own)."""
+        if self.full:
+            raise RuntimeError(f"the batch is full ({self.max_rows} rows)")
+        if self.rows and engine.model is not self.rows[0].engine.model:
+            raise ValueError("every answer of a batch must run the same model")
+        if any(row.engine is engine or row.engine.matrix is engine.matrix for row in self.rows):
+            raise ValueError("this engine already decodes in the batch: give each answer its own (engine.fork())")
+        if not self.rows and engine.tune_kernels:
+            self._kernels.enter_context(installed(engine.model))
+        try:
+            state = engine.open_answer(prompt_ids, cfg, logits_processor)
+        except BaseException:
+            self._release_if_empty()
+            raise
+        self.cache.add_row(state.cache)
+        state.cache = BatchRow(self.cache, len(self.rows))
+        key = next(self._keys)
+        self.rows.append(Row(key, engine, state, stop))
+        return key
+
+    def cancel(self, key: int) -> SummaryEvent | None:
+        """End an answer now (its visitor left): its row is freed; returns its summary, None if unknown."""
+        for i, row in enumerate(self.rows):
+            if row.key == key:
+                row.state.stop_reason = "stopped"
+                self._drop({i})
+                return row.engine.close_answer(row.state)
+        return None
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[int, Event]]:
+        """One step of every row: each drafts, ONE forward verifies all the trees, each settles on its own logits.
+        Returns (key, event) pairs: a StepEvent per row, and a SummaryEvent for each answer that ended."""
+        if not self.rows:
+            return []
+        drafted = [row.engine.draft_step(row.state) for row in self.rows]
+        forwarded = [d.logits is None for d in drafted]
+        logits = self._forward(drafted, forwarded) if any(forwarded) else None
+        out, ended = [], set()
+        for i, (row, d) in enumerate(zip(self.rows, drafted)):
+            d.timer.mark("forward")
+            row.state.cache.forwarded = forwarded[i]
+            own = logits[i, : d.draft.size] if forwarded[i] else d.logits
+            event, finished = row.engine.settle_step(row.state, d, own)
+            out.append((row.key, event))
+            if not finished and row.stop is not None and row.stop():
+                row.state.stop_reason, finished = "stopped", True
+            if finished:
+                out.append((row.key, row.engine.close_answer(row.state)))
+                ended.add(i)
+        self._drop(ended)
+        return out
+
+    def _forward(self, drafted: list[Drafted], forwarded: list[bool]) -> torch.Tensor:
+        """ONE forward of every forwarded row's tree (padded to the widest), each at its own positions and mask."""
+        runner = self.rows[0].engine.runner
+        width = max(d.draft.size for d, f in zip(drafted, forwarded) if f)
+        end = self.cache.begin_forward(width)
+        pasts = [row.state.past for row in self.rows]
+        device = runner.device
+        ids = torch.zeros(len(self.rows), width, dtype=torch.long, device=device)
+        positions = torch.tensor(pasts, dtype=torch.long, device=device)[:, None].repeat(1, width)
+        for i, (d, f) in enumerate(zip(drafted, forwarded)):
+            if f:
+                ids[i, : d.draft.size] = d.draft.tokens
+                positions[i, : d.draft.size] += d.draft.depths
+        mask = batch_mask(runner, [d.draft if f else None for d, f in zip(drafted, forwarded)], pasts, end, width)
+        for d in drafted:
+            d.timer.forward_begins()
+        logits = runner.forward_rows(ids, positions, mask, self.cache)
+        for d in drafted:
+            d.timer.forward_ends()
+        return logits
+
+    def _drop(self, ended: set[int]) -> None:
+        """Free the rows of ended answers; the others keep their order."""
+        if not ended:
+            return
+        keep = [i for i in range(len(self.rows)) if i not in ended]
+        self.cache.drop_rows(keep)
+        self.rows = [self.rows[i] for i in keep]
+        for i, row in enumerate(self.rows):
+            row.state.cache.row = i
+        self._release_if_empty()
+
+    def _release_if_empty(self) -> None:
+        if not self.rows:
+            self._kernels.close()
+            self._kernels = contextlib.ExitStack()
+
+
+def batch_mask(runner: Any, drafts: list, pasts: list[int], end: int, width: int) -> Any:
+    """The additive masks [B, 1, width, end + width] of a batched forward (one per layer kind for mixed models):
+    row i sees its own committed entries [0, pasts[i]), not the stale ones up to `end`, and its tree's ancestors;
+    padding queries see only themselves."""
+    kinds = {"full_attention": None}
+    if runner.window is not None:
+        kinds = {"sliding_attention": runner.window, **(kinds if runner.mixed_layers else {})}
+    masks = {}
+    for kind, window in kinds.items():
+        big = torch.full((len(pasts), 1, width, end + width), torch.finfo(runner.dtype).min, dtype=runner.dtype,
+                         device=runner.device)
+        pad = torch.arange(width, device=runner.device)
+        big[:, 0, pad, end + pad] = 0
+        for i, (draft, past) in enumerate(zip(drafts, pasts)):
+            if draft is None:
+                continue
+            n = draft.size
+            bias = attention_bias(draft.tree_mask, past, runner.dtype, window, draft.depths)[0, 0]
+            big[i, 0, :n, :past] = bias[:, :past]
+            big[i, 0, :n, end : end + n] = bias[:, past:]
+        masks[kind] = big
+    return masks if len(masks) > 1 else next(iter(masks.values()))
+
+
+def generate_batch(engine: Engine, prompts: list[list[int]], cfg: DecodeConfig | None = None,
+                   max_rows: int = 8) -> Iterator[tuple[int, Event]]:
+    """Answer several prompts together: (prompt index, event) pairs as they come. Each prompt decodes with its own
+    fork of `engine` (the same tokens it gives alone); at most `max_rows` at once, the rest join as rows free up."""
+    batch, waiting, index = Batch(max_rows), list(enumerate(prompts)), {}
+    try:
+        while waiting or batch:
+            while waiting and not batch.full:
+                i, prompt = waiting.pop(0)
+                index[batch.add(engine.fork(), prompt, cfg)] = i
+            for key, event in batch.step():
+                yield index[key], event
+    finally:
+        for row in list(batch.rows):
+            batch.cancel(row.key)
