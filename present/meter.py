@@ -1,5 +1,5 @@
 """The speedup meter: Token Recycling's speed beside plain decoding's over the same tokens, and their ratio with its
-uncertainty (or why there is none), as HTML. Every number comes from engine-side timings (tr_core.bench.meter)."""
+uncertainty (or why there is none), as HTML. Every number comes from engine-side timings (studio/meter.py)."""
 from __future__ import annotations
 
 import html

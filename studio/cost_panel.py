@@ -1,7 +1,7 @@
 """The cost panel: what the shown step's forward cost on this machine against what it gained, and the expected-
 speedup formula with the answer's numbers.
 
-One speed story: the meter's interleaved measurement (tr_core.bench.meter) is the only measured speedup on the page.
+One speed story: the meter's interleaved measurement (studio/meter.py) is the only measured speedup on the page.
 Once it has measured an answer, the cost panel's step costs are the meter's own timings (Token Recycling's steps of
 each size against plain decoding's steps, over the same tokens: `meter_curve`), so the formula with them gives the
 meter's figure. Before that, or without a measurement, they are estimates from this machine's cost curve, labelled

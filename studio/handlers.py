@@ -18,7 +18,6 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from tr_core.bench.meter import forked
 from tr_core.config import DecodeConfig, DecodeConfigError
 from tr_core.trace import Trace
 
@@ -215,7 +214,7 @@ def _answer(studio: Studio, s: Session, text: str, settings: ChatSettings, notes
         return
     if probing:
         yield {"status": PROBING}
-    twin = forked(engine) if settings.compare else None  # the state this answer starts from, for the measurement
+    twin = engine.fork() if settings.compare else None  # the state this answer starts from, for the measurement
     trace = Trace(model=label(s.model), settings=dict(dataclasses.asdict(cfg), k=settings.k), messages=messages)
     try:
         error = yield from stream_answer(studio, s, engine, ids, cfg, trace, settings, stop, conversation, pending,

@@ -1,5 +1,5 @@
 """The speed meter's measurement after an answer: Token Recycling and plain decoding timed in alternating chunks
-from the answer's starting state (tr_core.bench.meter.interleave), streamed to the meter as it goes."""
+from the answer's starting state (meter.interleave), streamed to the meter as it goes."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,12 +8,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from tr_core.bench.meter import MAX_PASSES, SpeedEstimate, answer_sizes, forked, interleave
 from tr_core.config import DecodeConfig
 from tr_core.trace import Trace
 
 from . import zerogpu
 from .costs import cost_curve
+from .meter import MAX_PASSES, SpeedEstimate, answer_sizes, interleave
 from .session import DECODE_SLOT, Session, Studio, take_slot
 from .settings import ChatSettings
 from .views import (RENDER_EVERY_S, best_step, cost_html, coverage_note, done_status, left_out_note, measured_meter,
@@ -55,7 +55,7 @@ def measure_speed(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: De
 
 def measure_rounds(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeConfig,
                    stop: threading.Event, sizes: list[int] | None = None) -> Iterator[SpeedEstimate]:
-    """The interleaved measurement's estimates (tr_core.bench.meter.interleave), each pass from a copy of the answer's
+    """The interleaved measurement's estimates (meter.interleave), each pass from a copy of the answer's
     starting state `twin`, drafting the answer's tree `sizes` again; on ZeroGPU they come from a GPU call."""
     max_s, chunk_ms = studio.config.measure_max_s, studio.config.measure_chunk_ms
     cfg = cfg.with_(provenance=False)  # the meter times decoding, not the microscope's records of it
@@ -63,7 +63,7 @@ def measure_rounds(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: D
         return zerogpu.measure_rounds(twin, s.model, ids, cfg, max_s, chunk_ms, sizes)
 
     def runs() -> tuple[Iterator, Iterator]:
-        engine = forked(twin, sizes)
+        engine = twin.fork(sizes)
         plain = cfg.with_(plain=True)
         return engine.generate(ids, cfg, stop=stop.is_set), engine.generate(ids, plain, stop=stop.is_set)
 

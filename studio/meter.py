@@ -1,14 +1,8 @@
-"""An honest speedup figure: Token Recycling and plain decoding timed in alternating chunks over the same tokens.
+"""The speed meter's timing protocol: Token Recycling and plain decoding timed in alternating chunks of the same tokens.
 
-Timing the two methods one after the other lets any change in machine load between the runs fake a result
-(a busy neighbour during the plain run makes Token Recycling look 3x faster). Here both runs advance
-together: Token Recycling decodes a short chunk (about `chunk_ms` of engine time), then plain decoding
-decodes the very same tokens, and so on. Each pair of chunks covers the same text at nearly the same
-moment, so a load change hits both sides of a pair; the spread of the pairs' ratios gives the uncertainty.
-
-A figure is shown only when it can be trusted: enough pairs, a small spread, and a ratio no larger than
-the run's mean accepted tokens per step allow (a tree forward never costs less than a one-token forward,
-so a step that emits `a` tokens can at most be `a` times faster than one plain step).
+Run one after the other, a load change between the two runs fakes a speedup; in alternating chunks each pair covers
+the same text at nearly the same moment, so machine drift hits both sides alike and the pairs' spread is the error.
+A figure is trusted only with enough pairs, a small spread and a plausible ratio (docs/studio.md, "The speedup meter").
 """
 from __future__ import annotations
 
@@ -19,12 +13,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..events import StepEvent
+from tr_core.bench.meter import plausible_limit
+from tr_core.events import StepEvent
 
 MIN_PAIRS = 3  # fewer chunk pairs than this cannot give a spread
 MAX_PASSES = 3  # an answer measured whole but too noisily is decoded again from the same start, up to this often
 MAX_REL_ERROR = 0.08  # a standard error above 8% of the ratio is "too noisy to measure"
-PLAUSIBLE_SLACK = 1.10  # ratio <= slack x mean accepted tokens per step (slack covers per-step overheads)
 
 
 @dataclass(frozen=True)
@@ -93,13 +87,8 @@ def modelled_ratio(pairs: list[ChunkPair], fit: list[ChunkPair]) -> float:
 
 def jackknife_ratio(pairs: list[ChunkPair], fit: list[ChunkPair] | None = None) -> tuple[float, float]:
     """plain ms / TR ms of the text of `pairs` at the rates fitted on `fit` (default: all of them: the ratio of sums),
-    and its jackknife standard error from timing noise alone.
-
-    The text decoded is exact (the same tokens, in the same steps, whatever the load); only what a token of plain
-    decoding and a step of each size of Token Recycling cost is noisy. So the jackknife re-fits those costs without
-    each fitted pair in turn and re-costs the same text with them (`modelled_ratio`): how well a chunk's text happened
-    to be drafted, or how large its trees were, is not measurement noise.
-    """
+    and its jackknife standard error: the rates re-fitted without each fitted pair in turn, the same text re-costed.
+    Only the costs are noisy; the text decoded (its tokens and steps) is exact."""
     fit = pairs if fit is None else fit
     ratio = modelled_ratio(pairs, fit)
     n = len(fit)
@@ -111,11 +100,9 @@ def jackknife_ratio(pairs: list[ChunkPair], fit: list[ChunkPair] | None = None) 
 
 
 def balances(pairs: list[ChunkPair]) -> list[float]:
-    """Each pair's plain half's load over its Token Recycling half's: about 1 when both chunks of a pair ran under the
-    same load, whatever text they decoded. Each half is timed against what its own steps cost over all pairs (plain
-    decoding's ms per token; Token Recycling's mean ms per step of each size), so a chunk of large trees is not
-    taken for a disturbed one (a cold reader's screenshot left out the best chunk of an answer as "the load
-    changed")."""
+    """Each pair's plain half's load over its Token Recycling half's: about 1 when both chunks ran under the same load.
+    Each half is judged against what its own steps cost over all pairs, so a chunk of large trees is not taken for a
+    disturbed one."""
     per_token = sum(p.plain_ms for p in pairs) / max(sum(p.tokens for p in pairs), 1)
     costs = step_costs(pairs)
     out = []
@@ -138,18 +125,9 @@ def drop_outliers(pairs: list[ChunkPair]) -> list[ChunkPair]:
     return [p for p, v in zip(pairs, values) if abs(v - median) <= limit]
 
 
-def plausible_limit(mean_accepted: float) -> float:
-    """The largest ratio a run with this many tokens per step can honestly reach."""
-    return mean_accepted * PLAUSIBLE_SLACK
-
-
 def robust_ratio(pairs: list[ChunkPair], ratio: float | None = None) -> tuple[float, float]:
     """The ratio from the median pair (`ratio`, default the pairs' ratio of sums, x the median balance) and its
-    MAD-based standard error.
-
-    Bursts of load that fall between a pair's two chunks move the mean, not the median; a median far from
-    the ratio of sums therefore means the figure rests on a few disturbed pairs.
-    """
+    MAD-based standard error. A median far from the ratio means the figure rests on a few disturbed pairs."""
     ratio = sum(p.plain_ms for p in pairs) / sum(p.tr_ms for p in pairs) if ratio is None else ratio
     values = sorted(ratio * b for b in balances(pairs))
     n = len(values)
@@ -172,14 +150,9 @@ def _distrust(pairs: list[ChunkPair], ratio: float, error: float, median_ratio: 
 
 
 def estimate(pairs: list[ChunkPair], identical: bool | None = None) -> SpeedEstimate:
-    """Turn measured chunk pairs into the meter's figure, deciding whether it can be trusted.
-
-    The figure is over every token both methods decoded: the text of all pairs (its tokens, and Token Recycling's
-    steps of each size) costed at the rates of the pairs whose two chunks ran under the same load (`modelled_ratio`;
-    a pair disturbed by a load change between its chunks lends no timing, but its text still counts, so leaving it
-    out cannot change what was decoded). With no pair left out that is the ratio of sums. Its error is the larger of
-    the jackknife and the median-based one.
-    """
+    """Measured chunk pairs -> the meter's figure, trusted or not: the text of all pairs costed at the rates of the
+    undisturbed ones (`modelled_ratio`; a disturbed pair lends no timing but its text counts), with the larger of the
+    jackknife and the median-based errors."""
     pairs = [p for p in pairs if p.tokens > 0 and p.tr_ms > 0 and p.plain_ms > 0]
     if not pairs:
         return SpeedEstimate(None, None, None, None, None, 0, 0, False, "nothing was measured", identical)
@@ -235,22 +208,14 @@ def interleave(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: 
                max_s: float = 30.0, should_stop: Callable[[], bool] | None = None,
                again: Callable[[], tuple[Iterator[Any], Iterator[Any]]] | None = None,
                max_passes: int = MAX_PASSES) -> Iterator[SpeedEstimate]:
-    """Alternate chunks of a Token Recycling run and a plain run of the same prompt; yield the estimate so far.
+    """Alternate chunks of a Token Recycling run and a plain run of the same prompt; yield the estimate after each round
+    (the last one is the result).
 
-    tr_events / plain_events: `Engine.generate` generators (closed here when done or when this generator
-    is closed). The rounds alternate which run goes first. In odd rounds the Token Recycling run decodes
-    about `chunk_ms` of engine time, then the plain run decodes up to the same token count; in even rounds
-    the plain run decodes about `chunk_ms`, Token Recycling catches up (its last step may overshoot) and
-    plain decodes those last few tokens. Whatever the consumer does with each estimate (a page redraws the
-    meter, a browser on the same CPU renders it) then slows each method's chunk in half the rounds instead
-    of always the first one's. An estimate is yielded after every round (the last one is the result).
-    Stops after `max_s` seconds of wall time (the figure then covers the tokens so far) or when
-    `should_stop()` says so.
-
-    `again`: fresh generators that decode the same answer from the same start. When a pass measured the whole
-    answer but its figure cannot be shown (a short answer gives few pairs, a busy machine a wide spread), and
-    time is left, the answer is decoded again, up to `max_passes` passes, and the pairs of all passes are pooled:
-    more pairs of the same tokens narrow the error honestly.
+    tr_events / plain_events: `Engine.generate` generators, closed here when done or when this generator is closed.
+    Rounds alternate which run goes first (about `chunk_ms` of engine time, the other run catching up to the same
+    token), so whatever the consumer does between rounds slows each method alike. Stops after `max_s` seconds of
+    wall time or when `should_stop()` says so. `again`: fresh generators decoding the same answer from the same start;
+    a whole answer measured too noisily is decoded again, up to `max_passes` passes, its pairs pooled.
     """
     pairs: list[ChunkPair] = []
     deadline = time.monotonic() + max_s
@@ -313,17 +278,7 @@ def measure_interleaved(tr_events: Iterator[Any], plain_events: Iterator[Any], *
     return result
 
 
-def forked(engine: Any, sizes: list[int] | None = None) -> Any:
-    """The engine's twin for the measurement, `Engine.fork`: its own matrix and drafter state, the same model.
-
-    Taken before an answer, it lets the speed measurement re-run Token Recycling from exactly the state
-    the answer started from (the answer itself taught the live matrix its own text, which would flatter it).
-    `sizes` (`answer_sizes` of the answer): its cost-sized drafters draft the answer's tree sizes again.
-    """
-    return engine.fork(sizes)
-
-
 def answer_sizes(steps: list[StepEvent]) -> list[int]:
-    """The tree sizes an answer drafted (nodes per step after the root), from its second step on: what a cost-sized
-    drafter is told to draft again (`AdaptiveDrafter.replay_sizes`)."""
+    """The tree sizes an answer drafted (nodes per step after the root), from its second step on: what `Engine.fork`'s
+    cost-sized drafters draft again."""
     return [len(ev.tokens) - 1 for ev in steps[1:]]

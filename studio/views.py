@@ -18,13 +18,13 @@ from present.meter import MeterView, meter_html
 from present.tree import tree_figure
 from present.microscope import microscope_view
 from present.race import NoRace, race_timeline
-from tr_core.bench.meter import SpeedEstimate
 from present.story import ended_by, step_story
 from tr_core.trace import Trace, boundaries_from_texts
 
 # the cost panel is its own module; tests/test_speed.py also names these from here
 from .cost_panel import (CostCurve, _disagreement, cost_html, cost_text, divisor_text,  # noqa: F401
                          expected_speedup, meter_curve, step_sizes)
+from .meter import SpeedEstimate
 
 # Every output a handler may set, in the order of the endpoints' outputs (the API's documented order: new names
 # go at the end). "replay_html" (the HTML replay's download) is an output of its own endpoint only.

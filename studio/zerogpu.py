@@ -141,14 +141,14 @@ def gpu_decode(model_name: str, k: int, state: bytes, ids: list[int], cfg: Any, 
 def gpu_measure(model_name: str, k: int, state: bytes, ids: list[int], cfg: Any, max_s: float, chunk_ms: float,
                 duration: int, sizes: list[int] | None = None) -> Iterator[Any]:
     """(decorated with spaces.GPU) The interleaved speed measurement from the answer's starting state, drafting the
-    answer's tree `sizes` again: its SpeedEstimates (tr_core.bench.meter.interleave); closing the call stops it
+    answer's tree `sizes` again: its SpeedEstimates (meter.interleave); closing the call stops it
     after its current round."""
-    from tr_core.bench.meter import forked, interleave
+    from .meter import interleave
 
     twin = worker_engine(model_name, k, state)
 
     def runs() -> tuple[Iterator, Iterator]:
-        engine = forked(twin, sizes)
+        engine = twin.fork(sizes)
         return engine.generate(ids, cfg), engine.generate(ids, cfg.with_(plain=True))
 
     yield from interleave(*runs(), max_s=max_s, chunk_ms=chunk_ms, again=runs)

@@ -45,7 +45,7 @@ class FakeMatrix:
         return self
 
 
-FAKE_ORIGIN = "copied from the prompt <b>, tokens 3-4 (after a 2-token match)"
+FAKE_ORIGIN = {"where": "prompt", "first": 2, "last": 3, "match": 2}  # where the fake's copied nodes were found
 
 
 class FakeCosts:
@@ -70,7 +70,7 @@ class FakeEngine(FakeCosts):
         self.fail, self.steps, self.step_s = fail, steps, step_s
         self.matrix = FakeMatrix()
         self.adaptive = None
-        self.hybrid = None  # the engine's drafters with state of their own (speed.forked copies them)
+        self.hybrid = None  # the engine's drafters with state of their own (Engine.fork copies them)
         self.prompts: list[list[int]] = []
         self.running = 0
 
@@ -111,7 +111,7 @@ class FakeEngine(FakeCosts):
                                matrix_rows=[7, 8], matrix_values=[[8, 1], [9, 2]],
                                matrix_probs=[[0.9, 0.1], [0.8, 0.2]], template=cfg.template,
                                sources=["root", "both", "context"] if hybrid else None,
-                               origins=["", FAKE_ORIGIN, FAKE_ORIGIN] if hybrid else None)
+                               origins=[None, FAKE_ORIGIN, FAKE_ORIGIN] if hybrid else None)
                 out += emitted
                 yield ev
                 if stop is not None and stop():
@@ -289,7 +289,7 @@ def test_the_meter_says_while_answering_whether_it_will_measure_and_shows_the_an
     live = [v["meter"] for v in run(studio, session, "measure it", compare=True) if "meter" in v]
     assert "measured right after the answer" in live[0]
     from studio.views import measured_meter
-    from tr_core.bench.meter import SpeedEstimate
+    from studio.meter import SpeedEstimate
 
     cut = SpeedEstimate(1.2, 0.05, 20.0, 16.0, 1.22, 33, 1, True, "")  # chunks over part of the answer only
     assert "1.22" in measured_meter(cut) and "1.45" in measured_meter(cut, answer_mean=1.45)
@@ -439,13 +439,13 @@ def test_hybrid_steps_keep_their_sources_live_in_the_trace_and_in_replays(tmp_pa
     views = run(studio, session, "hello", compare=False, template="hybrid")
     live = [v["tree"] for v in views if "tree" in v]
     assert live and all(ev.sources == ["root", "both", "context"] for ev in session.trace.steps)
-    assert all(ev.origins == ["", FAKE_ORIGIN, FAKE_ORIGIN] for ev in session.trace.steps)
+    assert all(ev.origins == [None, FAKE_ORIGIN, FAKE_ORIGIN] for ev in session.trace.steps)
 
     def shows_sources(fig) -> bool:
         names = {t.get("name") for t in fig.traces}
         hover = " ".join(h for t in fig.traces for h in t.get("hovertext", []))
-        return ({"copied from the context", "matrix + context"} <= names and "copied from the prompt &lt;b&gt;" in hover
-                and "<b>," not in hover and "and the matrix (candidate #0)" in hover)
+        return ({"copied from the context", "matrix + context"} <= names and "and the matrix (candidate #0)" in hover
+                and "copied from the prompt, its 4th token, in a run from its 3rd (after a 2-token match)" in hover)
 
     assert all(shows_sources(fig) for fig in live)  # live steps
     assert shows_sources(traces.replay(session, 2, True)["tree"])  # replay of the answer

@@ -500,7 +500,7 @@ def race_trace(steps: int = 8, step_ms: float = 250.0) -> Trace:
     """A trace measured at 1.5x whose answer carries markup: 8 steps of 3 tokens, 250 ms each (plain: 3 s)."""
     from dataclasses import asdict
 
-    from tr_core.bench.meter import SpeedEstimate
+    from studio.meter import SpeedEstimate
 
     trace = Trace(model="tiny", settings={"template": "tiny", "k": 2}, messages=[{"role": "user", "content": "go"}])
     vocab = {t: f" w{t}" for t in range(10)}

@@ -9,7 +9,7 @@ import pytest
 
 from tr_core.events import StepEvent, SummaryEvent
 from present.race import NoRace, no_race_reason, race_frame, race_timeline, token_ends
-from tr_core.bench.meter import SpeedEstimate
+from studio.meter import SpeedEstimate
 from tr_core.trace import Trace
 
 VOCAB = {0: "<root>", 1: " the", 2: " cat", 3: " sat", 7: " on", 8: " mat", 9: "!"}

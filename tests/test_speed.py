@@ -1,4 +1,4 @@
-"""The honest meter (tr_core.bench.meter) and the decode's ownership by its consumer
+"""The honest meter (studio.meter) and the decode's ownership by its consumer
 (tr_core.trace.record_live)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from conftest import TinyTokenizer, tiny_model
 from tr_core.config import DecodeConfig
 from tr_core.engine import Engine
 from tr_core.events import StepEvent
-from tr_core.bench.meter import ChunkPair, estimate, forked, interleave, measure_interleaved, plausible_limit
+from studio.meter import ChunkPair, estimate, interleave, measure_interleaved, plausible_limit
 from studio.recording import record_live
 from tr_core.trace import Trace
 
@@ -206,7 +206,7 @@ def test_a_forked_engine_measures_from_the_answers_starting_state_without_touchi
     cfg = DecodeConfig(max_new_tokens=24, template="small-16")
     list(engine.generate(prompt, cfg))
     table, probs = engine.matrix.table.clone(), engine.matrix.probs.clone()
-    twin = forked(engine)
+    twin = engine.fork()
     est = measure_interleaved(twin.generate(prompt, cfg), twin.generate(prompt, cfg.with_(plain=True)), chunk_ms=5.0)
     assert est.identical is True and est.tokens > 0
     assert torch.equal(engine.matrix.table, table) and torch.equal(engine.matrix.probs, probs)  # untouched
@@ -221,7 +221,7 @@ def test_a_twin_taken_before_the_first_answer_reads_its_probe_instead_of_timing_
     cfg = DecodeConfig(max_new_tokens=16, template="adaptive")
     assert engine.times_forwards_first(cfg.with_(template="small-16")), "an untuned model: its products are timed"
     ensure_tuned(engine.runner, prompt)  # the model's matrix products, once per model (tuning.py)
-    twin = forked(engine)  # before the answer: no forward cost measured yet
+    twin = engine.fork()  # before the answer: no forward cost measured yet
     assert not engine.adaptive.cost.measured
     assert engine.times_forwards_first(cfg) and not engine.times_forwards_first(cfg.with_(template="small-16"))
     list(engine.generate(prompt, cfg))  # the answer probes the machine once
@@ -237,7 +237,7 @@ def test_a_twin_taken_before_the_first_answer_reads_its_probe_instead_of_timing_
     assert twin.adaptive is not engine.adaptive and twin.adaptive.trust is not engine.adaptive.trust
     # a twin taken once the curve is measured re-decodes with the curve the answer started from, its own copy: the
     # answer's steps (which refine the live curve) do not change the sizes the re-decode chooses
-    later = forked(engine)
+    later = engine.fork()
     assert later.adaptive.cost is not engine.adaptive.cost and later.adaptive.cost.ms == engine.adaptive.cost.ms
     list(engine.generate(prompt, cfg))
     assert later.adaptive.cost.ms != engine.adaptive.cost.ms
@@ -361,7 +361,7 @@ def story_trace(speed: dict | None) -> Trace:
 def trusted(ratio: float = 1.5, error: float = 0.05) -> dict:
     from dataclasses import asdict
 
-    from tr_core.bench.meter import SpeedEstimate
+    from studio.meter import SpeedEstimate
 
     return asdict(SpeedEstimate(ratio=ratio, error=error, tr_tps=30.0, plain_tps=20.0, mean_accepted=2.5, tokens=5,
                                 pairs=4, trusted=True, identical=True, covered=5))
@@ -405,7 +405,7 @@ def test_a_steady_curve_gives_labelled_estimates_and_the_formula_with_this_answe
 
 def test_too_noisy_leaves_no_figure_on_the_page_implying_a_speedup():
     from studio.views import cost_html, measured_meter, race_html
-    from tr_core.bench.meter import SpeedEstimate
+    from studio.meter import SpeedEstimate
 
     trace = story_trace(noisy())
     meter = measured_meter(SpeedEstimate(**trace.speed))
@@ -654,20 +654,20 @@ def test_the_meters_re_decode_drafts_the_answers_very_trees():
     """A cost-sized tree sizes each step from timings that differ run to run, so re-decoding an answer from its
     starting state drafted other trees and the meter timed another answer's steps (81 steps at 1.58 tokens beside
     the answer's 79 at 1.62 on a screenshot). Told the answer's sizes, the twin drafts its very trees."""
-    from tr_core.bench.meter import answer_sizes
+    from studio.meter import answer_sizes
 
     engine = tiny_engine()
     prompt = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 6]
     for template in ("adaptive", "hybrid"):
         cfg = DecodeConfig(max_new_tokens=30, template=template)
         list(engine.generate(prompt, cfg))  # the curve measured, the matrix and calibration warm
-        twin = forked(engine)
+        twin = engine.fork()
         answer = [e for e in engine.generate(prompt, cfg) if isinstance(e, StepEvent)]
         for drafter in (twin.adaptive, twin.hybrid):  # the re-decode's timings say drafting is free: chosen anew,
             drafter.cost.ms = {n: 1.0 for n in drafter.cost.ms}  # its sizes differ from the answer's
-        chosen = [e for e in forked(twin).generate(prompt, cfg) if isinstance(e, StepEvent)]
+        chosen = [e for e in twin.fork().generate(prompt, cfg) if isinstance(e, StepEvent)]
         assert [e.tokens for e in chosen] != [e.tokens for e in answer], template  # (the check below can fail)
-        redone = [e for e in forked(twin, answer_sizes(answer)).generate(prompt, cfg) if isinstance(e, StepEvent)]
+        redone = [e for e in twin.fork(answer_sizes(answer)).generate(prompt, cfg) if isinstance(e, StepEvent)]
         assert [e.tokens for e in redone] == [e.tokens for e in answer], template
         assert [e.emitted for e in redone] == [e.emitted for e in answer]
 
@@ -734,7 +734,7 @@ def test_the_formula_counts_the_steps_that_drafted_nothing():
 def test_the_trace_schema_knows_every_field_of_a_speed_record():
     from dataclasses import fields
 
-    from tr_core.bench.meter import SpeedEstimate
+    from studio.meter import SpeedEstimate
     from tr_core.trace import SPEED_KEYS
 
     assert SPEED_KEYS == {f.name for f in fields(SpeedEstimate)}

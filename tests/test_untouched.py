@@ -127,7 +127,7 @@ def test_accelerate_hooks_keep_running_around_the_timed_product(monkeypatch):
 def test_overlapping_answers_share_one_installation_until_the_last_ends():
     """The speed meter alternates a Token Recycling and a plain generator on one model; the studio runs answers in
     worker threads; answers are closed early or raise. The last one running gives the model back."""
-    from tr_core.bench.meter import interleave
+    from studio.meter import interleave
 
     model = tiny_model("llama")
     kernels.set_plan(model, mixed_plan(TRANSPOSED, STOCK))
