@@ -61,6 +61,8 @@ ACROSS_ARCHITECTURES = {
     "test_repetition_penalty_greedy_equals_plain_and_transformers",
     "test_repetition_penalty_with_seeded_sampling_equals_plain",
     "test_greedy_recycling_is_lossless_with_every_row_count_routed_one_way",  # tests/test_kernels.py
+    "test_ragged_batch_gives_each_answer_its_tokens_alone",  # tests/test_batch.py
+    "test_seeded_sampling_in_a_batch_equals_alone",
 }
 
 

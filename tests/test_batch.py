@@ -1,0 +1,115 @@
+"""Batched Token Recycling (tr_core/batch.py): every answer of a ragged batch gets the tokens it gets alone."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
+
+from tr_core import DecodeConfig, Engine, StepEvent, SummaryEvent
+from tr_core.batch import Batch, generate_batch
+
+
+def ragged_prompts(n: int, seed: int = 3) -> list[list[int]]:
+    """Prompts of lengths 3, 8, 13, ...: every row of a batch has its own length."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, TINY_VOCAB, (3 + 5 * i,), generator=g).tolist() for i in range(n)]
+
+
+def alone(model, prompts: list[list[int]], cfg: DecodeConfig) -> list[list[int]]:
+    """Each prompt's tokens decoded alone, by a fresh engine."""
+    return [list(Engine(model, TinyTokenizer(TINY_VOCAB)).generate(p, cfg))[-1].tokens for p in prompts]
+
+
+def batched(model, prompts: list[list[int]], cfg: DecodeConfig, max_rows: int) -> tuple[list, list]:
+    """Each prompt's tokens decoded in one batch, and every (prompt, event) pair in order."""
+    pairs = list(generate_batch(Engine(model, TinyTokenizer(TINY_VOCAB)), prompts, cfg, max_rows=max_rows))
+    tokens = {i: ev.tokens for i, ev in pairs if isinstance(ev, SummaryEvent)}
+    return [tokens[i] for i in range(len(prompts))], pairs
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma3", "gpt2"])
+@pytest.mark.parametrize("template", ["2.2.2", "adaptive", "hybrid"])
+def test_ragged_batch_gives_each_answer_its_tokens_alone(arch, template):
+    """Greedy: rows of different lengths, more prompts than rows (later ones join as rows free up), sliding and
+    mixed-window models among them; and drafts really are accepted in the batch."""
+    model = tiny_model(arch)
+    prompts, cfg = ragged_prompts(6), DecodeConfig(max_new_tokens=40, template=template)
+    tokens, pairs = batched(model, prompts, cfg, max_rows=4)
+    assert tokens == alone(model, prompts, cfg)
+    steps = [ev for _, ev in pairs if isinstance(ev, StepEvent)]
+    assert max(len(ev.accepted) for ev in steps) > 2
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_seeded_sampling_in_a_batch_equals_alone(arch):
+    model = tiny_model(arch)
+    prompts = ragged_prompts(5, seed=7)
+    for seed in (1, 2):
+        cfg = DecodeConfig(max_new_tokens=30, template="2.2.2", temperature=0.9, top_p=0.95, seed=seed)
+        assert batched(model, prompts, cfg, max_rows=3)[0] == alone(model, prompts, cfg)
+
+
+def test_rows_join_and_leave_mid_answer():
+    """An answer added while others are halfway, one stopped by its `stop`, one cancelled (a visitor who left):
+    the others' tokens are untouched, and the stopped ones are a prefix of their full answers."""
+    model = tiny_model("llama")
+    prompts = ragged_prompts(4, seed=11)
+    cfg = DecodeConfig(max_new_tokens=36, template="adaptive")
+    full = alone(model, prompts, cfg)
+    base = Engine(model, TinyTokenizer(TINY_VOCAB))
+    batch = Batch(max_rows=4)
+    steps_of_1, polls = [], []  # `stop` is polled after each of the row's steps: it ends the answer after 3
+    keys = [batch.add(base.fork(), prompts[0], cfg), batch.add(base.fork(), prompts[1], cfg,
+                                                               stop=lambda: polls.append(1) or len(polls) >= 3)]
+    done: dict[int, list[int]] = {}
+    for step in range(200):
+        if step == 4:
+            keys.append(batch.add(base.fork(), prompts[2], cfg))  # joins mid-answer
+            keys.append(batch.add(base.fork(), prompts[3], cfg))
+        if step == 6:
+            summary = batch.cancel(keys[3])
+            assert summary is not None and summary.stop_reason == "stopped"
+            done[keys[3]] = summary.tokens
+        for key, ev in batch.step():
+            if key == keys[1] and isinstance(ev, StepEvent):
+                steps_of_1.append(ev)
+            if isinstance(ev, SummaryEvent):
+                done[key] = ev.tokens
+        if not batch:
+            break
+    assert not batch and batch.cache.rows == []
+    assert done[keys[0]] == full[0] and done[keys[2]] == full[2]
+    assert len(steps_of_1) == 3 and full[1][: len(done[keys[1]])] == done[keys[1]] != full[1]
+    assert full[3][: len(done[keys[3]])] == done[keys[3]] != full[3]
+    assert batch.cancel(keys[0]) is None  # already gone
+
+
+def test_rows_of_one_batch_need_engines_of_their_own_and_one_model():
+    model = tiny_model("llama")
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB))
+    batch = Batch(max_rows=2)
+    batch.add(engine, [5, 6, 7], DecodeConfig(max_new_tokens=4))
+    with pytest.raises(ValueError, match="engine.fork"):
+        batch.add(engine, [8, 9], DecodeConfig(max_new_tokens=4))
+    other = Engine(tiny_model("llama", seed=1), TinyTokenizer(TINY_VOCAB))
+    with pytest.raises(ValueError, match="same model"):
+        batch.add(other, [8, 9], DecodeConfig(max_new_tokens=4))
+    batch.add(engine.fork(), [8, 9], DecodeConfig(max_new_tokens=4))
+    with pytest.raises(RuntimeError, match="full"):
+        batch.add(engine.fork(), [1, 2], DecodeConfig(max_new_tokens=4))
+    with pytest.raises(ValueError):
+        Batch(max_rows=0)
+
+
+def test_a_bad_prompt_is_refused_and_leaves_the_batch_as_it_was():
+    model = tiny_model("llama")
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB))
+    batch = Batch(max_rows=2)
+    with pytest.raises(ValueError):
+        batch.add(engine, [], DecodeConfig())
+    with pytest.raises(ValueError):
+        batch.add(engine, [TINY_VOCAB + 5], DecodeConfig())
+    assert not batch and batch.step() == []
+    key = batch.add(engine, [5, 6, 7], DecodeConfig(max_new_tokens=5))
+    events = [ev for _ in range(10) for k, ev in batch.step() if k == key]
+    assert isinstance(events[-1], SummaryEvent) and len(events[-1].tokens) == 5
