@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from tr_core.bench.meter import plausible_limit
+from tr_core.bench.results import plausible_limit
 from tr_core.events import StepEvent
 
 MIN_PAIRS = 3  # fewer chunk pairs than this cannot give a spread

@@ -1,10 +1,6 @@
-"""Token Recycling Studio core: lossless Token Recycling speculative decoding for transformers causal LMs.
+"""Lossless Token Recycling speculative decoding for transformers causal LMs (Luo et al., ACL 2025, arXiv 2408.08696).
 
-Luo et al., "Turning Trash into Treasure: Accelerating Inference of Large Language Models with Token Recycling",
-ACL 2025 (arXiv 2408.08696).
-
-The public API is what this file exports, with tr_core.hf.generate and tr_core.warm.warm_start. `import tr_core`
-loads the library alone; the rooms and their doors are tested in tests/test_architecture.py."""
+The public API is what this file exports, with tr_core.hf.generate and tr_core.warm.warm_start."""
 from .config import DecodeConfig
 from .engine import Engine, verify_tree
 from .events import Event, StepEvent, SummaryEvent, event_from_dict

@@ -1,19 +1,8 @@
-"""Adaptive, hardware-aware draft trees: the paper's "dynamic tree" next step.
+"""Adaptive, hardware-aware draft trees: grown best-first over the matrix by calibrated acceptance rates
+(calibration.py, growth.py), sized each step to maximise expected tokens per second on this device.
 
-Each step the tree is grown best-first from the root over the adjacency matrix: a node's score is the
-product, along its path, of calibrated acceptance probabilities of its candidates. The calibration maps
-the probability stored with a candidate (matrix.probs), and whether its row was written in this answer or
-before it, to how often such candidates were really accepted, learned online. The tree size is chosen each step
-to maximise expected tokens per second, (expected accepted + 1) / t(N), with t(N) the measured cost of a forward
-of N tokens on this device.
-
-On a GPU everything up to the forward runs on the device without host syncs: the next step's tree is grown right
-after verification (the bonus token is known on the device then), and its expected-acceptance curve rides
-along in the step's single sync, so the host can pick the size for the next step. On a CPU there is no sync to
-save, and the tree is grown in plain Python (`grow_lists`) and drafted from those lists, which never leave the host:
-right after a forward every distinct torch or NumPy call starts cold, and the plain-Python growth cost a third of
-the torch one there. The calibration keys live in calibration.py, the tree growth in growth.py.
-"""
+The next step's tree is grown right after verification (`lookahead`): on a GPU on the device, its curve riding the
+step's one sync; on a CPU in plain Python, kept on the host. Why: docs/cpu-policy.md."""
 from __future__ import annotations
 
 from collections import deque
@@ -35,8 +24,7 @@ DRAFT_MARGIN = 1.03  # draft only where the predicted rate beats a plain step by
 
 
 def sized_by_cost(cfg: DecodeConfig) -> bool:
-    """Whether an answer's tree is sized by the measured cost (`adaptive`, `hybrid`) or always the full budget
-    (`*-fixed`, or hardware awareness turned off)."""
+    """Whether the tree is sized by measured cost (`adaptive`, `hybrid`), not always the full budget (`*-fixed`)."""
     return cfg.hardware_aware and cfg.template in SIZED_BY_COST
 
 
@@ -48,14 +36,12 @@ class AdaptiveDrafter(BaseDrafter):
 
     def __init__(self, device: torch.device, prior: float = 4.0, on_host: bool | None = None):
         self.device = device
-        # trees grown in plain Python (`grow_lists`), else with tensor ops on the device; by default on a CPU only
-        # (a test runs the device path on CPU tensors: the GPU's code, checked without a GPU)
+        # trees grown in plain Python (`grow_lists`), else on the device; a test runs the device path on a CPU
         self.on_host = device.type == "cpu" if on_host is None else on_host
         self.cost = ForwardCost()
         self.budget, self.max_depth, self.sized_by_cost = 80, 8, True  # this answer's settings (see begin)
         self.matrix_depth = self.max_depth
-        # Acceptance rate per key: a bin starts at its own stored probability (a calibrated model), weight `prior`;
-        # an older row's bin at this answer's rate for the bin (_rates)
+        # acceptance counts per calibration key, starting at `prior` pseudo-trials (`_rate`)
         self.prior = prior
         self.hits, self.trials = matrix_prior(prior)
         self._refresh()
@@ -63,19 +49,15 @@ class AdaptiveDrafter(BaseDrafter):
         self.grown: dict[str, list] | None = None  # on a CPU, the same as host lists (`grow_lists`)
         self.next_size = 0  # draft nodes for the next step (an answer's first step drafts none)
         self.expected_next: list[float] | None = None  # the next tree's expected-acceptance curve (host)
-        # the pending tree's shape on the host: learning reads it before `observe` replaces it with the next one's
-        self.host_tree: dict[str, list[int]] | None = None
+        self.host_tree: dict[str, list[int]] | None = None  # the pending tree's shape on the host, for learning
         self.host_scores: list[float] = []  # its nodes' scores (the order of its best-first drafts)
         self.host_live = 0  # on a GPU, the pending tree's nodes under written rows (score > 0): the most it may draft
-        # Trust: realised / predicted accepted tokens per size class, judged in hindsight on every step's tree
-        self.trust = HindsightTrust()
+        self.trust = HindsightTrust()  # realised / predicted accepted tokens per size class (trust.py)
         self.answer_start = -1  # the matrix clock when this answer began (rows stamped before it are older)
         self.replayed: deque[int] | None = None  # sizes to draft instead of choosing them (`replay_sizes`)
 
     def _rate(self, key: int, hits: list[float], trials: list[float]) -> float:
-        """Acceptance rate of one calibration key, from the counts. An older row's bin is its own tests plus `prior`
-        pseudo-trials at the rate of the same bin in this answer's rows: it starts there and parts from it only as
-        far as it is tested (on a few questions, few older candidates are tested beyond bin 0)."""
+        """Acceptance rate of one key; an older row's bin leans on this answer's same bin with `prior` pseudo-trials."""
         if N_BINS <= key < MATRIX_KEYS:
             rate = (hits[key] + self.prior * self.rate_host[key - N_BINS]) / (trials[key] + self.prior)
         else:
@@ -83,10 +65,8 @@ class AdaptiveDrafter(BaseDrafter):
         return min(max(rate, 1e-3), 0.98)
 
     def _refresh(self, keys: set[int] | None = None) -> None:
-        """Recompute the rates (`rate_host`) of the calibration keys whose counts changed (all when None), and of the
-        older-row bins that lean on them. In plain Python: this runs every step, right after a forward, when every
-        distinct NumPy or torch call starts cold (`grow_lists`). On a GPU the lookup table from stored probability
-        (0..511 with the row's age) to rate is rebuilt on the device."""
+        """Recompute `rate_host` for the changed keys (None: all) and the older-row bins leaning on them, in plain
+        Python (it runs right after a forward); on a GPU also the device table from stored probability to rate."""
         hits, trials = self.hits.numpy(), self.trials.numpy()
         if keys is None:
             self.rate_host = [0.0] * len(hits)
@@ -99,20 +79,17 @@ class AdaptiveDrafter(BaseDrafter):
                                          device=self.device)
 
     def learned(self) -> dict:
-        """What it learned that holds on any machine: calibration counts {"hits", "trials"} [keys] float64 and the
-        trust state (not the forward cost, which describes this machine)."""
+        """What holds on any machine: calibration counts {"hits", "trials"} [keys] float64 and the trust state."""
         return {"hits": self.hits.clone(), "trials": self.trials.clone(), "trust": self.trust.state()}
 
     def drop_older_row_calibration(self) -> None:
-        """Forget what was learned of rows written before an answer began (the older-row keys, back to leaning on
-        this answer's bins), e.g. before learning it again for another kind of older row (warm_build.calibrate)."""
+        """Forget the older-row keys' counts (they lean on this answer's bins again; warm_build.calibrate)."""
         self.hits[N_BINS:MATRIX_KEYS] = 0.0
         self.trials[N_BINS:MATRIX_KEYS] = 0.0
         self._refresh()
 
     def take_learned(self, learned: dict) -> None:
-        """Start from `learned` (a `learned()` of the same drafter kind); raises ValueError, changing nothing, when it
-        does not fit."""
+        """Start from `learned` (a `learned()` of this kind); ValueError, changing nothing, when it does not fit."""
         hits, trials = learned.get("hits"), learned.get("trials")
         if not (isinstance(hits, torch.Tensor) and isinstance(trials, torch.Tensor)) or \
                 hits.shape != self.hits.shape or trials.shape != self.trials.shape:
@@ -133,9 +110,8 @@ class AdaptiveDrafter(BaseDrafter):
 
     # -- the drafter seam -------------------------------------------------------------------------------------
     def times_forwards(self, cfg: DecodeConfig) -> bool:
-        """True when this answer's tree is sized by cost and this device's forwards were never timed: `begin` then
-        probes them (on a CPU it reuses the linear layers' tuning timings of 1-32 and 64 tokens and times 48 and 81: about
-        2-3 s on a 2-core CPU for the embedded model; 4-6 s where nothing was tuned; longer for larger models)."""
+        """True when the tree is sized by cost and this device's forwards were never timed (`begin` probes them:
+        seconds on a CPU; the kernel tuning's timings are reused)."""
         return sized_by_cost(cfg) and not self.cost.measured
 
     def begin(self, ctx: DraftContext) -> None:
@@ -150,11 +126,7 @@ class AdaptiveDrafter(BaseDrafter):
         if self.times_forwards(cfg):
             self.cost.probe(ctx.runner, ctx.prompt, max_tokens=cfg.node_budget + 1,
                             known=timed_costs(ctx.runner.model))
-        # An answer's first step has no look-ahead, so no curve on the host: it verifies the root alone. Drafting
-        # the last answer's size there is a draft no prediction stands behind, which no trust can judge; sizing it
-        # from its own tree (one more sync) did worse still. Under the frozen cost curve
-        # (scripts/frozen_cost_policy.py), a plain first step raised the lowest task on each of three question slices.
-        self.next_size = 0
+        self.next_size = 0  # an answer's first step verifies the root alone (docs/cpu-policy.md)
 
     def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
         """The best `next_size` nodes (the full budget when not sized by cost) of the tree grown from `root`."""
@@ -195,8 +167,7 @@ class AdaptiveDrafter(BaseDrafter):
                           extras={"node": list(range(n))})
 
     def lookahead(self, bonus: torch.Tensor, matrix: AdjacencyMatrix) -> dict[str, torch.Tensor]:
-        """Grow the next step's tree from the bonus token now: on a CPU in plain Python, kept on the host for
-        `observe`; on a GPU on the device, its expected-acceptance curve riding the sync (`lookahead_on_device`)."""
+        """Grow the next step's tree from the bonus token: on a CPU as host lists, on a GPU on the device."""
         budget, depth = self.growth()
         if self.on_host:
             self.grown = self.grow_lists(matrix, int(bonus), budget, depth)
@@ -211,9 +182,7 @@ class AdaptiveDrafter(BaseDrafter):
                 **{f"grown.{name}": getattr(self.pending, name) for name in GROWN}}
 
     def growth(self) -> tuple[int, int]:
-        """(nodes, levels) to grow the next tree to: all of them for fixed trees; sized trees grow to about twice
-        the last chosen size (so a run of zero-draft steps costs little: 8 nodes over 3 levels), and can double
-        each step when drafting pays."""
+        """(nodes, levels) of the next tree: the full budget for fixed trees, else about twice the last size."""
         if not self.sized_by_cost:
             return self.budget, self.matrix_depth
         m = self.next_size
@@ -243,12 +212,7 @@ class AdaptiveDrafter(BaseDrafter):
 
     # -- growing ----------------------------------------------------------------------------------------------
     def grow(self, matrix: AdjacencyMatrix, root: torch.Tensor, budget: int, max_depth: int) -> GrownTree:
-        """Best-first tree of up to `budget` draft nodes under `root` ([1] long): the best `budget` candidates of each
-        level by path score, then the best `budget` nodes over all levels.
-
-        A candidate's calibration key is its stored probability's bin and whether its row (its parent's token's)
-        was written before this answer began. On a GPU the tree is grown with one gather per depth and no sync
-        (`grow_on_device`); on a CPU it is grown in plain Python (`grow_lists`)."""
+        """Best-first tree of up to `budget` draft nodes under `root` ([1] long), as a GrownTree."""
         if self.on_host:
             return grown_tensors(self.grow_lists(matrix, int(root.view(-1)[0]), budget, max_depth))
         return grow_on_device(matrix, root, self.rate_lut, self.answer_start, budget, max_depth)
@@ -258,19 +222,15 @@ class AdaptiveDrafter(BaseDrafter):
         return grow_lists(matrix, root, self.rate_host, self.answer_start, budget, max_depth)
 
     def choose_size(self, expected: list[float], budget: int) -> int:
-        """Draft nodes to verify next: argmax over m of (trust(m) * expected[m] + 1) / t(m + 1); 0 means a plain step.
-
-        t is the measured cost of a whole step (forward and the engine's work) of m + 1 tokens; a draft must beat
-        the plain step by DRAFT_MARGIN. While replaying recorded sizes (`replay_sizes`), the next of them."""
+        """argmax over m of (trust(m) * expected[m] + 1) / t(m + 1), t a whole step's cost; 0: a plain step (a
+        draft must beat it by DRAFT_MARGIN). While replaying (`replay_sizes`), the next recorded size."""
         if self.replayed:
             return min(self.replayed.popleft(), budget, len(expected) - 1)
         return self.size_choice(expected, budget)[0]
 
     def replay_sizes(self, sizes: list[int]) -> None:
-        """Draft these sizes (drafted nodes per step, from an answer's second step on) instead of choosing them by
-        the measured cost: the speed meter's re-decode of a recorded answer from its starting state then drafts the
-        answer's very trees, step for step, where choosing again (from timings that differ run to run) would draft
-        others, and the meter would time another answer's steps. Sizes run out: choosing resumes."""
+        """Draft these sizes (per step, from the second on) instead of choosing them, so the speed meter's re-decode
+        drafts the recorded answer's very trees; choosing resumes when they run out."""
         self.replayed = deque(sizes)
 
     def size_choice(self, expected: list[float], budget: int) -> tuple[int, int]:
@@ -286,8 +246,8 @@ class AdaptiveDrafter(BaseDrafter):
 
     def why_not(self, first: bool, expected: list[float], tree: dict[str, list] | None, scores: list[float],
                 order: list[int], context: bool = False) -> NoDraft:
-        """Why a step drafts nothing, with the best tree the size choice considered (`order`: the tree's nodes best
-        first, so a draft of m nodes is order[:m]; `tree`: its tokens and parents, None when not on the host)."""
+        """Why a step drafts nothing, with the best tree considered (`order`: nodes best first; `tree`: its tokens
+        and parents, None when not on the host)."""
         if first and self.sized_by_cost:
             return NoDraft("first step", context=context)
         m = self.size_choice(expected, self.budget)[1] if tree is not None else 0
@@ -318,8 +278,7 @@ class AdaptiveDrafter(BaseDrafter):
 
     # -- learning ---------------------------------------------------------------------------------------------
     def learn_verified(self, result: StepResult) -> None:
-        """The calibration's lesson of one step, from the whole grown tree when its host copy is known (every
-        step but an answer's first), else from the verified nodes alone (see `tested_candidates`)."""
+        """Learn from the whole grown tree when its host copy is known (`tested_candidates`), else the drafted nodes."""
         tree, nodes = self.host_tree, result.extras.get("node")
         if tree is None or nodes is None or len(nodes) != len(result.parents):
             return self.learn_drafted(result)

@@ -1,11 +1,5 @@
-"""Calibration keys (adaptive and hybrid trees): what a matrix candidate's acceptance rate is learned by, its
-starting rates, and which candidates a verified step tested.
-
-A candidate's key is the bin of its stored probability (uint8 0..255, p = stored / 255) and whether its row was
-written before this answer began (a row recycled from another question's context, rather than from this answer's
-or its prompt's). The drafters learn a rate per key online (adaptive.py); the hybrid adds keys for runs copied
-from the context (hybrid.py).
-"""
+"""Calibration keys of matrix candidates (adaptive and hybrid trees): the bin of the stored probability and whether
+the row was written before this answer; their starting rates; which candidates a step tested (docs/cpu-policy.md)."""
 from __future__ import annotations
 
 import torch
@@ -16,13 +10,8 @@ MATRIX_KEYS = 2 * N_BINS
 
 
 def stored_bin(stored: torch.Tensor) -> torch.Tensor:
-    """The calibration bin (long) of stored candidate probabilities (uint8 0..255, p = stored / 255).
-
-    Bins are even in sqrt(p): bin b holds stored values s with sqrt(s / 256) in [b/16, (b+1)/16), so p up to
-    about 0.4%, 1.6%, 3.5%, 6.3%, ... 88% and 100%.
-    Most of a tree's candidates are unlikely ones; with even bins in p, the first bin (p < 6%) would pool the
-    p = 0.1% candidates with the p = 5% ones the drafts take, and the calibration learned from every tested
-    candidate (`tested_candidates`) would rate the latter by the former."""
+    """The calibration bin (long) of stored probabilities (uint8, p = stored / 255): bins even in sqrt(p), bin b
+    holding sqrt(stored / 256) in [b/16, (b+1)/16), so unlikely candidates are not pooled with likely ones."""
     return (torch.sqrt(stored.float() / 256) * N_BINS).long()
 
 
@@ -46,14 +35,9 @@ BIN_OF_STORED_LIST = BIN_OF_STORED.tolist()
 
 def tested_candidates(tokens: list[int], parents: list[int], depths: list[int], keys: list[int], kept: list[int],
                       accepted: list[int], emitted: list[int]) -> tuple[list[int], list[bool]]:
-    """The calibration keys of every candidate a step tested, and whether each passed, over a whole tree of which
-    only the nodes `kept` (root first, in draft order) were drafted; `accepted` indexes the draft.
-
-    A candidate was tested when its parent was accepted, drafted or not. A drafted one passed if verification
-    accepted it; one left out (all of them on a zero-draft step) would have passed if its token is the one the
-    model emitted after its parent, which is what greedy verification decides. So candidates the size choice
-    keeps out still teach their rates: without them a source that starts too pessimistic never drafts, so never
-    learns (a copy from the prompt in a translation), and one too optimistic learns only from what it drafted."""
+    """(keys, passed) of every candidate a step tested (its parent accepted), over a whole tree of which the nodes
+    `kept` (root first, draft order) were drafted; `accepted` indexes the draft. One not drafted passed if its
+    token is the one the model emitted after its parent, as greedy verification would decide."""
     path = [kept[a] for a in accepted]  # tree nodes of the accepted path; path[d] is at depth d
     on_path, drafted = set(path), set(kept)
     out_keys, hits = [], []

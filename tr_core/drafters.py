@@ -1,18 +1,12 @@
 """The drafter seam (in the spirit of transformers' CandidateGenerator): what proposes the tree each step.
 
-A drafter proposes: it turns the last committed token into a `Draft` (the tree's tokens and shape on the device),
-as `get_candidates` does. It observes: it learns from the verified step (`observe`), as `update_candidate_strategy`
-does. The one hook between them, `lookahead`, is that observation's device half: work done right after
-verification (the bonus token is known on the device then) whose results ride the step's one host sync to
-`observe`. `begin` starts an answer and `times_forwards` warns of its cost probe; `BaseDrafter` gives every hook
-but `draft` a do-nothing default, so a new drafter is one class with one method. What a drafter learned across
-answers is copied, saved and replaced only through the engine (engine_state.py). The engine never branches on the
-kind of drafter: plain decoding, the paper's static templates and the adaptive trees are classes behind one seam.
-"""
+`draft` turns the last committed token into a `Draft` on the device; `lookahead` does device work right after
+verification whose results ride the step's one sync to `observe`, which learns from the verified step. The engine
+never branches on the kind of drafter; what one learned is copied or replaced only through engine_state.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -23,8 +17,7 @@ from .tree import DraftTree, bfs_draft, chain_tree, live_nodes, tree_from_parent
 
 @dataclass(frozen=True)
 class NoDraft:
-    """Why a step drafted nothing (host data, with the numbers that decided it) and the best tree it considered,
-    which was not verified."""
+    """Why a step drafted nothing (host data, with the numbers that decided it) and the best tree it considered."""
 
     why: str  # "first step" (the prompt's forward verifies it), "empty row" (no candidates after the root), "cost"
     gain: float = 0.0  # "cost": the best tree's expected accepted draft tokens (its trust applied)
@@ -90,42 +83,18 @@ class DraftContext:
     answer_start: int = -1  # the matrix clock at this answer's start: rows stamped before it were written earlier
 
 
-class Drafter(Protocol):
-    """Proposes each step's draft tree (`draft`) and learns from its verification (`lookahead`, then `observe`)."""
+class BaseDrafter:
+    """The seam, with do-nothing defaults: a drafter overrides `draft` and whichever of the rest it needs."""
 
-    recycles: bool  # True: every step's logits are recycled into the adjacency matrix
-    seeds_prompt: bool  # prompt seeding's default when DecodeConfig.prompt_seeding is None
-    max_depth: int  # the deepest draft it can propose (host-known)
+    recycles = False  # True: every step's logits are recycled into the adjacency matrix
+    seeds_prompt = False  # prompt seeding's default when DecodeConfig.prompt_seeding is None
+    max_depth = 0  # the deepest draft it can propose (host-known)
 
     def begin(self, ctx: DraftContext) -> None:
         """Start an answer."""
 
     def times_forwards(self, cfg: DecodeConfig) -> bool:
         """True when `begin` will first time forwards of every size on this device (seconds on a CPU)."""
-
-    def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
-        """The draft tree under `root` ([1] long)."""
-
-    def lookahead(self, bonus: torch.Tensor, matrix: AdjacencyMatrix) -> dict[str, torch.Tensor]:
-        """Device work after verification (the bonus token [1] is known there); returns tensors to sync."""
-
-    def observe(self, result: StepResult) -> None:
-        """Learn from the verified step."""
-
-
-class BaseDrafter:
-    """The seam's defaults: nothing recycled, nothing to prepare, look ahead or learn. A drafter overrides `draft`
-    and whichever of the rest it needs."""
-
-    recycles = False
-    seeds_prompt = False
-    max_depth = 0
-
-    def begin(self, ctx: DraftContext) -> None:
-        """Nothing to prepare."""
-
-    def times_forwards(self, cfg: DecodeConfig) -> bool:
-        """Never: nothing is sized by cost."""
         return False
 
     def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
@@ -133,11 +102,14 @@ class BaseDrafter:
         raise NotImplementedError
 
     def lookahead(self, bonus: torch.Tensor, matrix: AdjacencyMatrix) -> dict[str, torch.Tensor]:
-        """Nothing to prepare."""
+        """Device work after verification (the bonus token [1] is known there); returns tensors to sync."""
         return {}
 
     def observe(self, result: StepResult) -> None:
-        """Nothing to learn."""
+        """Learn from the verified step."""
+
+
+Drafter = BaseDrafter  # the seam's type, as the engine names it
 
 
 def _draft_of(tree: DraftTree, tokens: torch.Tensor) -> Draft:
@@ -159,10 +131,8 @@ class PlainDrafter(BaseDrafter):
 class StaticTreeDrafter(BaseDrafter):
     """A fixed template (the paper's "2.2.2" and others), filled by BFS over the adjacency matrix (Sec. 3.2).
 
-    Nodes under a matrix row that was never written are left out with their subtrees (a cold matrix would draft
-    80 copies of token 0); the others keep the template's shape, so node [0, 1] stays candidate 1 of candidate 0.
-    Which nodes live is computed on the device in `lookahead` and rides the step's one sync; only an answer's
-    first step, drafted before the prompt's forward, reads it with a sync of its own."""
+    Nodes under a never-written row are left out with their subtrees, the rest keep their template ranks; which
+    live rides the step's one sync (`lookahead`), except on an answer's first step (docs/warm-start.md)."""
 
     recycles = True
 
@@ -186,13 +156,9 @@ class StaticTreeDrafter(BaseDrafter):
         if len(keep) == self.tree.size:
             return _draft_of(self.tree, tokens)
         if len(keep) == 1:
-            return replace(_draft_of(self._root_tree(), tokens[:1]), name=self.tree.name,
+            return replace(_draft_of(chain_tree(1, self.tree.parents.device), tokens[:1]), name=self.tree.name,
                            no_draft=NoDraft("empty row"))
         return self._pruned(tokens, keep)
-
-    def _root_tree(self) -> DraftTree:
-        """The root alone, on the template's device."""
-        return chain_tree(1, self.tree.parents.device)
 
     def _pruned(self, tokens: torch.Tensor, keep: list[int]) -> Draft:
         """The draft of the template's nodes `keep` (the root first, BFS order), each with its template rank."""

@@ -1,12 +1,5 @@
-"""What answers teach an engine, and the one place that forks, snapshots, restores, packs or replaces it.
-
-An engine's learned state is its adjacency matrix, its cost-sized drafters (`adaptive`, `hybrid`: calibration,
-trust, measured forward cost; the hybrid's context index and warm-start library) and the matrix clock. The speed
-meter's twin (`fork`), the benchmark's repeats (`snapshot` / `restore`), ZeroGPU's process boundary (`state_dict` /
-`load_state_dict`), a new session (`start_session`), the warm start (`adopt_warm`, `learned`) and transformers'
-parked engines (`Engine.on_model`) all go through `EngineState`, the base of `Engine`: nothing outside the engine
-reaches into a drafter or the clock.
-"""
+"""What answers teach an engine (the matrix, the cost-sized drafters, the matrix clock) and the one place that forks,
+snapshots, restores, packs or replaces it: nothing outside the engine reaches into a drafter or the clock."""
 from __future__ import annotations
 
 import bisect
@@ -26,8 +19,8 @@ DRAFTERS = ("adaptive", "hybrid")  # the drafters with learned state of their ow
 
 @dataclass
 class MatrixClock:
-    """The matrix's clock: one tick per prompt seeding and per step, across answers. A row's stamp says which tick
-    wrote it (provenance, `origin_of`); answer i began at tick answer_starts[i] (its prompt seeding)."""
+    """One tick per prompt seeding and per step, across answers; a row's stamp is the tick that wrote it, answer i
+    began at tick answer_starts[i]."""
 
     tick: int = 0
     answer_starts: list[int] = field(default_factory=list)
@@ -68,10 +61,8 @@ class EngineState:
         return {"adaptive": self.adaptive, "hybrid": self.hybrid}
 
     def forget(self, to: dict[str, Any] | None = None) -> None:
-        """Forget what earlier answers taught: the adjacency matrix (emptied, or back to the matrix of `to`, a
-        `snapshot`), the hybrid tree's context index and the warm start's answers it copies from, the clock.
-
-        The drafters' calibration and the measured forward costs are kept (they describe the model and device)."""
+        """Empty the matrix (or back to the `to` snapshot's), the hybrid's context index and library, the clock;
+        the drafters' calibration and forward costs are kept."""
         self.matrix.reset()
         if to is not None:
             self.matrix.copy_from(to["matrix"])
@@ -79,16 +70,12 @@ class EngineState:
         self.clock.set(0, [])
 
     def snapshot(self) -> dict[str, Any]:
-        """A copy of all that answers teach this engine: the matrix, the drafters' calibration, trust, forward costs
-        and context index, and the matrix clock. `restore` returns to it, e.g. to decode the same answer again from
-        the same start (the benchmark's `--repeats`)."""
+        """A copy of all that answers teach this engine (matrix, drafters, clock), for `restore`."""
         return {"matrix": self.matrix.clone(), "drafters": copy.deepcopy((self.adaptive, self.hybrid)),
                 "clock": self.clock.tick, "answer_starts": list(self.clock.answer_starts)}
 
     def restore(self, snapshot: dict[str, Any], keep_costs: bool = False) -> None:
-        """Return to a `snapshot` (which stays as it was, for further restores; the matrix is copied in place).
-        `keep_costs`: keep the forward costs measured since (they describe the machine, not the answers, and timing
-        them again costs seconds)."""
+        """Return to a `snapshot` (left as it was); `keep_costs`: keep the forward costs measured since."""
         costs = self.forward_costs()
         self.matrix.copy_from(snapshot["matrix"])
         self.adaptive, self.hybrid = copy.deepcopy(snapshot["drafters"])
@@ -97,33 +84,27 @@ class EngineState:
             self._use_measured(costs)
 
     def fork(self, sizes: list[int] | None = None) -> "EngineState":
-        """An independent twin sharing the model, with its own matrix, clock and drafter state.
-
-        Taken before an answer, it lets the speed measurement re-run Token Recycling from exactly the state the answer
-        started from (the answer itself taught the live matrix its own text, which would flatter it). `sizes` (the
-        answer's tree sizes from its second step on, `meter.answer_sizes`): its cost-sized drafters draft them again.
-        """
+        """An independent twin sharing the model, with its own matrix, clock and drafters (the speed meter's re-run
+        from an answer's start); `sizes`: the answer's tree sizes, drafted again (`replay_sizes`)."""
         twin = copy.copy(self)
         twin.matrix = self.matrix.clone()
         twin.clock = MatrixClock(self.clock.tick, list(self.clock.answer_starts))
         twin.adaptive, twin.hybrid = _fork_drafter(self.adaptive), _fork_drafter(self.hybrid)
-        if sizes is not None:  # the answer's own tree sizes (cost-sized trees): the twin re-decodes its very steps
+        if sizes is not None:
             twin.adaptive.replay_sizes(sizes)
             twin.hybrid.replay_sizes(sizes)
         return twin
 
     def state_dict(self) -> dict[str, Any]:
-        """What answers taught, as plain data and CPU tensors (a CUDA tensor must not cross a process boundary): the
-        matrix's tensors, the clock, the drafters' calibration and trust (`learned`) and measured forward costs. Not
-        the hybrid's context index: it holds a conversation."""
+        """What answers taught as plain data and CPU tensors (to cross a process boundary): matrix, clock, `learned`,
+        forward costs; not the hybrid's context index (it holds a conversation)."""
         return {"matrix": {name: getattr(self.matrix, name).cpu() for name in self.matrix.TENSORS},
                 "clock": self.clock.tick, "answer_starts": list(self.clock.answer_starts),
                 "learned": {name: _cpu(learned) for name, learned in self.learned().items()},
                 "costs": self.forward_costs()}
 
     def load_state_dict(self, state: dict[str, Any], costs: bool = False) -> None:
-        """Take a `state_dict` (the matrix in place, on this engine's device); `costs`: its measured forward costs
-        too."""
+        """Take a `state_dict` (the matrix in place); `costs`: its measured forward costs too."""
         for name, tensor in state["matrix"].items():
             getattr(self.matrix, name).copy_(tensor)
         self.clock.set(state["clock"], state["answer_starts"])
@@ -133,16 +114,15 @@ class EngineState:
             self._use_measured(state["costs"])
 
     def start_session(self) -> None:
-        """The engine as a new session finds it: matrix, clock and context index empty, the drafters' starting
-        calibration and trust, no warm start; the forward costs measured on this machine kept."""
+        """The engine as a new session finds it: all forgotten, drafters at their priors, no warm start; the
+        forward costs measured on this machine kept."""
         self.forget()
         self.adaptive, self.hybrid = _renewed(self.adaptive), _renewed(self.hybrid)
         self.warm = None
 
     def adopt_warm(self, learned: dict[str, dict], library: Any = None) -> None:
-        """Start from a warm start's drafters: their calibration and trust (`learned`, as `learned()` gives them) and
-        the answers the hybrid copies runs from (a tr_core.context.Library, or None); all else forgotten, the matrix
-        emptied for the caller to fill. Raises ValueError, changing nothing, when a drafter's state does not fit."""
+        """Forget all, then take a warm start's `learned()` and the hybrid's library (a context.Library, or None);
+        the matrix is left empty for the caller. ValueError, changing nothing, when a state does not fit."""
         for name, drafter in self._learners().items():  # checked first: a misfit changes nothing
             try:
                 type(drafter)(drafter.device).take_learned(learned[name])
@@ -168,8 +148,7 @@ class EngineState:
         return {name: drafter.cost for name, drafter in self._learners().items()}
 
     def use_forward_cost(self, name: str, cost: ForwardCost) -> None:
-        """Size the `name` drafter's trees ("adaptive" or "hybrid") by `cost`: another engine's curve of this machine
-        (timed once for every session), a fresh one (to time the forwards again) or a frozen one (experiments)."""
+        """Size the `name` drafter's trees ("adaptive" or "hybrid") by `cost` (shared, fresh or frozen)."""
         self._learners()[name].cost = cost
 
     def use_trust_decay(self, decay: float) -> None:
@@ -184,11 +163,8 @@ class EngineState:
 
 
 def _fork_drafter(drafter: AdaptiveDrafter) -> AdaptiveDrafter:
-    """A deep copy of a drafter. Its forward cost curve is part of the state an answer started from: a cost-sized tree
-    sizes every step by it, so a twin re-decoding with the curve the answer left behind would draft other trees. It
-    is copied when it was measured before the answer; a twin taken before the answer's start-up probe shares it
-    instead and reads the probe's result rather than timing it again (seconds that would come out of the
-    measurement's time cap)."""
+    """A deep copy of a drafter, its forward cost curve included once measured; an unmeasured one is shared, so a
+    twin taken before the start-up probe reads the probe's result instead of timing the forwards again."""
     cost = drafter.cost
     shared = cost is not None and not getattr(cost, "measured", False)
     return copy.deepcopy(drafter, memo={id(cost): cost} if shared else {})

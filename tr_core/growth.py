@@ -1,11 +1,7 @@
 """Best-first draft trees grown over the adjacency matrix (adaptive and hybrid trees), and Drafts built from them.
 
-A node's score is the product, along its path, of the calibrated acceptance rates of its candidates
-(calibration.py): as a child never scores above its parent, the best n nodes by score form a tree. On a GPU the
-tree is grown with tensor ops on the device, one gather per depth and no sync (`grow_on_device`); on a CPU in plain
-Python over the matrix's host memory (`grow_lists`), where right after a forward every distinct torch or NumPy call
-starts cold.
-"""
+A node's score is the product of its path's calibrated acceptance rates, so the best n nodes form a tree. Grown on
+the device without a sync (`grow_on_device`), or in plain Python on a CPU (`grow_lists`)."""
 from __future__ import annotations
 
 import heapq
@@ -23,12 +19,10 @@ GROWN = ("tokens", "parents", "depths", "bins")  # the grown tree's fields synce
 DRAFTED = ("tokens", "parents", "depths", "ranks", "scores", "bins")  # a host tree's fields a Draft is built from
 
 
-# Small constant tensors of `grow`, by size and device: a step's small tensors are many, each an allocation. They
-# depend on their arguments only (and are never written to), so they are built once.
+# small constant tensors, built once per size and device (never written to): each would be an allocation a step
 @lru_cache(maxsize=256)
 def _level_index(sizes: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """For level sizes (root level first): every node's previous level's first node index (root: 0) and every
-    node's depth, both [sum]."""
+    """For level sizes (root first): each node's previous level's first index (root: 0) and its depth, [sum] each."""
     starts = [0, 0]  # the root's (itself), then the level before each level's
     for size in sizes[:-2]:
         starts.append(starts[-1] + size)
@@ -50,9 +44,7 @@ def _root_parts(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def root_alone(name: str, root: torch.Tensor, levels: int, extras: tuple[str, ...] = ("bins",), **fields) -> Draft:
-    """The Draft of a zero-draft step, the root token [1] alone, from constant parts: in an answer the model accepts
-    little of, this is most steps, and building its tensors anew each step cost more than the rest of the draft.
-    `extras`: the drafter's per-node fields (all 0 at the root)."""
+    """The Draft of a zero-draft step (the root [1] alone) from cached parts; `extras`: per-node fields, all 0."""
     zero, (one, mask) = _zero(root.device), _root_parts(root.device)
     return Draft(name=name, tokens=root.view(1), parents=zero, depths=zero, ranks=zero, tree_mask=mask, size=1,
                  levels=levels, node_probs=one, extras={key: zero for key in extras}, **fields)
@@ -83,13 +75,10 @@ class GrownTree:
     expected: torch.Tensor  # [B+1] float, expected accepted draft tokens using the first n nodes (n = 0..B)
 
 
-
 def grow_on_device(matrix: AdjacencyMatrix, root: torch.Tensor, lut: torch.Tensor, answer_start: int, budget: int,
                    max_depth: int) -> GrownTree:
-    """`AdaptiveDrafter.grow` in torch on the matrix's device, one gather per depth, no sync.
-
-    lut: [512] the calibrated acceptance rate of a stored probability (0..255 in a row of this answer, +256 in an
-    older row)."""
+    """The best `budget` nodes `max_depth` deep under `root`, one gather per depth, no sync; lut [512]: the rate of a
+    stored probability (+256 in an older row)."""
     table, probs, stamps = matrix.table, matrix.probs, matrix.stamps
     filled = matrix.filled.float()  # [V] 0 for a row never written: its candidates score 0, below every real one
     device = table.device
@@ -128,15 +117,8 @@ def grow_on_device(matrix: AdjacencyMatrix, root: torch.Tensor, lut: torch.Tenso
 
 def grow_lists(matrix: AdjacencyMatrix, root: int, rates: list[float], answer_start: int, budget: int,
                max_depth: int) -> dict[str, list]:
-    """`grow_on_device`'s tree grown best-first in plain Python over a CPU matrix, as lists: {tokens, parents, depths,
-    ranks, bins, scores, expected}, nodes in the order they were taken (parents first, scores falling).
-
-    The best frontier candidate is taken until `budget` nodes are: as a child never scores above its parent, these
-    are the best `budget` nodes of the tree `max_depth` deep, the nodes `grow_on_device` keeps (ties aside: here the
-    earlier pushed wins). After a forward the CPU's caches hold the model's weights, not the host code's, and every
-    distinct NumPy or torch call then starts cold (about 35 us each on the 2-core EPYC); this loop repeats two
-    row reads and heap moves, so it ran in a third of the NumPy version's time there (8 nodes over 3 levels:
-    0.19 against 0.52 ms after a 49k-row matmul) and below the torch one."""
+    """`grow_on_device`'s nodes (ties aside) grown in plain Python over a CPU matrix, as lists {tokens, parents,
+    depths, ranks, bins, scores, expected} in the order taken (best first); fastest right after a forward."""
     table, probs, stamps = matrix.table.numpy(), matrix.probs.numpy(), matrix.stamps.numpy()
     filled = matrix.filled.numpy()
     tree: dict[str, list] = {"tokens": [root], "parents": [0], "depths": [0], "ranks": [0], "bins": [0],
@@ -168,8 +150,8 @@ def grow_lists(matrix: AdjacencyMatrix, root: int, rates: list[float], answer_st
 
 def host_draft(name: str, nodes: dict[str, list], levels: int, device: torch.device,
                extras: dict[str, list[int]] | None = None, **fields) -> Draft:
-    """A Draft from host lists `nodes` (DRAFTED: tokens, parents, depths, ranks, scores, bins; the root first,
-    parents before children), with the drafter's per-node `extras` (sent back through the sync) and Draft `fields`."""
+    """A Draft from host lists `nodes` (DRAFTED, root first, parents before children), per-node `extras` and
+    Draft `fields`."""
     parents = torch.tensor(nodes["parents"], dtype=torch.long, device=device)
     longs = {key: torch.tensor(nodes[key], dtype=torch.long, device=device) for key in ("tokens", "depths", "ranks")}
     extras = {"bins": nodes["bins"], **(extras or {})}
@@ -183,7 +165,6 @@ def grown_tensors(tree: dict[str, list]) -> GrownTree:
     """A `grow_lists` tree as a GrownTree on the CPU."""
     return GrownTree(**{name: torch.tensor(tree[name], dtype=torch.float32 if name in ("scores", "expected")
                                            else torch.long) for name in GrownTree.__dataclass_fields__})
-
 
 
 def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:

@@ -1,12 +1,7 @@
 """Token Recycling inside transformers' own `generate()`: `model.generate(..., custom_generate=tr_core.hf.generate)`.
 
-transformers 5 prepares the generation (config, logits processors, stopping criteria, streamer) and calls this
-function in place of its sampling loop. The adjacency matrix is kept beside the model between calls (a weak
-mapping: it keeps learning, as in the studio, and goes with the model); `reset(model)` forgets it. Nothing is
-written onto the model: after a call it has no new attributes, pickles, and its own `generate` is stock. Greedy output is token-identical to plain `generate`;
-sampling draws from the same distribution, with position-keyed noise seeded from torch's generator (so
-`torch.manual_seed` makes it repeatable).
-"""
+transformers 5 prepares the generation and calls this in place of its sampling loop. The engine's learned state is
+kept beside the model in a weak mapping (`reset(model)` forgets it); nothing is written onto it (docs/library.md)."""
 from __future__ import annotations
 
 import inspect
@@ -52,13 +47,8 @@ def engine_of(model: Any, topk_candidates: int = 8) -> Engine:
         parked = _ENGINES.get(model)
         if parked is None or parked.matrix.k != topk_candidates:
             engine = Engine(model, _Vocabless(), topk_candidates=topk_candidates)
-            _ENGINES[model] = parked = _park(engine)
+            _ENGINES[model] = parked = engine.on_model(None)  # no reference to the model: the weak key can die
     return parked.on_model(model)  # the matrix, drafters and clock are the parked engine's own
-
-
-def _park(engine: Engine) -> Engine:
-    """`engine` holding no reference to its model (the weak mapping's value), sharing all it learned."""
-    return engine.on_model(None)
 
 
 def reset(model: Any) -> None:
@@ -116,11 +106,8 @@ def _decode_config(config: Any, prompt_len: int, template: str, min_new: int) ->
 def generate(model: Any, input_ids: torch.LongTensor, logits_processor: Any = None, stopping_criteria: Any = None,
              generation_config: Any = None, synced_gpus: bool = False, streamer: Any = None,
              template: str | None = None, topk_candidates: int = 8, **model_kwargs: Any):
-    """transformers' `custom_generate` callable: Token Recycling in place of `generate`'s own loop.
-
-    input_ids: [1, L]. Returns [1, L + new] like `generate`, or a GenerateDecoderOnlyOutput with
-    `return_dict_in_generate=True` (with `scores` when `output_scores=True`).
-    """
+    """transformers' `custom_generate` callable. input_ids [1, L] -> [1, L + new] like `generate`, or a
+    GenerateDecoderOnlyOutput with `return_dict_in_generate=True` (`scores` with `output_scores=True`)."""
     config = generation_config
     streamer = streamer if streamer is not None else _streamer_of_generate(inspect.currentframe())
     _refuse_unsupported(input_ids, config, model_kwargs)
@@ -144,15 +131,9 @@ def generate(model: Any, input_ids: torch.LongTensor, logits_processor: Any = No
 
 
 def _streamer_of_generate(frame: Any) -> Any:
-    """The `streamer` given to the `generate` call that called us (`frame`: our own), or None when none was given
-    or we were called directly rather than by transformers.
-
-    transformers 5 hands a `custom_generate` callable only the arguments new to its signature, so `streamer`
-    (which its own `_sample` takes) is dropped on the way, although `generate` already streamed the prompt to
-    it; transformers offers no supported way to get it. It is read from `generate`'s own frame, without changing
-    anything there. Where transformers called us but that frame or its `streamer` cannot be found (a release that
-    moved it), this raises rather than return nothing: a `TextIteratorStreamer` consumer would wait for ever.
-    """
+    """The `streamer` of the `generate` call that called us (`frame`: our own), None when none or not called by
+    transformers: it drops `streamer` before calling `custom_generate`, so it is read from `generate`'s frame. Raises
+    where that frame has none (a moved local): a `TextIteratorStreamer` consumer would otherwise wait for ever."""
     from transformers.generation.utils import GenerationMixin
 
     caller = frame.f_back if frame is not None else None

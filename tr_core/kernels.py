@@ -1,11 +1,6 @@
-"""The matrix product behind a model's linear layers on a CPU, chosen per row count by timing this machine.
-
-For a few rows the BLAS may read the weights once per row (MKL on a 2-core EPYC: 2-3 rows cost 2-3x one row). Other
-ways: `transposed` (W @ x^T, the weight streamed once) and `onednn` (on weights packed once into oneDNN's layout,
-which unpacked it reorders every call; the packs cost the weights' memory again, so need room: `no_room_for_packs`).
-The plan lives beside the model (a weak mapping), shared with plain decoding so the speedup is measured against its
-best, and is installed only while a call runs, reference-counted: the last user restores every layer exactly
-(accelerate hooks keep running around ours). Exactness: docs/exactness.md."""
+"""The matrix product behind a model's linear layers on a CPU, chosen per row count by timing this machine: the
+library's, `transposed` (W @ x^T) or `onednn` (on weights packed once). The plan lives beside the model, shared with
+plain decoding, and is installed only while a call runs, reference-counted (docs/cpu.md, docs/exactness.md)."""
 from __future__ import annotations
 
 import contextlib
@@ -94,24 +89,19 @@ _PACKS: dict[int, tuple[weakref.ref, tuple[int, int], torch.Tensor]] = {}
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     """`weight` packed into oneDNN's layout (an opaque tensor), made once and kept while the weight is unchanged."""
-    held = _PACKS.get(id(weight))
+    key = id(weight)
+    held = _PACKS.get(key)
     stamp = (weight.data_ptr(), weight._version)
     if held is None or held[0]() is not weight or held[1] != stamp:
-        held = _pack(weight, stamp)
+
+        def forget(ref: weakref.ref) -> None:  # the weight died: free its pack (unless its id was reused since)
+            entry = _PACKS.get(key)
+            if entry is not None and entry[0] is ref:
+                _PACKS.pop(key, None)
+
+        held = _PACKS[key] = (weakref.ref(weight, forget), stamp,
+                              torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
     return held[2]
-
-
-def _pack(weight: torch.Tensor, stamp: tuple[int, int]) -> tuple[weakref.ref, tuple[int, int], torch.Tensor]:
-    key = id(weight)
-
-    def forget(ref: weakref.ref) -> None:  # the weight died: free its pack (unless its id was reused since)
-        entry = _PACKS.get(key)
-        if entry is not None and entry[0] is ref:
-            _PACKS.pop(key, None)
-
-    held = _PACKS[key] = (weakref.ref(weight, forget), stamp,
-                          torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
-    return held
 
 
 def is_packed(weight: torch.Tensor) -> bool:

@@ -36,11 +36,10 @@ class AdjacencyMatrix:
     def update(self, tokens: torch.Tensor, logits: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None = None,
                consume: bool = False, stamp: int = -1,
                path: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Overwrite each tree token's row with the top-k of its node's logits [N, V] (Sec. 3.3); tokens [N].
-
-        `top`: (values, ids) [N, k] if known; consume=True: logits are scratch. A repeated token takes the row of its
-        deepest node on the accepted path (`path` [N] bool; as one-token decoding would leave it), else its first
-        node, so scatter order does not matter. Returns (first_nodes [N] bool, rows [N, k] long, probs [N, k])."""
+        """Overwrite each tree token's row with the top-k of its node's logits [N, V] (Sec. 3.3); tokens [N]. `top`:
+        (values, ids) [N, k] if known; consume=True: logits are scratch. A repeated token takes its deepest node's
+        row on the accepted path (`path` [N] bool), else its first node's.
+        Returns (first_nodes [N] bool, rows [N, k] long, probs [N, k])."""
         if logits.shape[-1] < self.vocab_size:
             raise ValueError(f"logits have {logits.shape[-1]} entries but the matrix has {self.vocab_size} rows")
         logits = logits[..., : self.vocab_size]

@@ -1,6 +1,7 @@
 """Loading any transformers causal LM: the embedded default, a local folder, a local .gguf file, or a hub id."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -102,10 +103,8 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
         model.hf_quantizer = None
         for obj in (model, model.config):
             if hasattr(obj, "quantization_config"):
-                try:
+                with contextlib.suppress(AttributeError):
                     delattr(obj, "quantization_config")
-                except AttributeError:
-                    pass
         if hasattr(model, "is_quantized"):
             model.is_quantized = False
         model.save_pretrained(tmp, safe_serialization=True)
@@ -146,9 +145,8 @@ def resolve_source(name: str | None) -> tuple[str, dict]:
 
 
 def is_causal(model) -> bool:
-    """Whether the model's output at a position ignores later tokens. Configs say so unreliably (GPT-NeoX says
-    is_decoder=False and is causal), so "not a decoder" is checked by two forwards, the second token masked out in
-    one: same shapes take the same kernels, so a causal model's first position agrees to the bit."""
+    """Whether the model's output at a position ignores later tokens: a config saying "not a decoder" (GPT-NeoX's,
+    wrongly) is checked by two forwards, the second token masked out in one."""
     if getattr(model.config, "is_decoder", True):
         return True
     vocab = int(getattr(text_config(model), "vocab_size", 2) or 2)

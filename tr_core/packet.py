@@ -1,6 +1,5 @@
-"""The step's one host sync: device tensors registered by name, copied to the host in one go, split back by name.
-
-float64 carries every token id (< 2^53) and every float32 probability exactly."""
+"""The step's one host sync: device tensors registered by name, copied to the host in one go, split back by name
+(float64 carries every token id < 2^53 and every float32 probability exactly)."""
 from __future__ import annotations
 
 from functools import lru_cache

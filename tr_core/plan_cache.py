@@ -1,7 +1,5 @@
-"""The timed choice of matrix products, kept on disk per machine and model shape ($TR_PLAN_CACHE; empty: off).
-
-Tuning costs seconds of whole forwards and depends only on `plan_key`; a kept entry is used only where its machine
-record, steadiness, ways and memory still hold (and tuning.check_kept agrees)."""
+"""The timed choice of matrix products, kept on disk per machine and model shape (`plan_key`; $TR_PLAN_CACHE, empty:
+off); a kept entry is used only where its machine, steadiness, ways and memory still hold (and tuning.check_kept)."""
 from __future__ import annotations
 
 import hashlib

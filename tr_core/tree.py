@@ -1,5 +1,4 @@
 """Draft trees (paper Sec. 3.2): static templates turned once into tensors, BFS drafting, the tree attention mask.
-
 Path (a, b) is candidate b of candidate a of the root; node 0 is the root, the rest follow in BFS order."""
 from __future__ import annotations
 
@@ -131,9 +130,7 @@ class DraftTree:
 
 def build_tree(name: str, paths: list[Path], device: torch.device | str = "cpu") -> DraftTree:
     """Turn BFS-sorted, validated paths into a DraftTree (done once; the decode loop never walks Python trees)."""
-    index = {(): 0}
-    for i, p in enumerate(paths, start=1):
-        index[p] = i
+    index = {p: i for i, p in enumerate([(), *paths])}
     parents = [-1] + [index[p[:-1]] for p in paths]
     ranks = [-1] + [p[-1] for p in paths]
     return tree_from_parents(name, parents, ranks, device)

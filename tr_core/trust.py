@@ -1,11 +1,9 @@
-"""The trust factor of a cost-sized tree: realised / predicted accepted tokens per size class.
-
-A size choice maximises (trust * expected[m] + 1) / t(m + 1); global calibrated rates flatter the sizes they choose
-(the winner's curse). Learned in hindsight from every tree, drafted or not: once the next tokens are known (greedy,
-or seeded sampling), every size has a known outcome, so a step that drafts nothing still says if drafting pays."""
+"""The trust factor of a cost-sized tree: realised / predicted accepted tokens per size class, against the winner's
+curse; judged in hindsight on every step's tree, drafted or not (docs/cpu-policy.md)."""
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -46,9 +44,7 @@ def realised_counts(path_ranks: list[int], largest: int) -> list[int]:
     for r in path_ranks:
         if r <= largest:
             counts[r] += 1
-    for m in range(1, largest + 1):
-        counts[m] += counts[m - 1]
-    return counts
+    return list(itertools.accumulate(counts))
 
 
 class HindsightTrust:
@@ -81,9 +77,8 @@ class HindsightTrust:
                 raise ValueError(f"trust {name}: {classes} finite numbers >= 0 expected")
         if not all(0 < f <= TRUST_MAX for f in state["factors"]):
             raise ValueError(f"trust factors must lie in (0, {TRUST_MAX}]")
-        self.factors = [float(v) for v in state["factors"]]
-        self.predicted = [float(v) for v in state["predicted"]]
-        self.realised = [float(v) for v in state["realised"]]
+        self.factors, self.predicted, self.realised = ([float(v) for v in state[name]]
+                                                       for name in ("factors", "predicted", "realised"))
 
     def start_answer(self) -> None:
         """A new answer: the last one's open trees are judged by its tokens so far; the factors carry over."""

@@ -1,7 +1,5 @@
-"""The timed choice of matrix products (kernels.py): which way each row count multiplies, chosen by timing this machine.
-
-Exactness: no way, the library's included, gives an n-row product's row the bits of that row alone (MKL's is up to
-4e-6 away), so a way is admitted within ADMIT_FACTOR of the library's own n-row rounding (docs/exactness.md)."""
+"""The timed choice of matrix products (kernels.py): which way each row count multiplies, chosen by timing this machine;
+a way is admitted within ADMIT_FACTOR of the library's own n-row rounding (docs/exactness.md)."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,29 +1,8 @@
-"""A warm start: what a fresh engine needs to draft well from its first answer, learned beforehand (issue 40).
-
-A new session starts with an empty adjacency matrix: the paper's tree then drafts from empty rows, and the
-cost-sized trees start from priors. A warm start is what a few hundred generated answers leave behind:
-
-- the adjacency matrix's written rows (candidate ids and their stored probabilities),
-- the cost-sized drafters' calibration (acceptance counts per key) and trust per size class (their size policy),
-- the answers themselves (their token ids): the hybrid tree also copies runs from them (`HybridDrafter.library`),
-  as it copies runs from the conversation.
-
-Not the forward-cost curve (it describes a machine) and not the hybrid's context index (it holds conversations).
-
-It is learned by decoding a corpus the project ships (tr_core/warm_start/corpus.jsonl: generic instructions written
-for it, none taken from the benchmark's question sets), greedy, through the engine; never from a visitor's
-conversation, whose text a matrix row could leak to the next visitor. The embedded model's file is shipped
-(scripts/build_warm_start.py builds it); any other model learns one once from a bounded part of the corpus and keeps
-it in the cache folder (models.cache_dir() / "warm-start"). The library starts cold unless asked (`warm_start`); the
-command line's default is `--warm-start auto`.
-
-Files are safetensors (tensors only, nothing unpickled) whose metadata holds a JSON manifest: the model's
-fingerprint (vocabulary size, k, a hash of the tokenizer's vocabulary and the model's shape), the corpus hash, the
-date, the answers and tokens decoded and the rows filled. A file for another model is refused with the reason.
+"""A warm start: the matrix rows, drafter calibration and trust, and answers a fresh engine drafts from in its first
+answer, learned beforehand on the project's own corpus, never a visitor's text (docs/warm-start.md).
 
 Here: the one call (`warm_start`) and applying a warm start to an engine; warm_build.py learns one, warm_file.py
-reads and writes its file.
-"""
+reads and writes its file."""
 from __future__ import annotations
 
 import functools
@@ -115,9 +94,8 @@ def file_sha256(path: str | Path) -> str:
 
 
 def apply(engine, state: WarmState) -> None:
-    """Replace what the engine learned by the warm state: the matrix (rows stamped -1: written before any answer,
-    so the drafters rate them as older rows), the drafters' calibration and trust, the answers the hybrid copies
-    from; the context index emptied. A state that does not fit changes nothing (WarmStartError)."""
+    """Replace what the engine learned by the warm state (its rows rated as older rows, the context index emptied);
+    a state that does not fit changes nothing (WarmStartError)."""
     library = shared_library(tuple(map(tuple, state.library))) if state.library else None
     try:
         engine.adopt_warm(state.learned, library)
@@ -128,16 +106,14 @@ def apply(engine, state: WarmState) -> None:
 
 @functools.lru_cache(maxsize=4)
 def shared_library(answers: tuple[tuple[int, ...], ...]):
-    """The hybrid's library of these answers, built once (a few hundred ms and MB for the shipped file's) and shared
-    by every engine that starts from them: a library never changes."""
+    """The hybrid's library of these answers, built once and shared by every engine (a library never changes)."""
     from .context import Library
 
     return Library([list(a) for a in answers])
 
 
 def fresh_session(engine) -> None:
-    """The engine as a new session finds it (Engine.start_session): matrix and context index empty, the drafters'
-    starting calibration and trust; the forward-cost curve measured on this machine kept."""
+    """The engine as a new session finds it (`Engine.start_session`): cold, its measured forward costs kept."""
     engine.start_session()
 
 
@@ -151,11 +127,8 @@ def cached_path(model_name: str, fingerprint: str) -> Path:
 
 def warm_start(engine, model_name: str | None, *, learn: bool = True,
                progress: Callable[[int, int], None] | None = None) -> WarmStartInfo:
-    """Start `engine` warm: the shipped file for the embedded model, else the one cached for this model, else (when
-    `learn`) learn one now from the corpus, cache it and apply it. Returns what was done (`engine.warm` too).
-
-    progress(done, total) is called after each corpus answer while learning. A file that does not fit is refused
-    (WarmStartError) for the shipped one; a cached one that does not fit is learned again."""
+    """Start `engine` warm: the shipped file (embedded model), else the cached one, else (`learn`) one learned now
+    and cached; returns what was done (`engine.warm` too). A cached file that does not fit is learned again."""
     if is_embedded(model_name) and SHIPPED.is_file():
         return _applied(engine, read(SHIPPED, engine), "shipped", SHIPPED)
     fingerprint = model_fingerprint(engine)

@@ -1,9 +1,5 @@
-"""Learning a warm start (issue 40): decode a corpus through the engine, average the rows its answers wrote,
-calibrate the drafters to such a matrix, and capture the result as a `WarmState` (warm_file.py) to save or apply.
-
-Never from a visitor's conversation, whose text a matrix row could leak to the next visitor: from the corpus the
-project ships (tr_core/warm_start/corpus.jsonl), greedy.
-"""
+"""Learning a warm start from the shipped corpus: decode it, average the rows its answers wrote, calibrate the
+drafters to such a matrix, and capture a `WarmState` (warm_file.py). Why each pass: docs/warm-start.md."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -26,19 +22,10 @@ CALIBRATE_EVERY = 4  # one corpus prompt in this many is decoded again, from the
 def learn(engine, prompts: list[str], max_new_tokens: int,
           progress: Callable[[int, int], None] | None = None,
           context_free: int | None = LEARN_CONTEXT_FREE) -> WarmState:
-    """What a fresh engine should start from, learned from `prompts` (three passes; leaves the engine cold again,
-    its forward costs measured):
-
-    1. decode every prompt greedily from an empty engine, alternating the hybrid and the adaptive tree (each
-       learns its calibration and trust; both fill the one matrix);
-    2. replace every row that precedes an answer token by the model's average top-k after that token over the
-       answers (`average_rows`; one forward per answer, no decoding);
-    3. calibrate the drafters to such a matrix: one prompt in CALIBRATE_EVERY is answered again, each answer
-       starting from the rows averaged over the OTHER prompts' answers (as a visitor's first answer starts from
-       rows learned on other questions), after the older-row calibration of pass 1 is dropped.
-    Rows no answer wrote hold the model's context-free guess (`context_free_rows`) for the `context_free` lowest ids
-    (None: every id; 0: none), under the averaged rows in pass 3 and in the matrix kept, which is averaged over all
-    the answers. progress(done, total) counts pass 1's answers, the context-free rows' forwards, pass 3's answers."""
+    """The warm state learned from `prompts`: decode them (`decode_answers`), average the rows (`average_rows`),
+    calibrate on one prompt in CALIBRATE_EVERY from the other prompts' rows (`calibrate`); rows no answer wrote get
+    the context-free guess of the `context_free` lowest ids (None: all). Leaves the engine cold, costs measured.
+    progress(done, total) counts pass 1's answers, the context-free forwards, then pass 3's answers."""
     engine.forget()
     held = set(range(0, len(prompts), CALIBRATE_EVERY)) if len(prompts) >= 2 * CALIBRATE_EVERY else set()
     vocab, k = engine.vocab_size, engine.matrix.k
@@ -99,14 +86,9 @@ def context_free_batch(vocab_size: int) -> int:
 @torch.no_grad()
 def context_free_rows(engine, tokens: list[int], tick: Callable[[int], None] = lambda i: None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each token's row as the model's top-k after it when it opens an answer to CONTEXT_FREE_REQUEST: a guess
-    for the rows no corpus answer wrote (without one, a warm session drafts nothing after such a token; a word's
-    first piece is mostly followed by its usual second). (rows [R] long, candidates [R, k] int32, probabilities
-    [R, k] uint8), in the order of `tokens`.
-
-    The request's prompt is run into a cache once; then each forward takes `context_free_batch` tokens at the same
-    position, each seeing the prompt and itself (a tree of siblings), and is cut back off the cache. tick(i) after
-    the i-th forward."""
+    """Each token's row as the model's top-k after it when it opens the answer to CONTEXT_FREE_REQUEST: (rows [R]
+    long, candidates [R, k] int32, probabilities [R, k] uint8), in the order of `tokens`. Each forward takes a batch
+    of siblings at one position over the request's cache, cut back after; tick(i) after the i-th."""
     from .kv_cache import TreeKVCache
 
     runner, k, vocab = engine.runner, engine.matrix.k, engine.vocab_size
@@ -139,9 +121,8 @@ def set_rows(matrix, rows: torch.Tensor, table: torch.Tensor, probs: torch.Tenso
 
 
 def calibrate(engine, prompts: list[str], max_new_tokens: int, tick: Callable[[int], None]) -> None:
-    """Pass 3 of `learn`: answer `prompts`, each from the matrix as it is now (restored before every answer; the
-    context index emptied), so that the drafters learn how often candidates of such rows are accepted. The
-    older-row calibration learned in pass 1 (rows last written by another answer) is dropped first."""
+    """Pass 3 of `learn`: answer `prompts`, each from the matrix as it is now (older rows, restored before every
+    answer), after dropping pass 1's older-row calibration."""
     engine.drop_older_row_calibration()
     start = engine.matrix.clone()
     start.stamps.fill_(-1)  # every row written before the answers: rated as older rows, as in a warm session
@@ -171,21 +152,16 @@ def _decode(engine, prompt: str, max_new_tokens: int,
 
 def average_rows(model, answers: list[tuple[list[int], list[int]]], vocab_size: int,
                  k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each token's row as the model's average top-k after it over `answers` [(prompt ids, answer ids)]:
-    (rows [R] long, candidates [R, k] int32, probabilities [R, k] uint8), rows ascending.
-
-    The paper's matrix keeps the candidates LAST seen after a token: right for the conversation at hand, but for a
-    warm start that last place is an accident of the corpus's order. Averaged over every place the token precedes
-    an answer token (the answers fed back whole: one forward each, no decoding), a row holds what most often
-    follows it. A candidate's score is its summed probability; its stored probability the mean over the places."""
+    """Each token's row as the model's average top-k after it over `answers` [(prompt ids, answer ids)]: (rows [R]
+    long, candidates [R, k] int32 by summed probability, their mean probabilities [R, k] uint8), rows ascending."""
     return average_tops(answer_tops(model, answers, vocab_size, k), vocab_size, k)
 
 
 @torch.no_grad()
 def answer_tops(model, answers: list[tuple[list[int], list[int]]], vocab_size: int,
                 k: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Per answer: (the tokens that precede its answer tokens [L] long, the model's top-k after each [L, k] long and
-    their probabilities [L, k] float64), on the CPU; one forward per answer. An answer with nothing gives empties."""
+    """Per answer, one forward: (the tokens preceding its answer tokens [L], the top-k after each [L, k] long, their
+    probabilities [L, k] float64) on the CPU; empties for an empty answer."""
     device = next(model.parameters()).device
     out = []
     for prompt, answer in answers:

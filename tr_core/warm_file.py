@@ -1,9 +1,5 @@
-"""The warm start's file: safetensors (tensors only, nothing unpickled) whose metadata holds a JSON manifest.
-
-The manifest names the model (a fingerprint of its tokenizer's vocabulary and network shape, k), the corpus, the
-date, the answers and tokens decoded and the rows filled; a file for another model is refused with the reason
-(`WarmStartError`). tr_core/warm.py applies a file, warm_build.py learns one.
-"""
+"""The warm start's file: safetensors (tensors only, nothing unpickled) with a JSON manifest in its metadata; a file
+for another model, or malformed, is refused with the reason (`WarmStartError`) before anything changes."""
 from __future__ import annotations
 
 import hashlib
@@ -114,8 +110,7 @@ def check_manifest(manifest: Any, engine, path: Path) -> None:
 
 
 def check_library(tensors: dict[str, torch.Tensor], vocab: int, path: Path) -> list[list[int]] | None:
-    """The answers of a file's library.tokens / library.lengths (taken out of `tensors`; None for a file without
-    them), every id and length checked."""
+    """The answers of library.tokens / library.lengths (popped from `tensors`; None without them), all checked."""
     if "library.tokens" not in tensors and "library.lengths" not in tensors:
         return None
     tokens, lengths = tensors.pop("library.tokens", None), tensors.pop("library.lengths", None)

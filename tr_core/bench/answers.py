@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
-from typing import Any
 
 from ..config import DecodeConfig
+from ..cost import sync  # wall times wait for queued GPU work
 
 
 def cut_at_stop(ids: list[int], stop_ids: set[int], max_new_tokens: int) -> tuple[list[int], list[int]]:
@@ -17,14 +17,6 @@ def cut_at_stop(ids: list[int], stop_ids: set[int], max_new_tokens: int) -> tupl
         if t in stop_ids:
             return ids[: i + 1], ids[:i]
     return ids, ids
-
-
-def sync(device: Any) -> None:
-    """Wait for queued GPU work so wall times are exact (no-op on CPU)."""
-    import torch
-
-    if getattr(device, "type", str(device)) == "cuda":
-        torch.cuda.synchronize()
 
 
 def engine_answer(engine, cfg: DecodeConfig, ids: list[int], stop_ids: set[int]) -> dict:
@@ -67,10 +59,8 @@ def _generation_config(kind: str, max_new: int, stop_ids: set[int], args: argpar
 
 def transformers_answer(model, kind: str, ids: list[int], max_new: int, stop_ids: set[int],
                         args: argparse.Namespace, tuned: bool, seed: int) -> dict:
-    """Answer `ids` with transformers' `generate` (`kind` "hf" or "pld"), counting the model's forwards as steps.
-
-    With `tuned`, the engines' timed matrix products are installed for this call only (kernels.installed), so that
-    a speedup measures the method and not the matrix products."""
+    """Answer `ids` with transformers' `generate` (`kind` "hf" or "pld"), counting the model's forwards as steps; with
+    `tuned`, through the engines' timed matrix products, so that a speedup measures the method alone."""
     import torch
 
     from ..kernels import installed
@@ -78,9 +68,8 @@ def transformers_answer(model, kind: str, ids: list[int], max_new: int, stop_ids
     config = _generation_config(kind, max_new, stop_ids, args)
     device = next(model.parameters()).device
     inputs = torch.tensor([ids], dtype=torch.long, device=device)
-    forwards = [0]
-    # Count forwards with a hook (the public nn.Module API), not by replacing model methods.
-    handle = model.register_forward_pre_hook(lambda module, inp: forwards.__setitem__(0, forwards[0] + 1))
+    forwards: list[int] = []  # one item per forward, counted by a hook (the public nn.Module API)
+    handle = model.register_forward_pre_hook(lambda module, inp: forwards.append(1))
     try:
         if config.do_sample:
             torch.manual_seed(seed)
@@ -93,5 +82,5 @@ def transformers_answer(model, kind: str, ids: list[int], max_new: int, stop_ids
     finally:
         handle.remove()
     emitted, answer = cut_at_stop(out[0, inputs.shape[1]:].tolist(), stop_ids, max_new)
-    return {"emitted": emitted, "answer": answer, "seconds": seconds, "steps": forwards[0] or None,
+    return {"emitted": emitted, "answer": answer, "seconds": seconds, "steps": len(forwards) or None,
             "accepted": [], "tree_nodes": 0}

@@ -1,29 +1,24 @@
 """`python -m tr_core bench`: Token Recycling against plain decoding and its peers, Spec-Bench style.
 
-Every method runs on the same model, prompts and settings, interleaved per question (after a warm-up)
-so that machine drift hits all alike. Methods and their names in tables and JSON:
+Every method runs on the same model, prompts and settings, interleaved per question (after a warm-up) so that
+machine drift hits all alike. Methods and their names in tables and JSON:
 
 - `vanilla`: the engine's plain decoding (`DecodeConfig(plain=True)`); the baseline of every speedup.
-- `recycling`: Token Recycling with the `--template` tree. Given several templates
-  (`--template 2.2.2,adaptive`), `recycling` expands to one method per template, named
-  `recycling[2.2.2]`, `recycling[adaptive]`; such names may also be listed in `--methods` directly.
-  Each recycling method has its own adjacency matrix, kept across questions unless `--fresh-matrix`, starting
-  from the model's warm start (`--warm-start auto`, the default; tr_core/warm.py) or empty (`--warm-start off`).
-  `--fresh-sessions` measures what a new visitor sees: every question's first turn only, each method back to a new
-  session's state before it (the warm start or an empty matrix, the drafters' starting calibration and trust; the
-  forward-cost curve measured on this machine is kept).
+- `recycling`: Token Recycling with the `--template` tree. Several templates (`--template 2.2.2,adaptive`) give
+  one method each, `recycling[2.2.2]`, `recycling[adaptive]`, names `--methods` also takes. Each has its own
+  adjacency matrix, kept across questions unless `--fresh-matrix`, starting from the model's warm start
+  (`--warm-start auto`, the default) or empty (`off`). `--fresh-sessions` measures what a new visitor sees: every
+  question's first turn only, each method from a new session's state (the measured forward costs are kept).
 - `hf`: transformers' `model.generate` (greedy, or the same sampling settings).
 - `pld`: transformers' prompt lookup decoding (`generate(prompt_lookup_num_tokens=...)`).
 
 Definitions (as Spec-Bench): time is wall time per answer, prefill included (with `--repeats R`, the fastest
-of R rounds of all methods, each round from the same learned state); speedup is vanilla's total
-seconds over the method's on the same answers; mean accepted tokens is emitted tokens per decoding
-forward (the engine's steps; for hf/pld every forward of the model, the first of which also reads the
-prompt, so plain decoding scores 1.00 either way). Answers are cut after the first stop token (or at
-`--max-new-tokens`); two answers are identical when their token ids before the stop token are equal.
+of R rounds of all methods, each round from the same learned state); speedup is vanilla's total seconds over the
+method's on the same answers; mean accepted tokens is emitted tokens per decoding forward (for hf/pld every
+forward of the model, prompt included, so plain decoding scores 1.00 either way). Answers are cut after the first
+stop token (or at `--max-new-tokens`); two are identical when their token ids before the stop token are equal.
 Multi-turn questions are answered turn by turn with the method's own earlier answers in the history;
-`identical`/`compared` count answers, i.e. turns. One timed answer is answers.py's; the JSON document results.py's;
-its tables tables.py's.
+`identical`/`compared` count answers, i.e. turns.
 """
 from __future__ import annotations
 
@@ -32,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from ..config import DecodeConfig
@@ -41,6 +37,7 @@ from .questions import Question, load_questions, select_questions
 
 METHOD_KINDS = ("vanilla", "recycling", "hf", "pld")
 BASELINE = "vanilla"
+WARMUP_FALLBACK = "Say hello in one short sentence."
 
 
 class BenchInputError(ValueError):
@@ -75,43 +72,32 @@ class TurnRecord:
     seconds_all: list[float] = field(default_factory=list)  # every repeat's wall time, in the order run
 
 
-# ----------------------------------------------------------------------------- input validation
-
-
 def parse_methods(methods: str, templates: str) -> list[MethodSpec]:
-    """Turn `--methods` and `--template` into MethodSpecs (vanilla first, added if missing); raises BenchInputError."""
-    tpl_list = [t.strip() for t in templates.split(",") if t.strip()]
+    """`--methods` and `--template` as MethodSpecs, vanilla first (added if missing); raises BenchInputError."""
+    tpl_list = [_check_template(t.strip(), "--template") for t in templates.split(",") if t.strip()]
     if not tpl_list:
         raise BenchInputError("--template: give at least one template name")
-    for t in tpl_list:
-        _check_template(t, "--template")
     specs: list[MethodSpec] = []
     for raw in [m.strip() for m in methods.split(",") if m.strip()]:
         if raw == "recycling":
-            if len(tpl_list) == 1:
-                specs.append(MethodSpec("recycling", "recycling", tpl_list[0]))
-            else:
-                specs.extend(MethodSpec(f"recycling[{t}]", "recycling", t) for t in tpl_list)
+            specs += [MethodSpec("recycling" if len(tpl_list) == 1 else f"recycling[{t}]", "recycling", t)
+                      for t in tpl_list]
         elif raw.startswith("recycling[") and raw.endswith("]"):
-            t = _check_template(raw[len("recycling[") : -1], "--methods", f" in {raw!r}")
-            specs.append(MethodSpec(raw, "recycling", t))
+            template = _check_template(raw[len("recycling["):-1], "--methods", f" in {raw!r}")
+            specs.append(MethodSpec(raw, "recycling", template))
         elif raw in METHOD_KINDS:
             specs.append(MethodSpec(raw, raw))
         else:
             raise BenchInputError(
-                f"--methods: unknown method {raw!r}; choose from {', '.join(METHOD_KINDS)} or recycling[TEMPLATE]"
-            )
+                f"--methods: unknown method {raw!r}; choose from {', '.join(METHOD_KINDS)} or recycling[TEMPLATE]")
     if not specs:
         raise BenchInputError("--methods: give at least one method")
     names = [s.name for s in specs]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
+    if dupes := sorted({n for n in names if names.count(n) > 1}):
         raise BenchInputError(f"--methods: method listed twice: {', '.join(dupes)}")
     if BASELINE not in names:
         specs.insert(0, MethodSpec(BASELINE, BASELINE))
-    else:
-        specs.sort(key=lambda s: s.name != BASELINE)  # baseline first, others in the given order
-    return specs
+    return sorted(specs, key=lambda s: s.name != BASELINE)  # baseline first, others in the given order
 
 
 def _check_template(name: str, option: str, where: str = "") -> str:
@@ -124,19 +110,16 @@ def _check_template(name: str, option: str, where: str = "") -> str:
 
 def load_all_questions(paths: list[str], per_task: int | None, limit: int | None) -> list[Question]:
     """Load every question file and select deterministically; raises QuestionFileError / BenchInputError."""
-    questions: list[Question] = []
-    for p in paths:
-        questions.extend(load_questions(p))
+    questions = [q for p in paths for q in load_questions(p)]
     first: dict[str, Question] = {}
     for q in questions:
         if (other := first.setdefault(q.key, q)) is not q:
             raise BenchInputError(
                 f"two questions are both named {q.key!r} ({other.source}:{other.line} and {q.source}:{q.line}): "
                 "the same file given twice, two files of the same name, or ids that differ only as number and text")
-    if per_task is not None and per_task < 1:
-        raise BenchInputError(f"--per-task must be >= 1, got {per_task}")
-    if limit is not None and limit < 1:
-        raise BenchInputError(f"--limit must be >= 1, got {limit}")
+    for option, value in (("--per-task", per_task), ("--limit", limit)):
+        if value is not None and value < 1:
+            raise BenchInputError(f"{option} must be >= 1, got {value}")
     return select_questions(questions, per_task=per_task, limit=limit)
 
 
@@ -146,32 +129,26 @@ class Runner:
     def __init__(self, model, tokenizer, specs: list[MethodSpec], args: argparse.Namespace, base: DecodeConfig) -> None:
         from ..engine import Engine
 
-        self.model = model
-        self.tokenizer = tokenizer
-        self.args = args
-        self.device = next(model.parameters()).device
-        tune = getattr(args, "linear", "auto") == "auto"
-        self.engines = {s.name: Engine(model, tokenizer, topk_candidates=args.topk_candidates, tune_kernels=tune)
-                        for s in specs if s.kind in ("vanilla", "recycling")}
-        any_engine = next(iter(self.engines.values()))
-        self.encoder = any_engine  # one chat template for every method
-        self.stop_ids = set(int(t) for t in any_engine.stop_token_ids)
-        self.configs = {s.name: base.with_(plain=True) if s.kind == "vanilla" else base.with_(template=s.template)
-                        for s in specs if s.kind in ("vanilla", "recycling")}
+        self.model, self.args, self.device = model, args, next(model.parameters()).device
         self.specs = {s.name: s for s in specs}
+        engine_specs = [s for s in specs if s.kind in ("vanilla", "recycling")]
+        self.engines = {s.name: Engine(model, tokenizer, topk_candidates=args.topk_candidates,
+                                       tune_kernels=args.linear == "auto") for s in engine_specs}
+        self.configs = {s.name: base.with_(plain=True) if s.kind == "vanilla" else base.with_(template=s.template)
+                        for s in engine_specs}
+        self.encoder = next(iter(self.engines.values()))  # one chat template and stop set for every method
+        self.stop_ids = {int(t) for t in self.encoder.stop_token_ids}
         self.warm: Any = None  # the WarmStartInfo applied to the recycling engines (None: they start cold)
         self.session_starts: dict[str, dict] = {}  # per engine, a new session's state (`start_sessions`)
 
     def reset_matrices(self) -> None:
-        """Forget everything the adjacency matrices and context indexes learnt: back to the warm start's matrix when
-        there is one (`start_sessions`), else empty."""
+        """Forget what the matrices and context indexes learnt: back to the session's start, else empty."""
         for name, engine in self.engines.items():
             engine.forget(to=self.session_starts.get(name))
 
     def start_sessions(self, warm_start: Callable[[Any], Any]) -> None:
-        """Put every engine in a new session's state (warm.fresh_session), the recycling ones warmed by `warm_start`
-        (engine -> its WarmStartInfo, or None when it starts cold: `--warm-start`, applied by the command line), and
-        keep that state for `fresh_session` and `reset_matrices`."""
+        """Put every engine in a new session's state, the recycling ones warmed by `warm_start` (engine -> its
+        WarmStartInfo or None), and keep that state for `fresh_session` and `reset_matrices`."""
         from .. import warm
 
         for name, engine in self.engines.items():
@@ -186,89 +163,64 @@ class Runner:
             self.engines[name].restore(start)
 
     def overflow(self, ids: list[int], max_new_tokens: int) -> str:
-        """Why a prompt of `ids` with up to `max_new_tokens` answer tokens does not fit the model's context ('' when
-        it fits): every method must be able to give the whole answer."""
+        """Why a prompt of `ids` and `max_new_tokens` answer tokens overflows the model's context ('' if it fits)."""
         limit = self.encoder.context_limit
-        if len(ids) + max_new_tokens <= limit:
-            return ""
-        return (f"its prompt has {len(ids)} tokens and --max-new-tokens is {max_new_tokens}, "
-                f"more than the model's context of {limit} tokens")
+        return "" if len(ids) + max_new_tokens <= limit else (
+            f"its prompt has {len(ids)} tokens and --max-new-tokens is {max_new_tokens}, more than the model's context "
+            f"of {limit} tokens")
 
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
         """The chat prompt as token ids, the same for every method."""
         return list(self.encoder.encode_chat(messages))
 
-    def decode(self, ids: list[int]) -> str:
-        """Token ids back to text (for the next turn's history)."""
-        return self.encoder.decode(ids)
-
     def answer(self, name: str, ids: list[int], max_new_tokens: int | None = None, seed_offset: int = 0) -> dict:
-        """Answer one prompt with method `name`; returns emitted/answer ids, seconds, steps and accepted lengths."""
-        kind = self.specs[name].kind
+        """Method `name`'s answer to one prompt (answers.py's dict)."""
         max_new = max_new_tokens or self.args.max_new_tokens
-        if kind in ("vanilla", "recycling"):
+        if name in self.engines:
             return answers.engine_answer(self.engines[name], self.configs[name].with_(max_new_tokens=max_new), ids,
                                          self.stop_ids)
         tuned = any(e.tune_kernels for e in self.engines.values())  # the baselines multiply as the engines do
-        return answers.transformers_answer(self.model, kind, ids, max_new, self.stop_ids, self.args, tuned,
-                                           seed=self.args.seed + seed_offset)
-
-    def snapshot(self, name: str) -> dict | None:
-        """What method `name` has learned so far (an engine's `snapshot`; None for the stateless hf and pld)."""
-        engine = self.engines.get(name)
-        return engine.snapshot() if engine is not None else None
-
-    def restore(self, name: str, snapshot: dict | None) -> None:
-        """Return method `name` to a `snapshot` of it."""
-        if snapshot is not None:
-            self.engines[name].restore(snapshot)
+        return answers.transformers_answer(self.model, self.specs[name].kind, ids, max_new, self.stop_ids, self.args,
+                                           tuned, seed=self.args.seed + seed_offset)
 
 
 def run_questions(runner: Runner, questions: list[Question], specs: list[MethodSpec], args: argparse.Namespace,
-                  progress=None, skipped: list[dict] | None = None) -> list[TurnRecord]:
-    """Answer every question with every method, interleaved per turn; returns one record per turn and method.
+                  progress: Any, skipped: list[dict]) -> list[TurnRecord]:
+    """Answer every question with every method, interleaved per turn; one record per turn and method.
 
-    The method order rotates from question to question so no method always runs first (after another's cache
-    traffic). Each method keeps its own conversation history for multi-turn questions. With `--repeats R` every
-    turn is answered in R rounds of all methods, each method restarting from what it had learned before the turn
-    (`Runner.snapshot`), so that the rounds of all methods share the machine's slow and fast spells; a record keeps
-    the first round's answer, the fastest round's time and every round's. A turn that does not fit the model's
-    context is skipped with its later turns, each appended to `skipped` as {question, turn, reason}.
+    The method order rotates from question to question, so no method always runs first. Each method keeps its own
+    history of a multi-turn question. A turn that does not fit the model's context is skipped with its later turns,
+    each appended to `skipped` as {question, turn, reason}. `progress` (a tqdm bar) counts the answers.
     """
     records: list[TurnRecord] = []
     names = [s.name for s in specs]
-    budget = getattr(args, "max_minutes", None)
     start = time.perf_counter()
     for qi, q in enumerate(questions):
-        if budget is not None and time.perf_counter() - start > budget * 60:
-            print(f"bench: --max-minutes {budget} reached; stopping after {qi} of {len(questions)} questions",
-                  file=sys.stderr)
+        if args.max_minutes is not None and time.perf_counter() - start > args.max_minutes * 60:
+            print(f"bench: --max-minutes {args.max_minutes} reached; stopping after {qi} of {len(questions)} "
+                  "questions", file=sys.stderr)
             break
-        if getattr(args, "fresh_sessions", False):
+        if args.fresh_sessions:
             runner.fresh_session()
         elif args.fresh_matrix:
             runner.reset_matrices()
-        r = qi % len(names)
-        order = names[r:] + names[:r]
+        order = names[qi % len(names):] + names[:qi % len(names)]
         histories: dict[str, list[dict[str, str]]] = {name: [] for name in order}
-        turns = q.turns[:1] if getattr(args, "fresh_sessions", False) else q.turns  # a new session's first answer
-        for ti, turn in enumerate(turns):
+        for ti, turn in enumerate(q.turns[:1] if args.fresh_sessions else q.turns):  # a new session: one answer
             prompts = {}
             for name in order:
                 histories[name].append({"role": "user", "content": turn})
                 prompts[name] = runner.encode(histories[name])
             if too_long := max(runner.overflow(ids, args.max_new_tokens) for ids in prompts.values()):
                 print(f"bench: {q.key} turn {ti + 1} skipped (and any later turns): {too_long}", file=sys.stderr)
-                if skipped is not None:
-                    skipped += [{"question": q.key, "turn": t + 1, "reason": too_long} for t in range(ti, len(q.turns))]
+                skipped += [{"question": q.key, "turn": t + 1, "reason": too_long} for t in range(ti, len(q.turns))]
                 break  # later turns build on this one
-            outs = _rounds(runner, order, prompts, getattr(args, "repeats", 1), seed_offset=qi * 16 + ti)
+            outs = _rounds(runner, order, prompts, args.repeats, seed_offset=qi * 16 + ti)
             for name in order:
                 records.append(_record(name, q, ti, prompts[name], outs[name]))
-                histories[name].append({"role": "assistant", "content": runner.decode(outs[name]["answer"])})
-                if progress is not None:
-                    progress.update(1)
-                    progress.set_postfix_str(f"{q.task[:14]} {name}", refresh=False)
+                histories[name].append({"role": "assistant", "content": runner.encoder.decode(outs[name]["answer"])})
+                progress.update(1)
+                progress.set_postfix_str(f"{q.task[:14]} {name}", refresh=False)
     return records
 
 
@@ -282,14 +234,15 @@ def _record(name: str, q: Question, turn: int, ids: list[int], out: dict) -> Tur
 
 def _rounds(runner: Runner, order: list[str], prompts: dict[str, list[int]], repeats: int,
             seed_offset: int) -> dict[str, dict]:
-    """Each method's answer to its prompt in `repeats` rounds of all methods (each restored to its state before the
-    first round): the first round's output with the fastest round's `seconds` and every round's `seconds_all`."""
-    starts = {name: runner.snapshot(name) for name in order} if repeats > 1 else {}
+    """Each method's answer in `repeats` rounds of all methods, its engine restored to its state before the first:
+    the first round's output with the fastest round's `seconds` and every round's `seconds_all`. Rounds of all
+    methods share the machine's slow and fast spells."""
+    starts = {name: runner.engines[name].snapshot() for name in order if name in runner.engines} if repeats > 1 else {}
     runs: dict[str, list[dict]] = {name: [] for name in order}
     for rnd in range(repeats):
         for name in order:
-            if rnd:
-                runner.restore(name, starts[name])
+            if rnd and name in starts:
+                runner.engines[name].restore(starts[name])
             runs[name].append(runner.answer(name, prompts[name], seed_offset=seed_offset))
     out = {}
     for name, done in runs.items():
@@ -298,30 +251,14 @@ def _rounds(runner: Runner, order: list[str], prompts: dict[str, list[int]], rep
     return out
 
 
-WARMUP_FALLBACK = "Say hello in one short sentence."
-
-
-def warmup_prompts(runner: Runner, questions: list[Question], turns: int) -> list[list[int]]:
-    """The first `turns` first turns that fit the model's context with a 32-token answer; a short made-up prompt when
-    none does. Skipping an over-long first question must not leave the one-off costs (kernel tuning, the cost probe)
-    inside the first timed answer."""
-    prompts = []
-    for q in questions:
-        if len(prompts) == turns:
-            break
-        ids = runner.encode([{"role": "user", "content": q.turns[0]}])
-        if not runner.overflow(ids, 32):
-            prompts.append(ids)
-    if not prompts:
-        ids = runner.encode([{"role": "user", "content": WARMUP_FALLBACK}])
-        if not runner.overflow(ids, 32):
-            prompts.append(ids)
-    return prompts
-
-
 def warm_up(runner: Runner, questions: list[Question], specs: list[MethodSpec], turns: int) -> None:
-    """Run every method on `turns` short prompts (warmup_prompts), then reset the matrices."""
-    prompts = warmup_prompts(runner, questions, turns)
+    """Run every method on the first `turns` first turns that fit the model's context with a 32-token answer (else a
+    made-up prompt), then reset the matrices: one-off costs (kernel tuning, the cost probe) stay out of the timing."""
+    def fitting(texts, n: int) -> list[list[int]]:
+        encoded = (runner.encode([{"role": "user", "content": text}]) for text in texts)
+        return list(islice((ids for ids in encoded if not runner.overflow(ids, 32)), n))
+
+    prompts = fitting((q.turns[0] for q in questions), turns) or fitting([WARMUP_FALLBACK], 1)
     if not prompts:
         print("bench: no prompt fits the model's context for a warm-up; the first answers include one-off costs",
               file=sys.stderr)

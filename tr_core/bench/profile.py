@@ -2,14 +2,12 @@
 
 Token Recycling verifies a whole draft tree in one forward, so its speedup at a model size is roughly
     mean accepted tokens per step / (t(N) / t(1)),
-with N the tree size (the root included) and t(N) the time of one forward of N query tokens over a KV
-cache of realistic length. This module measures t(N) for the loaded model or for a Llama-shaped model
-with random weights built from a named config (`--config llama-1b|llama-8b`, bf16 on CUDA), and, given a
-measured mean accepted length (`--mean-accepted X` or a `bench --json` file from a real model), prints the
-projected speedup. Random weights make drafts meaningless: acceptance is never measured here.
-
-The projection ignores the engine's own per-step work (drafting, verifying, the matrix update) and the
-prefill, so it is an upper bound of what the method can give at that size.
+with N the tree size (the root included) and t(N) the time of one forward of N query tokens over a KV cache of
+realistic length. This measures t(N) for the loaded model or a Llama-shaped model with random weights (`--config
+llama-1b|llama-8b`, bf16 on CUDA) and, given a measured mean accepted length (`--mean-accepted X` or a real model's
+`bench --json` file), prints the projected speedup: an upper bound, as it ignores the engine's own per-step work
+(drafting, verifying, the matrix update) and the prefill. Random weights make drafts meaningless: acceptance is
+never measured here.
 """
 from __future__ import annotations
 
@@ -50,10 +48,8 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def read_bench_json(path: str | Path) -> dict[str, dict[str, float]]:
-    """Mean accepted tokens and mean tree size of each recycling method in a `bench --json` file.
-
-    Returns {method: {"mean_accepted": x, "tree_nodes": n}}; raises ProfileInputError naming the file.
-    """
+    """{method: {"mean_accepted": x, "tree_nodes": n}} of each recycling method in a `bench --json` file; raises
+    ProfileInputError naming the file."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -89,20 +85,17 @@ def build_random_model(name: str, device, dtype):
     return model.to(device=device, dtype=dtype).eval()
 
 
-def random_context(model, context: int, seed: int = 0) -> list[int]:
+def random_context(model, context: int) -> list[int]:
     """`context` random token ids of the model's vocabulary (seeded): what the profiler's forwards attend over."""
     import torch
 
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(0)
     return torch.randint(0, model.config.vocab_size, (context,), generator=gen).tolist()
 
 
-def measure_curve(model, sizes: list[int], context: int, repeats: int, warmup: int, seed: int = 0) -> dict[int, list[float]]:
-    """Seconds of one forward of N tree tokens over a `context`-token KV cache, `repeats` times per N.
-
-    The engine's own path (cost.measure_forward_costs: ModelRunner, TreeKVCache, the tree mask), so the
-    curve printed here is the one the adaptive tree acts on. Random prompt tokens (seeded).
-    """
+def measure_curve(model, sizes: list[int], context: int, repeats: int, warmup: int) -> dict[int, list[float]]:
+    """Seconds of one forward of N tree tokens over a `context`-token KV cache of random tokens, `repeats` times per
+    N, through the engine's own path (cost.measure_forward_costs): the curve the adaptive tree acts on."""
     import torch
 
     from ..cost import measure_forward_costs
@@ -110,17 +103,17 @@ def measure_curve(model, sizes: list[int], context: int, repeats: int, warmup: i
     from ..runner import ModelRunner
 
     with torch.inference_mode(), installed(model):  # the products the engine runs (the plan, if tuned)
-        ms = measure_forward_costs(ModelRunner(model), random_context(model, context, seed), sizes, repeats, warmup)
+        ms = measure_forward_costs(ModelRunner(model), random_context(model, context), sizes, repeats, warmup)
     return {n: [t / 1e3 for t in v] for n, v in ms.items()}
 
 
-def tune_linears(model, context: int, seed: int = 0) -> dict[str, Any]:
+def tune_linears(model, context: int) -> dict[str, Any]:
     """Choose the linear layers' product on this machine (tuning.tune; CPU only) and describe the choice."""
     from ..kernels import describe_plan
     from ..runner import ModelRunner
     from ..tuning import ensure_tuned
 
-    ensure_tuned(ModelRunner(model), random_context(model, context, seed))
+    ensure_tuned(ModelRunner(model), random_context(model, context))
     return describe_plan(model)
 
 
@@ -134,15 +127,13 @@ def projections(curve: dict[int, dict[str, float]], mean_accepted: float | None,
                 bench: dict[str, dict[str, float]] | None, tree_nodes: float) -> list[dict[str, float | str]]:
     """Projected speedup = mean accepted / (t(N)/t(1)) for the given measurements."""
     ratios = {n: c["ratio"] for n, c in curve.items()}
+    given = [("--mean-accepted", mean_accepted, tree_nodes)] if mean_accepted is not None else []
     rows = []
-    if mean_accepted is not None:
-        r = interpolate(ratios, tree_nodes)
-        rows.append({"source": "--mean-accepted", "mean_accepted": mean_accepted, "tree_nodes": tree_nodes,
-                     "cost_ratio": r, "projected_speedup": mean_accepted / r})
-    for name, m in (bench or {}).items():
-        r = interpolate(ratios, m["tree_nodes"])
-        rows.append({"source": name, "mean_accepted": m["mean_accepted"], "tree_nodes": m["tree_nodes"],
-                     "cost_ratio": r, "projected_speedup": m["mean_accepted"] / r})
+    given += [(name, m["mean_accepted"], m["tree_nodes"]) for name, m in (bench or {}).items()]
+    for source, accepted, nodes in given:
+        r = interpolate(ratios, nodes)
+        rows.append({"source": source, "mean_accepted": accepted, "tree_nodes": nodes, "cost_ratio": r,
+                     "projected_speedup": accepted / r})
     return rows
 
 
@@ -172,11 +163,8 @@ def run_meta(args: argparse.Namespace, model, name: str, device) -> dict[str, An
     from ..machine import describe
 
     params = sum(p.numel() for p in model.parameters())
-    return {
-        "model": f"{name}, {params / 1e6:.1f}M params", "device": str(device),
-        "machine": describe(device),
-        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "torch": torch.__version__,
-        "transformers": transformers.__version__, "context": args.context, "repeats": args.repeats,
-        "threads": torch.get_num_threads(),
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-    }
+    return {"model": f"{name}, {params / 1e6:.1f}M params", "device": str(device), "machine": describe(device),
+            "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "torch": torch.__version__,
+            "transformers": transformers.__version__, "context": args.context, "repeats": args.repeats,
+            "threads": torch.get_num_threads(),
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}

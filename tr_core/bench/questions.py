@@ -1,9 +1,6 @@
-"""Question files for the benchmark: one JSON object per line, Spec-Bench style.
-
-Each line holds `question_id`, `category` and `turns` (a list of user messages; more than one means a
-multi-turn conversation, answered turn by turn with the model's own earlier answers in the history).
-Results are grouped by the six Spec-Bench tasks (the eight MT-bench categories form
-"multi-turn conversation") plus "code" for MBPP.
+"""Question files for the benchmark, Spec-Bench style: one JSON object per line with `question_id`, `category` and
+`turns` (the user messages, more than one for a multi-turn conversation). Results are grouped by the six Spec-Bench
+tasks (the eight MT-bench categories form "multi-turn conversation") plus "code" for MBPP.
 """
 from __future__ import annotations
 
@@ -16,9 +13,8 @@ from typing import TypeVar
 T = TypeVar("T")
 
 # The eight MT-bench categories: together they are Spec-Bench's "multi-turn conversation" task.
-MT_BENCH_CATEGORIES = frozenset(
-    {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
-)
+MT_BENCH_CATEGORIES = frozenset({"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
+                                 "humanities"})
 MULTI_TURN = "multi-turn conversation"
 # Task order used in tables and reports: Spec-Bench's six tasks, then MBPP's code.
 TASK_ORDER = (MULTI_TURN, "translation", "summarization", "qa", "math_reasoning", "rag", "code")
@@ -56,8 +52,7 @@ class Question:
 
 
 def task_of(category: str) -> str:
-    """Map a question category to its Spec-Bench task (MT-bench categories -> "multi-turn conversation"); case and
-    surrounding spaces do not make a new task ("Translation " is "translation")."""
+    """A question category's Spec-Bench task (MT-bench categories -> "multi-turn conversation"), in lower case."""
     name = category.strip().lower()
     return MULTI_TURN if name in MT_BENCH_CATEGORIES else name
 
@@ -106,32 +101,27 @@ def load_questions(path: str | Path) -> list[Question]:
         raise QuestionFileError(path, f"cannot read: {exc}") from None
     questions: list[Question] = []
     seen: dict[object, int] = {}
-    # JSON lines end at "\n" only: str.splitlines() would also cut at U+2028, U+0085 and others that JSON strings may
-    # hold raw
+    # JSON lines end at "\n" only (splitlines() would also cut at U+2028 and others that JSON strings may hold raw)
     for number, raw in enumerate(text.replace("\r\n", "\n").split("\n"), start=1):
         if not raw.strip():
             continue
         question = parse_question_line(raw, path, number)
-        if question.question_id in seen:
-            raise QuestionFileError(
-                path, f"duplicate question_id {question.question_id!r} (first on line {seen[question.question_id]})", number
-            )
-        seen[question.question_id] = number
+        if (first := seen.setdefault(question.question_id, number)) != number:
+            raise QuestionFileError(path, f"duplicate question_id {question.question_id!r} (first on line {first})",
+                                    number)
         questions.append(question)
     if not questions:
         raise QuestionFileError(path, "no questions in file")
     return questions
 
 
-def select_questions(
-    questions: list[Question], per_task: int | None = None, limit: int | None = None
-) -> list[Question]:
+def select_questions(questions: list[Question], per_task: int | None = None,
+                     limit: int | None = None) -> list[Question]:
     """Pick questions deterministically: the first `per_task` of each task, then the first `limit`.
 
-    Within a task the questions are taken round-robin over its categories in file order (so the multi-turn
-    task draws writing, roleplay, reasoning, math, ... rather than four writing questions). With `per_task`,
-    the result is ordered round-robin over tasks (task 1 q1, task 2 q1, ..., task 1 q2, ...) so that a later
-    `limit` still spans the tasks.
+    Within a task, round-robin over its categories in file order (the multi-turn task draws writing, roleplay,
+    reasoning, ... rather than four writing questions); with `per_task`, round-robin over tasks (task 1 q1, task 2 q1,
+    ..., task 1 q2, ...) so that a later `limit` still spans the tasks.
     """
     if per_task is not None and per_task < 1:
         raise ValueError(f"per_task must be >= 1, got {per_task}")

@@ -7,6 +7,7 @@ import datetime as _dt
 import os
 import shlex
 import sys
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,18 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
 
-def _plausible(speedup: float | None, mean_accepted: float | None) -> bool | None:
-    """False when a speedup exceeds what its mean accepted tokens per step allow (meter.plausible_limit): the
-    machine's load changed during the run, and the figure is noise. None when either number is missing."""
-    from .meter import plausible_limit
+PLAUSIBLE_SLACK = 1.10  # ratio <= slack x mean accepted tokens per step (slack covers per-step overheads)
 
+
+def plausible_limit(mean_accepted: float) -> float:
+    """The largest speedup a run with this many tokens per step can honestly reach: a tree forward never costs less
+    than a one-token forward, so a step emitting `a` tokens is at most `a` times as fast as a plain step."""
+    return mean_accepted * PLAUSIBLE_SLACK
+
+
+def _plausible(speedup: float | None, mean_accepted: float | None) -> bool | None:
+    """False when a speedup exceeds what its mean accepted tokens per step allow (plausible_limit): the machine's
+    load changed during the run, and the figure is noise. None when either number is missing."""
     if speedup is None or mean_accepted is None:
         return None
     return speedup <= plausible_limit(mean_accepted)
@@ -37,60 +45,43 @@ def _stats(recs: list[TurnRecord], base: dict[tuple[str, int], TurnRecord]) -> d
     paired = [(r, base[(r.question, r.turn)]) for r in recs if (r.question, r.turn) in base]
     speedup = _ratio(sum(b.seconds for _, b in paired), sum(r.seconds for r, _ in paired)) if paired else None
     mean_accepted = _ratio(tokens, steps) if steps else None
-    return {
-        "tokens": tokens,
-        "seconds": seconds,
-        "tokens_per_s": _ratio(tokens, seconds),
-        "steps": steps,
-        "mean_accepted": mean_accepted,
-        "mean_tree_nodes": (_ratio(sum(r.tree_nodes for r in recs), steps)
-                            if steps and all(r.tree_nodes for r in recs) else None),
-        "speedup": speedup,
-        "plausible": _plausible(speedup, mean_accepted),
-        "identical": sum(r.answer_ids == b.answer_ids for r, b in paired),
-        "compared": len(paired),
-        "answers": len(recs),
-    }
+    nodes = _ratio(sum(r.tree_nodes for r in recs), steps) if steps and all(r.tree_nodes for r in recs) else None
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": _ratio(tokens, seconds), "steps": steps,
+            "mean_accepted": mean_accepted, "mean_tree_nodes": nodes, "speedup": speedup,
+            "plausible": _plausible(speedup, mean_accepted),
+            "identical": sum(r.answer_ids == b.answer_ids for r, b in paired), "compared": len(paired),
+            "answers": len(recs)}
 
 
 def accepted_histogram(recs: list[TurnRecord]) -> dict[str, int]:
     """Count of decoding steps by tokens emitted per step (engine methods; empty for hf/pld)."""
-    hist: dict[int, int] = {}
-    for r in recs:
-        for n in r.accepted_lengths:
-            hist[n] = hist.get(n, 0) + 1
+    hist = Counter(n for r in recs for n in r.accepted_lengths)
     return {str(k): hist[k] for k in sorted(hist)}
 
 
-def aggregate(records: list[TurnRecord], method_names: list[str], baseline: str = BASELINE) -> dict[str, dict]:
+def aggregate(records: list[TurnRecord], method_names: list[str]) -> dict[str, dict]:
     """Per-method totals and per-task breakdown (the `methods` part of the JSON document)."""
-    base = {(r.question, r.turn): r for r in records if r.method == baseline}
+    base = {(r.question, r.turn): r for r in records if r.method == BASELINE}
     out: dict[str, dict] = {}
     for name in method_names:
         mine = [r for r in records if r.method == name]
-        entry = _stats(mine, base)
         tasks = sorted({r.task for r in mine}, key=task_sort_key)
-        entry["per_category"] = {t: _stats([r for r in mine if r.task == t], base) for t in tasks}
-        entry["accepted_histogram"] = accepted_histogram(mine)
-        out[name] = entry
+        per_task = {t: _stats([r for r in mine if r.task == t], base) for t in tasks}
+        out[name] = {**_stats(mine, base), "per_category": per_task, "accepted_histogram": accepted_histogram(mine)}
     return out
 
 
 def build_result(records: list[TurnRecord], specs: list[MethodSpec], questions: list[Question],
                  meta: dict[str, Any], skipped: list[dict] = ()) -> dict[str, Any]:
     """The full JSON document: run metadata, the `methods` aggregate, one row per answer and the `skipped` turns.
-
-    Only questions with records count (a `--max-minutes` run may stop before the last ones), and only the turns
-    answered: a turn past the model's context is in `skipped`, not in `answers`.
-    """
+    Only questions and turns answered count (a `--max-minutes` run may stop early; a turn too long is skipped)."""
     done = {r.question for r in records}
     selected = len(questions)
     questions = [q for q in questions if q.key in done]
     meta = {**meta, "questions_selected": selected}
     methods = aggregate(records, [s.name for s in specs])
     for s in specs:
-        methods[s.name]["kind"] = s.kind
-        methods[s.name]["template"] = s.template
+        methods[s.name].update(kind=s.kind, template=s.template)
     rows = [{k: v for k, v in asdict(r).items() if k not in ("answer_ids", "accepted_lengths")} for r in records]
     answered = len({(r.question, r.turn) for r in records})
     return {**meta, "questions": len(questions), "answers": answered, "skipped": list(skipped),
@@ -98,8 +89,8 @@ def build_result(records: list[TurnRecord], specs: list[MethodSpec], questions: 
 
 
 def checkout_commit() -> str:
-    """The commit of the git checkout this code runs from (read from .git, no subprocess); '' when there is none,
-    as in an installed package or a worktree."""
+    """The commit of the git checkout this code runs from, read from .git without a subprocess; '' when there is none
+    (an installed package, a worktree)."""
     git = Path(__file__).resolve().parents[2] / ".git"
     try:
         head = (git / "HEAD").read_text(encoding="utf-8").strip()
@@ -125,26 +116,14 @@ def run_meta(args: argparse.Namespace, model, device) -> dict[str, Any]:
 
     name = Path(args.model).name if args.model else "SmolLM2-135M-Instruct (embedded, Q4_1 GGUF dequantised)"
     return {
-        "model": name,
-        "device": str(device),
-        "machine": describe(device),
-        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-        "torch": torch.__version__,
+        "model": name, "device": str(device), "machine": describe(device),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "torch": torch.__version__,
         "transformers": transformers.__version__,
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "top_k": args.top_k,
-        "repetition_penalty": args.repetition_penalty,
-        "seed": args.seed,
-        "template": args.template,
-        "fresh_matrix": bool(args.fresh_matrix),
-        "fresh_sessions": bool(getattr(args, "fresh_sessions", False)),
-        "topk_candidates": args.topk_candidates,
-        "pld_tokens": args.pld_tokens,
-        "pld_ngram": args.pld_ngram,
-        "repeats": getattr(args, "repeats", 1),
+        **{k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_p", "top_k", "repetition_penalty",
+                                         "seed", "template")},
+        "fresh_matrix": bool(args.fresh_matrix), "fresh_sessions": bool(args.fresh_sessions),
+        **{k: getattr(args, k) for k in ("topk_candidates", "pld_tokens", "pld_ngram", "repeats")},
         "threads": torch.get_num_threads(),
         "sdpa_shared_kv_heads": os.environ.get(GQA_SWITCH) == "1",  # masked attention reads grouped heads (runner.py)
         "commit": checkout_commit(),

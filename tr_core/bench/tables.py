@@ -83,8 +83,8 @@ def _threads(n: str) -> str:
 
 
 def results_grid(runs: dict[str, dict[str, Any]]) -> str:
-    """One table per machine: a column per run (`<machine>-<T>t-<set>` names it), plain decoding's tokens/s, then
-    each method's speedup (mean accepted tokens per step), then the answers identical to plain decoding's."""
+    """One table per machine, a column per run (`<machine>-<T>t-<set>`): plain decoding's tokens/s, each method's
+    speedup (mean accepted tokens per step), the answers identical to plain decoding's."""
     named = {n: RUN_NAME.match(n).groupdict() for n in runs}
     out = []
     for machine in sorted({m["machine"] for m in named.values()}):
@@ -108,8 +108,8 @@ def results_grid(runs: dict[str, dict[str, Any]]) -> str:
 
 
 def cost_table(profiles: dict[str, dict[str, Any]]) -> str:
-    """The forward cost t(N)/t(1) of every profile (`profile-<machine>-<T>t` names it), one row each; t(1) as the
-    median and, for how steady the machine was, the fastest of the repeats."""
+    """The forward cost t(N)/t(1) of every profile (`profile-<machine>-<T>t`), one row each; t(1) as the median and
+    the fastest of the repeats (how steady the machine was)."""
     sizes = sorted({int(n) for p in profiles.values() for n in p["curve"] if n != "1"})
     lines = ["| machine, threads | t(1) ms, median (fastest) | " + " | ".join(f"N = {n}" for n in sizes) + " |",
              "| --- | ---: |" + " ---: |" * len(sizes)]
@@ -142,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if path.is_dir():
             print(folder_tables(path))
-            return 0
-        result = json.loads(path.read_text(encoding="utf-8"))
-        print(format_header(result) + "\n\n" + format_tables(result))
+        else:
+            result = json.loads(path.read_text(encoding="utf-8"))
+            print(format_header(result) + "\n\n" + format_tables(result))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"error: {path}: not a `python -m tr_core bench --json` file or a folder of them ({exc!r})",
               file=sys.stderr)

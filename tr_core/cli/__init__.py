@@ -8,24 +8,19 @@ from pathlib import Path
 from . import bench, generate, profile
 
 
-def program_name() -> str:
-    """How the user started this program: the console script's name or `python -m tr_core` (argv[0] __main__.py)."""
-    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
-    return "python -m tr_core" if name in ("", "__main__.py", "-c") else name
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog=program_name(), description="Token Recycling speculative decoding")
+    """The argument parser with every subcommand, named as the user started it (the console script's name, or
+    `python -m tr_core` when argv[0] is __main__.py)."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    parser = argparse.ArgumentParser(prog="python -m tr_core" if name in ("", "__main__.py", "-c") else name,
+                                     description="Token Recycling speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
-    generate.register(sub)
-    bench.register(sub)
-    profile.register(sub)
+    for command in (generate, bench, profile):
+        command.register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     return args.func(args)

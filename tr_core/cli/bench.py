@@ -1,13 +1,10 @@
-"""`python -m tr_core bench`: its options, their checks before any model is loaded, and the run (tr_core/bench/bench.py
-measures, results.py makes the JSON document, tables.py the tables; this module reads the command line and writes what
-it asks for)."""
+"""`python -m tr_core bench`: its options, their checks before any model is loaded, and the run (measured by
+tr_core/bench/bench.py, made a JSON document by results.py and tables by tables.py)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from ..bench import bench, results, tables
@@ -15,7 +12,7 @@ from ..bench.questions import QuestionFileError
 from ..config import DecodeConfigError
 from ..tree import template_problem
 from .options import (add_model_options, add_sampling_options, apply_warm_start, decode_config, load_model_or_report,
-                      output_problem, report_error, threads_option, warm_start_option)
+                      output_problem, report_error, threads_option, warm_start_option, write_json)
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -68,7 +65,7 @@ def validate_args(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
         raise bench.BenchInputError(f"--max-minutes must be > 0, got {args.max_minutes}")
     if args.warmup < 0:
         raise bench.BenchInputError(f"--warmup must be >= 0, got {args.warmup}")
-    if getattr(args, "repeats", 1) < 1:
+    if args.repeats < 1:
         raise bench.BenchInputError(f"--repeats must be >= 1, got {args.repeats}")
     if args.pld_tokens < 1 or args.pld_ngram < 1:
         raise bench.BenchInputError("--pld-tokens and --pld-ngram must be >= 1")
@@ -126,10 +123,7 @@ def run(args: argparse.Namespace) -> int:
     meta["linear"] = describe_plan(model)
     print(meta["linear"]["summary"], file=sys.stderr)
     result = results.build_result(records, specs, questions, meta, skipped)
-    print(tables.format_header(result))
-    print()
-    print(tables.format_tables(result))
+    print(tables.format_header(result) + "\n\n" + tables.format_tables(result))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}", file=sys.stderr)
+        write_json(args.json, result)
     return 0

@@ -10,6 +10,9 @@ from ..config import DecodeConfig, DecodeConfigError
 from .options import (add_decode_options, apply_warm_start, decode_config, load_model_or_report, output_problem,
                       report_error, warm_start_option)
 
+SUMMARY_FIELDS = ("steps", "mean_accepted", "tokens_per_s", "new_tokens", "stop_reason", "method", "template",
+                  "overhead_ms", "forward_ms", "prompt_tokens", "prefill_s", "decode_s", "wall_s")  # in --json
+
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the `generate` subcommand."""
@@ -76,9 +79,8 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(prepared, int):
         return prepared
     engine, cfg = prepared
-    tokenizer = engine.tokenizer
-    ids = engine.encode_chat([{"role": "user", "content": args.prompt}]) if not args.raw else \
-        tokenizer(args.prompt)["input_ids"]
+    ids = (engine.tokenizer(args.prompt)["input_ids"] if args.raw
+           else engine.encode_chat([{"role": "user", "content": args.prompt}]))
     try:
         engine.check_prompt(ids)
     except ValueError as exc:
@@ -115,11 +117,11 @@ def _stream(args: argparse.Namespace, engine: Any, ids: list[int], cfg: Any) -> 
             if not args.json or args.trace:
                 text.push(ev.emitted)
             if not args.json:
-                _write(text.unshown())
+                print(text.unshown(), end="", flush=True)
         else:
             summary = ev
     if not args.json:
-        _write(text.unshown(final=True))
+        print(text.unshown(final=True), end="", flush=True)
     return steps, summary, text
 
 
@@ -128,12 +130,8 @@ def _print_summary(args: argparse.Namespace, engine: Any, summary: Any) -> None:
     import torch
 
     if args.json:
-        print(json.dumps({"tokens": summary.tokens, "text": engine.decode(summary.tokens), "steps": summary.steps,
-                          "mean_accepted": summary.mean_accepted, "tokens_per_s": summary.tokens_per_s,
-                          "new_tokens": summary.new_tokens, "stop_reason": summary.stop_reason,
-                          "method": summary.method, "template": summary.template, "overhead_ms": summary.overhead_ms,
-                          "forward_ms": summary.forward_ms, "prompt_tokens": summary.prompt_tokens,
-                          "prefill_s": summary.prefill_s, "decode_s": summary.decode_s, "wall_s": summary.wall_s,
+        print(json.dumps({"tokens": summary.tokens, "text": engine.decode(summary.tokens),
+                          **{name: getattr(summary, name) for name in SUMMARY_FIELDS},
                           "device": str(engine.device), "dtype": str(engine.dtype).replace("torch.", "")}))
     else:
         method = "plain decoding" if args.plain else f"Token Recycling ({summary.template})"
@@ -159,10 +157,3 @@ def _write_trace(args: argparse.Namespace, engine: Any, cfg: DecodeConfig, trace
         return report_error(f"cannot write the trace: {exc}", 1)
     print(f"trace saved to {args.trace} ({len(trace.steps)} steps)", file=sys.stderr)
     return 0
-
-
-def _write(text: str) -> None:
-    """Print streamed text at once."""
-    if text:
-        sys.stdout.write(text)
-        sys.stdout.flush()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -44,16 +45,12 @@ def apply_threads(threads: int | None) -> None:
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
-    """`--model`, `--device`, `--dtype`: which model to load, where and in what precision."""
+    """`--model`, `--device`, `--dtype`: which model to load, where and in what precision; `--linear`: how its linear
+    layers multiply on a CPU (tr_core/kernels.py)."""
     p.add_argument("--model", default=None,
                    help="hub id, local folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bf16 on GPU, fp32 on CPU)")
-    linear_option(p)
-
-
-def linear_option(p: argparse.ArgumentParser) -> None:
-    """`--linear auto|stock`: how linear layers multiply on a CPU (tr_core/kernels.py)."""
     p.add_argument("--linear", choices=("auto", "stock"), default="auto",
                    help="linear layers on a CPU: auto times the library's product, W @ x^T and oneDNN's once per model "
                         "and takes the fastest for each number of tokens (default); stock keeps the library's")
@@ -69,6 +66,28 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def add_decode_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by every command that decodes."""
+    from ..tree import TEMPLATE_NAMES
+
+    add_model_options(p)
+    p.add_argument("--max-new-tokens", type=_positive_int, default=256)
+    add_sampling_options(p)
+    p.add_argument("--template", type=_template, default=None,
+                   help=f"draft tree: {', '.join(TEMPLATE_NAMES)} (default: 2.2.2 on a GPU, hybrid on a CPU)")
+    p.add_argument("--topk-candidates", type=_positive_int, default=8, help="k, candidates per adjacency-matrix row")
+    threads_option(p)
+
+
+def warm_start_option(p: argparse.ArgumentParser) -> None:
+    """`--warm-start {auto,off,PATH}` (default auto)."""
+    p.add_argument("--warm-start", default="auto", metavar="{auto,off,PATH}",
+                   help="start the adjacency matrix and the cost-sized trees' calibration warm: auto (default) takes "
+                        "the warm start shipped for the embedded model, else the one learned for this model earlier, "
+                        "else learns one now from the project's own corpus (once, with a progress bar; cached); off "
+                        "starts cold (empty matrix); or the path of a warm-start file")
+
+
 def output_problem(path: str | None, option: str) -> str | None:
     """Why the output file `path` of `option` could not be written, or None; checked before any work is done."""
     if not path:
@@ -82,6 +101,12 @@ def output_problem(path: str | None, option: str) -> str | None:
     if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         return f"{option}: {path} is not writable"
     return None
+
+
+def write_json(path: str, doc: Any) -> None:
+    """Write `doc` to the `--json` file `path` and say so on stderr."""
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def report_error(error: object, code: int) -> int:
@@ -102,17 +127,6 @@ def load_model_or_report(args: argparse.Namespace) -> tuple[Any, Any] | None:
         return None
 
 
-WARM_START_HELP = ("start the adjacency matrix and the cost-sized trees' calibration warm: auto (default) takes the "
-                   "warm start shipped for the embedded model, else the one learned for this model earlier, else "
-                   "learns one now from the project's own corpus (once, with a progress bar; cached); off starts "
-                   "cold (empty matrix); or the path of a warm-start file")
-
-
-def warm_start_option(p: argparse.ArgumentParser) -> None:
-    """`--warm-start {auto,off,PATH}` (default auto)."""
-    p.add_argument("--warm-start", default="auto", metavar="{auto,off,PATH}", help=WARM_START_HELP)
-
-
 def apply_warm_start(choice: str, engine: Any, model_name: str | None) -> Any:
     """Apply `--warm-start`, saying on stderr what it did; the WarmStartInfo (None: off); ValueError on a bad file."""
     from .. import warm
@@ -124,19 +138,18 @@ def apply_warm_start(choice: str, engine: Any, model_name: str | None) -> Any:
     else:
         from tqdm.auto import tqdm
 
-        bar = None
+        bars: list[Any] = []  # made at the first report: nothing shows when the warm start is shipped or cached
 
         def progress(done: int, total: int) -> None:
-            nonlocal bar
-            if bar is None:
-                bar = tqdm(total=total, desc="learning a warm start for this model (once)", unit="answer",
-                           file=sys.stderr)
-            bar.update(done - bar.n)
+            if not bars:
+                bars.append(tqdm(total=total, desc="learning a warm start for this model (once)", unit="answer",
+                                 file=sys.stderr))
+            bars[0].update(done - bars[0].n)
 
         try:
             info = warm.warm_start(engine, model_name, progress=progress)
         finally:
-            if bar is not None:
+            for bar in bars:
                 bar.close()
     print(info.describe(), file=sys.stderr)
     return info
@@ -146,16 +159,3 @@ def decode_config(args: argparse.Namespace, **fields: Any) -> DecodeConfig:
     """The DecodeConfig of `--max-new-tokens` and the sampling options, plus `fields`; raises DecodeConfigError."""
     return DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                         top_k=args.top_k, repetition_penalty=args.repetition_penalty, seed=args.seed, **fields)
-
-
-def add_decode_options(p: argparse.ArgumentParser) -> None:
-    """Options shared by every command that decodes."""
-    from ..tree import TEMPLATE_NAMES
-
-    add_model_options(p)
-    p.add_argument("--max-new-tokens", type=_positive_int, default=256)
-    add_sampling_options(p)
-    p.add_argument("--template", type=_template, default=None,
-                   help=f"draft tree: {', '.join(TEMPLATE_NAMES)} (default: 2.2.2 on a GPU, hybrid on a CPU)")
-    p.add_argument("--topk-candidates", type=_positive_int, default=8, help="k, candidates per adjacency-matrix row")
-    threads_option(p)

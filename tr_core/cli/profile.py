@@ -3,23 +3,19 @@ itself: tr_core/bench/profile.py)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 from ..bench import profile
-from .options import apply_threads, linear_option, output_problem, threads_option
+from .options import add_model_options, apply_threads, output_problem, report_error, threads_option, write_json
 
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the `profile` subcommand."""
     p = subparsers.add_parser("profile", help="forward cost curve t(N)/t(1) and projected speedup",
                               description=profile.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="model to load (embedded default, folder, .gguf, hub id)")
+    add_model_options(p)
     p.add_argument("--config", default=None, choices=sorted(profile.CONFIGS),
                    help="instead of --model: a Llama-shaped model with random weights")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU)")
     p.add_argument("--context", type=int, default=512, help="KV cache length before the timed forward")
     p.add_argument("--sizes", default=",".join(map(str, profile.DEFAULT_SIZES)),
                    help="query token counts N, comma list")
@@ -29,9 +25,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="mean accepted tokens per step measured with a real model (for the projection)")
     p.add_argument("--tree-nodes", type=float, default=81,
                    help="draft tree size N for --mean-accepted (default 81: the 80-node 2.2.2 tree plus its root)")
-    p.add_argument("--bench-json", default=None, metavar="FILE", help="take mean accepted and tree sizes from a bench JSON")
-    threads_option(p, help="CPU threads for torch (default: torch's choice); 1 is far steadier on a busy small machine")
-    linear_option(p)
+    p.add_argument("--bench-json", default=None, metavar="FILE",
+                   help="take mean accepted and tree sizes from a bench JSON")
+    threads_option(p)
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the curve and projections as JSON")
     p.set_defaults(func=run)
     return p
@@ -73,8 +69,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         sizes, bench = validate(args)
     except profile.ProfileInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report_error(exc, 2)
     import torch
 
     torch.set_grad_enabled(False)
@@ -82,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         model, name, device = _model_for(args)
     except (RuntimeError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2 if args.config else 1
+        return report_error(exc, 2 if args.config else 1)
     meta = profile.run_meta(args, model, name, device)
     print(f"profile: {meta['model']} on {meta['device']} ({meta['machine']}), {meta['dtype']}", file=sys.stderr)
     from ..kernels import describe_plan
@@ -95,7 +89,5 @@ def run(args: argparse.Namespace) -> int:
     rows = profile.projections(curve, args.mean_accepted, bench, args.tree_nodes)
     print(profile.format_report(meta, curve, rows))
     if args.json:
-        doc = {**meta, "curve": {str(n): c for n, c in curve.items()}, "projections": rows}
-        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}", file=sys.stderr)
+        write_json(args.json, {**meta, "curve": {str(n): c for n, c in curve.items()}, "projections": rows})
     return 0

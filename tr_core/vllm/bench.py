@@ -2,11 +2,9 @@
 
     python -m tr_core.vllm.bench --questions bench/data/spec_bench_dev.jsonl --questions bench/data/mbpp_dev.jsonl
 
-Every method runs in its own process with its own vLLM engine (its own speculative counters). Each cell (a round
-at one concurrency) gets `--per-task` unseen questions of each task, so the shared matrix learns only from earlier
-questions, as a server does. Methods take turns in rotating order; the idle ones are paused (SIGSTOP), since an
-idle vLLM engine keeps polling. Reported per method and concurrency: tokens/s, tokens per step, drafted and
-accepted tokens, and greedy answers identical to plain vLLM's. `--studio` adds the library's own engine."""
+Each method runs in its own process and vLLM engine, paused (SIGSTOP) while another runs; each cell (a round at
+one concurrency) asks `--per-task` unseen questions of each task. The protocol and its reasons: docs/vllm.md#results.
+`--studio` adds the library's own engine."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,13 +69,25 @@ def cell_prompts(args: argparse.Namespace) -> dict[str, list[list[dict[str, str]
 
 
 # -- one method's process --------------------------------------------------------------------------------------------
-def build_engine(name: str, args: argparse.Namespace, model: str) -> Any:
-    """The method's vLLM engine (float32, eager, the same limits for all)."""
-    from vllm import LLM
+def vllm_answerer(name: str, args: argparse.Namespace, model: str) -> Callable[[list, int], dict[str, Any]]:
+    """The method's vLLM engine (float32, eager, the same limits for all) as a function answering a cell's prompts,
+    `concurrency` at a time, greedily: seconds, answers (token ids) and the speculative counters' deltas."""
+    from vllm import LLM, SamplingParams
 
     spec = METHODS[name] and {**METHODS[name], "num_speculative_tokens": args.draft}
-    return LLM(model=model, dtype=args.dtype, max_model_len=2048, seed=0, enforce_eager=True,
-               speculative_config=spec, disable_log_stats=False)
+    llm = LLM(model=model, dtype=args.dtype, max_model_len=2048, seed=0, enforce_eager=True,
+              speculative_config=spec, disable_log_stats=False)
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+
+    def run(prompts: list, concurrency: int) -> dict[str, Any]:
+        before, answers, start = spec_counters(llm), [], time.perf_counter()
+        for i in range(0, len(prompts), concurrency):
+            outputs = llm.chat(prompts[i: i + concurrency], params, use_tqdm=False)
+            answers += [list(o.outputs[0].token_ids) for o in outputs]
+        seconds, after = time.perf_counter() - start, spec_counters(llm)
+        return {"seconds": seconds, "answers": answers, **{k: after[k] - before[k] for k in after}}
+
+    return run
 
 
 def spec_counters(llm: Any) -> dict[str, float]:
@@ -90,46 +101,24 @@ def spec_counters(llm: Any) -> dict[str, float]:
     return counts
 
 
-def run_vllm_cell(llm: Any, prompts: list, concurrency: int, max_tokens: int) -> dict[str, Any]:
-    """Answer every prompt, `concurrency` at a time, greedily: seconds, answers (token ids), counter deltas."""
-    from vllm import SamplingParams
+def studio_answerer(name: str | None, model_dir: str, max_tokens: int) -> Callable[[list, int], dict[str, Any]]:
+    """The library's Engine (the CPU's default tree, the warm start) as a function answering a cell's prompts one at
+    a time, with the same figures as vllm_answerer's."""
+    import torch
 
-    params = SamplingParams(temperature=0, max_tokens=max_tokens)
-    before = spec_counters(llm)
-    answers: list[list[int]] = []
-    start = time.perf_counter()
-    for i in range(0, len(prompts), concurrency):
-        out = llm.chat(prompts[i: i + concurrency], params, use_tqdm=False)
-        answers += [list(o.outputs[0].token_ids) for o in out]
-    seconds = time.perf_counter() - start
-    after = spec_counters(llm)
-    return {"seconds": seconds, "answers": answers, **{k: after[k] - before[k] for k in after}}
+    from tr_core import DecodeConfig, Engine, StepEvent, SummaryEvent
+    from tr_core.models import load_model
+    from tr_core.tree import default_template
+    from tr_core.warm import warm_start
 
+    engine = Engine(*load_model(model_dir, dtype=torch.float32))
+    warm_start(engine, name)  # None: the embedded model's shipped warm start
+    cfg = DecodeConfig(max_new_tokens=max_tokens, template=default_template(torch.device("cpu")))
 
-class StudioRunner:
-    """The library's Engine (the CPU's default tree, the shipped or cached warm start), one question at a time."""
-
-    def __init__(self, name: str | None, model_dir: str, max_tokens: int) -> None:
-        import torch
-
-        from tr_core import DecodeConfig, Engine
-        from tr_core.models import load_model
-        from tr_core.tree import default_template
-        from tr_core.warm import warm_start
-
-        model, tokenizer = load_model(model_dir, dtype=torch.float32)
-        self.engine = Engine(model, tokenizer)
-        warm_start(self.engine, name)  # None: the embedded model's shipped warm start
-        self.cfg = DecodeConfig(max_new_tokens=max_tokens, template=default_template(torch.device("cpu")))
-        self.run([[{"role": "user", "content": "Say hello."}]], 1)  # its one-time timing of the matrix products
-
-    def run(self, prompts: list, concurrency: int) -> dict[str, Any]:
-        from tr_core import StepEvent, SummaryEvent
-
-        answers, steps, drafted = [], 0, 0
-        start = time.perf_counter()
+    def run(prompts: list, concurrency: int = 1) -> dict[str, Any]:
+        answers, steps, drafted, start = [], 0, 0, time.perf_counter()
         for messages in prompts:
-            for event in self.engine.generate(self.engine.encode_chat(messages), self.cfg):
+            for event in engine.generate(engine.encode_chat(messages), cfg):
                 if isinstance(event, StepEvent):
                     steps, drafted = steps + 1, drafted + len(event.tokens) - 1
                 elif isinstance(event, SummaryEvent):
@@ -138,6 +127,9 @@ class StudioRunner:
         return {"seconds": seconds, "answers": answers, "drafted": float(drafted),
                 "accepted": float(sum(map(len, answers)) - steps)}  # each step emits its accepted drafts + 1
 
+    run([[{"role": "user", "content": "Say hello."}]])  # its one-time timing of the matrix products
+    return run
+
 
 def worker(args: argparse.Namespace) -> int:
     """One method's process: build its engine, print DONE, then run each cell ordered on stdin ({"cell", "out"})."""
@@ -145,17 +137,15 @@ def worker(args: argparse.Namespace) -> int:
 
     model, cells = model_folder(args.model), cell_prompts(args)
     if args.worker == "studio":
-        runner = StudioRunner(args.model, model, args.max_tokens)
-        run = runner.run
+        run = studio_answerer(args.model, model, args.max_tokens)
     else:
-        llm = build_engine(args.worker, args, model)
-        run = lambda prompts, c: run_vllm_cell(llm, prompts, c, args.max_tokens)  # noqa: E731
+        run = vllm_answerer(args.worker, args, model)
     print(DONE, flush=True)
     for line in sys.stdin:
         order = json.loads(line)
         if order.get("quit"):
             break
-        result = run(cells[order["cell"]], 1 if args.worker == "studio" else int(order["cell"].split("/")[1]))
+        result = run(cells[order["cell"]], int(order["cell"].split("/")[1]))  # studio: only "round/1" cells
         Path(order["out"]).write_text(json.dumps(result))
         print(DONE, flush=True)
     return 0
@@ -170,7 +160,7 @@ class Worker:
         self.proc = subprocess.Popen([sys.executable, "-m", "tr_core.vllm.bench", *argv, "--worker", name],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
         self.wait_done()
-        self.pause()
+        os.killpg(self.proc.pid, signal.SIGSTOP)
 
     def wait_done(self) -> None:
         for line in self.proc.stdout:  # vLLM may print on stdout too: skip to the marker
@@ -178,26 +168,23 @@ class Worker:
                 return
         raise SystemExit(f"the {self.name} worker ended early (exit {self.proc.wait()})")
 
-    def pause(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
+    def order(self, **order: Any) -> None:
+        """Wake the process and send it one order line."""
         os.killpg(self.proc.pid, signal.SIGCONT)
+        self.proc.stdin.write(json.dumps(order) + "\n")
+        self.proc.stdin.flush()
 
     def run(self, cell: str, out: Path) -> dict[str, Any]:
-        self.resume()
         try:
-            self.proc.stdin.write(json.dumps({"cell": cell, "out": str(out)}) + "\n")
-            self.proc.stdin.flush()
+            self.order(cell=cell, out=str(out))
             self.wait_done()
         finally:
-            self.pause()
+            os.killpg(self.proc.pid, signal.SIGSTOP)
         return json.loads(out.read_text())
 
     def close(self) -> None:
-        self.resume()
         try:
-            self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
+            self.order(quit=True)
             self.proc.stdin.close()
             self.proc.wait(timeout=120)
         except (OSError, subprocess.TimeoutExpired):
@@ -236,9 +223,8 @@ def summarise(name: str, concurrency: int, cells: dict[str, Any], plain: dict[st
     tokens = sum(len(a) for out in mine.values() for a in out["answers"])
     seconds = sum(out["seconds"] for out in mine.values())
     accepted = sum(out["accepted"] for out in mine.values())
-    same = None
-    if plain is not None:
-        same = sum(a == b for cell, out in mine.items() for a, b in zip(out["answers"], plain[cell]["answers"]))
+    same = None if plain is None else sum(a == b for cell, out in mine.items()
+                                          for a, b in zip(out["answers"], plain[cell]["answers"]))
     steps = tokens - accepted  # a step emits its accepted draft tokens and one more
     return {"method": name, "concurrency": concurrency, "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
             "per_round": [len(sum(out["answers"], [])) / out["seconds"] for out in mine.values()],
@@ -266,29 +252,22 @@ def main(argv: list[str] | None = None) -> int:
         return worker(args)
     cells = cell_prompts(args)  # refuse too few questions before building anything
     results = measure(args, argv)
-    rows = []
-    for c in args.concurrency:
-        for name, cells in results.items():
-            if name != "studio" or c == 1:
-                rows.append(summarise(name, c, cells, results.get("plain") if name != "plain" else None))
+    rows = [summarise(name, c, done, results.get("plain") if name != "plain" else None)
+            for c in args.concurrency for name, done in results.items() if name != "studio" or c == 1]
     print(table(rows))
     if args.out:
+        import vllm
+
+        from tr_core.machine import cpu_name
         from tr_core.vllm.models import model_folder
 
         meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": model_folder(args.model),
                 "questions_per_cell": len(next(iter(cells.values()))), "max_tokens": args.max_tokens,
                 "skip_per_task": args.skip_per_task, "draft": args.draft, "rounds": args.rounds, "dtype": args.dtype,
-                "min_reach": os.environ.get("TR_VLLM_MIN_REACH", "default"), "machine": machine_line()}
+                "min_reach": os.environ.get("TR_VLLM_MIN_REACH", "default"),
+                "machine": f"{cpu_name()}, {os.cpu_count()} cores, vLLM {vllm.__version__}"}
         Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     return 0
-
-
-def machine_line() -> str:
-    import vllm
-
-    from tr_core.machine import cpu_name
-
-    return f"{cpu_name()}, {os.cpu_count()} cores, vLLM {vllm.__version__}"
 
 
 if __name__ == "__main__":

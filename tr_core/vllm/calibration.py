@@ -1,8 +1,6 @@
-"""Calibrated acceptance: how often a drafted token of each kind was accepted, learned from every verified step.
-
-A kind is a matrix candidate's stored-probability band, or a context token's matched suffix length and whether
-the row also lists it. Rate = (accepted + prior) / (tried + prior weight); tokens past the first rejection were
-never tried. `chains.draft_chains` multiplies rates along a chain."""
+"""Calibrated acceptance, learned from every verified step: per kind of drafted token (a matrix candidate's probability
+band, or a context token's match length and whether the row lists it), rate = (accepted + prior) / (tried + prior
+weight); tokens past the first rejection were never tried. `chains.draft_chains` multiplies rates along a chain."""
 from __future__ import annotations
 
 import torch

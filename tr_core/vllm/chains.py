@@ -1,8 +1,6 @@
-"""Drafting one chain per request for vLLM: the best chain of the Token Recycling tree, from matrix and context.
-
-vLLM 0.32 verifies chains only, so a request gets the tree's path most likely to be accepted: at each depth the
-matrix's top candidate or the token that followed the same suffix in its own context, chosen, and cut, by
-calibrated acceptance rates. Pure functions of tensors and arrays, tested without vLLM."""
+"""Drafting for vLLM, which verifies chains only: each request's path of its Token Recycling tree most likely to be
+accepted, at each depth the matrix's top candidate or the token that followed the same suffix in its own context,
+chosen and cut by calibrated acceptance (docs/vllm.md). Pure functions of tensors and arrays, tested without vLLM."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,11 +12,11 @@ MAX_NGRAM = 4  # longest suffix matched in the context (longer matches score lik
 EMPTY = -1  # an adjacency-matrix row that was never written
 
 
-def context_continuation(tokens: np.ndarray, length: int, max_n: int = MAX_NGRAM) -> tuple[np.ndarray, int]:
-    """(what followed the latest earlier occurrence of the longest suffix of tokens [L], 1..max_n long, [<= length],
-    the suffix's length); (empty, 0) when nothing matches."""
+def context_continuation(tokens: np.ndarray, length: int) -> tuple[np.ndarray, int]:
+    """(what followed the latest earlier occurrence of the longest suffix of tokens [L], 1..MAX_NGRAM long,
+    [<= length], the suffix's length); (empty, 0) when nothing matches."""
     n_tokens = len(tokens)
-    for n in range(min(max_n, n_tokens - 1), 0, -1):
+    for n in range(min(MAX_NGRAM, n_tokens - 1), 0, -1):
         suffix = tokens[n_tokens - n:]
         # starts s of an earlier occurrence tokens[s:s+n] == suffix whose continuation tokens[s+n] exists
         starts = np.flatnonzero(tokens[: n_tokens - n] == suffix[0])

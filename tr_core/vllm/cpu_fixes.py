@@ -1,8 +1,5 @@
-"""A correction to vLLM 0.32's CPU fallback for one rejection-sampler kernel, without which sampling is not lossless.
-
-Without Triton, vLLM's C++ stand-in for `expand_kernel` (spreading each request's temperature over its drafts)
-casts to int64 (0.5 becomes 0) and writes into a temporary copy, so sampled requests verify against an arbitrary
-temperature (tests/vllm/test_sampling.py). This replaces it in engines using the Token Recycling proposer only."""
+"""A correction to vLLM 0.32's CPU stand-in for the rejection sampler's `expand_kernel`, which casts temperatures to
+int64 so that sampling is not lossless (docs/vllm.md); installed in engines using the Token Recycling proposer."""
 from __future__ import annotations
 
 import torch
@@ -19,17 +16,13 @@ def expand(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.T
     output.copy_(values.repeat_interleave(counts, output_size=output.shape[0]).to(output.dtype))
 
 
-def needed() -> bool:
-    """Whether this process runs vLLM's C++ stand-ins for the sampler's Triton kernels (CPU without Triton)."""
+def install() -> bool:
+    """Register `expand` for the kernel where vLLM runs C++ stand-ins for the sampler's Triton kernels (a CPU without
+    Triton), after the platform's own (call from the worker). True if done."""
     from vllm.platforms import current_platform
     from vllm.triton_utils import HAS_TRITON
 
-    return current_platform.is_cpu() and not HAS_TRITON
-
-
-def install() -> bool:
-    """Register `expand` for the kernel, after the platform's own stand-ins (call from the worker). True if done."""
-    if not needed():
+    if not current_platform.is_cpu() or HAS_TRITON:
         return False
     from vllm.triton_utils.dispatcher import register_kernels
 

@@ -1,8 +1,5 @@
-"""The runner hook: hands the target logits of every verified row to the proposer's matrix and calibration.
-
-vLLM gives a custom proposer no logits; its runner's `_sample(logits, spec_decode_metadata)` sees them all: row r
-follows input token `input_ids[logits_indices[r]]`. The wrapper reads them before sampling (which may scale logits
-in place), lets vLLM sample and verify, then reads how many drafts were accepted. Runners without a
+"""The runner hook: hands the target logits of every verified row to the proposer's matrix and calibration, by
+wrapping the model runner's `_sample(logits, spec_decode_metadata)` (docs/vllm.md#how-it-works). Runners without a
 TokenRecyclingProposer are not touched."""
 from __future__ import annotations
 
@@ -21,12 +18,6 @@ _MARK = "_token_recycling_hook"
 METADATA_FIELDS = {"draft_token_ids", "num_draft_tokens", "cu_num_sampled_tokens", "logits_indices"}
 
 
-def _runner_class() -> Any:
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    return GPUModelRunner
-
-
 def check_internals(runner_class: Any) -> None:
     """Raise UnsupportedVLLM unless the runner's `_sample` and the spec-decode metadata look as on 0.32."""
     from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
@@ -41,16 +32,19 @@ def check_internals(runner_class: Any) -> None:
 
 def install() -> bool:
     """Wrap the model runner's `_sample` (once per process). Returns True when it was installed by this call."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
     with _LOCK:
-        runner_class = _runner_class()
-        if getattr(runner_class._sample, _MARK, False):
+        if getattr(GPUModelRunner._sample, _MARK, False):
             return False
-        check_internals(runner_class)
-        runner_class._sample = _wrap(runner_class._sample)
+        check_internals(GPUModelRunner)
+        GPUModelRunner._sample = _wrap(GPUModelRunner._sample)
         return True
 
 
 def _wrap(sample: Any) -> Any:
+    """`sample` reading the logits before sampling (which may scale them in place), and the accepted drafts after."""
+
     @functools.wraps(sample)
     def sample_and_recycle(runner: Any, logits: torch.Tensor | None, spec_decode_metadata: Any) -> Any:
         proposer = _proposer_of(runner)
