@@ -14,8 +14,8 @@ from typing import Any, Iterator
 
 from tr_core.events import StepEvent
 from .heatmap import row_is_empty
-from .nodes import node_source, place_of
-from .reasons import no_draft_reason
+from .nodes import node_origin, node_source, place_of
+from .reasons import no_draft_reason, origin_text
 from .style import visible_token
 from .story import end_words, ended_by
 from tr_core.trace import Trace
@@ -125,10 +125,10 @@ def _copied(trace: Trace, ev: StepEvent) -> list[dict[str, Any]]:
         source = node_source(ev, i)
         if source in ("context", "both"):
             p = ev.parents[i]
-            origin = ev.origins[i] if ev.origins is not None and i < len(ev.origins) else ""
+            origin = node_origin(ev, i)
             out.append({"node": i, "token": ev.tokens[i], "text": _text(trace, ev.tokens[i]),
-                        "after": _text(trace, ev.tokens[p]), "origin": origin, "also_matrix": source == "both",
-                        "accepted": i in ev.accepted})
+                        "after": _text(trace, ev.tokens[p]), "origin": origin, "origin_text": origin_text(origin),
+                        "also_matrix": source == "both", "accepted": i in ev.accepted})
     return out
 
 
@@ -313,7 +313,7 @@ def _copied_row(copied: list[dict[str, Any]]) -> dict[str, Any]:
     head = f"{len(copied)} drafted from {place_of([c['origin'] for c in copied])}" + (
         f" ({both} of them also a candidate in a matrix row)" if both else ", not from the matrix")
     cells = [_b("span", "trm-cell " + ("trm-ok" if c["accepted"] else "trm-drafted"),
-                f"{_q(c['text'])} after {_q(c['after'])}" + (f" ({c['origin']})" if c["origin"] else "")
+                f"{_q(c['text'])} after {_q(c['after'])}" + (f" ({c['origin_text']})" if c["origin_text"] else "")
                 + (" ✓" if c["accepted"] else "")) for c in copied[:MAX_COPIED_SHOWN]]
     if len(copied) > MAX_COPIED_SHOWN:
         cells.append(_b("span", "trm-label", f"… and {len(copied) - MAX_COPIED_SHOWN} more"))

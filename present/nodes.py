@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import html
 
+from typing import Any
+
 from tr_core.context import LIBRARY
 from tr_core.events import StepEvent
+from .reasons import origin_text
 from .style import TokenText
 
 
@@ -43,13 +46,17 @@ def node_source(ev: StepEvent, i: int) -> str | None:
 def copy_place(ev: StepEvent, nodes) -> str:
     """Where these copied nodes were found, in words: "the conversation", "the warm-start answers" (a run of the
     answers the warm start was learned on, tr_core.warm) or both."""
-    origins = ev.origins or []
-    return place_of([origins[i] if i < len(origins) else "" for i in nodes])
+    return place_of([node_origin(ev, i) for i in nodes])
 
 
-def place_of(origins: list[str]) -> str:
+def node_origin(ev: StepEvent, i: int) -> dict[str, Any] | None:
+    """Where node i's token was copied from (StepEvent.origins); None when it was not, or the step does not say."""
+    return ev.origins[i] if ev.origins is not None and i < len(ev.origins) else None
+
+
+def place_of(origins: list[dict[str, Any] | None]) -> str:
     """`copy_place` from the copied nodes' origins (StepEvent.origins)."""
-    shipped = [LIBRARY in origin for origin in origins]
+    shipped = [origin is not None and origin["where"] == LIBRARY for origin in origins]
     if not any(shipped):
         return "the conversation"
     return "the warm-start answers" if all(shipped) else "the conversation and the warm-start answers"
@@ -103,8 +110,7 @@ def source_text(ev: StepEvent, i: int, source: str, token_text: TokenText) -> st
             return html.escape(recycled)
         after = html.escape(repr(token_text(ev.tokens[ev.parents[i]])))
         return f"from the matrix: candidate #{ev.ranks[i]} after {after}"
-    origin = ev.origins[i] if ev.origins is not None and i < len(ev.origins) else ""
-    text = html.escape(origin or "copied from the context")
+    text = html.escape(origin_text(node_origin(ev, i)) or "copied from the context")
     if source == "both":
         text += (f"<br>and the matrix (candidate #{ev.ranks[i]})" if recycled is None
                  else "<br>and the matrix: " + html.escape(recycled))

@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from tr_core.context import MAX_MATCH, ContextIndex
+from present.reasons import origin_text
+from tr_core.context import ANSWER, MAX_MATCH, PROMPT, ContextIndex
 from tr_core.hybrid import BOTH_KEY, CTX_KEY, EARLIER, EARLIER_ANSWER, EARLIER_WEIGHT, HybridDrafter, Plan, context_key
 
 
@@ -28,14 +29,17 @@ def brute_force(stream: list[int], max_n: int) -> dict[int, int]:
 
 def test_lookup_finds_the_longest_match_first_and_names_its_segment():
     ix = ContextIndex()
-    ix.start_segment("the prompt")
+    ix.start_segment(PROMPT)
     ix.extend([5, 1, 2, 3, 4, 9, 9, 2, 3, 7])
-    ix.start_segment("this answer")
+    ix.start_segment(ANSWER)
     ix.extend([8, 1, 2, 3])
     found = ix.lookup(max_matches=3, max_len=4)
     assert found[0].tokens == (4, 9, 9, 2) and found[0].match_len == 3  # "1 2 3" matched, then 4 followed
-    assert found[0].where == "the prompt" and found[0].offset == 4
-    assert found[0].describe(2) == "copied from the prompt, its 6th token, in a run from its 5th (after a 3-token match)"
+    assert found[0].where == "prompt" and found[0].offset == 4
+    assert found[0].origin(2) == {"where": "prompt", "first": 4, "last": 5, "match": 3}  # data; the views word it
+    assert origin_text(found[0].origin(2)) == \
+        "copied from the prompt, its 6th token, in a run from its 5th (after a 3-token match)"
+    assert origin_text(found[0].origin(1)) == "copied from the prompt, its 5th token (after a 3-token match)"
     assert found[1].tokens[0] == 7 and found[1].match_len == 2  # "2 3" matched, then 7 followed
     assert not found[0].contested and found[1].contested  # "2 3" was followed by 4 and by 7
     assert len({m.tokens[0] for m in found}) == len(found)  # one match per first token
@@ -65,9 +69,9 @@ def test_lookup_agrees_with_brute_force(seed):
 
 def test_memory_is_bounded_and_eviction_keeps_positions_and_offsets():
     ix = ContextIndex(max_tokens=64)
-    ix.start_segment("the prompt")
+    ix.start_segment(PROMPT)
     ix.extend(list(range(100, 140)))
-    ix.start_segment("this answer")
+    ix.start_segment(ANSWER)
     for t in range(60):
         ix.extend([t % 7])
         assert len(ix) <= 64
@@ -77,7 +81,7 @@ def test_memory_is_bounded_and_eviction_keeps_positions_and_offsets():
     assert start == snap["base"] and start + length <= 100
     ix.extend([3, 4])  # 3 4 followed by 5 before: the answer repeats 0..6
     m = ix.lookup()[0]
-    assert m.tokens[0] == 5 and m.where == "this answer"
+    assert m.tokens[0] == 5 and m.where == ANSWER
     assert m.offset == m.position - 40  # offsets count from the segment's first token, evicted ones included
 
 
@@ -116,7 +120,10 @@ def test_merge_shares_nodes_where_sources_agree_and_scores_follow_the_path():
     assert plan.parents[4:] == [1, 4, 5]  # the copied run continues under the shared node
     assert plan.keys[1] == context_key(2, shared=True) == BOTH_KEY + 1
     assert plan.keys[4] == CTX_KEY + 2  # its match is one token longer once "3" was accepted
-    assert plan.origins[5] == "copied from the context, its 5th token, in a run from its 3rd (after a 2-token match)"
+    assert plan.origins[5] == {"where": "context", "first": 2, "last": 4, "match": 2}
+    assert origin_text(plan.origins[5]) == \
+        "copied from the context, its 5th token, in a run from its 3rd (after a 2-token match)"
+    assert plan.origins[:4] == [None, plan.origins[1], None, None] and plan.origins[1]["where"] == "context"
     rate = d.rate_host
     assert plan.scores[5] == pytest.approx(rate[plan.keys[1]] * rate[plan.keys[4]] * rate[plan.keys[5]])
     keep = plan.best(3)
@@ -132,11 +139,11 @@ def test_runs_found_in_an_earlier_conversation_are_calibrated_apart():
     ix = ContextIndex()
     ix.start_segment(EARLIER_ANSWER)
     ix.extend([1, 2, 3, 4])
-    ix.start_segment("the prompt")
+    ix.start_segment(PROMPT)
     ix.extend([7, 1, 2])  # the suffix "1 2" was followed by 3 4 in an earlier answer
     plan = d.merge(_grown([2, 9], [0, 0], [0, 3]), ix.lookup(3, 4))
     node = plan.tokens.index(3)
-    assert plan.sources[node] == "context" and plan.origins[node].startswith("copied from an earlier answer")
+    assert plan.sources[node] == "context" and plan.origins[node]["where"] == EARLIER_ANSWER
     assert plan.keys[node] == context_key(2, shared=False, earlier=True) == CTX_KEY + EARLIER + 1
     assert d.rate_host[plan.keys[node]] == pytest.approx(EARLIER_WEIGHT * d.rate_host[CTX_KEY + 1])
 
@@ -200,14 +207,15 @@ def test_hybrid_drafts_from_the_context_and_indexes_prompts_and_answers():
     retrieved = [(e, i) for e in steps for i, s in enumerate(e.sources) if s in ("context", "both")]
     assert retrieved, "a prompt that repeats itself must give retrieved drafts"
     e, i = retrieved[0]
-    assert e.origins[i].startswith("copied from the prompt, its ")
+    assert e.origins[i]["where"] == "prompt" and e.origins[i]["first"] <= e.origins[i]["last"] < len(prompt)
+    assert all((o is None) == (s in ("root", "matrix")) for e in steps for o, s in zip(e.origins, e.sources))
     assert all(e.ranks[i] >= engine.matrix.k for e in steps for i, s in enumerate(e.sources) if s == "context")
     segments = engine.hybrid.index.snapshot()["segments"]
-    assert [s[0] for s in segments] == ["the prompt", "this answer"]
+    assert [s[0] for s in segments] == ["prompt", "answer"]
     assert segments[0][2] == len(prompt) and segments[1][2] == len(events[-1].tokens)
     list(engine.generate([5, 6, 7], DecodeConfig(template="hybrid", max_new_tokens=4)))
     labels = [s[0] for s in engine.hybrid.index.snapshot()["segments"]]
-    assert labels == ["an earlier prompt", "an earlier answer", "the prompt", "this answer"]
+    assert labels == ["earlier_prompt", "earlier_answer", "prompt", "answer"]
     engine.forget()  # the matrix and the index; calibration and costs stay
     assert len(engine.hybrid.index) == 0 and engine.matrix.rows_filled == 0
 
@@ -236,7 +244,7 @@ def test_a_zero_draft_plan_drafts_the_root_alone_as_the_general_path_would():
     """take_plan's shortcut for the root alone gives the Draft the general path builds, field for field."""
     d = HybridDrafter(torch.device("cpu"))
     plan = Plan(tokens=[5, 6, 7], parents=[0, 0, 1], depths=[0, 1, 2], ranks=[0, 0, 0], keys=[0, 3, 4],
-                sources=["root", "matrix", "matrix"], origins=["", "", ""], scores=[1.0, 0.5, 0.2])
+                sources=["root", "matrix", "matrix"], origins=[None] * 3, scores=[1.0, 0.5, 0.2])
     fast, general = d.take_plan(plan, [0], torch.tensor([5])), d.take_plan(plan, [0])
     for name in ("tokens", "parents", "depths", "ranks", "tree_mask", "node_probs"):
         a, b = getattr(fast, name), getattr(general, name)
@@ -257,8 +265,9 @@ def test_a_library_continues_the_conversations_suffix_within_one_answer():
     # the longest match first (9 2 3 -> 7, uncontested), then the 2-gram's other continuation; the third answer
     # ends at "2 3": no continuation there, and none runs into the next answer
     assert [(m.tokens, m.match_len, m.contested) for m in found] == [((7,), 3, False), ((4, 5), 2, True)]
-    assert found[0].where == LIBRARY and found[0].describe(1) == \
-        f"copied from {LIBRARY}, its 4th token (after a 3-token match)"
+    assert found[0].where == LIBRARY == "warm_start" and found[0].origin(1) == \
+        {"where": LIBRARY, "first": 3, "last": 3, "match": 3}
+    assert origin_text(found[0].origin(1)) == "copied from a warm-start answer, its 4th token (after a 3-token match)"
     assert [m.tokens for m in lib.continuations([8, 2, 3], 3, 16, {7})] == [(4, 5)]  # a first token found already
     assert lib.continuations([8, 3], 3, 16, set()) == []  # 1-token matches are not used (min_n = 2)
     assert [m.tokens for m in lib.continuations([8, 3], 3, 16, set(), min_n=1)] == [(7,), (4, 5)]

@@ -140,9 +140,9 @@ def make_hybrid_event() -> StepEvent:
     ev = make_event()
     ev.ranks, ev.template = [-1, 0, 1, 2, 1, 2, 2], "hybrid"
     ev.sources = ["root", "both", "matrix", "context", "matrix", "context", "context"]
-    ev.origins = ["", "copied from the prompt, token 3 (after a 2-token match)", "",
-                  "copied from the prompt, tokens 3-4 (after a 2-token match)", "",
-                  'copied from <img src=x> "here" & there', "copied from the prompt, tokens 3-5 (after a 2-token match)"]
+    run = {"where": "prompt", "first": 2, "match": 2}  # a run of the prompt from its 3rd token
+    ev.origins = [None, {**run, "last": 2}, None, {**run, "last": 3}, None,
+                  {**run, "where": '<img src=x> "here"', "last": 8}, {**run, "last": 4}]  # node 5: not a place code
     return ev
 
 
@@ -185,9 +185,10 @@ def test_tree_figure_shows_where_each_draft_token_came_from():
     assert strokes == {"accepted drafts": ACCEPTED_COLOUR, "rejected drafts": REJECTED_COLOUR}
     assert "from the matrix: candidate #1 after &#x27;&lt;root&gt;&#x27;" in hovers[2]  # parent text, escaped
     assert "from the matrix: candidate #1 after &#x27; the&#x27;" in hovers[4]
-    assert "copied from the prompt, tokens 3-4 (after a 2-token match)" in hovers[3] and "rank" not in hovers[3]
-    assert "copied from the prompt, token 3 (after a 2-token match)<br>and the matrix (candidate #0)" in hovers[1]
-    assert "copied from &lt;img src=x&gt; &quot;here&quot; &amp; there" in hovers[5]
+    assert "copied from the prompt, its 4th token, in a run from its 3rd (after a 2-token match)" in hovers[3]
+    assert "rank" not in hovers[3]
+    assert "copied from the prompt, its 3rd token (after a 2-token match)<br>and the matrix (candidate #0)" in hovers[1]
+    assert "copied from the context, its 9th token, in a run from its 3rd" in hovers[5]  # an unknown place: not echoed
     assert not any("<img" in h for h in hovers.values())
     assert " · root" in hovers[0]
     fig.to_plotly()  # valid plotly: per-point symbols and the legend-only entries
@@ -196,7 +197,7 @@ def test_tree_figure_shows_where_each_draft_token_came_from():
 def test_tree_figure_without_context_drafts_keeps_its_legend():
     ev = make_hybrid_event()
     ev.sources = ["root"] + ["matrix"] * 6
-    ev.origins = [""] * 7
+    ev.origins = [None] * 7
     fig = tree_figure(ev, text_of)
     symbols, hovers = node_markers(fig)
     assert set(symbols.values()) == {"circle"} and "from the matrix: candidate #2 after" in hovers[3]

@@ -34,11 +34,14 @@ def step0() -> StepEvent:
                      choices=[7, 3, 1, 6])
 
 
+PROMPT_START = {"where": "prompt", "first": 0, "last": 0, "match": 1}  # copied from the prompt's first token
+
+
 def step1() -> StepEvent:
     """Root 3 (an empty row: drafts token 0), a token copied from the context; rewrites rows 3 and 5 (as before)."""
     return StepEvent(step=1, position=12, tokens=[3, 0, 11], parents=[-1, 0, 0], depths=[0, 1, 1],
                      ranks=[-1, 0, 3], accepted=[0, 2], emitted=[11, 5], bonus=5, timings={},
-                     sources=["root", "matrix", "context"], origins=["", "", "the prompt"],
+                     sources=["root", "matrix", "context"], origins=[None, None, PROMPT_START],
                      rows_read=[3], rows_read_values=[[0, 0, 0]], rows_read_probs=[[0.0, 0.0, 0.0]],
                      matrix_rows=[3, 5], matrix_values=[[11, 1, 2], [7, 1, 2]],
                      matrix_probs=[[0.9, 0.05, 0.01], [0.7, 0.1, 0.1]], choices=[11, 4, 5])
@@ -128,7 +131,8 @@ def test_empty_rows_and_context_copies_are_labelled_and_a_new_answer_forgets_the
     assert row3["candidates"][0]["nodes"] == [1]  # the empty row drafted token 0 at rank 0
     assert all(c["nodes"] == [] for c in row3["candidates"][1:])  # the copied node (rank 3) is no candidate
     (copied,) = m["copied"]
-    assert (copied["node"], copied["token"], copied["origin"], copied["accepted"]) == (2, 11, "the prompt", True)
+    assert (copied["node"], copied["token"], copied["origin"], copied["accepted"]) == (2, 11, PROMPT_START, True)
+    assert copied["origin_text"] == "copied from the prompt, its 1st token (after a 1-token match)"
     later = hand_trace()
     later.steps[1].answer = 1  # a new answer: its prompt seeding may have rewritten any row
     assert {w["row"]: w["status"] for w in step_microscope(later, 1)["writes"]}[5] == "unknown"

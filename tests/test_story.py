@@ -39,10 +39,13 @@ def test_story_of_a_drafted_step_says_draft_rows_agreement_bonus_and_write_back(
     assert sentences(story) == 3
 
 
+PROMPT_RUN = {"where": "prompt", "first": 2, "last": 2, "match": 2}  # a token copied from the prompt (origins)
+
+
 def test_story_counts_distinct_rows_and_context_copies():
     # nodes 2 and 4 copied from the context (2 alone, 4 also in the matrix): node 2's parent row is not read
     ev = make_event(sources=["root", "matrix", "context", "matrix", "both", "matrix", "matrix"],
-                    origins=["", "", "copied from the prompt", "", "copied from the prompt", "", ""])
+                    origins=[None, None, PROMPT_RUN, None, PROMPT_RUN, None, None])
     story = step_story(ev, text_of)
     # the 4 rows are those of the matrix-only drafts: the row a draft found in both was read too, but is not counted
     assert ("drafted 6 tokens after '<root>': 4 read from the adjacency matrix alone (4 rows), 1 copied from the "
@@ -52,13 +55,13 @@ def test_story_counts_distinct_rows_and_context_copies():
     assert "4 read from the adjacency matrix alone (4 of the 5 rows it read)" in step_story(ev, text_of)
     ev.rows_read, ev.rows_read_values = [], []
     only_context = make_event(tokens=[0, 1], parents=[-1, 0], depths=[0, 1], ranks=[-1, 8], accepted=[0, 1],
-                              emitted=[1, 2], bonus=2, sources=["root", "context"], origins=["", "x"])
+                              emitted=[1, 2], bonus=2, sources=["root", "context"], origins=[None, PROMPT_RUN])
     assert "drafted 1 token after '<root>', all copied from the conversation." in step_story(only_context, text_of)
     from tr_core.context import LIBRARY
     from present.microscope import microscope_blocks, step_microscope
     from tr_core.trace import Trace
 
-    shipped = f"copied from {LIBRARY}, its 3rd token (after a 2-token match)"  # from the warm start's answers
+    shipped = {"where": LIBRARY, "first": 2, "last": 2, "match": 2}  # from the warm start's answers
     ev.origins[2] = shipped
     assert ("1 copied from the warm-start answers and 1 found both in a matrix row and in the conversation"
             in step_story(ev, text_of))
@@ -67,7 +70,8 @@ def test_story_counts_distinct_rows_and_context_copies():
     only_context.origins[1] = shipped
     assert "all copied from the warm-start answers." in step_story(only_context, text_of)
     blocks = json.dumps(microscope_blocks(step_microscope(Trace(steps=[ev]), 0)))
-    assert "2 drafted from the warm-start answers" in blocks and LIBRARY in blocks
+    assert "2 drafted from the warm-start answers" in blocks
+    assert "copied from a warm-start answer, its 3rd token (after a 2-token match)" in blocks
 
 
 def test_story_of_a_rejected_draft_a_plain_step_and_a_stop():
@@ -177,8 +181,9 @@ def test_the_brief_story_keeps_the_step_and_drops_the_details_the_microscope_has
                    depths=[0, 1, *range(1, n - 1)], ranks=[-1, 0, 1, *[8] * (n - 3)], accepted=[0, *range(2, n)],
                    emitted=[*range(2, n), 99], bonus=99, timings={"total": 9.0},
                    sources=["root", "matrix", "both", "matrix", *["context"] * (n - 4)],
-                   origins=["", "", f"copied from {LIBRARY}, its 3rd token", "",
-                            *["copied from this answer, its 9th token"] * (n - 5), f"copied from {LIBRARY}"],
+                   origins=[None, None, {"where": LIBRARY, "first": 2, "last": 2, "match": 4}, None,
+                            *[{"where": "answer", "first": 6, "last": 8, "match": 3}] * (n - 5),
+                            {"where": LIBRARY, "first": 0, "last": 0, "match": 2}],
                    written=[(0, 3)] * n, rows_read=[0, 1, 2, 3], rows_read_values=[[5]] * 4,
                    matrix_rows=list(range(n)), matrix_values=[[7]] * n, matrix_probs=[[0.5]] * n)
     before = {0: [8]}

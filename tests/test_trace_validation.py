@@ -10,6 +10,7 @@ import pytest
 
 from tr_core import trace as trace_mod
 from tr_core import trace_schema as schema
+from tr_core.context import PLACES
 from tr_core.events import StepEvent, SummaryEvent
 from present.chart import accepted_chart
 from present.heatmap import MatrixTracker, heatmap_figure
@@ -25,10 +26,13 @@ def text_of(t: int) -> str:
 
 
 HYBRID_SOURCES = ["root", "both", "matrix", "context", "matrix", "context", "context"]
-HYBRID_ORIGINS = ["", "copied from the prompt, token 3 (after a 2-token match)", "",
-                  "copied from the prompt, tokens 3-4 (after a 2-token match)", "",
-                  "copied from this answer, token 9 (after a 1-token match)",
-                  "copied from the prompt, tokens 3-5 (after a 2-token match)"]
+PROMPT_RUN = {"where": "prompt", "first": 2, "match": 2}  # a run copied from the prompt, from its 3rd token
+HYBRID_ORIGINS = [None, {**PROMPT_RUN, "last": 2}, None, {**PROMPT_RUN, "last": 3}, None,
+                  {"where": "answer", "first": 8, "last": 8, "match": 1}, {**PROMPT_RUN, "last": 4}]
+TEXT_ORIGINS = ["", "copied from the prompt, its 3rd token (after a 2-token match)", "",
+                "copied from the prompt, its 4th token, in a run from its 3rd (after a 2-token match)", "",
+                "copied from this answer, its 9th token (after a 1-token match)",
+                "copied from the prompt, its 5th token, in a run from its 3rd (after a 2-token match)"]  # versions 2, 3
 
 
 def make_step(step: int, stopped: bool = False, adaptive: bool = False, hybrid: bool = False) -> StepEvent:
@@ -39,7 +43,7 @@ def make_step(step: int, stopped: bool = False, adaptive: bool = False, hybrid: 
     if hybrid:
         ev = make_step(step, stopped, adaptive=True)
         ev.ranks, ev.template = [-1, 0, 1, 2, 1, 2, 2], "hybrid"
-        ev.sources, ev.origins = list(HYBRID_SOURCES), list(HYBRID_ORIGINS)
+        ev.sources, ev.origins = list(HYBRID_SOURCES), copy.deepcopy(HYBRID_ORIGINS)
         return ev
     return StepEvent(
         step=step, position=10 + 3 * step, tokens=[0, 1, 4, 2, 5, 7, 3], parents=[-1, 0, 0, 1, 1, 2, 3],
@@ -139,9 +143,9 @@ def test_hybrid_engine_traces_keep_where_each_node_came_from(tmp_path):
     trace.step_texts = ["x"] * len(trace.steps)
     retrieved = [(ev, i) for ev in trace.steps for i, s in enumerate(ev.sources or []) if s in ("context", "both")]
     assert retrieved, "a prompt that repeats itself must give context drafts"
-    assert all(ev.origins[i].startswith("copied from") for ev, i in retrieved)
+    assert all(ev.origins[i]["where"] in PLACES for ev, i in retrieved)  # data: the views word it
     data = json.loads(trace.save(tmp_path / "hybrid.json").read_text(encoding="utf-8"))
-    assert data["version"] == schema.TRACE_VERSION == 3
+    assert data["version"] == schema.TRACE_VERSION == 4
     back = Trace.load(tmp_path / "hybrid.json")
     assert back.to_dict() == trace.to_dict() and back.steps == trace.steps
     draw_all(back)
@@ -168,14 +172,36 @@ def test_version_1_traces_still_load(tmp_path):
     back = Trace.load(path)
     assert len(back.steps) == 3 and all(ev.sources is None and ev.origins is None for ev in back.steps)
     draw_all(back)
-    assert json.loads(back.save(tmp_path / "again.json").read_text(encoding="utf-8"))["version"] == 3  # saved as new
+    assert json.loads(back.save(tmp_path / "again.json").read_text(encoding="utf-8"))["version"] == 4  # saved as new
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_text_origins_of_versions_2_and_3_are_checked_then_dropped(version):
+    """Versions 2 and 3 wrote where a copied node was found as English text: read (and checked as text), not kept;
+    the views phrase version 4's data."""
+    data = valid_dict()
+    data["version"] = version
+    data["steps"][1]["origins"] = list(TEXT_ORIGINS)
+    back = Trace.from_dict(copy.deepcopy(data))
+    assert back.steps[1].origins is None and back.steps[1].sources == HYBRID_SOURCES
+    draw_all(back)
+    for bad, message in [("x" * 201, r"\"origins\"\[3\] must be a string of at most 200 characters, got \"x"),
+                         (HYBRID_ORIGINS[3], r"\"origins\"\[3\] must be a string of at most 200 characters, got an "
+                                             r"object")]:
+        data["steps"][1]["origins"][3] = bad
+        with pytest.raises(TraceError, match=message):
+            Trace.from_dict(data)
+    data = valid_dict()  # and version 4 reads no text
+    data["steps"][1]["origins"] = list(TEXT_ORIGINS)
+    with pytest.raises(TraceError, match=r"^step 1: \"origins\"\[0\] must be an object, got a string$"):
+        Trace.from_dict(data)
 
 
 def test_other_versions_are_refused_saying_which_are_read(tmp_path):
-    for version in (4, 0, -1, 99):
+    for version in (5, 0, -1, 99):
         data = valid_dict()
         data["version"] = version
-        expected = rf"^unsupported trace version {version} \(this app reads versions 1, 2 and 3\)$"
+        expected = rf"^unsupported trace version {version} \(this app reads versions 1, 2, 3 and 4\)$"
         with pytest.raises(TraceError, match=expected):
             Trace.from_dict(data)
     data = version_1_dict()
@@ -186,6 +212,8 @@ def test_other_versions_are_refused_saying_which_are_read(tmp_path):
 
 
 ANY_SOURCE = r"must be \"matrix\", \"context\" or \"both\"$"
+ORIGINS_DISAGREE = (r"^step 1: \"origins\" must say where each copied node was found \(\"first\" <= \"last\"\), and "
+                    r"nothing else$")
 A_SOURCE = r"must be \"root\", \"matrix\", \"context\" or \"both\", got "
 
 
@@ -197,8 +225,15 @@ A_SOURCE = r"must be \"root\", \"matrix\", \"context\" or \"both\", got "
     ("steps/1/sources/2", "prompt", r"^step 1: \"sources\"\[2\] " + A_SOURCE + r"\"prompt\"$"),
     ("steps/1/sources/0", "context", r"^step 1: source of node 0 is \"context\", must be \"root\"$"),
     ("steps/1/sources/5", "root", r"^step 1: source of node 5 is \"root\", " + ANY_SOURCE),
-    ("steps/1/origins/3", "x" * 201, r"^step 1: \"origins\"\[3\] has 201 characters \(the limit is 200\)$"),
-    ("steps/1/origins/3", None, r"^step 1: \"origins\"\[3\] must be a string, got null$"),
+    ("steps/1/origins/3", "copied from the prompt", r"^step 1: \"origins\"\[3\] must be an object, got a string$"),
+    ("steps/1/origins/3/where", "the prompt", r"^step 1: \"origins\"\[3\]: \"where\" must be \"context\", \"prompt\", "
+                                              r"\"answer\", \"earlier_prompt\", \"earlier_answer\" or \"warm_start\", got "
+                                              r"\"the prompt\"$"),
+    ("steps/1/origins/3/match", 0, r"^step 1: \"origins\"\[3\]: \"match\" must be an integer from 1 to 1023, got 0$"),
+    ("steps/1/origins/3", None, ORIGINS_DISAGREE),  # a copied node without an origin
+    ("steps/1/origins/2", HYBRID_ORIGINS[3], ORIGINS_DISAGREE),  # a matrix node with one
+    ("steps/1/origins/3/first", 4, ORIGINS_DISAGREE),  # a run starting after the token copied
+    ("steps/1/sources", None, ORIGINS_DISAGREE),  # origins of nodes the step does not say were copied
     ("steps/1/ranks/3", 80, r"^step 1: \"ranks\"\[3\] must be an integer from -1 to 79, got 80$"),
 ])
 def test_sources_and_origins_are_checked_with_clear_messages(path, value, message):
@@ -361,13 +396,25 @@ MUTATIONS = {
     "root source missing": lambda d: step0(d).update(sources=["matrix"] * 7),
     "origins too short": lambda d: d["steps"][1]["origins"].pop(),
     "origins a string": setter("steps/1/origins", "copied"),
-    "origin not a string": setter("steps/1/origins/1", None),
-    "origin a list": setter("steps/1/origins/1", ["copied"]),
-    "origin too long": setter("steps/1/origins/3", "x" * 201),
+    "origin text": setter("steps/1/origins/1", "copied from the prompt"),
+    "origin null for a copied node": setter("steps/1/origins/1", None),
+    "origin a list": setter("steps/1/origins/1", ["prompt", 2, 2, 2]),
+    "origin of a matrix node": setter("steps/1/origins/2", {"where": "prompt", "first": 0, "last": 0, "match": 1}),
+    "origin of the root": setter("steps/1/origins/0", {"where": "prompt", "first": 0, "last": 0, "match": 1}),
+    "origin somewhere unknown": setter("steps/1/origins/3/where", "a warm-start answer"),
+    "origin missing a field": deleter("steps/1/origins/3/match"),
+    "origin with an extra field": setter("steps/1/origins/3/text", "copied"),
+    "origin negative first": setter("steps/1/origins/3/first", -1),
+    "origin first after last": setter("steps/1/origins/3/last", 1),
+    "origin bool last": setter("steps/1/origins/3/last", True),
+    "origin float match": setter("steps/1/origins/3/match", 2.0),
+    "origin match zero": setter("steps/1/origins/3/match", 0),
+    "origins without sources": lambda d: step0(d).update(origins=[None] * 7),
     "sources in a version 1 trace": setter("version", 1),
     # header, messages, settings
     "no format": deleter("format"),
-    "unknown version": setter("version", 4),
+    "unknown version": setter("version", 5),
+    "origins as data in a version 3 trace": setter("version", 3),
     "version 0": setter("version", 0),
     "string version": setter("version", "1"),
     "bool version": setter("version", True),
@@ -441,7 +488,7 @@ def test_bounds_are_module_constants(monkeypatch):
     for name, value in [("MAX_STEPS", 2), ("MAX_TOTAL_NODES", 13), ("MAX_TOTAL_MATRIX_VALUES", 15),
                         ("MAX_TOKEN_TEXT_CHARS", 20), ("MAX_TOTAL_CHARS", 50), ("MAX_TOKEN_TEXTS", 3),
                         ("MAX_MESSAGES", 1), ("MAX_SETTINGS", 1), ("MAX_STRING_CHARS", 10), ("MAX_TIMINGS", 2),
-                        ("MAX_ANSWER_TOKENS", 6), ("MAX_RANK", 2), ("MAX_ORIGIN_CHARS", 40)]:
+                        ("MAX_ANSWER_TOKENS", 6), ("MAX_RANK", 2), ("MAX_ORIGIN_MATCH", 1)]:
         Trace.from_dict(valid_dict())
         with monkeypatch.context() as m:
             m.setattr(trace_mod if name in ("MAX_TOTAL_CHARS", "MAX_STRING_CHARS") else schema, name, value)

@@ -1,20 +1,16 @@
 """The context index: every token the conversation has seen, searchable for what followed the current context.
 
-The adjacency matrix remembers one step of history per token; it cannot see that an answer is copying a run
-from its prompt, an earlier turn or itself. This index can. It keeps the token stream of the prompts and answers
-(within a session; across questions in the benchmark, like the matrix) and, for every n-gram length 1..max_n,
-a hash chain over the stream (as in LZ77 compressors): `head[n][gram]` is the last position where `gram`
-ended and `prev[n][i]` the previous position where the same n-gram ended before position i. Appending a token
-is O(max_n); a lookup walks at most `chain` links per length. A suffix automaton finds the longest match in
-O(1) too, but its links cannot be evicted; here the stream is cut in half and re-indexed when it reaches
-`max_tokens` (amortised O(1) per token, memory bounded).
+The adjacency matrix remembers one step per token; this index sees that an answer copies a run from its prompt, an
+earlier turn or itself. It keeps the token stream (within a session, like the matrix) and, for every n-gram length
+1..max_n, a hash chain over it (as LZ77 compressors do): `head[n][gram]` is the last position where `gram` ended,
+`prev[n][i]` the previous one before position i. An append is O(max_n), a lookup walks at most `chain` links per
+length; past `max_tokens` the older half is dropped and the rest re-indexed (amortised O(1), memory bounded: a
+suffix automaton finds the longest match in O(1) too, but its links cannot be evicted).
 
-Measured (tests/test_context.py prints it, AMD EPYC): an append takes ~3 us per token, a lookup of 3 continuations
-of 16 tokens ~12 us. Memory at the limit, 32,768 tokens of random ids (every n-gram new, the worst case): 14 MB
-(tracemalloc; 27 MB at 65,536).
+Measured (tests/test_context.py, AMD EPYC): ~3 us to append a token, ~12 us to look up 3 continuations of 16 tokens;
+14 MB at 32,768 tokens of random ids (the worst case; 27 MB at 65,536).
 
-Segments name where each token came from ("the prompt", "this answer", "an earlier answer", ...), so a draft
-copied from the context can say "copied from the prompt, its 47th token, in a run from its 41st".
+Segments say where each token came from as a code (`PLACES`), so a copied draft's origin is data (`Match.origin`).
 """
 from __future__ import annotations
 
@@ -24,14 +20,18 @@ from dataclasses import dataclass
 MAX_TOKENS = 32_768  # stated memory limit of the index, in tokens (the oldest half is evicted past it)
 MAX_N = 4  # longest n-gram indexed; matches are then extended backwards up to MAX_MATCH
 MAX_MATCH = 16  # longest match length measured (a longer match scores like this one)
-LIBRARY = "a warm-start answer"  # the label of a Library's answers ("copied from a warm-start answer, its 5th token")
+# Where a token came from (a segment's code; present/reasons.py words it): an unlabelled stream, this conversation's
+# prompt and answer, a Library's answers (the warm start's, tr_core.warm); an earlier conversation's (same session)
+CONTEXT, PROMPT, ANSWER, LIBRARY = "context", "prompt", "answer", "warm_start"
+EARLIER_PROMPT, EARLIER_ANSWER = "earlier_prompt", "earlier_answer"
+PLACES = (CONTEXT, PROMPT, ANSWER, EARLIER_PROMPT, EARLIER_ANSWER, LIBRARY)
 
 
 @dataclass
 class Segment:
     """A run of the stream with one origin."""
 
-    label: str  # e.g. "the prompt", "this answer", "an earlier answer"
+    where: str  # one of PLACES
     start: int  # global position of its first kept token (positions count every token ever added)
     length: int = 0  # tokens kept
     skipped: int = 0  # tokens of its start that were evicted (offsets still count them)
@@ -44,24 +44,15 @@ class Match:
     tokens: tuple[int, ...]  # the continuation (up to the asked length)
     match_len: int  # how many tokens of the current context matched there (<= MAX_MATCH)
     position: int  # global position of the continuation's first token
-    where: str  # the segment's label
+    where: str  # its segment's code (PLACES)
     offset: int  # the continuation's first token within its segment (0-based)
     contested: bool = False  # earlier occurrences of the matched n-gram were followed by different tokens
 
-    def describe(self, used: int) -> str:
-        """Where the `used`-th token of the continuation was copied from (1-based token numbers, as people count),
-        and where its run began when it is not the first."""
-        first = self.offset + 1
-        last = self.offset + max(used, 1)
-        # ordinals: "token 83" was read as a vocabulary id; "its 83rd token" is a position
-        span = f"its {ordinal(last)} token" + ("" if last == first else f", in a run from its {ordinal(first)}")
-        return f"copied from {self.where}, {span} (after a {self.match_len}-token match)"
-
-
-def ordinal(n: int) -> str:
-    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, 21st, ..."""
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
+    def origin(self, used: int) -> dict[str, int | str]:
+        """Where the continuation's `used`-th token was copied from (StepEvent.origins): its segment's code, the
+        0-based offsets there of the run's first token and of this one, and the match's length."""
+        return {"where": self.where, "first": self.offset, "last": self.offset + max(used, 1) - 1,
+                "match": self.match_len}
 
 
 class ContextIndex:
@@ -85,22 +76,22 @@ class ContextIndex:
         return len(self.stream)
 
     # -- building ---------------------------------------------------------------------------------------------
-    def start_segment(self, label: str) -> None:
-        """Following tokens come from `label` (empty segments are dropped)."""
+    def start_segment(self, where: str) -> None:
+        """Following tokens come from `where` (empty segments are dropped)."""
         if self.segments and self.segments[-1].length == 0:
             self.segments.pop()
-        self.segments.append(Segment(label, self.base + len(self.stream)))
+        self.segments.append(Segment(where, self.base + len(self.stream)))
 
     def relabel(self, old: str, new: str) -> None:
-        """Rename every segment labelled `old` (e.g. "this answer" -> "an earlier answer" when a new one begins)."""
+        """Recode every segment from `old` (e.g. ANSWER -> EARLIER_ANSWER when a new answer begins)."""
         for seg in self.segments:
-            if seg.label == old:
-                seg.label = new
+            if seg.where == old:
+                seg.where = new
 
     def extend(self, tokens: list[int]) -> None:
         """Append tokens to the current segment: O(max_n) each."""
         if not self.segments:
-            self.start_segment("the context")
+            self.start_segment(CONTEXT)
         for token in tokens:
             self._append(int(token))
         self.segments[-1].length += len(tokens)
@@ -132,7 +123,7 @@ class ContextIndex:
         if segments and segments[0].start < new_base:
             cut = new_base - segments[0].start
             old = segments[0]
-            segments[0] = Segment(old.label, new_base, old.length - cut, old.skipped + cut)
+            segments[0] = Segment(old.where, new_base, old.length - cut, old.skipped + cut)
         self.segments = segments
 
     # -- searching --------------------------------------------------------------------------------------------
@@ -185,23 +176,22 @@ class ContextIndex:
                      contested=contested)
 
     def _where(self, pos: int) -> tuple[str, int]:
-        """(segment label, offset within the segment as first added) of a global position."""
+        """(segment code, offset within the segment as first added) of a global position."""
         for seg in reversed(self.segments):
             if seg.start <= pos:
-                return seg.label, pos - seg.start + seg.skipped
-        return "the context", pos
+                return seg.where, pos - seg.start + seg.skipped
+        return CONTEXT, pos
 
     def snapshot(self) -> dict:
         """Plain data for tests and display: the stream, its segments and the index sizes."""
         return {"base": self.base, "stream": list(self.stream),
-                "segments": [(s.label, s.start, s.length, s.skipped) for s in self.segments],
+                "segments": [(s.where, s.start, s.length, s.skipped) for s in self.segments],
                 "grams": [len(h) for h in self.head[1:]]}
 
 
 class Library(ContextIndex):
-    """A fixed set of answers to copy runs from (the warm start's own answers, tr_core.warm): each answer a segment
-    labelled LIBRARY; a continuation never runs past its answer's end. It never changes once built, so copies of a
-    drafter (engine snapshots) share it rather than copying it."""
+    """A fixed set of answers to copy runs from (the warm start's, tr_core.warm), each a LIBRARY segment; a
+    continuation never runs past its answer's end. Never changed once built, so drafter copies share it."""
 
     def __init__(self, answers: list[list[int]], chain: int = 8) -> None:
         total = sum(len(a) for a in answers)

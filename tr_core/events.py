@@ -27,39 +27,35 @@ class StepEvent:
     timings: dict[str, float]  # milliseconds: draft, forward, verify, commit, update, total
     matrix_rows: list[int] = field(default_factory=list)  # rows of the adjacency matrix rewritten by this step
     matrix_values: list[list[int]] = field(default_factory=list)  # their new candidate tokens, [len(rows), k]
-    # their candidates' probabilities as the matrix stores them (1/255 steps, as `candidate_probs` and
-    # `rows_read_probs`: a row's figures agree from step to step), [len(rows), k]
+    # their candidates' probabilities as stored (1/255 steps, as every probability of a row here), [len(rows), k]
     matrix_probs: list[list[float]] = field(default_factory=list)
     node_probs: list[float] | None = None  # estimated probability of reaching each node (adaptive trees), else None
     template: str = ""  # the draft tree template used for this step
     # where each node's token came from: "root", "matrix", "context" (retrieved from the conversation) or "both";
     # None when every draft came from the matrix (all but the hybrid trees)
     sources: list[str] | None = None
-    origins: list[str] | None = None  # per node, where a retrieved token was found ("" for matrix nodes), or None
+    # per node, where a retrieved token was found: {"where": tr_core.context.PLACES, "first"/"last": 0-based offsets
+    # there of its run's first token and of it, "match": tokens matched}; None for the others (None as `sources` is)
+    origins: list[dict[str, Any] | None] | None = None
     answer: int = 0  # which answer of the engine this is (0 = its first): the reference for `written`
-    # Provenance of each node's token (None for plain steps, and unless DecodeConfig.provenance asked for it):
-    # [answer, step] of the step whose logits wrote the candidate into its parent's matrix row (step -1: that
-    # answer's prompt seeding; [-1, -1]: the root, a token copied from the context, or unknown, e.g. a matrix loaded
-    # from a file)
+    # Per node (DecodeConfig.provenance, else None): [answer, step] of the step whose logits wrote the candidate into
+    # its parent's row (step -1: that answer's prompt seeding; [-1, -1]: the root, a copy, or unknown, e.g. loaded)
     written: list[list[int]] | None = None
     candidate_probs: list[float] | None = None  # per node, the probability the candidate had when written
-    # What the draft READ (one step under the microscope): the matrix rows its matrix nodes came from (each such
-    # node's parent token's row, in order of the parent node, each row once), as they were before this step
-    # rewrote any row; probabilities as the matrix stores them (1/255 steps). Empty for plain steps, older traces,
-    # and unless DecodeConfig.provenance.
+    # What the draft READ (DecodeConfig.provenance, else empty): the rows its matrix nodes came from (their parents'
+    # tokens', in parent order, each once), as they were before this step rewrote any
     rows_read: list[int] = field(default_factory=list)  # the rows read, [R]
     rows_read_values: list[list[int]] = field(default_factory=list)  # their candidate tokens before the step, [R, k]
     rows_read_probs: list[list[float]] = field(default_factory=list)  # their stored probabilities then, [R, k]
-    # The rows this step rewrote but did not read (its leaves' tokens', the root's on a plain step), as they were
-    # before it: with `rows_read`, every row written back has its before and after. Empty as `rows_read` is.
+    # The rows it rewrote but did not read (its leaves' tokens', the root's on a plain step), as they were before it:
+    # with `rows_read`, every row written back has its before and after. Empty as `rows_read` is.
     rows_before: list[int] = field(default_factory=list)  # [W], none of them in rows_read, all in matrix_rows
     rows_before_values: list[list[int]] = field(default_factory=list)  # [W, k]
     rows_before_probs: list[list[float]] = field(default_factory=list)  # [W, k]
     choices: list[int] = field(default_factory=list)  # the model's own choice after every node, [N]; [] if unknown
-    # Why a step of a drafter that could draft verified the root alone, as data: {"why": "first step" (the prompt's
-    # forward verified it) | "empty row" (no candidates after the root) | "cost" (no tree paid for its forward),
-    # "drafts": the best tree's drafts, "gain": its expected accepted drafts, "cost_ratio": its step cost over a
-    # one-token step's, "context": the conversation was searched too}; None when it drafted
+    # Why a drafter that could draft verified the root alone: {"why": "first step" (the prompt's forward verified it)
+    # | "empty row" (no candidates after the root) | "cost" (no tree paid for its forward), "drafts", "gain" (expected
+    # accepted drafts) and "cost_ratio" (over a one-token step) of the best tree, "context": searched too}; else None
     no_draft: dict[str, Any] | None = None
     # The tree it would have drafted, NOT verified: {"tokens", "parents" (root -1), "expected" (per node, its
     # estimated probability of being accepted; root 1)}, lists of one length; None when there was none

@@ -1,11 +1,7 @@
-"""Provenance for the microscope, opt-in (`DecodeConfig.provenance`): where each drafted candidate came from, and
-what the rows a step read held before it rewrote them.
-
-A recycling step reads each node's candidate from its parent's matrix row, then rewrites the rows of every node
-(Sec. 3.3). Showing that step under the microscope needs those rows as they were BEFORE the rewrite, and the stamp
-(which step wrote it) and stored probability of every candidate: `gather` adds them to the step's one host sync,
-`event_fields` turns the synced lists into the event's `written`, `candidate_probs`, `rows_read*` and `rows_before*`.
-Without the flag none of it is gathered or synced, and those fields stay empty, as a plain step's do.
+"""Provenance for the microscope, opt-in (`DecodeConfig.provenance`): which step wrote each drafted candidate, and
+the rows a step read or rewrote as they were BEFORE its rewrite (Sec. 3.3). `gather` adds them to the step's one host
+sync, `event_fields` makes the event's `written`, `candidate_probs`, `rows_read*` and `rows_before*` of them. Without
+the flag none of it is gathered or synced, and those fields stay empty.
 """
 from __future__ import annotations
 
@@ -31,9 +27,8 @@ def gather(matrix: AdjacencyMatrix, draft: Draft) -> dict[str, torch.Tensor]:
 
 
 def packed_rows(matrix: AdjacencyMatrix, tokens: torch.Tensor) -> torch.Tensor:
-    """The matrix row of every node's token as it is now, each cell packed as id * 256 + stored probability (0..255)
-    in a float64 ([N, k]): one part of the step's sync at half the size of ids and probabilities apart, and
-    exact (ids < 2^31, so the packed value < 2^39 < 2^53); a float part, so the sync makes no Python ints of it."""
+    """The matrix row of every node's token as it is now, each cell id * 256 + stored probability (0..255) in a
+    float64 ([N, k]): half the sync of ids and probabilities apart, exact (< 2^39 < 2^53), and no Python ints."""
     return matrix.table[tokens].double() * 256 + matrix.probs[tokens]
 
 

@@ -1,13 +1,11 @@
 """A recorded answer (its step events plus the token strings they need) saved as JSON and replayed without a model.
 
-Record on a GPU, present from a laptop: a trace holds everything the studio draws for an answer, so the
-replay slider, the tree and the matrix window work from the file alone. What a trace file may hold, and the checks
-of a file from anyone, are in tr_core/trace_schema.py.
+Record on a GPU, present from a laptop: a trace holds everything the studio draws for an answer. What a trace file's
+fields may hold is in tr_core/trace_schema.py; here are its file's limits and what a step's fields say together.
 """
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +17,7 @@ from .trace_schema import SPEED_KEYS, TRACE_FORMAT, TRACE_VERSION, TraceError, c
 __all__ = ["SPEED_KEYS", "TRACE_FORMAT", "TRACE_VERSION", "TextAssembler", "Trace", "TraceError",
            "boundaries_from_texts", "check_step", "check_trace", "read_trace_json"]
 
-# Limits of a trace file (visitors of the public app upload them; its fields' limits: tr_core/trace_schema.py)
+# Limits of a trace file (visitors of the public app upload them)
 MAX_TRACE_BYTES = 10 * 1024 * 1024  # largest file Trace.load reads (a 1024-token answer, 2.2.2, k = 16: about 5 MB)
 MAX_JSON_DEPTH = 64  # deepest nesting of lists and objects (a trace nests 5 levels deep)
 MAX_STRING_CHARS = 200_000  # longest single string: a message, a step's text, a token's text, the model name
@@ -40,7 +38,7 @@ class Trace:
     plain: SummaryEvent | None = None  # plain-decoding summary on the same prompt, if compared
     token_texts: dict[int, str] = field(default_factory=dict)  # display string of every token id in the events
     step_texts: list[str] = field(default_factory=list)  # text added by each step (joined = the answer)
-    speed: dict[str, Any] | None = None  # the interleaved speed measurement (speed.SpeedEstimate as a dict)
+    speed: dict[str, Any] | None = None  # the interleaved speed measurement (studio/meter.py's SpeedEstimate, a dict)
 
     @property
     def answer(self) -> str:
@@ -50,9 +48,7 @@ class Trace:
     @property
     def identical(self) -> bool | None:
         """Whether Token Recycling and plain decoding produced the same tokens (None = not compared)."""
-        if self.summary is None or self.plain is None:
-            return None
-        return self.summary.tokens == self.plain.tokens
+        return None if self.summary is None or self.plain is None else self.summary.tokens == self.plain.tokens
 
     def token_text(self, token_id: int) -> str:
         """Display string of a token, from the recorded table (placeholder for ids not recorded)."""
@@ -69,48 +65,34 @@ class Trace:
         texts = self.token_texts
         for ev in self.steps if steps is None else steps:
             for ids in (ev.tokens, ev.emitted, ev.matrix_rows, *ev.matrix_values, *ev.rows_read_values,
-                        *ev.rows_before_values, ev.choices):
+                        *ev.rows_before_values, ev.choices, [] if ev.bonus is None else [ev.bonus]):
                 for t in ids:
                     if t not in texts:
                         texts[t] = token_text(t)
-            if ev.bonus is not None and ev.bonus not in texts:
-                texts[ev.bonus] = token_text(ev.bonus)
 
     def cached_text(self, token_text: Callable[[int], str]) -> Callable[[int], str]:
         """A token_text that fills this trace's table as it goes (for drawing while recording)."""
         texts = self.token_texts
-
-        def lookup(token_id: int) -> str:
-            if token_id not in texts:
-                texts[token_id] = token_text(token_id)
-            return texts[token_id]
-
-        return lookup
+        return lambda t: texts[t] if t in texts else texts.setdefault(t, token_text(t))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (token ids become string keys, as JSON requires)."""
-        return {
-            "format": TRACE_FORMAT,
-            "version": TRACE_VERSION,
-            "model": self.model,
-            "settings": self.settings,
-            "messages": self.messages,
-            "steps": [e.to_dict() for e in self.steps],
-            "summary": self.summary.to_dict() if self.summary else None,
-            "plain": self.plain.to_dict() if self.plain else None,
-            "token_texts": {str(k): v for k, v in self.token_texts.items()},
-            "step_texts": self.step_texts,
-            "speed": self.speed,
-        }
+        return {"format": TRACE_FORMAT, "version": TRACE_VERSION, "model": self.model, "settings": self.settings,
+                "messages": self.messages, "steps": [e.to_dict() for e in self.steps],
+                "summary": self.summary.to_dict() if self.summary else None,
+                "plain": self.plain.to_dict() if self.plain else None,
+                "token_texts": {str(k): v for k, v in self.token_texts.items()}, "step_texts": self.step_texts,
+                "speed": self.speed}
 
     @classmethod
     def from_dict(cls, data: Any) -> "Trace":
-        """Rebuild a trace; raises TraceError with a clear message on anything malformed."""
+        """Rebuild a trace; raises TraceError with a clear message on anything malformed. The text origins of
+        versions 2 and 3 are dropped (version 4 writes them as data)."""
         check_trace(data)
         try:
-            steps = [event_from_dict(d) for d in data.get("steps", [])]
-            summary = event_from_dict(data["summary"]) if data.get("summary") is not None else None
-            plain = event_from_dict(data["plain"]) if data.get("plain") is not None else None
+            text_origins = data["version"] < 4
+            steps = [event_from_dict({**d, "origins": None} if text_origins else d) for d in data.get("steps", [])]
+            summary, plain = (None if data.get(k) is None else event_from_dict(data[k]) for k in ("summary", "plain"))
             return cls(model=data.get("model", ""), settings=dict(data.get("settings", {})),
                        messages=[dict(m) for m in data.get("messages", [])], steps=steps, summary=summary, plain=plain,
                        token_texts={int(k): v for k, v in data.get("token_texts", {}).items()},
@@ -134,14 +116,11 @@ def read_trace_json(path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> Any:
     """Parse a trace file's JSON; refuse files over `max_bytes`, non-UTF-8 text, bad JSON and deep nesting."""
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > max_bytes:
-                raise TraceError(f"the trace file is too large ({_mb(size)}; the limit is {_mb(max_bytes)})")
             raw = f.read(max_bytes + 1)
     except OSError:
         raise TraceError("cannot read the trace file") from None
     if len(raw) > max_bytes:
-        raise TraceError(f"the trace file is too large (over {_mb(max_bytes)})")
+        raise TraceError(f"the trace file is too large (over {max_bytes / 1024 / 1024:.1f} MB)")
     try:
         return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
@@ -163,8 +142,9 @@ def check_json_shape(data: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
         obj, depth, path = stack.pop()
         if depth > max_depth:
             raise TraceError(f"the trace is nested more than {max_depth} levels deep")
-        if type(obj) is list and (set(map(type, obj)) <= _SCALARS or depth < max_depth and _rows_of_scalars(obj)):
-            continue  # a list of numbers, or of lists of numbers: nothing to look into
+        if type(obj) is list and (set(map(type, obj)) <= _SCALARS or depth < max_depth and set(map(type, obj)) == {list}
+                                  and all(set(map(type, row)) <= _SCALARS for row in obj)):
+            continue  # numbers, or rows of numbers: nothing to look into
         for key, value in obj.items() if isinstance(obj, dict) else enumerate(obj):
             if type(key) is str:
                 total += _check_string(key, path)
@@ -176,40 +156,20 @@ def check_json_shape(data: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
             raise TraceError(f"the trace holds more than {MAX_TOTAL_CHARS:,} characters of text")
 
 
-def _rows_of_scalars(obj: list) -> bool:
-    """Whether a list holds lists of numbers only (rows of the matrix: one quick look instead of one per row)."""
-    return set(map(type, obj)) == {list} and all(set(map(type, row)) <= _SCALARS for row in obj)
-
-
 def _check_string(text: str, path: tuple) -> int:
     """Refuse an over-long string or one with a lone surrogate; return its length."""
-    if len(text) > MAX_STRING_CHARS:
-        raise TraceError(f"{_path(path)}: a string of {len(text):,} characters (the limit is {MAX_STRING_CHARS:,})")
-    if _SURROGATE.search(text):
-        raise TraceError(f"{_path(path)}: a string holds a lone surrogate (invalid Unicode)")
+    if len(text) > MAX_STRING_CHARS or _SURROGATE.search(text):
+        keys: list[Any] = []
+        while path:  # the linked (parent, key) tuples: 'steps[3].tokens'
+            path, key = path
+            keys.append(key)
+        where = "".join(f".{k}" if isinstance(k, str) and k.isidentifier() else f"[{json.dumps(k)}]"
+                        for k in reversed(keys)).lstrip(".") or "the trace"
+        where = where if len(where) <= 80 else where[:79] + "…"
+        what = f"a string of {len(text):,} characters (the limit is {MAX_STRING_CHARS:,})" \
+            if len(text) > MAX_STRING_CHARS else "a string holds a lone surrogate (invalid Unicode)"
+        raise TraceError(f"{where}: {what}")
     return len(text)
-
-
-def _path(path: tuple) -> str:
-    """'steps[3].tokens' from the linked (parent, key) tuples of check_json_shape."""
-    keys: list[Any] = []
-    while path:
-        path, key = path
-        keys.append(key)
-    out = "".join(f".{k}" if isinstance(k, str) and k.isidentifier() else f"[{json.dumps(k)}]"
-                  for k in reversed(keys)).lstrip(".")
-    out = out or "the trace"
-    return out if len(out) <= 80 else out[:79] + "…"
-
-
-def _mb(size: int) -> str:
-    """A byte count in MB."""
-    return f"{size / 1024 / 1024:.1f} MB"
-
-
-# ----------------------------------------------------------------------------------- what a step's fields mean
-# tr_core/trace_schema.py checks each field of a trace (type, range, length); these check what a step's fields say
-# together, so that everything the studio draws from a step is consistent.
 
 
 def check_trace(data: Any) -> None:
@@ -222,101 +182,105 @@ def check_trace(data: Any) -> None:
 
 
 def check_step(ev: Any, i: int, version: int = TRACE_VERSION) -> None:
-    """Validate step event `i` of a trace of `version`: its fields, then its tree, accepted path and matrix rows."""
+    """Validate step event `i` of a trace of `version`: its fields, then what they say together."""
     check_step_fields(ev, i, version)
     check_step_meaning(ev, f"step {i}")
 
 
 def check_step_meaning(ev: dict, where: str) -> None:
-    """A step whose fields are valid: its draft tree, accepted path, undrafted tree and matrix rows agree."""
-    _check_tree(ev, where)
-    _check_path(ev, where)
-    _check_no_draft(ev, where)
-    _check_rows(ev, where)
+    """Raise TraceError unless a step whose fields are valid agrees with itself: its draft tree and where its nodes
+    came from, its accepted path, its tree not drafted and its matrix rows."""
+    for check in (_tree_problem, _path_problem, _undrafted_problem, _rows_problem):
+        problem = check(ev)
+        if problem:
+            raise TraceError(f"{where}: {problem}")
 
 
-def _check_tree(ev: dict, where: str) -> None:
-    """The draft tree: node 0 is the root; every other node's parent comes before it, one level up."""
-    parents, depths, ranks, sources = ev["parents"], ev["depths"], ev["ranks"], ev.get("sources") or ["root"]
-    if parents[0] != -1 or depths[0] != 0 or ranks[0] != -1:
-        raise TraceError(f"{where}: the root (node 0) must have parent -1, depth 0 and rank -1")
-    for j in range(1, len(parents)):
-        p = parents[j]
+def _tree_problem(ev: dict) -> str | None:
+    """Node 0 is the root; every other node's parent comes before it, one level up; only copied nodes have an
+    origin (as data: version 4 writes them, 2 and 3 wrote text)."""
+    parents, depths, ranks = ev["parents"], ev["depths"], ev["ranks"]
+    if (parents[0], depths[0], ranks[0]) != (-1, 0, -1):
+        return "the root (node 0) must have parent -1, depth 0 and rank -1"
+    for j, p in enumerate(parents[1:], 1):
         if not 0 <= p < j:
-            raise TraceError(f"{where}: parent of node {j} is {p}, must be between 0 and {j - 1}")
+            return f"parent of node {j} is {p}, must be between 0 and {j - 1}"
         if depths[j] != depths[p] + 1:
-            raise TraceError(f"{where}: depth of node {j} is {depths[j]}, must be {depths[p] + 1} (its parent's + 1)")
+            return f"depth of node {j} is {depths[j]}, must be {depths[p] + 1} (its parent's + 1)"
         if ranks[j] < 0:
-            raise TraceError(f"{where}: rank of node {j} is {ranks[j]}, must be >= 0")
-    wrong = next((j for j, source in enumerate(sources) if (source == "root") != (j == 0)), None)  # (hybrid trees)
-    if wrong is not None:
-        allowed = "\"root\"" if wrong == 0 else "\"matrix\", \"context\" or \"both\""
-        raise TraceError(f"{where}: source of node {wrong} is {json.dumps(sources[wrong])}, must be {allowed}")
+            return f"rank of node {j} is {ranks[j]}, must be >= 0"
+    sources = ev.get("sources") or ["root"]
+    j = next((j for j, source in enumerate(sources) if (source == "root") != (j == 0)), None)
+    if j is not None:
+        return f"source of node {j} is {json.dumps(sources[j])}, must be " + (
+            "\"root\"" if j == 0 else "\"matrix\", \"context\" or \"both\"")
+    copied = [s in ("context", "both") for s in ev.get("sources") or ()]
+    if any(type(o) is not str and (not copied or (o is not None) != copied[j] or (o and o["first"] > o["last"]))
+           for j, o in enumerate(ev.get("origins") or ())):
+        return "\"origins\" must say where each copied node was found (\"first\" <= \"last\"), and nothing else"
+    return None
 
 
-def _check_path(ev: dict, where: str) -> None:
+def _path_problem(ev: dict) -> str | None:
     """accepted: a path down from the root; emitted: its draft tokens, then the bonus token (cut by a stop)."""
     accepted, parents, tokens, emitted, bonus = (ev[k] for k in ("accepted", "parents", "tokens", "emitted", "bonus"))
     if accepted[0] != 0:
-        raise TraceError(f"{where}: the accepted path must start at the root (node 0)")
+        return "the accepted path must start at the root (node 0)"
     for prev, node in zip(accepted, accepted[1:]):
         if parents[node] != prev:
-            raise TraceError(f"{where}: the accepted path is broken: node {node} follows {prev}, "
-                             f"but its parent is {parents[node]}")
+            return f"the accepted path is broken: node {node} follows {prev}, but its parent is {parents[node]}"
     for j, (token, node) in enumerate(zip(emitted, accepted[1:])):
         if token != tokens[node]:
-            raise TraceError(f"{where}: emitted token {j} is {token}, but accepted node {node} holds {tokens[node]}")
+            return f"emitted token {j} is {token}, but accepted node {node} holds {tokens[node]}"
     if bonus is None and len(emitted) == len(accepted):
-        raise TraceError(f"{where}: the last emitted token is a bonus token, but \"bonus\" is null")
+        return "the last emitted token is a bonus token, but \"bonus\" is null"
     if bonus is not None and (len(emitted) != len(accepted) or emitted[-1] != bonus):
-        raise TraceError(f"{where}: the bonus token {bonus} must be emitted last, after the accepted draft tokens")
+        return f"the bonus token {bonus} must be emitted last, after the accepted draft tokens"
+    return None
 
 
-def _check_no_draft(ev: dict, where: str) -> None:
-    """no_draft (or a version 2 trace's no_draft_reason) and unverified: only on a step that verified its root alone;
-    that root heads the unverified tree, whose parents come before their children."""
-    tree = ev.get("unverified")
-    if tree is None and ev.get("no_draft") is None and ev.get("no_draft_reason") is None:
-        return
+def _undrafted_problem(ev: dict) -> str | None:
+    """Why a step drafted nothing (no_draft; version 2: no_draft_reason) and the tree it did not draft, only on such
+    a step; that tree hangs off its root, parents before children."""
+    if all(ev.get(k) is None for k in ("unverified", "no_draft", "no_draft_reason")):
+        return None
     if len(ev["tokens"]) != 1:
-        raise TraceError(f"{where}: \"no_draft\" and \"unverified\" belong to a step that drafted nothing, "
-                         f"but this step drafted {len(ev['tokens']) - 1} nodes")
-    if tree is None:
-        return
-    parents = tree["parents"]
-    if parents[0] != -1 or not all(0 <= parents[j] < j for j in range(1, len(parents))):
-        raise TraceError(f"{where}: \"unverified\" parents must be -1 for the root, then an earlier node's index")
+        return ("\"no_draft\" and \"unverified\" belong to a step that drafted nothing, but this step drafted "
+                f"{len(ev['tokens']) - 1} nodes")
+    tree = ev.get("unverified") or {"tokens": ev["tokens"], "parents": [-1]}
+    if tree["parents"][0] != -1 or not all(0 <= p < j for j, p in enumerate(tree["parents"]) if j):
+        return "\"unverified\" parents must be -1 for the root, then an earlier node's index"
     if tree["tokens"][0] != ev["tokens"][0]:
-        raise TraceError(f"{where}: the unverified tree's root is not the step's root")
+        return "the unverified tree's root is not the step's root"
+    return None
 
 
-def _check_rows(ev: dict, where: str) -> None:
-    """Matrix rows: each probability row as wide as its row of candidates; rows read and rows written unread (as
-    they were before the step): distinct tokens of the tree, apart, the latter written, all of one k."""
+def _rows_problem(ev: dict) -> str | None:
+    """Each row of probabilities as wide as its row of candidates; the rows read and those written unread (as they
+    were before the step) distinct tokens of the tree, apart, the latter written, all of one k."""
     for name in ("matrix", "rows_read", "rows_before"):
-        values, probs = ev.get(f"{name}_values", []), ev.get(f"{name}_probs", [])
-        bad = next((j for j, row in enumerate(probs) if len(row) != len(values[j])), None)
-        if bad is not None:
-            raise TraceError(f"{where}: \"{name}_probs\"[{bad}] must be a list of {len(values[bad])} numbers "
-                             f"(one per candidate), got a list of {len(probs[bad])}")
+        for j, (values, probs) in enumerate(zip(ev.get(f"{name}_values", []), ev.get(f"{name}_probs", []))):
+            if len(probs) != len(values):
+                return (f"\"{name}_probs\"[{j}] must be a list of {len(values)} numbers (one per candidate), got a "
+                        f"list of {len(probs)}")
     read, before = ev.get("rows_read", []), ev.get("rows_before", [])
     for name, rows in (("rows_read", read), ("rows_before", before)):
         if len(set(rows)) != len(rows) or not set(rows) <= set(ev["tokens"]):
-            raise TraceError(f"{where}: \"{name}\" must list distinct tokens of the step's tree")
+            return f"\"{name}\" must list distinct tokens of the step's tree"
     if set(before) & set(read) or not set(before) <= set(ev.get("matrix_rows", [])):
-        raise TraceError(f"{where}: \"rows_before\" must list rows the step wrote (\"matrix_rows\") and did not "
-                         "read (\"rows_read\")")
+        return "\"rows_before\" must list rows the step wrote (\"matrix_rows\") and did not read (\"rows_read\")"
     widths = sorted({len(row) for name in ("rows_read_values", "rows_before_values") for row in ev.get(name, [])})
     if len(widths) > 1:
-        raise TraceError(f"{where}: \"rows_read_values\" and \"rows_before_values\" hold rows of {widths[0]} and "
-                         f"{widths[-1]} candidates (one k per matrix)")
+        return (f"\"rows_read_values\" and \"rows_before_values\" hold rows of {widths[0]} and {widths[-1]} candidates "
+                "(one k per matrix)")
+    return None
 
 
 class TextAssembler:
     """Turns emitted token ids into text and the end offset of each step's run (colouring the chat; `unshown` streams).
 
-    Decodes the whole answer each step (cheap next to a forward) so multi-byte characters split across
-    tokens come out right; a trailing replacement character means "incomplete", so its step ends before it.
+    It decodes the whole answer each step (cheap next to a forward), so characters split across tokens come out
+    right; a trailing replacement character means "incomplete", so its step ends before it.
     """
 
     def __init__(self, decode: Callable[[list[int]], str]) -> None:
@@ -344,12 +308,8 @@ class TextAssembler:
 
     def step_texts(self) -> list[str]:
         """The text added by each step (the last step also takes any trailing characters)."""
-        out, start = [], 0
-        for i, end in enumerate(self.boundaries):
-            end = len(self.text) if i == len(self.boundaries) - 1 else end
-            out.append(self.text[start:end])
-            start = end
-        return out
+        ends = [*self.boundaries[:-1], len(self.text)] if self.boundaries else []
+        return [self.text[start:end] for start, end in zip([0, *ends], ends)]
 
 
 def boundaries_from_texts(step_texts: list[str]) -> list[int]:
