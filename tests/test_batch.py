@@ -6,7 +6,7 @@ import torch
 from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
 
 from tr_core import DecodeConfig, Engine, StepEvent, SummaryEvent
-from tr_core.batch import Batch, generate_batch
+from tr_core.batch import Batch, generate_batch, tree_width
 
 
 def ragged_prompts(n: int, seed: int = 3) -> list[list[int]]:
@@ -113,3 +113,29 @@ def test_a_bad_prompt_is_refused_and_leaves_the_batch_as_it_was():
     key = batch.add(engine, [5, 6, 7], DecodeConfig(max_new_tokens=5))
     events = [ev for _ in range(10) for k, ev in batch.step() if k == key]
     assert isinstance(events[-1], SummaryEvent) and len(events[-1].tokens) == 5
+
+
+def test_trees_shrink_as_the_batch_grows():
+    """tree_width: the nodes per row that maximise the batch's expected tokens per ms. With a forward that costs
+    10 ms plus 1 ms a token, one row drafts 3 nodes, 8 rows 2 each, and 32 rows decode plainly."""
+    curve = [0.0, 0.8, 1.4, 1.8, 1.9]
+    cost = lambda n: 10.0 + n  # noqa: E731
+    assert [tree_width([curve] * rows, rows, cost) for rows in (1, 8, 32)] == [3, 2, 0]
+    assert tree_width([[0.0], [0.0, 0.9]], 2, cost) == 1  # a row with no tree still pays its place in the forward
+    assert tree_width([curve], 1, lambda n: 10.0 * n) == 0  # where every token costs a full forward: plain
+
+
+def test_a_batch_caps_its_rows_trees_and_frees_them_after():
+    model = tiny_model("llama")
+    base = Engine(model, TinyTokenizer(TINY_VOCAB))
+    cfg = DecodeConfig(max_new_tokens=30, template="adaptive")
+    list(base.generate(ragged_prompts(1)[0], cfg))  # times the forwards once: the forks share the curve
+    batch, engines = Batch(max_rows=3), [base.fork() for _ in range(3)]
+    for engine, prompt in zip(engines, ragged_prompts(3, seed=5)):
+        batch.add(engine, prompt, cfg)
+    caps = []
+    while batch:
+        batch.step()
+        caps.append(batch.cap)
+    assert any(cap is not None for cap in caps)  # sized from the second step on
+    assert [engine.drafter_for(cfg).cap for engine in engines] == [None] * 3

@@ -137,7 +137,7 @@ class AdaptiveDrafter(BaseDrafter):
             self.pending, self.expected_next = self.grow(matrix, root, *self.growth()), None
             # a fixed tree drafts all its nodes under written rows: counting them costs this step a sync
             self.host_live = 0 if self.sized_by_cost else int((self.pending.scores > 0).sum()) - 1
-        size = min(self.next_size if self.sized_by_cost else self.budget, self.host_live)
+        size = min(self.batch_size(self.next_size if self.sized_by_cost else self.budget), self.host_live)
         order: list[int] = []
         if self.host_tree is not None:  # known with its curve on every step but an answer's first
             tree, scores = self.host_tree, self.host_scores
@@ -155,7 +155,7 @@ class AdaptiveDrafter(BaseDrafter):
         if first:  # an answer's first step: no look-ahead yet, so no curve
             self.grown, self.expected_next = self.grow_lists(matrix, int(root), *self.growth()), None
         tree = self.grown
-        size = min(self.next_size if self.sized_by_cost else self.budget, len(tree["tokens"]) - 1)
+        size = min(self.batch_size(self.next_size if self.sized_by_cost else self.budget), len(tree["tokens"]) - 1)
         order = list(range(1, len(tree["tokens"])))  # grown best first
         if self.host_tree is not None:
             self.trust.watch(tree["tokens"], tree["parents"], order, self.expected_next)
@@ -220,6 +220,21 @@ class AdaptiveDrafter(BaseDrafter):
     def grow_lists(self, matrix: AdjacencyMatrix, root: int, budget: int, max_depth: int) -> dict[str, list]:
         """`grow` on a CPU, as lists (module function `grow_lists`)."""
         return grow_lists(matrix, root, self.rate_host, self.answer_start, budget, max_depth)
+
+    def batch_size(self, alone: int) -> int:
+        """The next step's size: `alone`, the one chosen for this answer alone, unless a batch set `cap` (batch.py):
+        then the cap, as the batch's forward pays for that many nodes a row anyway."""
+        return alone if self.cap is None else self.cap
+
+    def next_curve(self) -> list[float] | None:
+        """The next tree's trusted expected-acceptance curve, trust[m] * expected[m] (as `size_choice` weighs it);
+        None when not sized by cost, or on an answer's first step, which drafts nothing."""
+        if not self.sized_by_cost or self.expected_next is None:
+            return None
+        return self.trusted(self.expected_next)
+
+    def trusted(self, expected: list[float]) -> list[float]:
+        return [0.0] + [self.trust[size_class(m)] * expected[m] for m in range(1, len(expected))]
 
     def choose_size(self, expected: list[float], budget: int) -> int:
         """argmax over m of (trust(m) * expected[m] + 1) / t(m + 1), t a whole step's cost; 0: a plain step (a

@@ -13,14 +13,18 @@ padding of short trees is masked out. Answers join and leave between steps.
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .adaptive import DRAFT_MARGIN
 from .config import DecodeConfig
+from .cost import ForwardCost, sync
 from .decode_state import DecodeState, Drafted
 from .engine import Engine
 from .events import StepEvent, SummaryEvent
@@ -52,6 +56,8 @@ class Batch:
         self.cache = BatchKVCache()
         self._keys = itertools.count()
         self._kernels = contextlib.ExitStack()
+        self.cost: ForwardCost | None = None  # t(n) of a batched forward of n tokens in all, learned online
+        self.cap: int | None = None  # the draft nodes per row of the last sized step (None: not sized)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -99,6 +105,7 @@ class Batch:
         Returns (key, event) pairs: a StepEvent per row, and a SummaryEvent for each answer that ended."""
         if not self.rows:
             return []
+        self._size_trees()
         drafted = [row.engine.draft_step(row.state) for row in self.rows]
         forwarded = [d.logits is None for d in drafted]
         logits = self._forward(drafted, forwarded) if any(forwarded) else None
@@ -107,7 +114,7 @@ class Batch:
             d.timer.mark("forward")
             row.state.cache.forwarded = forwarded[i]
             own = logits[i, : d.draft.size] if forwarded[i] else d.logits
-            event, finished = row.engine.settle_step(row.state, d, own)
+            event, finished = row.engine.settle_step(row.state, d, own, alone=len(self.rows) == 1)
             out.append((row.key, event))
             if not finished and row.stop is not None and row.stop():
                 row.state.stop_reason, finished = "stopped", True
@@ -133,16 +140,40 @@ class Batch:
         mask = batch_mask(runner, [d.draft if f else None for d, f in zip(drafted, forwarded)], pasts, end, width)
         for d in drafted:
             d.timer.forward_begins()
+        began = time.perf_counter()
         logits = runner.forward_rows(ids, positions, mask, self.cache)
         for d in drafted:
             d.timer.forward_ends()
+        if self.cost is not None:
+            sync(device)
+            self.cost.observe(len(self.rows) * width, (time.perf_counter() - began) * 1e3)
         return logits
+
+    def _size_trees(self) -> None:
+        """Cap the cost-sized rows' trees for this step (`tree_width`): a shared forward pays for every row's tree,
+        so trees shrink as the batch grows; a row alone drafts as it would alone."""
+        sized = []
+        for row in self.rows:
+            row.state.drafter.cap = None
+            curve = row.state.drafter.next_curve()
+            if curve is not None:
+                sized.append((row.state.drafter, curve))
+        self.cap = None
+        if len(self.rows) < 2 or not sized:
+            return
+        if self.cost is None:  # starts from the first sized row's curve, measured alone, then learns the batch's
+            self.cost = copy.deepcopy(sized[0][0].cost)
+        self.cap = tree_width([curve for _, curve in sized], len(self.rows), self.cost)
+        for drafter, _ in sized:
+            drafter.cap = self.cap
 
     def _drop(self, ended: set[int]) -> None:
         """Free the rows of ended answers; the others keep their order."""
         if not ended:
             return
         keep = [i for i in range(len(self.rows)) if i not in ended]
+        for i in ended:
+            self.rows[i].state.drafter.cap = None  # the engine may decode alone again
         self.cache.drop_rows(keep)
         self.rows = [self.rows[i] for i in keep]
         for i, row in enumerate(self.rows):
@@ -153,6 +184,19 @@ class Batch:
         if not self.rows:
             self._kernels.close()
             self._kernels = contextlib.ExitStack()
+
+
+def tree_width(curves: list[list[float]], rows: int, cost: Callable[[int], float]) -> int:
+    """The draft nodes per row that maximise the batch's expected tokens per ms: a shared forward of `rows` trees
+    costs cost(rows * (m + 1)) (short trees are padded to the widest), and each sized row gains its curve up to m
+    (`curves`: expected accepted tokens of each row's best m nodes; every row emits one token more). 0: a plain
+    step, unless drafting beats it by DRAFT_MARGIN, as alone."""
+    best, best_rate = 0, DRAFT_MARGIN * rows / cost(rows)
+    for m in range(1, max(len(c) for c in curves)):
+        rate = (rows + sum(c[min(m, len(c) - 1)] for c in curves)) / cost(rows * (m + 1))
+        if rate > best_rate:
+            best, best_rate = m, rate
+    return best
 
 
 def batch_mask(runner: Any, drafts: list, pasts: list[int], end: int, width: int) -> Any:

@@ -54,7 +54,7 @@ class Draft:
     node_probs: torch.Tensor | None = None  # [N] float, estimated probability of reaching each node, if known
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-node tensors the drafter wants back
     sources: tuple[str, ...] | None = None  # host-known: where each node's token came from ("matrix", "context", ...)
-    origins: tuple[str, ...] | None = None  # host-known: per node, where a retrieved token was found ("" if not)
+    origins: tuple[dict | None, ...] | None = None  # host-known: per node, where a copied token came from (None: not)
     no_draft: NoDraft | None = None  # a root-alone draft of a drafter that could have drafted: why it did not
 
 
@@ -89,6 +89,7 @@ class BaseDrafter:
     recycles = False  # True: every step's logits are recycled into the adjacency matrix
     seeds_prompt = False  # prompt seeding's default when DecodeConfig.prompt_seeding is None
     max_depth = 0  # the deepest draft it can propose (host-known)
+    cap: int | None = None  # most draft nodes its next step may take, set by a batch sizing its trees (batch.py)
 
     def begin(self, ctx: DraftContext) -> None:
         """Start an answer."""
@@ -107,6 +108,11 @@ class BaseDrafter:
 
     def observe(self, result: StepResult) -> None:
         """Learn from the verified step."""
+
+    def next_curve(self) -> list[float] | None:
+        """Expected accepted tokens of the next step's best m nodes, m = 0 .. the size it would draft alone; None
+        when it is not sized by cost (a batch then leaves it as it is)."""
+        return None
 
 
 Drafter = BaseDrafter  # the seam's type, as the engine names it

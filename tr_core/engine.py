@@ -228,9 +228,11 @@ class Engine(EngineState):
         active = self._active(state, drafter)
         return active, active.draft(state.root, self.matrix), None
 
-    def settle_step(self, state: DecodeState, drafted: Drafted, logits: torch.Tensor) -> tuple[StepEvent, bool]:
+    def settle_step(self, state: DecodeState, drafted: Drafted, logits: torch.Tensor,
+                    alone: bool = True) -> tuple[StepEvent, bool]:
         """Everything after the forward: verify -> update -> sync -> commit -> learn, and the step's event (the
-        batched loop, batch.py, runs one forward for many answers and settles each on its own rows of logits)."""
+        batched loop, batch.py, runs one forward for many answers and settles each on its own rows of logits;
+        `alone` False: the forward was shared, so its time is not this tree's cost to learn)."""
         cfg, (active, draft, _, timer) = state.cfg, drafted
         forwarded = drafted.logits is None
         targets, best, top = self._verify(state, cfg, draft, logits, state.processors, active.recycles)
@@ -245,7 +247,7 @@ class Engine(EngineState):
         so_far = timer.timings()
         active.observe(StepResult(parents=host["parents"], accepted=accepted, emitted=emitted,
                                   forward_tokens=draft.size, forward_ms=so_far["forward"], step_ms=so_far["total"],
-                                  extras=_drafter_part(host), forwarded=forwarded))
+                                  extras=_drafter_part(host), forwarded=forwarded and alone))
         timer.mark("learn")
         self.clock.tick += 1
         timings = timer.timings()

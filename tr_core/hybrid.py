@@ -1,22 +1,15 @@
-"""Hybrid drafting: one best-first tree whose candidates come from the adjacency matrix AND the context.
+"""Hybrid drafting: one best-first tree whose candidates come from the adjacency matrix AND the context index
+(context.py: whole runs the answer may be copying from its prompt, an earlier turn or itself). Each step:
 
-The matrix remembers one step of history per token (what followed it last time); the context index
-(context.py) remembers whole runs (that the answer is copying a phrase from the prompt, an earlier turn or
-itself). Each step:
-
-1. the matrix tree is grown best-first from the bonus token (adaptive.py, `lookahead`): on a GPU on the device,
-   riding the step's one host sync; on a CPU in plain Python on the host (`adaptive.grow_lists`);
-2. on the host, the context index is extended with the step's emitted tokens and searched for the continuations
-   of the current suffix (`ContextIndex.lookup`); each continuation is walked down the matrix tree from the
-   root: where the matrix already proposes the same token the node is shared, elsewhere new nodes are added;
-3. every node's score is the product along its path of calibrated acceptance probabilities, learned online per
-   source: matrix candidates by their stored probability (16 bins, even in its square root) and the age of their
-   row (written in this answer, or before it), retrieved ones by the length of the match they extend (1..16
-   tokens) and whether the matched n-gram was contested (followed by different tokens before), and shared ones
-   (both sources agree) by match length; each retrieved key apart for runs found in an earlier conversation;
-   every candidate whose parent was accepted counts, drafted or not;
-4. the best nodes by score form the next draft, sized like `adaptive` by the measured forward cost, zero-draft
-   steps included (`hybrid`), or always the full node budget (`hybrid-fixed`).
+1. the matrix tree is grown best-first from the bonus token (adaptive.py): on a GPU riding the step's one host sync,
+   on a CPU in plain Python (`adaptive.grow_lists`);
+2. the index takes the emitted tokens and is searched for continuations of the suffix (`ContextIndex.lookup`), each
+   walked down the matrix tree: a node is shared where the matrix proposes the same token, added elsewhere;
+3. a node's score is the product along its path of acceptance probabilities learned online per key: matrix
+   candidates by stored probability (16 bins) and row age, retrieved ones by match length and whether the matched
+   n-gram was contested, shared ones by match length, runs of an earlier conversation apart; every candidate under
+   an accepted parent counts, drafted or not;
+4. the best nodes form the draft, sized by the measured forward cost (`hybrid`) or at the full budget (`hybrid-fixed`).
 """
 from __future__ import annotations
 
@@ -27,7 +20,7 @@ import torch
 from .adaptive import AdaptiveDrafter
 from .calibration import MATRIX_KEYS, matrix_prior, tested_candidates
 from .growth import GROWN, host_draft, root_alone
-from .context import LIBRARY, MAX_MATCH, ContextIndex, Library, Match
+from .context import ANSWER, EARLIER_ANSWER, EARLIER_PROMPT, LIBRARY, MAX_MATCH, PROMPT, ContextIndex, Library, Match
 from .drafters import Draft, DraftContext, StepResult
 from .matrix import AdjacencyMatrix
 from .tree import HYBRID
@@ -44,8 +37,6 @@ BOTH_KEY = MATRIX_KEYS + 2 * MAX_MATCH
 # answer), which are right far less often than runs of this conversation's own prompt or answer
 EARLIER = 3 * MAX_MATCH
 N_KEYS = MATRIX_KEYS + 6 * MAX_MATCH
-THIS_PROMPT, THIS_ANSWER = "the prompt", "this answer"  # the index's labels of this conversation's segments
-EARLIER_PROMPT, EARLIER_ANSWER = "an earlier prompt", "an earlier answer"  # ... and of earlier ones
 EARLIER_WEIGHT = 0.4  # prior rates of an earlier conversation's runs, relative to this conversation's
 _GROWN = (*GROWN, "ranks")  # the matrix tree's fields synced for the merge
 
@@ -64,16 +55,12 @@ def is_earlier(match: Match) -> bool:
 
 
 def _prior_counts(prior: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Starting (hits, trials) [N_KEYS]: the matrix keys as `adaptive`'s (adaptive.matrix_prior); retrieved runs'
-    rates rise with match length, each with the weight of `prior` trials.
-
-    The shape is what the development run measured (bench/README). A continuation of a contested n-gram (one
-    followed by different tokens before, like a common word) is right about 3% of the time after a 1-token
-    match, 40% after 4 and 85% after 8 or more; an uncontested one (a rare name) about 15%, 70% and 85%; one
-    the matrix proposes too about 25%, 70% and 80-95%. A run found in an earlier conversation starts at
-    EARLIER_WEIGHT of these: on the first 4 development questions of each task (2 threads, 2026-12-02) the top match
-    of a 2-token uncontested n-gram agreed with the answer for 3.3 tokens on average when it lay in this prompt,
-    1.6 in this answer, and 0.1-0.2 in an earlier question's prompt or answer. All are then learned online."""
+    """Starting (hits, trials) [N_KEYS], each of `prior` trials: the matrix keys as `adaptive`'s; retrieved runs'
+    rates rise with match length as the development run measured (bench/README). A continuation of a contested
+    n-gram is right about 3% of the time after a 1-token match, 40% after 4, 85% after 8+; an uncontested one 15%,
+    70%, 85%; one the matrix proposes too 25%, 70%, 80-95%. An earlier conversation's runs start at EARLIER_WEIGHT
+    of these (development questions, 2026-12-02: a 2-token match's top run agreed for 3.3 tokens in this prompt,
+    1.6 in this answer, 0.1-0.2 in an earlier one). All are then learned online."""
     gap = torch.arange(MAX_MATCH, dtype=torch.float64)  # match length - 1
     uncontested = 0.12 + 0.83 * (1 - torch.exp(-gap / 3.5))
     contested = 0.03 + 0.87 * (1 - torch.exp(-gap / 6))
@@ -94,7 +81,7 @@ class Plan:
     ranks: list[int]  # matrix rank, or k + i for the i-th context-only child of a node
     keys: list[int]  # calibration key of every node (root: 0)
     sources: list[str]  # "root", "matrix", "context" or "both"
-    origins: list[str]  # where a retrieved node was copied from ("" for matrix nodes)
+    origins: list[dict | None]  # where a retrieved node was copied from (Match.origin; None for matrix nodes)
     scores: list[float]  # estimated probability that each node is accepted (root: 1)
 
     def ranked(self) -> list[int]:
@@ -142,9 +129,9 @@ class HybridDrafter(AdaptiveDrafter):
         super().begin(ctx)
         self.name, self.k = ctx.cfg.template, ctx.matrix.k
         self.max_depth = max(ctx.cfg.max_depth, RETRIEVAL_DEPTH)
-        self.index.relabel(THIS_PROMPT, EARLIER_PROMPT)
-        self.index.relabel(THIS_ANSWER, EARLIER_ANSWER)
-        self.index.start_segment(THIS_PROMPT)
+        self.index.relabel(PROMPT, EARLIER_PROMPT)
+        self.index.relabel(ANSWER, EARLIER_ANSWER)
+        self.index.start_segment(PROMPT)
         self.index.extend(ctx.prompt)
         self.plan, self.grown, self._answering = None, None, False
 
@@ -160,7 +147,7 @@ class HybridDrafter(AdaptiveDrafter):
         ranked = self.plan.ranked()  # sorted once: the size choice and the draft read the same order
         curve = self.plan.expected(ranked)
         if self.sized_by_cost:
-            size = 0 if first else self.choose_size(curve, self.budget)
+            size = 0 if first else self.batch_size(self.choose_size(curve, self.budget))
         else:
             size = min(self.budget, len(curve) - 1)
         self.next_size = size
@@ -169,7 +156,7 @@ class HybridDrafter(AdaptiveDrafter):
         if len(self.kept) == 1:
             why = self.why_not(first, curve, {"tokens": self.plan.tokens, "parents": self.plan.parents},
                                self.plan.scores, ranked, context=True)
-            return root_alone(self.name, root, self.max_depth + 1, sources=("root",), origins=("",), no_draft=why)
+            return root_alone(self.name, root, self.max_depth + 1, sources=("root",), origins=(None,), no_draft=why)
         return self.take_plan(self.plan, self.kept, root)
 
     def grow_host(self, matrix: AdjacencyMatrix, root: torch.Tensor, budget: int, depth: int) -> dict[str, list]:
@@ -190,7 +177,7 @@ class HybridDrafter(AdaptiveDrafter):
         """Learn calibration, trust and cost; index the emitted tokens; merge the next step's tree."""
         self.learn_step(result)
         if not self._answering:
-            self.index.start_segment(THIS_ANSWER)
+            self.index.start_segment(ANSWER)
             self._answering = True
         self.index.extend(result.emitted)
         self.plan, grown, self.grown = None, self.grown, None
@@ -199,6 +186,13 @@ class HybridDrafter(AdaptiveDrafter):
             grown = live_part({**grown, "scores": result.extras["grown.scores"]})
         if grown is not None:
             self.plan = self.merge(grown, self.lookup())
+
+    def next_curve(self) -> list[float] | None:
+        """The merged plan's trusted expected-acceptance curve (None: not sized by cost, or no plan yet: an
+        answer's first step drafts nothing)."""
+        if not self.sized_by_cost or self.plan is None:
+            return None
+        return self.trusted(self.plan.expected(self.plan.ranked()))
 
     def lookup(self) -> list[Match]:
         """The continuations of the conversation's suffix: in the conversation (MAX_MATCHES), then in the warm
@@ -225,7 +219,7 @@ class HybridDrafter(AdaptiveDrafter):
         n = len(grown["tokens"])
         plan = Plan(tokens=list(grown["tokens"]), parents=list(grown["parents"]), depths=list(grown["depths"]),
                     ranks=list(grown["ranks"]), keys=list(grown["bins"]), sources=["root"] + ["matrix"] * (n - 1),
-                    origins=[""] * n, scores=[])
+                    origins=[None] * n, scores=[])
         plan.keys[0] = 0
         child = {(plan.parents[i], plan.tokens[i]): i for i in range(1, n)}
         extra: dict[int, int] = {}  # context-only children per node so far
@@ -244,12 +238,12 @@ class HybridDrafter(AdaptiveDrafter):
                     plan.ranks.append(rank)
                     plan.keys.append(context_key(length, shared=False, contested=match.contested, earlier=earlier))
                     plan.sources.append("context")
-                    plan.origins.append(match.describe(j + 1))
+                    plan.origins.append(match.origin(j + 1))
                     child[(node, token)] = hit
                 elif plan.sources[hit] == "matrix":
                     plan.keys[hit] = context_key(length, shared=True, earlier=earlier)
                     plan.sources[hit] = "both"
-                    plan.origins[hit] = match.describe(j + 1)
+                    plan.origins[hit] = match.origin(j + 1)
                 node = hit
         rate = self.rate_host
         plan.scores = [1.0] * len(plan.tokens)
@@ -261,7 +255,7 @@ class HybridDrafter(AdaptiveDrafter):
         """The plan's nodes `keep` (the root first, parents before children) as a Draft (`root`: the root token
         [1] long on the device, when the caller has it)."""
         if len(keep) == 1 and root is not None:  # a zero-draft step (most steps of an answer that accepts little)
-            return root_alone(self.name, root, self.max_depth + 1, sources=("root",), origins=("",))
+            return root_alone(self.name, root, self.max_depth + 1, sources=("root",), origins=(None,))
         remap = {old: new for new, old in enumerate(keep)}
         nodes = {"tokens": [plan.tokens[i] for i in keep], "depths": [plan.depths[i] for i in keep],
                  "parents": [remap[plan.parents[i]] if i else 0 for i in keep],
