@@ -18,7 +18,7 @@ zerogpu.import_spaces()  # on ZeroGPU, `spaces` must come before torch (it patch
 from studio.config import EMBEDDED, make_config, parse_models, wants_public  # noqa: E402
 from studio.handlers import WARMING, new_engine, share_costs  # noqa: E402
 from studio.models import ModelCatalog  # noqa: E402
-from studio.page import CSS, build_demo  # noqa: E402
+from studio.page import CHAT_CONCURRENCY, CSS, build_demo  # noqa: E402
 from studio.session import Studio, decode_slot  # noqa: E402
 from tr_core.cli.options import apply_threads, threads_option  # noqa: E402
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         threading.Thread(target=preload, args=(studio,), daemon=True, name="tr-preload").start()
     demo = build_demo(studio)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS,
-                max_file_size=f"{int(cfg.max_upload_mb)}mb",
+                max_file_size=f"{int(cfg.max_upload_mb)}mb", max_threads=CHAT_CONCURRENCY + 40,
                 theme=gr.themes.Soft(primary_hue="green", secondary_hue="blue"))
 
 

@@ -12,11 +12,13 @@ from present.chart import accepted_chart_explained
 from present.heatmap import MatrixTracker, heatmap_figure
 from present.tree import tree_figure
 from tr_core.config import DecodeConfig
+from tr_core.engine import Engine
 from tr_core.events import StepEvent, SummaryEvent
 from tr_core.trace import Trace
 
 from . import zerogpu
 from .costs import cost_curve
+from .decode_loop import ROWS, BatchedEngine, crowd
 from .recording import record_live
 from .session import PausingEngine, Session, Studio
 from .settings import ChatSettings
@@ -25,6 +27,7 @@ from .views import (MEASURE_HINT, RACE_WAIT, RENDER_EVERY_S, STOPPED_HINT, best_
                     race_html, replay_slider, step_story_view, step_views, trace_meter)
 
 ANSWERING = "the answer is still being written"  # the race panel while an answer runs
+DRAWS_PER_S = 8.0  # redraws a second of all answers' figures together, in a crowd (redraw_every)
 NOT_MEASURED = "this answer ended early (stopped, or failed), so it was not measured against plain decoding"
 
 
@@ -47,14 +50,16 @@ def stream_answer(studio: Studio, s: Session, engine: Any, ids: list[int], cfg: 
     tracker = MatrixTracker()
     curve = cost_curve(s, None)
     note_md = "  \n".join(notes)
-    decoder = zerogpu.RemoteEngine(engine, s.model, studio.config.time_limit_s) if zerogpu.installed() else engine
-    # the slot is taken by the engine itself, so that slow motion's pauses leave it to other tabs
-    live = record_live(PausingEngine(decoder, pause=settings.delay > 0), ids, cfg, trace, stop, RENDER_EVERY_S,
-                       settings.delay, time_limit_s=studio.config.time_limit_s)
+    decoder = answer_engine(studio, s, engine, settings)
+    live = record_live(decoder, ids, cfg, trace, stop, redraw_every, settings.delay,
+                       time_limit_s=studio.config.time_limit_s, ticks=True)
     try:
         for new_steps in live:
             if s.conversation != conversation:  # New chat: stop this answer (closing record_live stops the engine)
                 break
+            if not new_steps:  # still waiting for a row of the shared batch
+                yield {"status": waiting_status(decoder, note_md)}
+                continue
             for ev in new_steps:
                 before = tracker.update(ev)  # the last step's story compares its rows with these
             last = trace.steps[-1]
@@ -71,6 +76,32 @@ def stream_answer(studio: Studio, s: Session, engine: Any, ids: list[int], cfg: 
     finally:
         live.close()  # the decode belongs to this request: stop the engine thread and join it
     return None
+
+
+def answer_engine(studio: Studio, s: Session, engine: Any, settings: ChatSettings) -> Any:
+    """What decodes this answer: the model's shared batch with every other visitor's answers (decode_loop.py); on
+    ZeroGPU a GPU call of its own, and in slow motion the engine alone, holding the slot step by step (its pauses
+    leave the slot to others)."""
+    if zerogpu.installed():
+        return PausingEngine(zerogpu.RemoteEngine(engine, s.model, studio.config.time_limit_s), settings.delay > 0)
+    if settings.delay > 0 or not isinstance(engine, Engine):  # (a stand-in engine of the tests decodes alone)
+        return PausingEngine(engine, pause=settings.delay > 0)
+    return BatchedEngine(engine)
+
+
+def redraw_every() -> float:
+    """Seconds between redraws of an answer's figures: RENDER_EVERY_S, longer in a crowd, so that all visitors'
+    figures together are drawn at most about DRAWS_PER_S times a second on the cores that decode."""
+    return max(RENDER_EVERY_S, crowd() / DRAWS_PER_S)
+
+
+def waiting_status(decoder: Any, notes: str) -> str:
+    """The status line of an answer before its first step: its place in line for the shared batch, else its notes
+    (e.g. that this machine's forwards are being timed)."""
+    place = decoder.place() if isinstance(decoder, BatchedEngine) else 0
+    if place <= 0:
+        return notes or "Starting…"
+    return f"In line for the shared batch: place {place} ({ROWS} answers are written at once)…"
 
 
 def finish_trace(trace: Trace, engine: Any, ids: list[int], cfg: DecodeConfig, settings: ChatSettings,

@@ -413,12 +413,18 @@ PRESENT_FROM_URL_JS = ("() => { if (new URLSearchParams(window.location.search).
                        f"({PRESENT_JS})(true); }}")
 
 
+# Answers decode together in a shared batch (studio/decode_loop.py): this many chat requests run at once (each waits
+# for a row there and draws its own figures); further ones wait in Gradio's queue, which shows each their place.
+CHAT_CONCURRENCY = 32
+QUEUE_SIZE = 1000  # requests a public instance queues before it turns one away: a lecture hall of them
+
+
 def _wire(demo: gr.Blocks, studio: Studio, registry: Registry, ui: dict) -> None:
     outs = [ui[k] for k in KEYS] + [ui["state"]]
     chat_inputs = [ui[k] for k in ("msg", "max_new", "temperature", "top_p", "top_k", "seed", "template", "compare",
                                    "k", "delay", "colour", "repetition_penalty", "state")]
-    run = dict(fn=_chat_fn(studio, registry, ui), inputs=chat_inputs, outputs=outs, concurrency_limit=1,
-               concurrency_id="engine")
+    run = dict(fn=_chat_fn(studio, registry, ui), inputs=chat_inputs, outputs=outs,
+               concurrency_limit=CHAT_CONCURRENCY, concurrency_id="engine")
     ui["send"].click(**run, api_name="chat")
     ui["msg"].submit(**run, api_visibility="undocumented")
     ui["examples"].click(lambda i: EXAMPLES[i][1], inputs=ui["examples"], outputs=ui["msg"], queue=False,
@@ -469,6 +475,6 @@ def build_demo(studio: Studio) -> gr.Blocks:
         ui = _layout(studio)
         ui["state"] = gr.State(None, delete_callback=registry.discard, time_to_live=registry.idle_s)
         _wire(demo, studio, registry, ui)
-    demo.queue(default_concurrency_limit=4, max_size=64 if studio.config.public else None)
+    demo.queue(default_concurrency_limit=4, max_size=QUEUE_SIZE if studio.config.public else None)
     demo.registry = registry  # for tests and operators: the live sessions
     return demo

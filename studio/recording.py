@@ -11,8 +11,9 @@ from tr_core.trace import TextAssembler, Trace
 
 
 def record_live(engine: Any, prompt_ids: list[int], cfg: Any, trace: Trace, stop: threading.Event | None = None,
-                every_s: float = 0.25, delay_s: float = 0.0, slot: Any = None, time_limit_s: float | None = None,
-                abandon_s: float = 15.0) -> Iterator[list[StepEvent]]:
+                every_s: float | Callable[[], float] = 0.25, delay_s: float = 0.0, slot: Any = None,
+                time_limit_s: float | None = None, abandon_s: float = 15.0,
+                ticks: bool = False) -> Iterator[list[StepEvent]]:
     """Decode in a worker thread and fold its events into `trace`; yield the new steps at most every `every_s`.
 
     The engine runs unhindered (it times itself; this thread only reads its events), which is what keeps a UI
@@ -20,7 +21,8 @@ def record_live(engine: Any, prompt_ids: list[int], cfg: Any, trace: Trace, stop
     are left to the caller (`trace.cached_text` while drawing, `trace.record_texts` afterwards). With `delay_s`,
     the worker pauses after each step (slow motion) and every step is yielded. `stop` ends the answer after the
     current step; so does `time_limit_s` (seconds of wall time) and a consumer that stopped asking for steps
-    for `abandon_s` seconds. `slot` (a lock) is held by the worker while it decodes: one decode at a time.
+    for `abandon_s` seconds. `every_s` may be a function, asked at each yield (a crowd redraws less often);
+    `ticks`: yield an empty list every `every_s` until the first step (a waiting answer's page can say so). `slot` (a lock) is held by the worker while it decodes: one decode at a time.
     The decode belongs to the consumer: closing this generator (or an error in it) stops the worker within
     one step and joins it. An engine error is raised here after the steps before it were yielded.
     """
@@ -42,7 +44,7 @@ def record_live(engine: Any, prompt_ids: list[int], cfg: Any, trace: Trace, stop
                               args=(engine, prompt_ids, cfg, events, should_stop, delay_s, slot))
     worker.start()
     try:
-        yield from _fold_events(events, trace, engine.decode, every_s, delay_s, seen)
+        yield from _fold_events(events, trace, engine.decode, every_s, delay_s, seen, ticks)
     finally:
         closing.set()
         worker.join()
@@ -78,20 +80,27 @@ def _pause(seconds: float, should_stop: Callable[[], bool]) -> None:
         time.sleep(min(0.05, max(end - time.monotonic(), 0.0)))
 
 
-def _fold_events(events: queue.Queue, trace: Trace, decode: Callable[[list[int]], str], every_s: float,
-                 delay_s: float, seen: list) -> Iterator[list[StepEvent]]:
+def _fold_events(events: queue.Queue, trace: Trace, decode: Callable[[list[int]], str],
+                 every_s: float | Callable[[], float], delay_s: float, seen: list,
+                 ticks: bool = False) -> Iterator[list[StepEvent]]:
     """The consumer side of `record_live`: fold events into the trace and yield batches of new steps."""
     text = TextAssembler(decode)
     new: list[StepEvent] = []
     error: Exception | None = None
     last_yield = 0.0
     while True:
+        interval = every_s() if callable(every_s) else every_s
         try:
-            item = events.get(timeout=every_s)
+            item = events.get(timeout=interval)
         except queue.Empty:
             item = "tick"
         if item is None:
             break
+        if item == "tick" and ticks and not trace.steps:
+            seen[1] = True
+            yield []  # still waiting for the first step
+            seen[0], seen[1] = time.monotonic(), False
+            continue
         if isinstance(item, Exception):
             error = item
         elif isinstance(item, StepEvent):
@@ -101,7 +110,7 @@ def _fold_events(events: queue.Queue, trace: Trace, decode: Callable[[list[int]]
         elif isinstance(item, SummaryEvent):
             trace.summary = item
         now = time.monotonic()
-        if new and (delay_s > 0 or now - last_yield >= every_s):
+        if new and (delay_s > 0 or now - last_yield >= interval):
             trace.step_texts = text.step_texts()
             last_yield = now
             seen[1] = True

@@ -1,0 +1,173 @@
+"""A class at once: N visitors ask the studio different questions at the same moment, measured from outside.
+
+Launches `app.py --public` on a free port (or uses --url), starts N gradio_client visitors in threads, each with
+its own session and a different question, and prints: how many were answered, when the first answer text reached
+each (median, p95, last), the crowd's total tokens/s, and whether every answer equals that question answered
+alone by a fresh engine with the same settings (the studio's warm start, tree and token budget).
+
+    python scripts/crowd.py --visitors 30 --tokens 64
+    python scripts/crowd.py --visitors 1 --tokens 64          # one visitor alone, for the ratio
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(port: int) -> subprocess.Popen:
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    return subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--public", "--host", "127.0.0.1", "--port",
+                             str(port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+
+def connect(url: str, timeout_s: float = 300.0):
+    from gradio_client import Client
+
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            return Client(url, verbose=False)
+        except Exception:  # noqa: BLE001 - not up yet
+            if time.monotonic() > end:
+                raise
+            time.sleep(2)
+
+
+def plain(text: str) -> str:
+    """The answer as text: tags and entities of the chat's HTML removed, whitespace collapsed."""
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", "", text))).strip()
+
+
+def answer_of(result) -> str:
+    """The assistant's last message in a chat output."""
+    chat = result[0] if isinstance(result, (list, tuple)) else result
+    for message in reversed(chat or []):
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            content = message.get("content")
+            if isinstance(content, list):
+                content = " ".join(str(c.get("text", c)) if isinstance(c, dict) else str(c) for c in content)
+            return plain(str(content or "")).rstrip("▌ ").strip()
+    return ""
+
+
+def visitor(url: str, question: str, tokens: int, template: str, go: threading.Event, out: dict) -> None:
+    """One visitor: a session of their own, one question, every update timed."""
+    client = connect(url)
+    go.wait()
+    start = time.monotonic()
+    job = client.submit(question, tokens, 0.0, 1.0, 0, 0, template, False, 8, 0.0, False, 1.0, api_name="/chat")
+    first = None
+    while not job.done():
+        outputs = job.outputs()
+        if first is None and outputs and answer_of(outputs[-1]):
+            first = time.monotonic() - start
+        time.sleep(0.05)
+    try:
+        result = job.result()
+    except Exception as exc:  # noqa: BLE001 - counted as not answered
+        out.update(error=repr(exc))
+        return
+    text = answer_of(result)
+    out.update(first_s=first if first is not None else time.monotonic() - start, done_s=time.monotonic() - start,
+               text=text)
+
+
+def alone_answers(questions: list[str], tokens: int, template: str) -> tuple[list[str], list[int]]:
+    """Each question answered by a fresh warm-started engine, as a new session of the studio is."""
+    from tr_core import DecodeConfig, Engine, load_model
+    from tr_core.warm import warm_start
+
+    model, tokenizer = load_model()
+    texts, counts = [], []
+    for q in questions:
+        engine = Engine(model, tokenizer)
+        warm_start(engine, None, learn=False)
+        ids = engine.encode_chat([{"role": "user", "content": q}])
+        summary = list(engine.generate(ids, DecodeConfig(max_new_tokens=tokens, template=template)))[-1]
+        texts.append(plain(engine.decode(summary.tokens)))
+        counts.append(len(summary.tokens))
+    return texts, counts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--visitors", type=int, default=30)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--template", default="hybrid")
+    ap.add_argument("--questions", default=str(ROOT / "bench/data/spec_bench_dev.jsonl"))
+    ap.add_argument("--url", help="a running studio (default: launch one)")
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args()
+    from tr_core.bench.questions import load_questions
+
+    questions = [q.turns[0] for q in load_questions(args.questions)][: args.visitors]
+    if len(questions) < args.visitors:
+        sys.exit(f"{args.questions} holds only {len(questions)} questions")
+    proc = None
+    url = args.url
+    if url is None:
+        port = free_port()
+        proc, url = launch(port), f"http://127.0.0.1:{port}/"
+    try:
+        # the app is up, its model loaded and this machine's forwards timed: one short answer first, not measured
+        connect(url).predict("Hello!", 4, 0.0, 1.0, 0, 0, args.template, False, 8, 0.0, False, 1.0, api_name="/chat")
+        go, outs = threading.Event(), [dict() for _ in questions]
+        threads = [threading.Thread(target=visitor, args=(url, q, args.tokens, args.template, go, o))
+                   for q, o in zip(questions, outs)]
+        for t in threads:
+            t.start()
+        time.sleep(3.0)  # every visitor connected
+        began = time.monotonic()
+        go.set()
+        for t in threads:
+            t.join()
+        wall = time.monotonic() - began
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+    report(args, questions, outs, wall)
+
+
+def report(args, questions: list[str], outs: list[dict], wall: float) -> None:
+    answered = [o for o in outs if "text" in o and o["text"]]
+    firsts = sorted(o["first_s"] for o in answered)
+    texts, counts = alone_answers(questions, args.tokens, args.template)
+    same = [o.get("text") == t for o, t in zip(outs, texts)]
+    total = sum(c for c, o in zip(counts, outs) if "text" in o)
+    figures = {"visitors": len(outs), "answered": len(answered), "tokens": args.tokens, "template": args.template,
+               "first_text_median_s": statistics.median(firsts) if firsts else None,
+               "first_text_p95_s": firsts[min(len(firsts) - 1, int(0.95 * len(firsts)))] if firsts else None,
+               "first_text_last_s": firsts[-1] if firsts else None, "wall_s": wall,
+               "crowd_tokens_per_s": total / wall, "identical_to_alone": sum(same),
+               "done_s": sorted(round(o["done_s"], 1) for o in answered),
+               "errors": [o["error"] for o in outs if "error" in o]}
+    print(json.dumps(figures, indent=1))
+    for i, (o, t) in enumerate(zip(outs, texts)):
+        if o.get("text") != t:
+            print(f"visitor {i} differs:\n  crowd: {o.get('text', '')[:200]!r}\n  alone: {t[:200]!r}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""Visitors decode together: one loop per model owns its forwards, and every answer is a row of its batch.
+
+An answer joins the model's loop (`BatchedEngine.generate`, a drop-in for Engine.generate), waits for a free row
+(first come, first served), and gets its events through a queue of its own; its tokens are the ones it gets
+alone (tr_core.batch). Each step of the batch holds DECODE_SLOT, so engine set-up and the speed meter's
+measurements take turns with it between steps. A stopped answer, or one whose visitor left, frees its row after
+the current step.
+"""
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tr_core.batch import Batch
+from tr_core.events import SummaryEvent
+
+from .session import DECODE_SLOT
+
+ROWS = 8  # answers per shared forward; the rest wait for a row, in the order they came
+IDLE_S = 0.5  # how often an idle loop looks for answers whose visitor left while waiting
+HANDOFF_S = 0.002  # a pause after each step without the slot, so set-up and measurements waiting for it get it
+
+
+@dataclass
+class Ticket:
+    """One answer's request: what to decode, and where its events go."""
+
+    number: int
+    engine: Any
+    prompt_ids: list[int]
+    cfg: Any
+    stop: Callable[[], bool]
+    events: queue.Queue = field(default_factory=queue.Queue)
+    gone: threading.Event = field(default_factory=threading.Event)  # its consumer left: drop it
+
+
+class DecodeLoop:
+    """The batch of one model, stepped by a thread of its own while it has rows."""
+
+    def __init__(self, rows: int = ROWS) -> None:
+        self.batch = Batch(max_rows=rows)
+        self.waiting: deque[Ticket] = deque()
+        self.rows: dict[int, Ticket] = {}  # batch key -> ticket
+        self.wake = threading.Condition()
+        self.numbers = itertools.count()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="tr-decode-loop")
+        self.thread.start()
+
+    def submit(self, engine: Any, prompt_ids: list[int], cfg: Any, stop: Callable[[], bool]) -> Ticket:
+        """Queue an answer; its events (then None) arrive on the ticket's queue."""
+        ticket = Ticket(next(self.numbers), engine, prompt_ids, cfg, stop)
+        with self.wake:
+            self.waiting.append(ticket)
+            self.wake.notify()
+        return ticket
+
+    def place(self, ticket: Ticket) -> int:
+        """0 while the answer has a row (or is done), else its place in the line for one (1 = next)."""
+        with self.wake:
+            for i, waiting in enumerate(self.waiting):
+                if waiting is ticket:
+                    return i + 1
+        return 0
+
+    def load(self) -> int:
+        """Answers decoding or waiting."""
+        with self.wake:
+            return len(self.rows) + len(self.waiting)
+
+    def _run(self) -> None:
+        while True:
+            with self.wake:
+                while not self.waiting and not self.rows:
+                    self.wake.wait(IDLE_S)
+            self._admit()
+            if self.rows:
+                with DECODE_SLOT:
+                    self._step()
+                time.sleep(HANDOFF_S)
+
+    def _admit(self) -> None:
+        """Give free rows to waiting answers (a left or stopped one is dropped); each prefills as it joins."""
+        while not self.batch.full:
+            with self.wake:
+                if not self.waiting:
+                    return
+                ticket = self.waiting.popleft()
+            if ticket.gone.is_set() or ticket.stop():
+                ticket.events.put(None)
+                continue
+            try:
+                with DECODE_SLOT:
+                    key = self.batch.add(ticket.engine, ticket.prompt_ids, ticket.cfg,
+                                         stop=lambda t=ticket: t.gone.is_set() or t.stop())
+            except Exception as exc:  # noqa: BLE001 - this answer's error, handed to it
+                ticket.events.put(exc)
+                ticket.events.put(None)
+                continue
+            with self.wake:
+                self.rows[key] = ticket
+
+    def _step(self) -> None:
+        """One step of the batch; every event goes to its answer, a finished answer's queue is closed."""
+        try:
+            out = self.batch.step()
+        except Exception as exc:  # noqa: BLE001 - the shared forward failed: every answer in it gets the error
+            self._fail_all(exc)
+            return
+        for key, ev in out:
+            ticket = self.rows[key]
+            ticket.events.put(ev)
+            if isinstance(ev, SummaryEvent):
+                ticket.events.put(None)
+                with self.wake:
+                    del self.rows[key]
+
+    def _fail_all(self, exc: Exception) -> None:
+        for key, ticket in list(self.rows.items()):
+            self.batch.cancel(key)
+            ticket.events.put(exc)
+            ticket.events.put(None)
+        with self.wake:
+            self.rows.clear()
+
+
+_LOOPS: dict[int, DecodeLoop] = {}  # id(model) -> its loop (a model stays loaded for the process's life)
+_LOOPS_LOCK = threading.Lock()
+
+
+def loop_for(model: Any) -> DecodeLoop:
+    """The decode loop of `model`, started on first use."""
+    with _LOOPS_LOCK:
+        if id(model) not in _LOOPS:
+            _LOOPS[id(model)] = DecodeLoop()
+        return _LOOPS[id(model)]
+
+
+def crowd() -> int:
+    """Answers decoding or waiting, over every model."""
+    with _LOOPS_LOCK:
+        loops = list(_LOOPS.values())
+    return sum(loop.load() for loop in loops)
+
+
+class BatchedEngine:
+    """An engine whose answers decode in its model's shared loop; everything else is the engine's own."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.ticket: Ticket | None = None
+        self.loop = loop_for(engine.model)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)  # tokenizer helpers (decode, token_text) read the engine's own
+
+    def place(self) -> int:
+        """0 once this answer decodes, else its place in the line for a row."""
+        return self.loop.place(self.ticket) if self.ticket is not None else 0
+
+    def generate(self, prompt_ids: list[int], cfg: Any, stop: Callable[[], bool] | None = None) -> Iterator[Any]:
+        """The answer's events, as Engine.generate yields them; closing this generator frees its row."""
+        ticket = self.ticket = self.loop.submit(self.engine, prompt_ids, cfg, stop or (lambda: False))
+        try:
+            while True:
+                try:
+                    item = ticket.events.get(timeout=IDLE_S)
+                except queue.Empty:
+                    continue
+                if item is None:
+                    return
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            ticket.gone.set()
+

@@ -1,0 +1,77 @@
+"""The studio's shared decode loop (studio/decode_loop.py): visitors in threads decode together, each getting the
+tokens it gets alone; one who leaves frees their row; those beyond the rows wait in line and know their place."""
+from __future__ import annotations
+
+import threading
+
+import torch
+from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
+
+from studio.decode_loop import BatchedEngine, DecodeLoop
+from tr_core import DecodeConfig, Engine, StepEvent, SummaryEvent
+
+
+def prompts(n: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(21)
+    return [torch.randint(2, TINY_VOCAB, (4 + 3 * i,), generator=g).tolist() for i in range(n)]
+
+
+def test_visitors_in_threads_decode_together_with_their_alone_tokens():
+    model = tiny_model("llama", seed=3)
+    cfg = DecodeConfig(max_new_tokens=40, template="hybrid")
+    asks = prompts(10)  # more visitors than rows: the later ones wait for a row
+    alone = [list(Engine(model, TinyTokenizer(TINY_VOCAB)).generate(p, cfg))[-1].tokens for p in asks]
+    got: dict[int, list[int]] = {}
+    shared = []
+
+    def visitor(i: int) -> None:
+        decoder = BatchedEngine(Engine(model, TinyTokenizer(TINY_VOCAB)))
+        events = list(decoder.generate(asks[i], cfg))
+        assert isinstance(events[-1], SummaryEvent) and all(isinstance(e, StepEvent) for e in events[:-1])
+        got[i] = events[-1].tokens
+        shared.append(decoder.loop)
+
+    threads = [threading.Thread(target=visitor, args=(i,)) for i in range(len(asks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert [got[i] for i in range(len(asks))] == alone
+    assert len({id(loop) for loop in shared}) == 1  # one loop for the model
+    assert shared[0].load() == 0 and len(shared[0].batch) == 0
+
+
+def test_a_visitor_who_leaves_frees_their_row_and_the_line_moves():
+    model = tiny_model("llama", seed=4)
+    loop = DecodeLoop(rows=1)
+    first = BatchedEngine(Engine(model, TinyTokenizer(TINY_VOCAB)))
+    second = BatchedEngine(Engine(model, TinyTokenizer(TINY_VOCAB)))
+    first.loop = second.loop = loop
+    running = first.generate(prompts(1)[0], DecodeConfig(max_new_tokens=400, template="2.2.2", stop_token_ids=()))
+    assert next(running).step == 0  # the first answer has the only row and decodes
+    result: list = []
+    waiting = second.generate(prompts(2)[1], DecodeConfig(max_new_tokens=5, template="2.2.2"))
+    thread = threading.Thread(target=lambda: result.extend(waiting))
+    thread.start()
+    for _ in range(500):
+        if second.place() == 1:
+            break
+        threading.Event().wait(0.01)
+    assert second.place() == 1 and not result  # next in line, nothing decoded yet
+    running.close()  # the first visitor leaves mid-answer: their row is freed after the current step
+    thread.join(timeout=120)
+    assert isinstance(result[-1], SummaryEvent) and len(result[-1].tokens) == 5
+    assert loop.load() == 0 and second.place() == 0
+
+
+def test_a_bad_prompt_fails_that_answer_only():
+    model = tiny_model("llama", seed=5)
+    decoder = BatchedEngine(Engine(model, TinyTokenizer(TINY_VOCAB)))
+    try:
+        list(decoder.generate([TINY_VOCAB + 3], DecodeConfig(max_new_tokens=4)))
+    except ValueError as exc:
+        assert "vocabulary" in str(exc) or "id" in str(exc)
+    else:
+        raise AssertionError("a prompt outside the vocabulary must be refused")
+    ok = list(BatchedEngine(Engine(model, TinyTokenizer(TINY_VOCAB))).generate([5, 6], DecodeConfig(max_new_tokens=4)))
+    assert len(ok[-1].tokens) == 4
