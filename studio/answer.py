@@ -27,6 +27,8 @@ from .views import (MEASURE_HINT, RACE_WAIT, RENDER_EVERY_S, STOPPED_HINT, best_
                     race_html, replay_slider, step_story_view, step_views, trace_meter)
 
 ANSWERING = "the answer is still being written"  # the race panel while an answer runs
+CROWD_HINT = ("other visitors' answers were being written meanwhile, so the speedup was not measured: timing both "
+              "methods now would slow their answers, and a shared machine's timings would favour neither fairly")
 DRAWS_PER_S = 8.0  # redraws a second of all answers' figures together, in a crowd (redraw_every)
 NOT_MEASURED = "this answer ended early (stopped, or failed), so it was not measured against plain decoding"
 
@@ -128,8 +130,10 @@ def was_cut(trace: Trace) -> bool:
     return trace.summary is not None and trace.summary.stop_reason in ("stopped", "time limit")
 
 
-def final_view(s: Session, trace: Trace, settings: ChatSettings, notes: list[str], compared: bool) -> dict:
-    """The view after an answer: its best step, the meter, the replay slider and the trace download."""
+def final_view(s: Session, trace: Trace, settings: ChatSettings, notes: list[str], compared: bool,
+               crowded: bool = False) -> dict:
+    """The view after an answer: its best step, the meter, the replay slider and the trace download (`crowded`:
+    not measured because other visitors' answers were being written)."""
     view = {"chat": s.display, "status": done_status(notes, trace), "matrix": matrix_info(s.engine, s.k)}
     if not trace.steps:
         return view
@@ -137,11 +141,17 @@ def final_view(s: Session, trace: Trace, settings: ChatSettings, notes: list[str
     view.update(step_views(trace, best, cost_curve(s, trace)))
     view["chat"] = marked_chat(s.display, trace, best, settings.colour)
     view["replay"] = replay_slider(trace, best + 1)
-    view["meter"] = live_meter(trace) if compared else trace_meter(
-        trace, note=STOPPED_HINT if settings.compare and was_cut(trace) else MEASURE_HINT)
+    view["meter"] = live_meter(trace) if compared else trace_meter(trace, note=meter_hint(trace, settings, crowded))
     view["race"] = race_html(trace, wait=RACE_WAIT if compared else NOT_MEASURED if settings.compare else "")
     view["trace_file"] = str(trace.save(s.files() / "trace.json"))
     return view
+
+
+def meter_hint(trace: Trace, settings: ChatSettings, crowded: bool) -> str:
+    """Why the meter shows no measured speedup for this answer."""
+    if crowded:
+        return CROWD_HINT
+    return STOPPED_HINT if settings.compare and was_cut(trace) else MEASURE_HINT
 
 
 def dropped_view(s: Session) -> dict:

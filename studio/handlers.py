@@ -23,7 +23,8 @@ from tr_core.trace import Trace
 
 from . import zerogpu
 from .answer import ANSWERING, dropped_view, final_view, finish_trace, stream_answer, was_cut
-from .costs import cost_curve, share_costs  # noqa: F401 - tests/test_speed.py names cost_curve from here
+from .costs import cost_curve, share_costs
+from .decode_loop import crowd  # noqa: F401 - tests/test_speed.py names cost_curve from here
 from .measure import measure_note, measure_speed, measuring_status  # noqa: F401 - and the notes (test_speed.py)
 from .models import REFUSED, ModelRefused, label
 from .session import BUSY, InputError, Session, SlotAbandoned, Studio, clean_text, decode_slot
@@ -234,8 +235,9 @@ def _answer(studio: Studio, s: Session, text: str, settings: ChatSettings, notes
     if not current:
         yield dropped_view(s)
         return
-    measure = settings.compare and trace.steps and error is None and not stopped
-    final = final_view(s, trace, settings, notes, compared=bool(measure))
+    crowded = bool(settings.compare) and crowd() > 0  # a measurement would slow the others, and be unfair to both
+    measure = settings.compare and trace.steps and error is None and not stopped and not crowded
+    final = final_view(s, trace, settings, notes, compared=bool(measure), crowded=crowded)
     if measure:
         final["status"] = "  \n".join(notes + ["Measuring the speedup: both methods in turns on the same tokens…"])
         yield final

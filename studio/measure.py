@@ -13,11 +13,15 @@ from tr_core.trace import Trace
 
 from . import zerogpu
 from .costs import cost_curve
+from .decode_loop import crowd
 from .meter import MAX_PASSES, SpeedEstimate, answer_sizes, interleave
 from .session import DECODE_SLOT, Session, Studio, take_slot
 from .settings import ChatSettings
 from .views import (RENDER_EVERY_S, best_step, cost_html, coverage_note, done_status, left_out_note, measured_meter,
                     race_html)
+
+
+CROWD_STOP = "other visitors' answers started, so the measurement stopped to leave them the machine"
 
 
 def measure_speed(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeConfig, trace: Trace,
@@ -27,8 +31,9 @@ def measure_speed(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: De
     answer_mean = trace.summary.mean_accepted  # shown by the meter, as by the chart beside it
 
     rounds = measure_rounds(studio, s, twin, ids, cfg, stop, sizes=answer_sizes(trace.steps))
+    crowded = False
     try:  # the slot is held while a round decodes, never while this generator waits for its visitor to pull
-        while take_slot(stop.is_set):
+        while not (crowded := crowd() > 0) and take_slot(stop.is_set):
             try:
                 est, more = _rounds_until(rounds, est, time.monotonic() + RENDER_EVERY_S, stop)
             finally:
@@ -41,6 +46,8 @@ def measure_speed(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: De
         rounds.close()
     if stop.is_set():
         est = dataclasses.replace(est, trusted=False, reason="the measurement was stopped")
+    elif crowded:
+        est = dataclasses.replace(est, trusted=False, reason=CROWD_STOP)
     if est.identical is False:
         notes.append("⚠ Token Recycling and plain decoding produced different tokens.")
     trace.speed = dataclasses.asdict(est)

@@ -838,3 +838,23 @@ def test_repetition_penalty_reaches_the_decoding_settings():
     session = Session(engine=FakeEngine(), k=8)
     run(studio, session, "hello", compare=False, repetition_penalty=1.3)
     assert session.trace.settings["repetition_penalty"] == 1.3
+
+
+def test_in_a_crowd_the_meter_says_why_it_did_not_measure(monkeypatch):
+    """While other visitors' answers are written (the shared decode loop is busy), an answer is not measured:
+    timing both methods would slow them. The meter says so; without a crowd the same answer is measured."""
+    import studio.handlers as handlers
+    import studio.measure as measure
+
+    studio = studio_for()
+    session = Session(engine=FakeEngine(steps=3), k=8)
+    monkeypatch.setattr(handlers, "crowd", lambda: 3)
+    final = merged(run(studio, session, "in a crowd", compare=True))
+    assert "other visitors&#x27; answers were being written" in final["meter"]
+    assert session.trace.speed is None
+    monkeypatch.setattr(handlers, "crowd", lambda: 0)
+    calls = iter([0, 5])  # a crowd arrives after the measurement's first round (of several: a long answer)
+    monkeypatch.setattr(measure, "crowd", lambda: next(calls, 5))
+    session.engine = FakeEngine(steps=200, step_s=0.002)
+    merged(run(studio, session, "then alone", compare=True, max_new_tokens=400))
+    assert session.trace.speed is not None and session.trace.speed["reason"] == measure.CROWD_STOP
