@@ -85,7 +85,7 @@ def answer_engine(studio: Studio, s: Session, engine: Any, settings: ChatSetting
     ZeroGPU a GPU call of its own, and in slow motion the engine alone, holding the slot step by step (its pauses
     leave the slot to others)."""
     if zerogpu.installed():
-        return PausingEngine(zerogpu.RemoteEngine(engine, s.model, studio.config.time_limit_s), settings.delay > 0)
+        return zerogpu.RemoteEngine(engine, s.model, studio.config.time_limit_s)
     if settings.delay > 0 or not isinstance(engine, Engine):  # (a stand-in engine of the tests decodes alone)
         return PausingEngine(engine, pause=settings.delay > 0)
     return BatchedEngine(engine)

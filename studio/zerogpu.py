@@ -12,6 +12,7 @@ Elsewhere nothing here is used, and `spaces` need not be installed.
 from __future__ import annotations
 
 import io
+import math
 import os
 import tempfile
 import time
@@ -23,6 +24,8 @@ ZEROGPU_ENV = "SPACES_ZERO_GPU"  # set by Hugging Face on ZeroGPU Spaces
 MAX_DURATION_ENV = "TR_ZEROGPU_MAX_S"  # the longest GPU call this Space's quota allows (operator setting)
 DEFAULT_MAX_S = 120  # the longest `duration` asked for by default: longer asks are refused by small quotas
 SETUP_S = 15  # a call's time beyond its decoding: the worker's start, moving the model, the matrix both ways
+TOKEN_S = 0.1  # seconds a token may take in a GPU call (10 tokens/s: plain decoding of a large model on a slow GPU)
+MIN_DECODE_S = 10.0  # the shortest decoding time asked for (short answers still pay the call's start-up)
 DRAIN_S = 10.0  # after a Stop, how long the worker may take to finish its step and send the matrix back
 
 # The module's state, mutated in place, never rebound (each forked worker inherits it as the app left it):
@@ -44,11 +47,13 @@ def max_duration() -> int:
         return DEFAULT_MAX_S
 
 
-def answer_budget(time_limit_s: float | None) -> tuple[float, int]:
-    """(seconds of decoding, GPU duration to ask for) for one answer: the time limit, cut to fit the longest call."""
+def answer_budget(time_limit_s: float | None, max_new_tokens: int | None = None) -> tuple[float, int]:
+    """(seconds of decoding, GPU duration to ask for) for one answer: what its tokens need at TOKEN_S each, within
+    the time limit, cut to fit the longest call (a shorter ask waits less for ZeroGPU's quota)."""
     longest = max_duration()
-    decode_s = min(time_limit_s or float("inf"), float(longest - SETUP_S))
-    return decode_s, int(min(longest, decode_s + SETUP_S))
+    needed = float("inf") if max_new_tokens is None else max(MIN_DECODE_S, max_new_tokens * TOKEN_S)
+    decode_s = min(time_limit_s or float("inf"), float(longest - SETUP_S), needed)
+    return decode_s, int(math.ceil(min(longest, decode_s + SETUP_S)))
 
 
 def measure_duration(measure_max_s: float) -> int:
@@ -158,7 +163,8 @@ def gpu_measure(model_name: str, k: int, state: bytes, ids: list[int], cfg: Any,
 
 
 class RemoteEngine:
-    """A session's engine whose decoding runs in ZeroGPU's decorated call; everything else is the engine's own."""
+    """A session's engine whose decoding runs in ZeroGPU's decorated call; everything else is the engine's own.
+    No process-wide slot is taken: every visitor's answer is a GPU call of its own, run side by side."""
 
     def __init__(self, engine: Any, model_name: str, time_limit_s: float | None) -> None:
         self.engine, self.model_name, self.time_limit_s = engine, model_name, time_limit_s
@@ -169,7 +175,7 @@ class RemoteEngine:
     def generate(self, prompt_ids: list[int], cfg: Any, stop: Callable[[], bool] | None = None) -> Iterator[Any]:
         """The answer's events from the GPU call; its learned matrix is taken into the session's engine at the end.
         After `stop()` the events the worker decoded meanwhile are dropped (the answer ends where it was stopped)."""
-        decode_s, duration = answer_budget(self.time_limit_s)
+        decode_s, duration = answer_budget(self.time_limit_s, getattr(cfg, "max_new_tokens", None))
         flag = Path(tempfile.gettempdir()) / f"tr-stop-{os.getpid()}-{id(self)}-{time.monotonic_ns()}"
         call = _CALLS["decode"](self.model_name, self.engine.matrix.k, pack_state(self.engine), list(prompt_ids), cfg,
                                 decode_s=decode_s, stop_file=str(flag), duration=duration)

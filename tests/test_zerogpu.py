@@ -92,7 +92,9 @@ def test_answers_and_measurements_run_in_gpu_calls_that_fit_the_time_limits(spac
     final = merged(views)
     assert [c["name"] for c in spaces.calls] == ["gpu_decode", "gpu_measure"]
     decode, measure = spaces.calls
-    assert decode["duration"] == 60 + zerogpu.SETUP_S and decode["kwargs"]["decode_s"] == 60.0
+    # 12 tokens ask for the shortest call (MIN_DECODE_S of decoding), well inside the 60 s time limit
+    assert decode["duration"] == zerogpu.MIN_DECODE_S + zerogpu.SETUP_S
+    assert decode["kwargs"]["decode_s"] == zerogpu.MIN_DECODE_S
     assert measure["duration"] == 20 + zerogpu.SETUP_S
     assert session.warm_note == "cold (learn=False)"  # the app's CPU copy never learns a warm start on ZeroGPU
     # the answer is plain decoding's, token for token, and the matrix it taught came back to the session
@@ -110,6 +112,10 @@ def test_a_time_limit_longer_than_a_gpu_call_is_cut_to_fit_it(monkeypatch):
     assert zerogpu.answer_budget(None) == (90.0 - zerogpu.SETUP_S, 90)
     assert zerogpu.answer_budget(300.0) == (90.0 - zerogpu.SETUP_S, 90)
     assert zerogpu.answer_budget(30.0) == (30.0, 30 + zerogpu.SETUP_S)
+    # the call follows the requested tokens (TOKEN_S each), within the time limit and the longest call
+    assert zerogpu.answer_budget(None, 400) == (400 * zerogpu.TOKEN_S, int(400 * zerogpu.TOKEN_S) + zerogpu.SETUP_S)
+    assert zerogpu.answer_budget(30.0, 400) == (30.0, 30 + zerogpu.SETUP_S)
+    assert zerogpu.answer_budget(None, 4000) == (90.0 - zerogpu.SETUP_S, 90)
     assert zerogpu.measure_duration(200.0) == 90
     monkeypatch.setenv(zerogpu.MAX_DURATION_ENV, "a lot")
     assert zerogpu.max_duration() == zerogpu.DEFAULT_MAX_S
@@ -173,3 +179,26 @@ def test_what_an_engine_learned_crosses_the_boundary_whole_as_bytes():
         assert torch.equal(a["hits"], b["hits"]) and torch.equal(a["trials"], b["trials"]) and a["trust"] == b["trust"]
     assert fresh.adaptive.cost.measured and fresh.adaptive.cost(4) == taught.adaptive.cost(4)
     assert len(fresh.hybrid.index) == 0  # the context index (a conversation) never crosses
+
+
+def test_on_zerogpu_answers_take_no_process_wide_slot(spaces, monkeypatch):
+    """Each visitor's answer and measurement is a GPU call of its own: they run side by side, so an answer goes on
+    while something else holds the CPU's decode slot."""
+    import threading
+
+    from studio.session import DECODE_SLOT
+
+    monkeypatch.setattr(h, "warm_up", lambda engine, name, learn, progress=None: (None, "cold"))
+    studio, _ = tiny_studio()
+    assert zerogpu.install(studio.catalog)
+    session = Session(model="m", k=8)
+    settings = h.parse_settings(studio, dict(max_new_tokens=8, template="2.2.2", compare=False), [])
+    list(h.respond(studio, session, "set up", settings, []))  # the engine is made (that takes the slot once)
+    done = threading.Event()
+    with DECODE_SLOT:
+        worker = threading.Thread(target=lambda: (list(h.respond(studio, session, "hello", settings, [])),
+                                                  done.set()))
+        worker.start()
+        assert done.wait(timeout=60)
+    worker.join()
+    assert [c["name"] for c in spaces.calls] == ["gpu_decode", "gpu_decode"]
