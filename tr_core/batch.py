@@ -68,9 +68,11 @@ class Batch:
 
     @torch.no_grad()
     def add(self, engine: Engine, prompt_ids: list[int], cfg: DecodeConfig | None = None,
-            stop: Callable[[], bool] | None = None, logits_processor: Iterable[Any] = ()) -> int:
+            stop: Callable[[], bool] | None = None, logits_processor: Iterable[Any] = (),
+            scores_hook: Callable[[torch.Tensor], None] | None = None) -> int:
         """Prefill a new answer and give it a row; returns its key. The engine must run the batch's model and be in
-        no other row (`engine.fork()` gives each answer one that learns on its own)."""
+        no other row (`engine.fork()` gives each answer one that learns on its own). `stop`, `logits_processor`
+        and `scores_hook` as for Engine.generate."""
         if self.full:
             raise RuntimeError(f"the batch is full ({self.max_rows} rows)")
         if self.rows and engine.model is not self.rows[0].engine.model:
@@ -80,7 +82,7 @@ class Batch:
         if not self.rows and engine.tune_kernels:
             self._kernels.enter_context(installed(engine.model))
         try:
-            state = engine.open_answer(prompt_ids, cfg, logits_processor)
+            state = engine.open_answer(prompt_ids, cfg, logits_processor, scores_hook)
         except BaseException:
             self._release_if_empty()
             raise

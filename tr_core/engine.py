@@ -152,13 +152,13 @@ class Engine(EngineState):
                     break
             yield self.close_answer(state)
 
-    def open_answer(self, prompt_ids: list[int], cfg: DecodeConfig | None = None,
-                    logits_processor: Iterable[Any] = ()) -> DecodeState:
+    def open_answer(self, prompt_ids: list[int], cfg: DecodeConfig | None = None, logits_processor: Iterable[Any] = (),
+                    scores_hook: Callable[[torch.Tensor], None] | None = None) -> DecodeState:
         """An answer ready for its first step (the prompt checked, seeded and prefilled), for callers that run the
         steps themselves (batch.py); `generate` is the usual way. The caller installs the timed products."""
         cfg = cfg or DecodeConfig()
         prompt = self.check_prompt(prompt_ids)
-        return self._begin(prompt, cfg, self.drafter_for(cfg), build_processors(cfg, logits_processor), None)
+        return self._begin(prompt, cfg, self.drafter_for(cfg), build_processors(cfg, logits_processor), scores_hook)
 
     def _begin(self, prompt: list[int], cfg: DecodeConfig, drafter: Drafter, processors: list,
                scores_hook: Callable[[torch.Tensor], None] | None) -> DecodeState:

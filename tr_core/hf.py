@@ -1,7 +1,8 @@
 """Token Recycling inside transformers' own `generate()`: `model.generate(..., custom_generate=tr_core.hf.generate)`.
 
 transformers 5 prepares the generation and calls this in place of its sampling loop. The engine's learned state is
-kept beside the model in a weak mapping (`reset(model)` forgets it); nothing is written onto it (docs/library.md)."""
+kept beside the model in a weak mapping (`reset(model)` forgets it); nothing is written onto it (docs/library.md).
+A padded batch decodes its rows together through tr_core.batch, each row without its padding."""
 from __future__ import annotations
 
 import inspect
@@ -12,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .batch import Batch
 from .config import DecodeConfig
 from .engine import Engine
 from .events import SummaryEvent
@@ -57,20 +59,50 @@ def reset(model: Any) -> None:
         _ENGINES.pop(model, None)
 
 
-def _refuse_unsupported(input_ids: torch.Tensor, config: Any, model_kwargs: dict) -> None:
+def _refuse_unsupported(input_ids: torch.Tensor, config: Any, model_kwargs: dict, streamer: Any) -> None:
     """Clear errors for settings Token Recycling does not implement."""
     for name, ok in (("num_beams", getattr(config, "num_beams", 1) in (None, 1)),
                      ("num_return_sequences", getattr(config, "num_return_sequences", 1) in (None, 1)),
                      ("assistant_model", model_kwargs.get("assistant_model") is None),
-                     ("prompt_lookup_num_tokens", getattr(config, "prompt_lookup_num_tokens", None) is None)):
+                     ("prompt_lookup_num_tokens", getattr(config, "prompt_lookup_num_tokens", None) is None),
+                     ("streamer", streamer is None or input_ids.shape[0] == 1)):
         if not ok:
-            raise ValueError(f"Token Recycling does not support `{name}`; remove it from the generate call")
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"Token Recycling decodes one sequence at a time: batch size {input_ids.shape[0]} "
-                         "(input_ids.shape[0]) is not supported")
-    mask = model_kwargs.get("attention_mask")
-    if mask is not None and not bool(mask.all()):
-        raise ValueError("Token Recycling does not support padded inputs (attention_mask with zeros)")
+            raise ValueError(f"Token Recycling does not support `{name}`"
+                             + (f" with batch size {input_ids.shape[0]} (a streamer takes one sequence)"
+                                if name == "streamer" else "") + "; remove it from the generate call")
+
+
+def _spans(input_ids: torch.Tensor, mask: torch.Tensor | None) -> list[tuple[int, int]]:
+    """Where each row's prompt lies between its padding: the run of ones in its attention mask (left or right)."""
+    if mask is None:  # transformers drops a mask of all ones
+        return [(0, input_ids.shape[1])] * input_ids.shape[0]
+    if tuple(mask.shape) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, input_ids {tuple(input_ids.shape)}")
+    spans = []
+    for i, keep in enumerate(mask.bool().tolist()):
+        kept = [j for j, k in enumerate(keep) if k]
+        if not kept or kept[-1] - kept[0] + 1 != len(kept):
+            raise ValueError(f"Token Recycling needs each row's attention_mask to be one run of ones (left or right "
+                             f"padding): row {i} has " + ("none" if not kept else "zeros between its tokens"))
+        spans.append((kept[0], kept[-1] + 1))
+    return spans
+
+
+def _for_row(processors: list, row: int, span: tuple[int, int], width: int) -> list:
+    """The processors of one row decoded without its padding: a repetition penalty's `prompt_ignore_length` (generate
+    sets it to each row's left padding) counted on the unpadded row, whose new tokens follow its prompt directly."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    out = []
+    for p in processors:
+        ignore = p.prompt_ignore_length if isinstance(p, RepetitionPenaltyLogitsProcessor) else None
+        if ignore is not None:
+            start, stop = span
+            ignore = int(ignore[row]) if torch.is_tensor(ignore) else int(ignore)
+            ignore = (max(ignore - start, 0) if ignore <= stop else stop - start + max(ignore - width, 0))
+            p = RepetitionPenaltyLogitsProcessor(p.penalty, prompt_ignore_length=ignore or None)
+        out.append(p)
+    return out
 
 
 def _split_processors(processors: Any, prompt_len: int) -> tuple[list, int]:
@@ -106,28 +138,86 @@ def _decode_config(config: Any, prompt_len: int, template: str, min_new: int) ->
 def generate(model: Any, input_ids: torch.LongTensor, logits_processor: Any = None, stopping_criteria: Any = None,
              generation_config: Any = None, synced_gpus: bool = False, streamer: Any = None,
              template: str | None = None, topk_candidates: int = 8, **model_kwargs: Any):
-    """transformers' `custom_generate` callable. input_ids [1, L] -> [1, L + new] like `generate`, or a
-    GenerateDecoderOnlyOutput with `return_dict_in_generate=True` (`scores` with `output_scores=True`)."""
+    """transformers' `custom_generate` callable. input_ids [B, L] -> [B, L + new] like `generate`, or a
+    GenerateDecoderOnlyOutput with `return_dict_in_generate=True` (`scores` with `output_scores=True`). Rows are
+    decoded without their padding (`attention_mask`); B > 1 rows go through one Batch (`_run_batch`)."""
     config = generation_config
     streamer = streamer if streamer is not None else _streamer_of_generate(inspect.currentframe())
-    _refuse_unsupported(input_ids, config, model_kwargs)
-    prompt = input_ids[0].tolist()
-    processors, min_new = _split_processors(logits_processor, len(prompt))
+    _refuse_unsupported(input_ids, config, model_kwargs, streamer)
+    spans, width = _spans(input_ids, model_kwargs.get("attention_mask")), input_ids.shape[1]
+    prompts = [input_ids[i, start:stop].tolist() for i, (start, stop) in enumerate(spans)]
+    processors, min_new = _split_processors(logits_processor, width)
+    processors = [_for_row(processors, i, span, width) for i, span in enumerate(spans)]
     engine = engine_of(model, topk_candidates)
-    cfg = _decode_config(config, len(prompt), template or default_template(engine.device), min_new)
-    scores: list[torch.Tensor] = []
-    hook = scores.append if getattr(config, "output_scores", False) else None
-    new = _run(engine, prompt, cfg, processors, hook, stopping_criteria, streamer, input_ids)
+    template = template or default_template(engine.device)
+    cfgs = [_decode_config(config, width, template, min_new) for _ in prompts]  # a seed drawn per row
+    scores: list[list[torch.Tensor]] = [[] for _ in prompts]
+    hooks = [s.append if getattr(config, "output_scores", False) else None for s in scores]
+    if len(prompts) == 1:
+        news = [_run(engine, prompts[0], cfgs[0], processors[0], hooks[0], stopping_criteria, streamer, input_ids[0])]
+    else:
+        news = _run_batch(engine, prompts, cfgs, processors, hooks, stopping_criteria, input_ids)
     if streamer is not None:
         streamer.end()
-    sequences = torch.cat([input_ids, torch.tensor([new], dtype=input_ids.dtype, device=input_ids.device)], dim=1)
+    return _output(config, input_ids, news, scores)
+
+
+def _output(config: Any, input_ids: torch.Tensor, news: list[list[int]], scores: list[list[torch.Tensor]]) -> Any:
+    """What `generate` returns: the rows' new tokens after input_ids, rows that ended early padded with the pad token;
+    with `return_dict_in_generate`, a GenerateDecoderOnlyOutput (`scores`: one [B, V] per new position, zeros for a
+    row that had ended: transformers' scores there are its pad continuation's, which choose nothing)."""
+    width = max(len(new) for new in news)
+    pad = _pad_token_id(config) if any(len(new) < width for new in news) else 0
+    new_ids = torch.full((len(news), width), pad, dtype=input_ids.dtype, device=input_ids.device)
+    for i, new in enumerate(news):
+        new_ids[i, : len(new)] = torch.tensor(new, dtype=input_ids.dtype)
+    sequences = torch.cat([input_ids, new_ids], dim=1)
     if not getattr(config, "return_dict_in_generate", False):
         return sequences
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-    rows = torch.cat(scores)[: len(new)] if scores else None
-    return GenerateDecoderOnlyOutput(sequences=sequences,
-                                     scores=tuple(r[None] for r in rows) if rows is not None else None)
+    per_row = [torch.cat(s)[: len(new)] if s else None for s, new in zip(scores, news)]
+    if any(rows is None for rows in per_row):
+        return GenerateDecoderOnlyOutput(sequences=sequences, scores=None)
+    steps = torch.zeros(width, len(news), per_row[0].shape[-1], dtype=per_row[0].dtype, device=per_row[0].device)
+    for i, rows in enumerate(per_row):
+        steps[: len(rows), i] = rows
+    return GenerateDecoderOnlyOutput(sequences=sequences, scores=tuple(steps))
+
+
+def _pad_token_id(config: Any) -> int:
+    """The pad token, as transformers picks it: `pad_token_id`, else the first stop token."""
+    pad, eos = getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None)
+    if pad is None and eos is not None:
+        pad = eos.flatten()[0] if torch.is_tensor(eos) else (eos[0] if isinstance(eos, (list, tuple)) else eos)
+    if pad is None:
+        raise ValueError("rows of this batch ended at different lengths: set `pad_token_id` to pad the short ones")
+    return int(pad)
+
+
+def _run_batch(engine: Engine, prompts: list[list[int]], cfgs: list[DecodeConfig], processors: list[list], hooks: list,
+               stopping_criteria: Any, input_ids: torch.Tensor) -> list[list[int]]:
+    """Decode every row in one Batch, each with the tokens it gets alone. Row 0 decodes on `engine` itself and the
+    others on forks made before it starts: each row drafts from its own lessons only, and the model's engine keeps
+    what row 0 taught it (the other forks are dropped), as a call with row 0 alone would have."""
+    engines = [engine] + [engine.fork() for _ in prompts[1:]]
+    batch, rows, news = Batch(max_rows=len(prompts)), {}, [[] for _ in prompts]
+    try:
+        for i, (row_engine, prompt, cfg) in enumerate(zip(engines, prompts, cfgs)):
+            rows[batch.add(row_engine, prompt, cfg, logits_processor=processors[i], scores_hook=hooks[i])] = i
+        while batch:
+            for key, event in batch.step():
+                if isinstance(event, SummaryEvent):
+                    continue
+                i = rows[key]
+                cut = _first_stop(stopping_criteria, input_ids[i], news[i], event.emitted)
+                news[i].extend(event.emitted if cut is None else event.emitted[: cut + 1])
+                if cut is not None:
+                    batch.cancel(key)
+    finally:
+        for row in list(batch.rows):
+            batch.cancel(row.key)
+    return news
 
 
 def _streamer_of_generate(frame: Any) -> Any:
@@ -170,13 +260,13 @@ def _in_transformers(frame: Any) -> bool:
 
 
 def _run(engine: Engine, prompt: list[int], cfg: DecodeConfig, processors: list, hook: Any, stopping_criteria: Any,
-         streamer: Any, input_ids: torch.Tensor) -> list[int]:
+         streamer: Any, row: torch.Tensor) -> list[int]:
     """Decode, streaming each step's tokens and honouring the stopping criteria token by token."""
     new: list[int] = []
     for ev in engine.generate(prompt, cfg, logits_processor=processors, scores_hook=hook):
         if isinstance(ev, SummaryEvent):
             break
-        cut = _first_stop(stopping_criteria, input_ids, new, ev.emitted)
+        cut = _first_stop(stopping_criteria, row, new, ev.emitted)
         tokens = ev.emitted if cut is None else ev.emitted[: cut + 1]
         new.extend(tokens)
         if streamer is not None and tokens:
@@ -186,8 +276,9 @@ def _run(engine: Engine, prompt: list[int], cfg: DecodeConfig, processors: list,
     return new
 
 
-def _first_stop(criteria: Any, input_ids: torch.Tensor, done: list[int], emitted: list[int]) -> int | None:
-    """Index in `emitted` after which a stopping criterion fires (checked token by token, as generate does)."""
+def _first_stop(criteria: Any, row: torch.Tensor, done: list[int], emitted: list[int]) -> int | None:
+    """Index in `emitted` after which a stopping criterion fires (checked token by token, as generate does, on the
+    row as generate holds it: `row`, its input ids with their padding, then the new tokens)."""
     if not criteria:
         return None
     from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
@@ -196,7 +287,7 @@ def _first_stop(criteria: Any, input_ids: torch.Tensor, done: list[int], emitted
     if not custom:
         return None
     for i in range(len(emitted)):
-        seq = torch.tensor([input_ids[0].tolist() + done + emitted[: i + 1]], device=input_ids.device)
+        seq = torch.tensor([row.tolist() + done + emitted[: i + 1]], device=row.device)
         if any(bool(c(seq, None).any()) for c in custom):
             return i
     return None
