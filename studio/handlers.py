@@ -39,25 +39,47 @@ _WARM_STARTS: "weakref.WeakKeyDictionary[Any, tuple[dict | None, str]]" = weakre
 
 def warm_up(engine: Any, model_name: str, learn: bool,
             progress: Callable[[int, int], None] | None = None) -> tuple[dict | None, str]:
-    """Start `engine`'s matrix warm (tr_core.warm: the embedded model's shipped start, else one learned once from
-    the project's own questions and cached; never from visitors). Returns (the engine's state right after it, for
-    Reset; None when nothing was loaded) and a plain-English line for the page."""
-    from tr_core.warm import WarmStartError, warm_start
+    """Start `engine`'s matrix warm (tr_core.warm: the embedded model's shipped start, else one learned from the
+    project's own questions and cached; never from visitors). Returns (the engine's state right after it, for
+    Reset; None when nothing was loaded) and a plain-English line for the page.
+
+    Called holding the decode slot (new_engine). A warm start learned here takes about FIRST_ANSWER_BUDGET_S at
+    most (a partial one when time runs out) and lends the slot between its steps, so other visitors' answers go on
+    meanwhile; after a partial one, the full one is learned in the background, only while no visitor decodes, and
+    cached for the next sessions (this one keeps its engine)."""
+    from tr_core.engine import Engine
+    from tr_core.warm import FIRST_ANSWER_BUDGET_S, WarmStartError, learn_in_background, warm_start
+
+    from .decode_loop import HANDOFF_S
+    from .session import DECODE_SLOT, take_slot
+
+    def lend(polite: bool = False) -> None:  # the slot this thread holds, to whoever waits for it; then back
+        DECODE_SLOT.release()
+        time.sleep(HANDOFF_S)
+        while polite and crowd() > 0:  # the background learn waits for every visitor's answer to end
+            time.sleep(RENDER_EVERY_S)
+        take_slot()
 
     try:
-        info = warm_start(engine, model_name, learn=learn, progress=progress)
+        info = warm_start(engine, model_name, learn=learn, progress=progress, budget_s=FIRST_ANSWER_BUDGET_S,
+                          between=lend)
     except WarmStartError as exc:  # a shipped file that does not fit this model: the session still works, cold
         return None, f"Cold start: the matrix starts empty (the warm-start file cannot be used: {exc})"
     if info.source == "none":
         return None, info.describe() or NO_WARM
+    if info.partial and learn:
+        model, tokenizer, k = engine.model, engine.tokenizer, engine.matrix.k
+        learn_in_background(lambda: Engine(model, tokenizer, topk_candidates=k), model_name, hold=decode_slot,
+                            between=lambda: lend(polite=True))
     return engine.snapshot(), info.describe()
 
 
 def new_engine(studio: Studio, model_name: str, k: int, should_stop: Callable[[], bool] | None = None,
                progress: Callable[[int, int], None] | None = None) -> Any:
     """A new engine for a model, warm-started. The model load waits on no one (it may wait on the network, and
-    other tabs' decoding must not wait on it); building the engine and its warm start (forwards, when learned)
-    hold the decode slot, so they never run beside another tab's timed decode."""
+    other tabs' decoding must not wait on it); building the engine and its warm start hold the decode slot, so
+    they never run beside another tab's timed decode, but a warm start being learned (at most about
+    FIRST_ANSWER_BUDGET_S) lends it between its steps (warm_up): other tabs decode meanwhile."""
     from tr_core.engine import Engine
 
     model, tokenizer = studio.catalog.get(model_name)

@@ -227,8 +227,8 @@ def test_learning_averages_the_rows_and_calibrates_from_a_warm_matrix(monkeypatc
     answers: dict = {}
     decode = warm_build._decode
 
-    def spy(engine, prompt, max_new_tokens, template):
-        out = decode(engine, prompt, max_new_tokens, template)
+    def spy(engine, prompt, max_new_tokens, template, **kw):
+        out = decode(engine, prompt, max_new_tokens, template, **kw)
         answers.setdefault(prompt, []).append((out[0], engine.matrix.rows_filled))
         return out
 
@@ -236,10 +236,11 @@ def test_learning_averages_the_rows_and_calibrates_from_a_warm_matrix(monkeypatc
     calibrating: list[float] = []
     real_calibrate = warm_build.calibrate
 
-    def watch(engine, held, max_new_tokens, tick):
+    def watch(engine, held, max_new_tokens, tick, **kw):
         calibrating.append(float(engine.hybrid.trials[N_BINS:MATRIX_KEYS].sum()))
-        real_calibrate(engine, held, max_new_tokens, tick)
+        done = real_calibrate(engine, held, max_new_tokens, tick, **kw)
         calibrating.append(float(engine.hybrid.trials[N_BINS:MATRIX_KEYS].sum()))
+        return done
 
     monkeypatch.setattr(warm_build, "calibrate", watch)
     progress = []
@@ -495,3 +496,170 @@ def test_engines_started_from_one_warm_state_share_its_library():
     warm.apply(a, state)
     warm.apply(b, state)
     assert a.hybrid.library is b.hybrid.library and a.hybrid.library.answers == 2
+
+
+# -- issue 53: a time budget for learning, and the studio lending its decode slot meanwhile -------------------------
+def _small_corpus(tmp_path, monkeypatch, prompts: int = 5) -> None:
+    monkeypatch.setenv("TR_CACHE", str(tmp_path))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"category": "t", "prompt": p}) + "\n" for p in CORPUS))
+    monkeypatch.setattr(warm, "CORPUS", corpus)
+    monkeypatch.setattr(warm, "LEARN_PROMPTS", prompts)
+    monkeypatch.setattr(warm, "LEARN_TOKENS", 12)
+
+
+def _answers_take(monkeypatch, seconds: float) -> tuple[list[float], list[str]]:
+    """A fake monotonic clock that moves `seconds` per corpus answer decoded; and the prompts decoded."""
+    now, decoded = [0.0], []
+    decode = warm_build._decode
+
+    def timed(engine, prompt, max_new_tokens, template, **kw):
+        out = decode(engine, prompt, max_new_tokens, template, **kw)
+        now[0] += seconds
+        decoded.append(prompt)
+        return out
+
+    monkeypatch.setattr(warm_build, "_decode", timed)
+    return now, decoded
+
+
+def test_a_budget_stops_learning_early_the_partial_start_is_applied_and_a_full_learn_replaces_it(
+        tmp_path, monkeypatch):
+    _small_corpus(tmp_path, monkeypatch)
+    now, decoded = _answers_take(monkeypatch, 10.0)
+    clock = lambda: now[0]  # noqa: E731
+    engine = tiny_engine()
+    # answers stop at ANSWERS_SHARE (0.75) of 40 s, none started when the last one's time would pass it: 3 of 5
+    info = warm.warm_start(engine, "tiny-llama", budget_s=40.0, clock=clock)
+    assert info.source == "learned" and info.partial and (info.answers, info.of, info.seconds) == (3, 5, 30.0)
+    assert len(decoded) == 3 and engine.warm == info and engine.matrix.rows_filled == info.rows_filled > 0
+    assert info.context_free > 0  # the context-free rows came first, within their share
+    assert "from 3 of 5 generated answers in 30 s, a partial warm start" in info.describe()
+    manifest = warm.read(info.path, engine).manifest
+    assert manifest["partial"] is True and manifest["corpus_answers"] == 5 and manifest["budget_s"] == 40.0
+    # with a budget, the cached partial one is taken at once
+    cached = warm.warm_start(tiny_engine(), "tiny-llama", budget_s=40.0, clock=clock)
+    assert cached.source == "cached" and cached.partial and len(decoded) == 3
+    assert "learned once for this model from 3 of 5 generated answers" in cached.describe()
+    assert warm.warm_start(tiny_engine(), "tiny-llama", learn=False).partial  # nothing learned without leave
+    # without one, the full warm start is learned in its place, and then taken by everyone
+    full = warm.warm_start(tiny_engine(), "tiny-llama", clock=clock)
+    assert full.source == "learned" and not full.partial and full.answers == 5 and len(decoded) == 8
+    again = warm.warm_start(tiny_engine(), "tiny-llama", budget_s=40.0, clock=clock)
+    assert again.source == "cached" and not again.partial and again.answers == 5 and len(decoded) == 8
+
+
+def test_the_budget_also_cuts_the_context_free_rows_and_the_calibration(monkeypatch):
+    monkeypatch.setattr(warm_build, "context_free_batch", lambda vocab: 7)
+    now = [0.0]
+    pace = warm.Pace(40.0, lambda: now[0], between=lambda: now.__setitem__(0, now[0] + 10.0))  # 10 s a forward
+    rows, table, _ = warm.context_free_rows(tiny_engine(), list(range(20)), pace=pace)
+    assert rows.tolist() == list(range(7)) and table.shape[0] == 7 and pace.cut  # 0.3 x 40 s: one forward
+    prompts = CORPUS + ["one more prompt", "and another", "the eighth prompt"]  # 8: two calibration answers
+    now, decoded = _answers_take(monkeypatch, 10.0)
+    state = warm.learn(tiny_engine(), prompts, 12, context_free=0, pace=warm.Pace(1000.0, lambda: now[0]))
+    assert state.manifest["calibration_answers"] == 2 and not state.manifest["partial"]
+    calibrate = warm_build.calibrate
+
+    def late(*args, **kw):  # the eight answers took 95 s: room for one calibration answer of 10 s in 110
+        now[0] = 95.0
+        return calibrate(*args, **kw)
+
+    monkeypatch.setattr(warm_build, "calibrate", late)
+    now[0] = 0.0
+    state = warm.learn(tiny_engine(), prompts, 12, context_free=0, pace=warm.Pace(110.0, lambda: now[0]))
+    assert state.manifest["answers"] == 8 and state.manifest["calibration_answers"] == 1
+    assert state.manifest["partial"] and state.manifest["learn_s"] == 105.0
+
+
+def test_the_command_line_learns_a_partial_warm_start_by_default_and_the_full_one_on_request(monkeypatch, capsys):
+    from tr_core.cli import build_parser
+    from tr_core.cli.options import apply_warm_start
+
+    parser = build_parser()
+    assert parser.parse_args(["generate", "--prompt", "x", "--warm-start", "learn"]).warm_start == "learn"
+    asked = []
+
+    def fake(engine, name, budget_s=None, progress=None, **kw):
+        asked.append(budget_s)
+        progress(1, 10)
+        return warm.WarmStartInfo("learned", 3, 30, 100, "/c/w.safetensors", partial=budget_s is not None, of=48,
+                                  seconds=44.0)
+
+    monkeypatch.setattr(warm, "warm_start", fake)
+    info = apply_warm_start("auto", object(), "some/model")
+    err = capsys.readouterr().err
+    assert asked == [warm.FIRST_ANSWER_BUDGET_S] and info.partial
+    assert "learning a partial one for at most 45 s" in err and "from 3 of 48 generated answers in 44 s" in err
+    assert "`--warm-start learn` learns the full one" in err
+    info = apply_warm_start("learn", object(), "some/model")
+    err = capsys.readouterr().err
+    assert asked[-1] is None and not info.partial and "partial" not in err
+
+
+def test_the_studio_lends_the_decode_slot_while_it_learns_then_learns_the_full_one_in_the_background(
+        tmp_path, monkeypatch):
+    import threading
+
+    from test_app import studio_for
+
+    from studio import handlers as h
+    from studio.session import DECODE_SLOT
+
+    _small_corpus(tmp_path, monkeypatch, prompts=3)
+    now, decoded = _answers_take(monkeypatch, 10.0)
+    monkeypatch.setattr(warm, "FIRST_ANSWER_BUDGET_S", 30.0)  # 0.75 x 30 s: two answers of three
+    monkeypatch.setattr(warm, "Pace", lambda budget_s, clock, between: warm_build.Pace(budget_s, lambda: now[0],
+                                                                                       between))
+    model = tiny_model("llama")
+    studio = studio_for()
+    studio.catalog._loader = lambda name: (model, TinyTokenizer(TINY_VOCAB))
+    monkeypatch.setattr("studio.decode_loop.HANDOFF_S", 0.02)  # a slow machine's visitor still gets its turn
+    returned, learned, got = threading.Event(), threading.Event(), []
+    learn_and_cache = warm._learn_and_cache
+
+    def learning(*args):
+        try:
+            return learn_and_cache(*args)
+        finally:
+            learned.set()
+
+    monkeypatch.setattr(warm, "_learn_and_cache", learning)
+
+    def other_visitor() -> None:  # wants the slot while the warm start is learned
+        while not returned.is_set():
+            if DECODE_SLOT.acquire(timeout=0.01):
+                got.append(learned.is_set())
+                DECODE_SLOT.release()
+                return
+
+    visitor = threading.Thread(target=other_visitor, daemon=True)
+    timed = warm_build._decode
+
+    def first(*args, **kw):  # the learner holds the slot here: the visitor waits for it to be lent
+        if not visitor.is_alive() and not got:
+            visitor.start()
+        return timed(*args, **kw)
+
+    monkeypatch.setattr(warm_build, "_decode", first)
+    engine = h.new_engine(studio, "tiny-m", 8)
+    returned.set()
+    visitor.join(10)
+    assert got == [False], "no other visitor got the decode slot while the warm start was learned"
+    assert engine.warm.partial and engine.warm.answers == 2 and engine.warm.of == 3
+    assert "from 2 of 3 generated answers" in h._WARM_STARTS[engine][1]
+    background = warm._BACKGROUND["tiny-m"]  # after the partial one: the full one, cached for the next sessions
+    background.join(120)
+    assert not background.is_alive() and len(decoded) == 2 + 3
+    info = warm.warm_start(tiny_engine(), "tiny-m", budget_s=30.0)
+    assert info.source == "cached" and not info.partial and info.answers == 3
+
+
+def test_an_answer_running_when_the_budget_runs_out_ends_early_and_still_counts():
+    now = [0.0]
+    pace = warm.Pace(10.0, lambda: now[0], between=lambda: now.__setitem__(0, now[0] + 1.0))  # 1 s a step
+    engine = tiny_engine()
+    answers, steps = warm.decode_answers(engine, CORPUS[:2], 40, lambda i: None, pace)
+    assert list(answers) == [0] and steps == 7 and pace.cut  # stopped once 7.5 s of 10 were spent
+    full = warm_build._decode(tiny_engine(), CORPUS[0], 40, "hybrid")[0][1]
+    assert len(answers[0][1]) < len(full) and full[:len(answers[0][1])] == answers[0][1]  # greedy: a prefix

@@ -5,17 +5,23 @@ Here: the one call (`warm_start`) and applying a warm start to an engine; warm_b
 reads and writes its file."""
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
 import re
+import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 # the warm start's parts, re-exported: `tr_core.warm` is the one door (warm_build learns, warm_file reads and writes)
-from .warm_build import (CALIBRATE_EVERY, CONTEXT_FREE_REQUEST, COUNT_CAP, LEARN_CONTEXT_FREE, average_rows,
-                         context_free_rows, decode_answers, learn, set_rows, with_library)
+from .warm_build import (ANSWERS_SHARE, CALIBRATE_EVERY, CONTEXT_FREE_REQUEST, CONTEXT_FREE_SHARE, COUNT_CAP,
+                         LEARN_CONTEXT_FREE, Pace, average_rows, context_free_rows, decode_answers, learn, set_rows,
+                         with_library)
 from .warm_file import FORMAT, WarmStartError, WarmState, load, model_fingerprint, read, save
 
 ASSETS = Path(__file__).resolve().parent / "warm_start"  # package data: shipped with the wheel too
@@ -24,6 +30,9 @@ SHIPPED = ASSETS / "smollm2-135m-instruct.safetensors"  # the embedded model's w
 EMBEDDED_NAMES = ("", "embedded", "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")
 LEARN_PROMPTS = 48  # another model learns from this many corpus prompts (spread over its categories) ...
 LEARN_TOKENS = 64  # ... of at most this many tokens each: about a minute for a 135M model on 2 CPU cores
+# a model's first answer waits at most about this long for its warm start to be learned (command line `auto`, the
+# studio): a partial one, from the corpus answers decoded in time; the full one is learned when asked for
+FIRST_ANSWER_BUDGET_S = 45.0
 
 
 @dataclass(frozen=True)
@@ -39,21 +48,27 @@ class WarmStartInfo:
     note: str = ""  # for "none": why the engine starts cold
     context_free: int = 0  # of those rows, how many hold the model's context-free guess (no answer used the token)
     library: int = 0  # of those answers, how many the hybrid tree can copy runs from (0: a file without them)
+    partial: bool = False  # learned within a time budget that ran out: from `answers` of `of` corpus answers
+    of: int = 0  # the corpus answers it was to be learned from (0: not recorded)
+    seconds: float = 0.0  # how long learning it took (0: not recorded)
 
     def describe(self) -> str:
         """One plain-English line for the page."""
-        learned = f"{self.answers} generated answers ({self.rows_filled - self.context_free:,} rows"
+        learned = (f"{self.answers} of {self.of} generated answers in {self.seconds:.0f} s, a partial warm start "
+                   if self.partial else f"{self.answers} generated answers ")
+        learned += f"({self.rows_filled - self.context_free:,} rows"
+        on = "from" if self.partial else "on"
         learned += (f"; {self.context_free:,} more rows hold the model's guess after the token alone)"
                     if self.context_free else ")")
         copies = "; the matrix + context (hybrid) tree also copies runs from those answers" if self.library else ""
         if self.source == "shipped":
-            return f"Warm start: the matrix was pre-learned on {learned} shipped with the app{copies}"
+            return f"Warm start: the matrix was pre-learned {on} {learned} shipped with the app{copies}"
         if self.source == "cached":
-            return f"Warm start: learned once for this model on {learned}, kept in {self.path}{copies}"
+            return f"Warm start: learned once for this model {on} {learned}, kept in {self.path}{copies}"
         if self.source == "file":
-            return f"Warm start: from {self.path}, learned on {learned}{copies}"
+            return f"Warm start: from {self.path}, learned {on} {learned}{copies}"
         if self.source == "learned":
-            return (f"Warm start: learned just now for this model on {learned}, kept in {self.path} for next "
+            return (f"Warm start: learned just now for this model {on} {learned}, kept in {self.path} for next "
                     f"time{copies}")
         return f"Cold start: the matrix starts empty{f' ({self.note})' if self.note else ''}"
 
@@ -126,16 +141,24 @@ def cached_path(model_name: str, fingerprint: str) -> Path:
 
 
 def warm_start(engine, model_name: str | None, *, learn: bool = True,
-               progress: Callable[[int, int], None] | None = None) -> WarmStartInfo:
+               progress: Callable[[int, int], None] | None = None, budget_s: float | None = None,
+               between: Callable[[], None] | None = None,
+               clock: Callable[[], float] = time.monotonic) -> WarmStartInfo:
     """Start `engine` warm: the shipped file (embedded model), else the cached one, else (`learn`) one learned now
-    and cached; returns what was done (`engine.warm` too). A cached file that does not fit is learned again."""
+    and cached; returns what was done (`engine.warm` too). A cached file that does not fit is learned again.
+
+    `budget_s`: learn for about that long at most (on `clock`), a partial warm start when time runs out; a cached
+    partial one is then taken at once, while a call without a budget learns the full one in its place.
+    `between()` is called between the learn's steps and forwards (the studio lends its decode slot there)."""
     if is_embedded(model_name) and SHIPPED.is_file():
         return _applied(engine, read(SHIPPED, engine), "shipped", SHIPPED)
     fingerprint = model_fingerprint(engine)
     path = cached_path(model_name or "embedded", fingerprint)
     if path.is_file():
         try:
-            return _applied(engine, read(path, engine), "cached", path)
+            state = read(path, engine)
+            if not (learn and budget_s is None and state.manifest.get("partial")):
+                return _applied(engine, state, "cached", path)
         except (WarmStartError, ValueError):
             pass  # a stale or damaged cache file: learned again below when allowed
     if not learn or not CORPUS.is_file():
@@ -143,7 +166,7 @@ def warm_start(engine, model_name: str | None, *, learn: bool = True,
         info = WarmStartInfo("none", 0, 0, 0, "", note=note)
         engine.warm = info
         return info
-    return _learn_and_cache(engine, path, progress)
+    return _learn_and_cache(engine, path, progress, Pace(budget_s, clock, between))
 
 
 def warm_from_file(engine, path: str | Path) -> WarmStartInfo:
@@ -151,18 +174,17 @@ def warm_from_file(engine, path: str | Path) -> WarmStartInfo:
     return _applied(engine, read(path, engine), "file", Path(path))
 
 
-def _learn_and_cache(engine, path: Path, progress: Callable[[int, int], None] | None) -> WarmStartInfo:
-    """Learn from LEARN_PROMPTS corpus prompts spread over its categories; cache the file; apply it."""
+def _learn_and_cache(engine, path: Path, progress: Callable[[int, int], None] | None, pace: Pace) -> WarmStartInfo:
+    """Learn from LEARN_PROMPTS corpus prompts spread over its categories (within `pace`'s budget); cache the file;
+    apply it."""
     prompts = read_corpus(CORPUS)
-    state = learn(engine, spread(prompts, LEARN_PROMPTS), LEARN_TOKENS, progress)
+    state = learn(engine, spread(prompts, LEARN_PROMPTS), LEARN_TOKENS, progress, pace=pace)
     state.manifest.update(corpus_sha256=file_sha256(CORPUS), corpus_prompts=len(prompts))
     try:
         save(state, path)
     except OSError as exc:  # a read-only cache still gets this session warm
         apply(engine, state)
-        info = WarmStartInfo("learned", state.manifest["answers"], state.manifest["tokens"],
-                             state.manifest["rows_filled"], "", note=f"not cached: {exc}",
-                             context_free=int(state.manifest.get("rows_context_free", 0)))
+        info = dataclasses.replace(_info(state, "learned", ""), note=f"not cached: {exc}")
         engine.warm = info
         return info
     return _applied(engine, state, "learned", path)
@@ -170,15 +192,50 @@ def _learn_and_cache(engine, path: Path, progress: Callable[[int, int], None] | 
 
 def _applied(engine, state: WarmState, source: str, path: Path) -> WarmStartInfo:
     apply(engine, state)
-    m = state.manifest
-    info = WarmStartInfo(source, m["answers"], m["tokens"], m["rows_filled"], str(path),
-                         context_free=int(m.get("rows_context_free", 0)), library=len(state.library or []))
+    info = _info(state, source, str(path))
     engine.warm = info
     return info
 
 
-__all__ = ["ASSETS", "CALIBRATE_EVERY", "CONTEXT_FREE_REQUEST", "CORPUS", "COUNT_CAP", "EMBEDDED_NAMES", "FORMAT",
-           "LEARN_CONTEXT_FREE", "LEARN_PROMPTS", "LEARN_TOKENS", "SHIPPED", "WarmStartError", "WarmStartInfo",
-           "WarmState", "apply", "average_rows", "cached_path", "context_free_rows", "decode_answers", "file_sha256",
-           "fresh_session", "is_embedded", "learn", "load", "model_fingerprint", "read", "read_corpus", "save",
-           "set_rows", "shared_library", "spread", "warm_from_file", "warm_start", "with_library"]
+def _info(state: WarmState, source: str, path: str) -> WarmStartInfo:
+    """What a warm state holds, as a WarmStartInfo (partial: learned within a budget that ran out)."""
+    m = state.manifest
+    return WarmStartInfo(source, m["answers"], m["tokens"], m["rows_filled"], path,
+                         context_free=int(m.get("rows_context_free", 0)), library=len(state.library or []),
+                         partial=bool(m.get("partial", False)), of=int(m.get("corpus_answers", 0) or 0),
+                         seconds=float(m.get("learn_s", 0.0) or 0.0))
+
+
+_BACKGROUND: dict[str, threading.Thread] = {}  # model name -> the thread learning its full warm start
+_BACKGROUND_LOCK = threading.Lock()
+
+
+def learn_in_background(make_engine: Callable[[], object], model_name: str, *,
+                        hold: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                        between: Callable[[], None] | None = None) -> threading.Thread | None:
+    """In a daemon thread: the full warm start of `model_name` learned on `make_engine()` and cached for later
+    sessions (running engines keep theirs). The engine is made and learned inside `hold()`, `between()` called
+    between the learn's steps; None when this model's is being learned already."""
+    key = str(model_name)
+    with _BACKGROUND_LOCK:
+        if key in _BACKGROUND and _BACKGROUND[key].is_alive():
+            return None
+
+        def run() -> None:
+            try:
+                with hold():
+                    warm_start(make_engine(), model_name, between=between)
+            except Exception as exc:  # noqa: BLE001 - a background job: said on the console, the session goes on
+                print(f"could not learn the full warm start of {key}: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+        thread = _BACKGROUND[key] = threading.Thread(target=run, daemon=True, name="tr-warm-start-full")
+        thread.start()
+    return thread
+
+
+__all__ = ["ANSWERS_SHARE", "ASSETS", "CALIBRATE_EVERY", "CONTEXT_FREE_REQUEST", "CONTEXT_FREE_SHARE", "CORPUS",
+           "COUNT_CAP", "EMBEDDED_NAMES", "FIRST_ANSWER_BUDGET_S", "FORMAT", "LEARN_CONTEXT_FREE", "LEARN_PROMPTS",
+           "LEARN_TOKENS", "SHIPPED", "Pace", "WarmStartError", "WarmStartInfo", "WarmState", "apply", "average_rows",
+           "cached_path", "context_free_rows", "decode_answers", "file_sha256", "fresh_session", "is_embedded",
+           "learn", "learn_in_background", "load", "model_fingerprint", "read", "read_corpus", "save", "set_rows",
+           "shared_library", "spread", "warm_from_file", "warm_start", "with_library"]

@@ -3,6 +3,7 @@ drafters to such a matrix, and capture a `WarmState` (warm_file.py). Why each pa
 from __future__ import annotations
 
 import datetime as _dt
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,35 +18,72 @@ LEARN_CONTEXT_FREE = 16384
 CONTEXT_FREE_REQUEST = "Hello."  # the conversation a context-free row's token opens the answer to
 COUNT_CAP = 32.0  # calibration trials kept per key: the shipped rates start informed but still follow the session
 CALIBRATE_EVERY = 4  # one corpus prompt in this many is decoded again, from the warm matrix, to calibrate the drafters
+# with a time budget: the context-free rows stop at this share of it, the corpus answers at the next, calibration at 1
+CONTEXT_FREE_SHARE, ANSWERS_SHARE = 0.3, 0.75
+
+
+class Pace:
+    """How a learn spends its time: a budget in seconds (None: none) on a clock (injectable), and `between()`,
+    called between its steps and forwards (a caller holding a shared lock lends it there)."""
+
+    def __init__(self, budget_s: float | None = None, clock: Callable[[], float] = time.monotonic,
+                 between: Callable[[], None] | None = None) -> None:
+        self.budget_s, self.clock, self.between = budget_s, clock, between
+        self.start = clock()
+        self.cut = False  # set once the budget stopped a pass early: the warm start is partial
+
+    def spent(self) -> float:
+        """Seconds since the learn began."""
+        return self.clock() - self.start
+
+    def allows(self, share: float, next_s: float = 0.0) -> bool:
+        """Whether a unit expected to take `next_s` fits in `share` of the budget (always, without one)."""
+        if self.budget_s is None or self.spent() + next_s <= share * self.budget_s:
+            return True
+        self.cut = True
+        return False
+
+    def step(self) -> None:
+        """Between two steps or forwards."""
+        if self.between is not None:
+            self.between()
 
 
 def learn(engine, prompts: list[str], max_new_tokens: int,
           progress: Callable[[int, int], None] | None = None,
-          context_free: int | None = LEARN_CONTEXT_FREE) -> WarmState:
-    """The warm state learned from `prompts`: decode them (`decode_answers`), average the rows (`average_rows`),
-    calibrate on one prompt in CALIBRATE_EVERY from the other prompts' rows (`calibrate`); rows no answer wrote get
-    the context-free guess of the `context_free` lowest ids (None: all). Leaves the engine cold, costs measured.
-    progress(done, total) counts pass 1's answers, the context-free forwards, then pass 3's answers."""
+          context_free: int | None = LEARN_CONTEXT_FREE, pace: Pace | None = None) -> WarmState:
+    """The warm state learned from `prompts`: the context-free guess of the `context_free` lowest ids (None: all)
+    for the rows no answer writes; decode the prompts (`decode_answers`), average the rows (`average_rows`),
+    calibrate on one answered prompt in CALIBRATE_EVERY from the other answers' rows (`calibrate`). With a budget
+    (`pace`) each pass stops at its share of it (checked between forwards and answers), and the manifest says
+    `partial`. Leaves the engine cold, costs measured. progress(done, total) counts the context-free forwards,
+    pass 1's answers, then pass 3's."""
+    pace = pace or Pace()
     engine.forget()
-    held = set(range(0, len(prompts), CALIBRATE_EVERY)) if len(prompts) >= 2 * CALIBRATE_EVERY else set()
     vocab, k = engine.vocab_size, engine.matrix.k
     guessed = lowest_ids(engine, context_free)
     forwards = -(-len(guessed) // context_free_batch(vocab))
-    total = len(prompts) + forwards + len(held)
+    calibrations = -(-len(prompts) // CALIBRATE_EVERY) if len(prompts) >= 2 * CALIBRATE_EVERY else 0
+    total = forwards + len(prompts) + calibrations
     tick = (lambda i: progress(i, total)) if progress is not None else (lambda i: None)
-    answers, steps = decode_answers(engine, prompts, max_new_tokens, tick)
-    tops = dict(zip(answers, answer_tops(engine.model, list(answers.values()), vocab, k)))  # one forward each
-    set_rows(engine.matrix, *context_free_rows(engine, guessed, lambda i: tick(len(prompts) + i)))
+    free = context_free_rows(engine, guessed, tick, pace)  # first: even a short budget gets every common token a row
+    answers, steps = decode_answers(engine, prompts, max_new_tokens, lambda i: tick(forwards + i), pace)
+    tops = dict(zip(answers, answer_tops(engine.model, list(answers.values()), vocab, k, pace.step)))
+    set_rows(engine.matrix, *free)
+    held = [i for i in range(0, len(prompts), CALIBRATE_EVERY) if i in answers] \
+        if len(answers) >= 2 * CALIBRATE_EVERY else []
+    calibrated = 0
     if held:
         set_rows(engine.matrix, *average_tops([t for i, t in tops.items() if i not in held], vocab, k))
-        calibrate(engine, [prompts[i] for i in sorted(held)], max_new_tokens,
-                  lambda i: tick(len(prompts) + forwards + i))
+        calibrated = calibrate(engine, [prompts[i] for i in held], max_new_tokens,
+                               lambda i: tick(forwards + len(prompts) + i), pace=pace)
     averaged = average_tops(list(tops.values()), vocab, k)
     set_rows(engine.matrix, *averaged)
     state = capture(engine, {"answers": len(answers), "tokens": sum(len(a) for _, a in answers.values()),
-                             "steps": steps, "max_new_tokens": max_new_tokens,
-                             "calibration_answers": len(held),
-                             "rows_context_free": len(set(guessed) - set(averaged[0].tolist()))})
+                             "steps": steps, "max_new_tokens": max_new_tokens, "calibration_answers": calibrated,
+                             "rows_context_free": len(set(free[0].tolist()) - set(averaged[0].tolist())),
+                             "corpus_answers": len(prompts), "partial": pace.cut,
+                             "learn_s": round(pace.spent(), 1), "budget_s": pace.budget_s})
     engine.forget()
     return with_library(state, [answer for _, answer in answers.values()])
 
@@ -57,14 +95,22 @@ def with_library(state: WarmState, answers: list[list[int]]) -> WarmState:
     return state
 
 
-def decode_answers(engine, prompts: list[str], max_new_tokens: int, tick: Callable[[int], None]
-                   ) -> tuple[dict[int, tuple[list[int], list[int]]], int]:
-    """Pass 1 of `learn`: {prompt index: (prompt ids, answer ids)} and the steps taken, alternating the trees."""
-    answers, steps = {}, 0
+def decode_answers(engine, prompts: list[str], max_new_tokens: int, tick: Callable[[int], None],
+                   pace: Pace | None = None) -> tuple[dict[int, tuple[list[int], list[int]]], int]:
+    """Pass 1 of `learn`: {prompt index: (prompt ids, answer ids)} and the steps taken, alternating the trees;
+    with a budget, no answer starts past ANSWERS_SHARE of it less the last answer's time, and one running then
+    ends early."""
+    pace = pace or Pace()
+    answers, steps, last = {}, 0, 0.0
     for i, prompt in enumerate(prompts):
-        answer, answer_steps = _decode(engine, prompt, max_new_tokens, "hybrid" if i % 2 == 0 else "adaptive")
+        if not pace.allows(ANSWERS_SHARE, last):
+            break
+        began = pace.spent()
+        answer, answer_steps = _decode(engine, prompt, max_new_tokens, "hybrid" if i % 2 == 0 else "adaptive",
+                                       pace=pace, share=ANSWERS_SHARE)
         if answer is not None:
             answers[i], steps = answer, steps + answer_steps
+        last = pace.spent() - began
         tick(i + 1)
     return answers, steps
 
@@ -84,11 +130,13 @@ def context_free_batch(vocab_size: int) -> int:
 
 
 @torch.no_grad()
-def context_free_rows(engine, tokens: list[int], tick: Callable[[int], None] = lambda i: None
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def context_free_rows(engine, tokens: list[int], tick: Callable[[int], None] = lambda i: None,
+                      pace: Pace | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each token's row as the model's top-k after it when it opens the answer to CONTEXT_FREE_REQUEST: (rows [R]
     long, candidates [R, k] int32, probabilities [R, k] uint8), in the order of `tokens`. Each forward takes a batch
-    of siblings at one position over the request's cache, cut back after; tick(i) after the i-th."""
+    of siblings at one position over the request's cache, cut back after; tick(i) after the i-th. With a budget
+    (`pace`), no forward starts past CONTEXT_FREE_SHARE of it less the last one's time: the first tokens only."""
+    pace = pace or Pace()
     from .kv_cache import TreeKVCache
 
     runner, k, vocab = engine.runner, engine.matrix.k, engine.vocab_size
@@ -96,8 +144,12 @@ def context_free_rows(engine, tokens: list[int], tick: Callable[[int], None] = l
     cache = TreeKVCache()
     runner.prefill(prompt, cache)
     past, size = len(prompt), context_free_batch(vocab)
-    tables, probs = [], []
+    tables, probs, last = [], [], 0.0
     for i, start in enumerate(range(0, len(tokens), size)):
+        if not pace.allows(CONTEXT_FREE_SHARE, last):
+            break
+        began = pace.spent()
+        pace.step()
         chunk = torch.tensor(tokens[start:start + size], dtype=torch.long, device=runner.device)
         n = chunk.numel()
         depths = torch.zeros(n, dtype=torch.long, device=runner.device)
@@ -107,10 +159,12 @@ def context_free_rows(engine, tokens: list[int], tick: Callable[[int], None] = l
         top_p, top_ids = torch.softmax(logits[:, :vocab].float(), dim=-1).topk(k, dim=-1)
         tables.append(top_ids.to(torch.int32).cpu())
         probs.append((top_p * 255).round().clamp(0, 255).to(torch.uint8).cpu())
+        last = pace.spent() - began
         tick(i + 1)
     if not tables:
         return torch.zeros(0, dtype=torch.long), torch.zeros(0, k, dtype=torch.int32), torch.zeros(0, k, dtype=torch.uint8)
-    return torch.tensor(tokens, dtype=torch.long), torch.cat(tables), torch.cat(probs)
+    table = torch.cat(tables)
+    return torch.tensor(tokens[:len(table)], dtype=torch.long), table, torch.cat(probs)
 
 
 def set_rows(matrix, rows: torch.Tensor, table: torch.Tensor, probs: torch.Tensor) -> None:
@@ -120,34 +174,54 @@ def set_rows(matrix, rows: torch.Tensor, table: torch.Tensor, probs: torch.Tenso
     matrix.filled[on] = True
 
 
-def calibrate(engine, prompts: list[str], max_new_tokens: int, tick: Callable[[int], None]) -> None:
+def calibrate(engine, prompts: list[str], max_new_tokens: int, tick: Callable[[int], None],
+              pace: Pace | None = None) -> int:
     """Pass 3 of `learn`: answer `prompts`, each from the matrix as it is now (older rows, restored before every
-    answer), after dropping pass 1's older-row calibration."""
+    answer), after dropping pass 1's older-row calibration; with a budget, no answer starts past it less the last
+    answer's time. Returns the answers given."""
+    pace = pace or Pace()
     engine.drop_older_row_calibration()
     start = engine.matrix.clone()
     start.stamps.fill_(-1)  # every row written before the answers: rated as older rows, as in a warm session
+    done, last = 0, 0.0
     for i, prompt in enumerate(prompts):
+        if not pace.allows(1.0, last):
+            break
+        began = pace.spent()
         engine.forget()
         engine.matrix.copy_from(start)
-        _decode(engine, prompt, max_new_tokens, "hybrid" if i % 2 == 0 else "adaptive")
+        _decode(engine, prompt, max_new_tokens, "hybrid" if i % 2 == 0 else "adaptive", pace=pace)
+        done, last = done + 1, pace.spent() - began
         tick(i + 1)
     engine.forget()
     engine.matrix.copy_from(start)
+    return done
 
 
-def _decode(engine, prompt: str, max_new_tokens: int,
-            template: str) -> tuple[tuple[list[int], list[int]] | None, int]:
-    """((prompt ids, answer ids), steps) of one greedy answer; (None, 0) when the prompt leaves no room."""
+def _decode(engine, prompt: str, max_new_tokens: int, template: str, pace: Pace | None = None,
+            share: float = 1.0) -> tuple[tuple[list[int], list[int]] | None, int]:
+    """((prompt ids, answer ids), steps) of one greedy answer; (None, 0) when the prompt leaves no room.
+    `pace.step()` runs before each of its steps (never inside one); past `share` of its budget the answer ends
+    early (its tokens so far are still the model's greedy answer)."""
     from .config import DecodeConfig
     from .events import SummaryEvent
 
     ids = engine.encode_chat([{"role": "user", "content": prompt}])
     if len(ids) + max_new_tokens >= engine.context_limit:
         return None, 0
-    for event in engine.generate(ids, DecodeConfig(max_new_tokens=max_new_tokens, template=template)):
-        if isinstance(event, SummaryEvent):
-            return (ids, list(event.tokens)), event.steps
-    return None, 0
+    stop = (lambda: not pace.allows(share)) if pace is not None else None
+    run = engine.generate(ids, DecodeConfig(max_new_tokens=max_new_tokens, template=template), stop=stop)
+    try:
+        while True:
+            if pace is not None:
+                pace.step()
+            event = next(run, None)
+            if event is None:
+                return None, 0
+            if isinstance(event, SummaryEvent):
+                return (ids, list(event.tokens)), event.steps
+    finally:
+        run.close()
 
 
 def average_rows(model, answers: list[tuple[list[int], list[int]]], vocab_size: int,
@@ -158,13 +232,14 @@ def average_rows(model, answers: list[tuple[list[int], list[int]]], vocab_size: 
 
 
 @torch.no_grad()
-def answer_tops(model, answers: list[tuple[list[int], list[int]]], vocab_size: int,
-                k: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def answer_tops(model, answers: list[tuple[list[int], list[int]]], vocab_size: int, k: int,
+                between: Callable[[], None] = lambda: None) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Per answer, one forward: (the tokens preceding its answer tokens [L], the top-k after each [L, k] long, their
-    probabilities [L, k] float64) on the CPU; empties for an empty answer."""
+    probabilities [L, k] float64) on the CPU; empties for an empty answer. `between()` runs before each forward."""
     device = next(model.parameters()).device
     out = []
     for prompt, answer in answers:
+        between()
         ids, start = list(prompt) + list(answer), len(prompt) - 1
         if start < 0 or not answer:
             out.append((torch.zeros(0, dtype=torch.long), torch.zeros(0, k, dtype=torch.long),

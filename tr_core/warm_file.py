@@ -102,6 +102,8 @@ def check_manifest(manifest: Any, engine, path: Path) -> None:
             continue  # files from before context-free rows
         if not isinstance(manifest.get(name), int) or manifest[name] < 0:
             raise WarmStartError(f"{path}: manifest field {name} must be an integer >= 0")
+    if not isinstance(manifest.get("partial", False), bool) or not isinstance(manifest.get("corpus_answers", 0), int):
+        raise WarmStartError(f"{path}: manifest field partial must be true or false, corpus_answers an integer")
     if manifest.get("rows_context_free", 0) > manifest["rows_filled"]:
         raise WarmStartError(f"{path}: manifest counts more context-free rows than rows")
     trust = manifest.get("trust")

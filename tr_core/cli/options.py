@@ -80,12 +80,14 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
 
 
 def warm_start_option(p: argparse.ArgumentParser) -> None:
-    """`--warm-start {auto,off,PATH}` (default auto)."""
-    p.add_argument("--warm-start", default="auto", metavar="{auto,off,PATH}",
+    """`--warm-start {auto,learn,off,PATH}` (default auto)."""
+    p.add_argument("--warm-start", default="auto", metavar="{auto,learn,off,PATH}",
                    help="start the adjacency matrix and the cost-sized trees' calibration warm: auto (default) takes "
                         "the warm start shipped for the embedded model, else the one learned for this model earlier, "
-                        "else learns one now from the project's own corpus (once, with a progress bar; cached); off "
-                        "starts cold (empty matrix); or the path of a warm-start file")
+                        "else learns one now from the project's own corpus for at most about 45 s (a partial one, "
+                        "from the answers decoded in time; cached); learn does the same but learns the full one "
+                        "(minutes; cached, replacing a partial one); off starts cold (empty matrix); or the path of "
+                        "a warm-start file")
 
 
 def output_problem(path: str | None, option: str) -> str | None:
@@ -128,31 +130,44 @@ def load_model_or_report(args: argparse.Namespace) -> tuple[Any, Any] | None:
 
 
 def apply_warm_start(choice: str, engine: Any, model_name: str | None) -> Any:
-    """Apply `--warm-start`, saying on stderr what it did; the WarmStartInfo (None: off); ValueError on a bad file."""
+    """Apply `--warm-start`, saying on stderr what it did; the WarmStartInfo (None: off); ValueError on a bad file.
+    auto learns within warm.FIRST_ANSWER_BUDGET_S (a partial warm start when time runs out), learn the full one."""
     from .. import warm
 
     if choice == "off":
         return None
-    if choice != "auto":
+    if choice not in ("auto", "learn"):
         info = warm.warm_from_file(engine, choice)
     else:
-        from tqdm.auto import tqdm
-
+        budget = warm.FIRST_ANSWER_BUDGET_S if choice == "auto" else None
         bars: list[Any] = []  # made at the first report: nothing shows when the warm start is shipped or cached
-
-        def progress(done: int, total: int) -> None:
-            if not bars:
-                bars.append(tqdm(total=total, desc="learning a warm start for this model (once)", unit="answer",
-                                 file=sys.stderr))
-            bars[0].update(done - bars[0].n)
-
         try:
-            info = warm.warm_start(engine, model_name, progress=progress)
+            info = warm.warm_start(engine, model_name, budget_s=budget, progress=_learning_bar(bars, budget))
         finally:
             for bar in bars:
                 bar.close()
     print(info.describe(), file=sys.stderr)
+    if info.partial:
+        print(f"(a partial warm start: `--warm-start learn` learns the full one from all {info.of} answers, once, "
+              "and caches it for later runs)", file=sys.stderr)
     return info
+
+
+def _learning_bar(bars: list[Any], budget: float | None) -> Any:
+    """progress(done, total) for a warm start being learned: a line on stderr, then a bar (put in `bars`)."""
+    from tqdm.auto import tqdm
+
+    def progress(done: int, total: int) -> None:
+        if not bars:
+            if budget is not None:
+                print(f"No warm start is kept for this model yet: learning a partial one for at most {budget:.0f} s "
+                      "before the first answer (`--warm-start learn` learns the full one, once, in minutes).",
+                      file=sys.stderr)
+            desc = "learning a warm start for this model" + (" (partial)" if budget is not None else " (once)")
+            bars.append(tqdm(total=total, desc=desc, unit="step", file=sys.stderr))
+        bars[0].update(done - bars[0].n)
+
+    return progress
 
 
 def decode_config(args: argparse.Namespace, **fields: Any) -> DecodeConfig:
