@@ -9,6 +9,7 @@ the current step.
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import threading
 import time
@@ -22,7 +23,18 @@ from tr_core.events import SummaryEvent
 
 from .session import DECODE_SLOT
 
-ROWS = 8  # answers per shared forward; the rest wait for a row, in the order they came
+DEFAULT_ROWS = 16
+
+
+def rows_setting() -> int:
+    """Answers per shared forward: $TR_BATCH_ROWS (a positive integer), else DEFAULT_ROWS."""
+    try:
+        return max(1, int(os.environ.get("TR_BATCH_ROWS", DEFAULT_ROWS)))
+    except ValueError:
+        return DEFAULT_ROWS
+
+
+ROWS = rows_setting()  # answers per shared forward; the rest wait for a row, in the order they came
 IDLE_S = 0.5  # how often an idle loop looks for answers whose visitor left while waiting
 HANDOFF_S = 0.002  # a pause after each step without the slot, so set-up and measurements waiting for it get it
 
