@@ -139,3 +139,13 @@ def test_a_batch_caps_its_rows_trees_and_frees_them_after():
         caps.append(batch.cap)
     assert any(cap is not None for cap in caps)  # sized from the second step on
     assert [engine.drafter_for(cfg).cap for engine in engines] == [None] * 3
+
+
+def test_a_long_prompt_joining_after_short_ones_keeps_their_caches():
+    """A row whose prompt is longer than the batch's buffer grows it: the rows already there keep every entry
+    (found by the benchmark on real prompts; short prompts alone never grow the buffer)."""
+    model = tiny_model("llama")
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(2, TINY_VOCAB, (n,), generator=g).tolist() for n in (5, 300, 12)]
+    for cfg in (DecodeConfig(max_new_tokens=12, plain=True), DecodeConfig(max_new_tokens=12, template="hybrid")):
+        assert batched(model, prompts, cfg, max_rows=3)[0] == alone(model, prompts, cfg)

@@ -213,6 +213,8 @@ def test_bad_input_exits_before_loading_a_model(tmp_path, capsys, monkeypatch):
                            (["--max-new-tokens", "0"], "--max-new-tokens"),
                            (["--repeats", "0"], "--repeats must be >= 1"),
                            (["--json", str(tmp_path / "no" / "x.json")], "does not exist"),
+                           (["--concurrency", "0"], "--concurrency must be >= 1"),
+                           (["--concurrency", "4", "--fresh-sessions"], "leave out --fresh-matrix"),
                            (["--template", "2.2.2", "--topk-candidates", "4"], "--template 2.2.2 drafts candidates up to rank 7, so it needs "
                                                         "--topk-candidates >= 8, got 4")]:
         args = _parser().parse_args(["bench", "--questions", str(good), *extra])
@@ -355,6 +357,17 @@ def test_the_readme_results_are_the_grid_of_bench_results():
             assert row in readme, row
 
 
+def test_the_readme_shows_the_concurrency_runs_of_bench_results():
+    root = Path(__file__).resolve().parents[1]
+    runs = {p.stem: json.loads(p.read_text()) for p in (root / "bench" / "results").glob("*.json")
+            if tables.CONCURRENCY_NAME.match(p.stem)}
+    rows = [line for line in tables.concurrency_tables(runs).splitlines() if line.startswith(("| ", "**"))]
+    assert runs and rows
+    bench_readme = (root / "bench" / "README.md").read_text()
+    for row in rows:
+        assert row in bench_readme, row
+
+
 # ----------------------------------------------------------------------------- profile
 
 
@@ -434,6 +447,7 @@ def test_json_contract_on_tiny_model(tmp_path):
                 "template", "questions", "methods"):
         assert key in data, key
     assert data["questions"] == 3 and data["max_new_tokens"] == 24 and data["device"] == "cpu"
+    assert "concurrency" not in data and "notes" not in data  # without --concurrency, the JSON of old
     assert data["sdpa_shared_kv_heads"] is True  # the tiny model's 4 query heads share 2 key/value heads, on a CPU
     assert list(data["methods"]) == ["vanilla", "recycling[2.2.2]", "recycling[adaptive]", "recycling[adaptive-fixed]",
                                      "hf", "pld"]
@@ -576,3 +590,82 @@ def test_the_frozen_cost_scripts_pld_replay_is_transformers_prompt_lookup():
     # the replay: a draft is accepted as far as the answer agrees, then one token more
     # after [5, 6, 7, 5] the 1-gram 5 drafts [6, 7, 5]: 6 and 7 agree, 9 is the bonus; after 9 nothing matches
     assert script.pld_forwards([5, 6, 7, 5], [6, 7, 9, 9]) == [1 + 3, 1]
+
+
+# ----------------------------------------------------------------------------- --concurrency
+
+
+def test_concurrency_on_a_tiny_model_end_to_end(tmp_path):
+    """`--concurrency 3 --repeats 2` on four questions (groups of 3 and 1; a two-turn question answered on its first
+    turn): every way's throughput and ratios, every engine answer the same batched and alone, pld left out with a note,
+    and the tables of the file and of a folder holding it."""
+    folder = _tiny_model_folder(tmp_path / "tiny")
+    qfile = _write(tmp_path, "q.jsonl", [
+        '{"question_id": 1, "category": "writing", "turns": ["Write a poem about the sea.", "Shorter, please."]}',
+        '{"question_id": 2, "category": "qa", "turns": ["What is the capital of France?"]}',
+        '{"question_id": 3, "category": "code", "turns": ["def add(a, b):\\n    return a + b\\nprint(add(1, 2))"]}',
+        '{"question_id": 4, "category": "qa", "turns": ["Name three colours of the rainbow, please."]}',
+    ])
+    out_json = tmp_path / "zen-2t-concurrency3.json"
+    args = _parser().parse_args([
+        "bench", "--questions", str(qfile), "--model", str(folder), "--device", "cpu", "--max-new-tokens", "20",
+        "--methods", "vanilla,recycling,hf,pld", "--template", "2.2.2,adaptive", "--warm-start", "off",
+        "--concurrency", "3", "--repeats", "2", "--no-progress", "--json", str(out_json)])
+    assert args.func(args) == 0
+    data = json.loads(out_json.read_text())
+    assert (data["concurrency"], data["groups"], data["questions"], data["answers"]) == (3, 2, 4, 4)
+    assert data["identical_batched_and_alone"] is True
+    assert any(n.startswith("pld: not batched") for n in data["notes"]) and any("vLLM" in n for n in data["notes"])
+    assert set(data["load_average"]) == {"before", "after"}
+    methods = data["methods"]
+    assert list(methods) == ["vanilla", "recycling[2.2.2]", "recycling[adaptive]", "hf"]
+    tokens = methods["vanilla"]["alone"]["tokens"]
+    for name in ("vanilla", "recycling[2.2.2]", "recycling[adaptive]"):
+        m = methods[name]
+        alone, batched = m["alone"], m["batched"]
+        assert alone["identical"] == alone["compared"] == 4 and alone["identical_to"] == "vanilla alone"
+        assert batched["identical"] == batched["compared"] == 4 and batched["identical_to"] == f"{name} alone"
+        assert alone["tokens"] == batched["tokens"] == tokens and alone["seconds"] > 0 and batched["seconds"] > 0
+        assert m["batched_over_alone"] == pytest.approx(batched["tokens_per_s"] / alone["tokens_per_s"])
+        assert m["batched_over_plain_batched"] == pytest.approx(
+            batched["tokens_per_s"] / methods["vanilla"]["batched"]["tokens_per_s"])
+        assert m["batched_over_hf_batched"] == pytest.approx(
+            batched["tokens_per_s"] / methods["hf"]["batched"]["tokens_per_s"])
+    assert methods["recycling[2.2.2]"]["batched"]["mean_accepted"] > 1.0  # drafts are accepted in the batch too
+    hf = methods["hf"]
+    assert "alone" not in hf and hf["batched_over_alone"] is None and hf["batched"]["compared"] == 4
+    assert hf["batched"]["identical_to"] == "vanilla alone" and hf["batched"]["tokens_per_s"] > 0
+    assert len(data["records"]) == 2 * 7  # two groups x (3 engine methods x 2 ways + hf)
+    assert sorted(len(r["questions"]) for r in data["records"])[::7] == [1, 3]
+    for rec in data["records"]:  # two rounds of every way, each from the same state: the same ids, the faster kept
+        assert rec["rounds_agree"] is True and len(rec["seconds_all"]) == 2 and rec["seconds"] == min(rec["seconds_all"])
+    assert tables.main([str(out_json)]) == 0
+    text = tables.folder_tables(tmp_path)
+    assert "2 threads: 3 prompts at once** (4 first turns, 20 new tokens" in text
+    assert "| method | one after another, tokens/s | 3 at once, tokens/s | at once / one after another |" in text
+    assert "| plain decoding (the engine) |" in text and "| 1.00x | 4/4 |" in text
+    assert "| 4/4 (to plain decoding's) |" in text and "every engine answer identical batched and alone" in text
+
+
+def test_a_concurrency_run_says_when_an_answer_differs_batched_and_alone_and_when_the_machine_was_busy():
+    from tr_core.bench import concurrency
+    from tr_core.bench.questions import Question
+
+    ways = concurrency.ways_of(bench.parse_methods("recycling,pld", "2.2.2"))
+    assert [w.name for w in ways] == ["vanilla alone", "vanilla batched", "recycling alone", "recycling batched"]
+    records = [{"group": 0, "method": w.spec.name, "batched": w.batched, "questions": ["q/1", "q/2"], "tokens": 8,
+                "seconds": 2.0 if w.batched else 4.0, "steps": 4, "tree_nodes": 8, "answer_ids": [[5, 6], [7, 8]]}
+               for w in ways]
+    records[-1]["answer_ids"] = [[5, 6], [7, 9]]  # recycling batched: its second answer differs from its alone one
+    questions = [Question(i, "qa", ("x",), "q.jsonl", i) for i in (1, 2, 3)]
+    meta = {"model": "m", "device": "cpu", "machine": "test", "dtype": "float32", "torch": "t", "transformers": "t",
+            "date": "d", "max_new_tokens": 8, "temperature": 0.0, "template": "2.2.2", "command": "c"}
+    result = concurrency.build_result(records, ways, questions, meta, [], 2, {"before": [0.2]}, ["pld: left out"])
+    assert result["identical_batched_and_alone"] is False
+    assert (result["questions_selected"], result["questions"], result["question_keys"]) == (3, 2, ["q/1", "q/2"])
+    m = result["methods"]["recycling"]
+    assert (m["batched"]["identical"], m["batched"]["compared"]) == (1, 2) and m["batched_over_alone"] == 2.0
+    assert result["notes"][0] == "pld: left out" and not any("busy" in n for n in result["notes"])
+    assert "⚠ some engine answers differ batched and alone" in tables.format_tables(result)
+    busy = concurrency.build_result(records, ways, questions, meta, [], 2, {"before": [2.4, 1.0, 1.0]}, [])
+    assert "a busy machine: load average 2.40 before the run" in tables.format_header(busy)

@@ -76,14 +76,14 @@ class _BufferLayer(DynamicLayer):
             self.length = 0
 
     def add_row(self, own: "_BufferLayer", rows: int) -> None:
-        """Put the one row of an answer's own layer `own` after this layer's first `rows` rows (BatchKVCache)."""
+        """Put the one row of an answer's own layer `own` after this layer's first `rows` rows (BatchKVCache); the
+        buffer grows to hold it, keeping every slot of the rows before (their lengths are the batch's, not `length`)."""
         if not self.is_initialized:
             self.lazy_initialization(own.keys[:, :, :0], own.values[:, :, :0])
-        self.reserve(max(own.length, self.length))
         for name, part in (("_k", own.keys), ("_v", own.values)):
             old = getattr(self, name)
-            grown = old.new_zeros(rows + 1, *old.shape[1:])
-            grown[:rows] = old[:rows]
+            grown = old.new_zeros(rows + 1, old.shape[1], max(old.shape[2], own.length, 256), old.shape[3])
+            grown[:rows, :, : old.shape[2]] = old[:rows]
             grown[rows, :, : own.length] = part[0]
             setattr(self, name, grown)
 

@@ -1,5 +1,6 @@
 """One timed answer, as the benchmark measures it: through the engine (`vanilla`, `recycling`) or through
-transformers' own `generate` (`hf`, and `pld`: its prompt lookup decoding), cut the same way at the stop token."""
+transformers' own `generate` (`hf`, and `pld`: its prompt lookup decoding), cut the same way at the stop token; and
+`generate` on several prompts at once, left-padded (`hf` under `--concurrency`)."""
 from __future__ import annotations
 
 import argparse
@@ -42,7 +43,7 @@ def engine_answer(engine, cfg: DecodeConfig, ids: list[int], stop_ids: set[int])
             "accepted": accepted, "tree_nodes": nodes}
 
 
-def _generation_config(kind: str, max_new: int, stop_ids: set[int], args: argparse.Namespace):
+def generation_config(kind: str, max_new: int, stop_ids: set[int], args: argparse.Namespace):
     """transformers' GenerationConfig of the `hf` or `pld` baseline, with the run's sampling settings."""
     from transformers import GenerationConfig
 
@@ -65,7 +66,7 @@ def transformers_answer(model, kind: str, ids: list[int], max_new: int, stop_ids
 
     from ..kernels import installed
 
-    config = _generation_config(kind, max_new, stop_ids, args)
+    config = generation_config(kind, max_new, stop_ids, args)
     device = next(model.parameters()).device
     inputs = torch.tensor([ids], dtype=torch.long, device=device)
     forwards: list[int] = []  # one item per forward, counted by a hook (the public nn.Module API)
@@ -84,3 +85,30 @@ def transformers_answer(model, kind: str, ids: list[int], max_new: int, stop_ids
     emitted, answer = cut_at_stop(out[0, inputs.shape[1]:].tolist(), stop_ids, max_new)
     return {"emitted": emitted, "answer": answer, "seconds": seconds, "steps": len(forwards) or None,
             "accepted": [], "tree_nodes": 0}
+
+
+def transformers_batch(model, prompts: list[list[int]], max_new: int, stop_ids: set[int], args: argparse.Namespace,
+                       tuned: bool, seed: int) -> dict:
+    """transformers' `generate` (`hf`) on all `prompts` at once, left-padded, each row with its attention mask: the
+    per-prompt emitted/answer ids and the wall seconds of the whole batch (steps unknown: one forward serves all)."""
+    import torch
+
+    from ..kernels import installed
+
+    config = generation_config("hf", max_new, stop_ids, args)
+    device = next(model.parameters()).device
+    width = max(len(ids) for ids in prompts)
+    pad = [width - len(ids) for ids in prompts]
+    inputs = torch.tensor([[config.pad_token_id] * n + list(ids) for n, ids in zip(pad, prompts)], device=device)
+    mask = torch.tensor([[0] * n + [1] * len(ids) for n, ids in zip(pad, prompts)], device=device)
+    if config.do_sample:
+        torch.manual_seed(seed)
+    with torch.inference_mode(), installed(model) if tuned else contextlib.nullcontext():
+        sync(device)
+        t0 = time.perf_counter()
+        out = model.generate(inputs, attention_mask=mask, generation_config=config)
+        sync(device)
+        seconds = time.perf_counter() - t0
+    cut = [cut_at_stop(row[width:].tolist(), stop_ids, max_new) for row in out]
+    return {"emitted": [e for e, _ in cut], "answers": [a for _, a in cut], "seconds": seconds, "steps": None,
+            "tree_nodes": 0}

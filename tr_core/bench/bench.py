@@ -12,6 +12,9 @@ machine drift hits all alike. Methods and their names in tables and JSON:
 - `hf`: transformers' `model.generate` (greedy, or the same sampling settings).
 - `pld`: transformers' prompt lookup decoding (`generate(prompt_lookup_num_tokens=...)`).
 
+`--concurrency N` measures throughput instead: every first turn N at once (tr_core.batch) against one after
+another, each answer from the session's state (tr_core/bench/concurrency.py says how).
+
 Definitions (as Spec-Bench): time is wall time per answer, prefill included (with `--repeats R`, the fastest
 of R rounds of all methods, each round from the same learned state); speedup is vanilla's total seconds over the
 method's on the same answers; mean accepted tokens is emitted tokens per decoding forward (for hf/pld every

@@ -2,7 +2,8 @@
 folder of runs (the README's Results tables), read from the JSON files alone.
 
     python -m tr_core.bench.tables bench/results            # the grid: every <machine>-<T>t-<set>.json, by machine,
-                                                            # and the forward cost of every profile-<machine>-<T>t.json
+                                                            # the forward cost of every profile-<machine>-<T>t.json,
+                                                            # a table per <machine>-<T>t-concurrency<N>.json
     python -m tr_core.bench.tables bench/results/xeon-2t-dev.json   # one run: its header, overall and by task
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .questions import task_sort_key
 
 RUN_NAME = re.compile(r"^(?P<machine>[a-z]+)-(?P<threads>\d+)t-(?P<set>[a-z]+)$")  # epyc-2t-dev
 PROFILE_NAME = re.compile(r"^profile-(?P<machine>[a-z]+)-(?P<threads>\d+)t$")  # profile-epyc-2t
+CONCURRENCY_NAME = re.compile(r"^(?P<machine>[a-z]+)-(?P<threads>\d+)t-concurrency(?P<rows>\d+)$")  # -concurrency8
 QUESTION_SETS = {"dev": "development", "harder": "harder"}
 LABELS = {  # the rows of the grid; other methods show their own name
     "recycling[adaptive]": "Token Recycling, `adaptive` (the matrix alone)",
@@ -24,6 +26,7 @@ LABELS = {  # the rows of the grid; other methods show their own name
     "hf": "transformers `generate`",
     "pld": "prompt lookup decoding (transformers)",
 }
+AT_ONCE_LABELS = {"vanilla": "plain decoding (the engine)", "hf": "transformers `generate`, left-padded"}
 NOISY = ("⚠ noisy: a speedup above what the mean accepted tokens per step allow (more than 1.1 x mean accepted): "
          "the machine's load changed during the run; rerun on a quiet machine.")
 
@@ -47,7 +50,10 @@ def _noisy(methods: list[dict[str, Any]]) -> bool:
 
 
 def format_tables(result: dict[str, Any]) -> str:
-    """One run: overall per method, then speedup (mean accepted tokens per step) per task and method."""
+    """One run: overall per method, then speedup (mean accepted tokens per step) per task and method; a
+    `--concurrency` run: concurrency_table."""
+    if result.get("concurrency"):
+        return concurrency_table(result)
     methods = result["methods"]
     lines = ["| method | mean accepted | tokens/s | speedup | identical to vanilla |",
              "| --- | ---: | ---: | ---: | ---: |"]
@@ -72,10 +78,50 @@ def format_header(result: dict[str, Any]) -> str:
             f"{', %d turns skipped: too long for the model' % len(result['skipped']) if result.get('skipped') else ''})"
             f" · max_new_tokens {result['max_new_tokens']}"
             f" · temperature {result['temperature']} · template {result['template']}"
-            f" · matrix {'fresh per question' if result.get('fresh_matrix') else 'kept across questions'}"
+            f" · {_matrix(result)}"
             f" · torch threads {result.get('threads', '?')}"
             f"{' · fastest of %d repeats per answer' % result['repeats'] if result.get('repeats', 1) > 1 else ''}\n"
-            f"command: {result.get('command', '')}")
+            f"command: {result.get('command', '')}" + "".join(f"\nnote: {n}" for n in result.get("notes", [])))
+
+
+def _matrix(result: dict[str, Any]) -> str:
+    """What the answers learned from: kept across questions, fresh per question, or (`--concurrency`) none."""
+    if result.get("concurrency"):
+        return (f"first turns, {result['concurrency']} at once ({result['groups']} groups), every answer from the "
+                "session's start")
+    return f"matrix {'fresh per question' if result.get('fresh_matrix') else 'kept across questions'}"
+
+
+def concurrency_table(result: dict[str, Any]) -> str:
+    """A `--concurrency N` run: per method, tokens/s one after another and N at once, the ratios of the batched
+    throughput to its own one after another and to plain decoding's batched, and the answers identical batched and
+    alone (transformers' against plain decoding's alone)."""
+    n, methods = result["concurrency"], result["methods"]
+    lines = [f"| method | one after another, tokens/s | {n} at once, tokens/s | at once / one after another | "
+             "at once / plain decoding at once | answers identical at once and alone |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, m in methods.items():
+        alone, batched = m.get("alone") or {}, m["batched"]
+        same = f"{batched['identical']}/{batched['compared']}" + ("" if alone else " (to plain decoding's)")
+        lines.append(f"| {AT_ONCE_LABELS.get(name) or LABELS.get(name, f'`{name}`')} | "
+                     f"{_fmt(alone.get('tokens_per_s'), '.1f')} | {_fmt(batched['tokens_per_s'], '.1f')} | "
+                     f"{_fmt(m['batched_over_alone'], '.2f', 'x')} | "
+                     f"{_fmt(m['batched_over_plain_batched'], '.2f', 'x')} | {same} |")
+    verdict = ("every engine answer identical batched and alone" if result["identical_batched_and_alone"] else
+               "⚠ some engine answers differ batched and alone")
+    return "\n".join(lines + ["", verdict + "."])
+
+
+def concurrency_tables(runs: dict[str, dict[str, Any]]) -> str:
+    """Each concurrency run (`<machine>-<T>t-concurrency<N>`) as its own table, under a line saying where."""
+    out = []
+    for name, r in sorted(runs.items()):
+        where = CONCURRENCY_NAME.match(name)
+        load = r.get("load_average", {}).get("before") or ["?"]
+        out.append(f"**{r.get('machine', where['machine'])}, {_threads(where['threads'])}: {r['concurrency']} prompts "
+                   f"at once** ({r['answers']} first turns, {r['max_new_tokens']} new tokens, load average {load[0]} "
+                   f"before the run, {r['date']})\n\n" + concurrency_table(r))
+    return "\n\n".join(out)
 
 
 def _threads(n: str) -> str:
@@ -122,14 +168,16 @@ def cost_table(profiles: dict[str, dict[str, Any]]) -> str:
 
 
 def folder_tables(folder: Path) -> str:
-    """The results grid and the forward-cost table of the runs and profiles in `folder`."""
+    """The results grid, the forward-cost table and the concurrency tables of the runs and profiles in `folder`."""
     def read(pattern: re.Pattern) -> dict[str, dict[str, Any]]:
         return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))
                 if pattern.match(p.stem)}
 
-    runs, profiles = read(RUN_NAME), read(PROFILE_NAME)
-    parts = ([results_grid(runs)] if runs else []) + ([cost_table(profiles)] if profiles else [])
-    return "\n\n".join(parts) or f"{folder}: no <machine>-<T>t-<set>.json or profile-<machine>-<T>t.json file"
+    runs, profiles, at_once = read(RUN_NAME), read(PROFILE_NAME), read(CONCURRENCY_NAME)
+    parts = ([results_grid(runs)] if runs else []) + ([cost_table(profiles)] if profiles else []) + (
+        [concurrency_tables(at_once)] if at_once else [])
+    return "\n\n".join(parts) or (f"{folder}: no <machine>-<T>t-<set>.json, <machine>-<T>t-concurrency<N>.json or "
+                                    "profile-<machine>-<T>t.json file")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,6 +46,11 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=1, metavar="R",
                    help="answer every turn in R rounds of all methods, each from the same learned state, and keep "
                         "each method's fastest time: a busy machine's slow spells then hit few answers")
+    p.add_argument("--concurrency", type=int, default=None, metavar="N",
+                   help="answer every question's first turn N at once (tr_core.batch) and one after another, "
+                        "interleaved per group of N, with plain decoding and transformers' generate batched the same "
+                        "way: throughputs, ratios and whether every answer is the same batched and alone "
+                        "(tr_core/bench/concurrency.py)")
     threads_option(p)
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the results as JSON")
     p.add_argument("--max-minutes", type=float, default=None, metavar="M",
@@ -69,6 +74,10 @@ def validate_args(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
         raise bench.BenchInputError(f"--repeats must be >= 1, got {args.repeats}")
     if args.pld_tokens < 1 or args.pld_ngram < 1:
         raise bench.BenchInputError("--pld-tokens and --pld-ngram must be >= 1")
+    if args.concurrency is not None and (args.concurrency < 1 or args.fresh_matrix or args.fresh_sessions):
+        raise bench.BenchInputError(f"--concurrency must be >= 1, got {args.concurrency}" if args.concurrency < 1 else
+                                    "--concurrency answers every first turn from the session's state already: "
+                                    "leave out --fresh-matrix and --fresh-sessions")
     if args.topk_candidates < 1:
         raise bench.BenchInputError(f"--topk-candidates must be >= 1, got {args.topk_candidates}")
     if problem := output_problem(args.json, "--json"):
@@ -103,27 +112,77 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = loaded
     runner = bench.Runner(model, tokenizer, specs, args, decode_config(args))
     meta = results.run_meta(args, model, runner.device)
+    if args.concurrency is not None:
+        return run_concurrency(args, runner, questions, specs, meta)
     n_answers = len(questions) if args.fresh_sessions else sum(len(q.turns) for q in questions)
     print(f"bench: {len(questions)} questions ({n_answers} answers) x {len(specs)} methods "
           f"({', '.join(s.name for s in specs)}) on {meta['device']} ({meta['machine']})", file=sys.stderr)
     if args.warmup:
         bench.warm_up(runner, questions, specs, args.warmup)
-    try:
-        runner.start_sessions(lambda engine: apply_warm_start(args.warm_start, engine, args.model))
-    except ValueError as exc:  # a --warm-start file that does not fit this model
-        return report_error(exc, 1)
-    meta["warm_start"] = {"option": args.warm_start, **(asdict(runner.warm) if runner.warm is not None else {}),
-                          "described": runner.warm.describe() if runner.warm is not None else "cold (empty matrix)"}
+    if not start_sessions(args, runner, meta):
+        return 1
     with tqdm(total=n_answers * len(specs), desc="bench", unit="answer", file=sys.stderr,
               disable=args.no_progress, mininterval=2.0) as bar:
         skipped: list[dict] = []
         records = bench.run_questions(runner, questions, specs, args, progress=bar, skipped=skipped)
+    result = results.build_result(records, specs, questions, linear_plan(model, meta), skipped)
+    return report(args, result)
+
+
+def start_sessions(args: argparse.Namespace, runner: bench.Runner, meta: dict[str, Any]) -> bool:
+    """Put the engines in a new session's state, warmed as `--warm-start` says, and record it in `meta`; False
+    after reporting a warm-start file that does not fit this model."""
+    try:
+        runner.start_sessions(lambda engine: apply_warm_start(args.warm_start, engine, args.model))
+    except ValueError as exc:
+        report_error(exc, 1)
+        return False
+    meta["warm_start"] = {"option": args.warm_start, **(asdict(runner.warm) if runner.warm is not None else {}),
+                          "described": runner.warm.describe() if runner.warm is not None else "cold (empty matrix)"}
+    return True
+
+
+def linear_plan(model: Any, meta: dict[str, Any]) -> dict[str, Any]:
+    """`meta` with how the linear layers multiplied (said on stderr too)."""
     from ..kernels import describe_plan
 
     meta["linear"] = describe_plan(model)
     print(meta["linear"]["summary"], file=sys.stderr)
-    result = results.build_result(records, specs, questions, meta, skipped)
+    return meta
+
+
+def report(args: argparse.Namespace, result: dict[str, Any]) -> int:
+    """Print the run's header and tables; write its JSON where `--json` says."""
     print(tables.format_header(result) + "\n\n" + tables.format_tables(result))
     if args.json:
         write_json(args.json, result)
     return 0
+
+
+def run_concurrency(args: argparse.Namespace, runner: bench.Runner, questions: list[Any], specs: list[Any],
+                    meta: dict[str, Any]) -> int:
+    """`--concurrency N`: the first turns in groups of N, each way interleaved per group (bench/concurrency.py)."""
+    from tqdm.auto import tqdm
+
+    from ..bench import concurrency
+
+    load = {"before": concurrency.load_average()}
+    skipped: list[dict] = []
+    prompts = concurrency.first_turns(runner, questions, args.max_new_tokens, skipped)
+    groups = [prompts[i:i + args.concurrency] for i in range(0, len(prompts), args.concurrency)]
+    ways = concurrency.ways_of(specs)
+    for note in concurrency.left_out(specs):
+        print(f"bench: left out: {note}", file=sys.stderr)
+    print(f"bench: {len(prompts)} first turns, {args.concurrency} at once ({len(groups)} groups) x {len(ways)} ways "
+          f"({', '.join(w.name for w in ways)}) on {meta['device']} ({meta['machine']})", file=sys.stderr)
+    if args.warmup and groups:
+        concurrency.warm_up(runner, groups[0], ways)
+    if not start_sessions(args, runner, meta):
+        return 1
+    with tqdm(total=len(prompts) * len(ways) * args.repeats, desc="bench", unit="answer", file=sys.stderr,
+              disable=args.no_progress, mininterval=2.0) as bar:
+        records = concurrency.run_groups(runner, groups, ways, args, bar)
+    load["after"] = concurrency.load_average()
+    result = concurrency.build_result(records, ways, questions, linear_plan(runner.model, meta), skipped,
+                                      args.concurrency, load, concurrency.left_out(specs))
+    return report(args, result)
