@@ -65,8 +65,20 @@ def answer_of(result) -> str:
             content = message.get("content")
             if isinstance(content, list):
                 content = " ".join(str(c.get("text", c)) if isinstance(c, dict) else str(c) for c in content)
-            return plain(str(content or "")).rstrip("▌ ").strip()
+            text = plain(str(content or "")).rstrip("▌ ").strip()
+            return "" if text == "…" else text  # "…": the page's placeholder before the first token
     return ""
+
+
+def trace_tokens(result) -> list[int] | None:
+    """The answer's tokens, from the trace file the page offers for download (output 10 of /chat: an update whose
+    value is the server's path, read here as this script launches the app on this machine)."""
+    try:
+        path = result[9]
+        path = (path.get("path") or path.get("value")) if isinstance(path, dict) else path
+        return json.loads(Path(path).read_text())["summary"]["tokens"]
+    except (TypeError, IndexError, KeyError, OSError, ValueError):
+        return None
 
 
 def visitor(url: str, question: str, tokens: int, template: str, go: threading.Event, out: dict) -> None:
@@ -86,26 +98,24 @@ def visitor(url: str, question: str, tokens: int, template: str, go: threading.E
     except Exception as exc:  # noqa: BLE001 - counted as not answered
         out.update(error=repr(exc))
         return
-    text = answer_of(result)
     out.update(first_s=first if first is not None else time.monotonic() - start, done_s=time.monotonic() - start,
-               text=text)
+               text=answer_of(result), tokens=trace_tokens(result))
 
 
-def alone_answers(questions: list[str], tokens: int, template: str) -> tuple[list[str], list[int]]:
+def alone_answers(questions: list[str], tokens: int, template: str) -> list[list[int]]:
     """Each question answered by a fresh warm-started engine, as a new session of the studio is."""
     from tr_core import DecodeConfig, Engine, load_model
     from tr_core.warm import warm_start
 
     model, tokenizer = load_model()
-    texts, counts = [], []
+    answers = []
     for q in questions:
         engine = Engine(model, tokenizer)
         warm_start(engine, None, learn=False)
         ids = engine.encode_chat([{"role": "user", "content": q}])
         summary = list(engine.generate(ids, DecodeConfig(max_new_tokens=tokens, template=template)))[-1]
-        texts.append(plain(engine.decode(summary.tokens)))
-        counts.append(len(summary.tokens))
-    return texts, counts
+        answers.append(list(summary.tokens))
+    return answers
 
 
 def main() -> None:
@@ -149,22 +159,22 @@ def main() -> None:
 
 
 def report(args, questions: list[str], outs: list[dict], wall: float) -> None:
-    answered = [o for o in outs if "text" in o and o["text"]]
+    answered = [o for o in outs if o.get("text")]
     firsts = sorted(o["first_s"] for o in answered)
-    texts, counts = alone_answers(questions, args.tokens, args.template)
-    same = [o.get("text") == t for o, t in zip(outs, texts)]
-    total = sum(c for c, o in zip(counts, outs) if "text" in o)
+    alone = alone_answers(questions, args.tokens, args.template)
+    same = [o.get("tokens") == tokens for o, tokens in zip(outs, alone)]
+    total = sum(len(o.get("tokens") or []) for o in answered)
     figures = {"visitors": len(outs), "answered": len(answered), "tokens": args.tokens, "template": args.template,
                "first_text_median_s": statistics.median(firsts) if firsts else None,
                "first_text_p95_s": firsts[min(len(firsts) - 1, int(0.95 * len(firsts)))] if firsts else None,
                "first_text_last_s": firsts[-1] if firsts else None, "wall_s": wall,
-               "crowd_tokens_per_s": total / wall, "identical_to_alone": sum(same),
+               "crowd_tokens_per_s": total / wall, "tokens_identical_to_alone": sum(same),
                "done_s": sorted(round(o["done_s"], 1) for o in answered),
                "errors": [o["error"] for o in outs if "error" in o]}
     print(json.dumps(figures, indent=1))
-    for i, (o, t) in enumerate(zip(outs, texts)):
-        if o.get("text") != t:
-            print(f"visitor {i} differs:\n  crowd: {o.get('text', '')[:200]!r}\n  alone: {t[:200]!r}")
+    for i, (o, tokens) in enumerate(zip(outs, alone)):
+        if o.get("tokens") != tokens:
+            print(f"visitor {i} differs:\n  crowd: {o.get('tokens')}\n  alone: {tokens}")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
 

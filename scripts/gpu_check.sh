@@ -8,6 +8,8 @@
 #   bash scripts/gpu_check.sh profile  # cost curves t(N)/t(1) at Llama 1B and 8B shapes (random weights, bf16), with
 #                                      # speedups projected from the mean accepted tokens of `bench`
 #   bash scripts/gpu_check.sh vllm     # Token Recycling inside vLLM, where vLLM 0.32 is installed (docs/vllm.md)
+#   bash scripts/gpu_check.sh crowd    # many prompts at once (tr_core.batch): 8 and 32 rows, Token Recycling batched
+#                                      # against one after another and plain batched, tokens checked identical
 # Each writes JSON and text under $OUT (default /tmp/gpu_check). Settings: MODEL (default the embedded model), DEVICE,
 # PER_TASK, MAX_NEW, MINUTES (start no new question after that long), THREADS. A quick try on a CPU:
 #   DEVICE=cpu PER_TASK=1 MAX_NEW=16 bash scripts/gpu_check.sh bench
@@ -49,9 +51,21 @@ vllm_check() {
     --per-task 4 --rounds 2 --concurrency 1 8 32 --out "$OUT/vllm_gpu.json" 2>&1 | tail -n 12 | tee "$OUT/vllm_bench.txt"
 }
 
+# A class at once: the first turns of PER_TASK questions a task, CONCURRENCY at a time, batched and alone.
+crowd() {
+  { nvidia-smi -L || true; } 2>/dev/null
+  for n in ${CONCURRENCY:-8 32}; do
+    python3 -m tr_core bench --questions "$DATA/spec_bench_dev.jsonl" --questions "$DATA/mbpp_dev.jsonl" \
+      "${MODEL_ARGS[@]}" --device "$DEVICE" --per-task "$PER_TASK" --max-new-tokens "$MAX_NEW" \
+      --template adaptive,hybrid,2.2.2 --concurrency "$n" --no-progress ${THREADS:+--threads "$THREADS"} \
+      --json "$OUT/gpu_crowd_$n.json" 2>&1 | tee "$OUT/gpu_crowd_$n.txt"
+  done
+}
+
 case "${1:-}" in
   bench) bench ;;
+  crowd) crowd ;;
   profile) profile ;;
   vllm) vllm_check ;;
-  *) echo "usage: $0 bench|profile|vllm (see the header of $0)" >&2; exit 2 ;;
+  *) echo "usage: $0 bench|profile|vllm|crowd (see the header of $0)" >&2; exit 2 ;;
 esac

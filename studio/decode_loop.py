@@ -23,7 +23,7 @@ from tr_core.events import SummaryEvent
 
 from .session import DECODE_SLOT
 
-DEFAULT_ROWS = 16
+DEFAULT_ROWS = 32  # a class of thirty starts at once (scripts/crowd.py: p95 first text 20 s at 32 rows, 32 s at 16)
 
 
 def rows_setting() -> int:
