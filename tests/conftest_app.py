@@ -77,6 +77,7 @@ def log_decodes(path: Path) -> None:
     its summary). A decode may then be stopped only by its request (closed, Stop, New chat) or the time limit:
     record_live's stop for a consumer that stopped pulling (`abandon_s`, a safety net) is turned off."""
     from studio import recording
+    from studio.decode_loop import BatchedEngine
     from tr_core.engine import Engine
     from tr_core.events import SummaryEvent
 
@@ -84,24 +85,26 @@ def log_decodes(path: Path) -> None:
         with open(path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
 
-    generate = Engine.generate
+    def logging(generate):
+        def logged(self, prompt_ids, cfg=None, *args, **kwargs):
+            n = getattr(cfg, "max_new_tokens", None)
+            write(f"start {n}")
+            run, ended = generate(self, prompt_ids, cfg, *args, **kwargs), False
+            try:
+                for ev in run:
+                    if isinstance(ev, SummaryEvent):
+                        write(f"end {n} {ev.stop_reason} {ev.new_tokens}")
+                        ended = True
+                    yield ev
+            finally:
+                run.close()
+                if not ended:
+                    write(f"closed {n}")
+        return logged
 
-    def logged(self, prompt_ids, cfg=None, *args, **kwargs):
-        n = getattr(cfg, "max_new_tokens", None)
-        write(f"start {n}")
-        run, ended = generate(self, prompt_ids, cfg, *args, **kwargs), False
-        try:
-            for ev in run:
-                if isinstance(ev, SummaryEvent):
-                    write(f"end {n} {ev.stop_reason} {ev.new_tokens}")
-                    ended = True
-                yield ev
-        finally:
-            run.close()
-            if not ended:
-                write(f"closed {n}")
-
-    Engine.generate = logged
+    # an answer decodes alone (Engine.generate: set-up, slow motion, the meter) or in the shared batch (BatchedEngine)
+    Engine.generate = logging(Engine.generate)
+    BatchedEngine.generate = logging(BatchedEngine.generate)
     names = [p.name for p in inspect.signature(recording.record_live).parameters.values()
              if p.default is not inspect.Parameter.empty]
     defaults = list(recording.record_live.__defaults__)
