@@ -429,13 +429,16 @@ def _tiny_model_folder(folder: Path) -> Path:
     return folder
 
 
-def test_json_contract_on_tiny_model(tmp_path):
-    folder = _tiny_model_folder(tmp_path / "tiny")
-    qfile = _write(tmp_path, "q.jsonl", [
+THREE_QUESTIONS = [  # a two-turn conversation, a question and code: the tiny-model runs' question file
         '{"question_id": 1, "category": "writing", "turns": ["Write a poem about the sea.", "Shorter, please."]}',
         '{"question_id": 2, "category": "qa", "turns": ["What is the capital of France?"]}',
         '{"question_id": 3, "category": "code", "turns": ["def add(a, b):\\n    return a + b\\nprint(add(1, 2))"]}',
-    ])
+]
+
+
+def test_json_contract_on_tiny_model(tmp_path):
+    folder = _tiny_model_folder(tmp_path / "tiny")
+    qfile = _write(tmp_path, "q.jsonl", THREE_QUESTIONS)
     out_json = tmp_path / "r.json"
     args = _parser().parse_args([
         "bench", "--questions", str(qfile), "--model", str(folder), "--device", "cpu", "--max-new-tokens", "24",
@@ -601,9 +604,7 @@ def test_concurrency_on_a_tiny_model_end_to_end(tmp_path):
     and the tables of the file and of a folder holding it."""
     folder = _tiny_model_folder(tmp_path / "tiny")
     qfile = _write(tmp_path, "q.jsonl", [
-        '{"question_id": 1, "category": "writing", "turns": ["Write a poem about the sea.", "Shorter, please."]}',
-        '{"question_id": 2, "category": "qa", "turns": ["What is the capital of France?"]}',
-        '{"question_id": 3, "category": "code", "turns": ["def add(a, b):\\n    return a + b\\nprint(add(1, 2))"]}',
+        *THREE_QUESTIONS,
         '{"question_id": 4, "category": "qa", "turns": ["Name three colours of the rainbow, please."]}',
     ])
     out_json = tmp_path / "zen-2t-concurrency3.json"
