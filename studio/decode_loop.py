@@ -8,7 +8,6 @@ the current step.
 """
 from __future__ import annotations
 
-import itertools
 import os
 import queue
 import threading
@@ -43,7 +42,6 @@ HANDOFF_S = 0.002  # a pause after each step without the slot, so set-up and mea
 class Ticket:
     """One answer's request: what to decode, and where its events go."""
 
-    number: int
     engine: Any
     prompt_ids: list[int]
     cfg: Any
@@ -60,13 +58,12 @@ class DecodeLoop:
         self.waiting: deque[Ticket] = deque()
         self.rows: dict[int, Ticket] = {}  # batch key -> ticket
         self.wake = threading.Condition()
-        self.numbers = itertools.count()
         self.thread = threading.Thread(target=self._run, daemon=True, name="tr-decode-loop")
         self.thread.start()
 
     def submit(self, engine: Any, prompt_ids: list[int], cfg: Any, stop: Callable[[], bool]) -> Ticket:
         """Queue an answer; its events (then None) arrive on the ticket's queue."""
-        ticket = Ticket(next(self.numbers), engine, prompt_ids, cfg, stop)
+        ticket = Ticket(engine, prompt_ids, cfg, stop)
         with self.wake:
             self.waiting.append(ticket)
             self.wake.notify()
