@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from tr_core.config import DecodeConfig, DecodeConfigError
 from tr_core.trace import Trace
@@ -26,7 +26,7 @@ from .answer import ANSWERING, dropped_view, final_view, finish_trace, stream_an
 from .costs import cost_curve, share_costs
 from .decode_loop import crowd  # noqa: F401 - tests/test_speed.py names cost_curve from here
 from .measure import measure_note, measure_speed, measuring_status  # noqa: F401 - and the notes (test_speed.py)
-from .models import REFUSED, ModelRefused, label
+from .models import REFUSED, ModelRefused, canonical, label
 from .session import BUSY, InputError, Session, SlotAbandoned, Studio, clean_text, decode_slot
 from .settings import ChatSettings, clamp, parse_settings, trim_to_context  # noqa: F401 - and parse_settings
 from .views import RENDER_EVERY_S, blank_views, coloured_answer, matrix_info, message, race_html
@@ -34,14 +34,22 @@ from .views import RENDER_EVERY_S, blank_views, coloured_answer, matrix_info, me
 # ------------------------------------------------------------------------------------- the session's engine
 
 NO_WARM = "The matrix starts empty (no warm start is available for this model)."
-_WARM_STARTS: "weakref.WeakKeyDictionary[Any, tuple[dict | None, str]]" = weakref.WeakKeyDictionary()
+_WARM_STARTS: "weakref.WeakKeyDictionary[Any, WarmStart]" = weakref.WeakKeyDictionary()
+
+
+class WarmStart(NamedTuple):
+    """An engine's warm start: its state right after it (for Reset; None when nothing was loaded), a plain-English
+    line for the page, and whether later sessions may fork it (complete, not being learned further)."""
+
+    state: dict | None
+    note: str
+    reusable: bool = False
 
 
 def warm_up(engine: Any, model_name: str, learn: bool,
-            progress: Callable[[int, int], None] | None = None) -> tuple[dict | None, str]:
+            progress: Callable[[int, int], None] | None = None) -> WarmStart:
     """Start `engine`'s matrix warm (tr_core.warm: the embedded model's shipped start, else one learned from the
-    project's own questions and cached; never from visitors). Returns (the engine's state right after it, for
-    Reset; None when nothing was loaded) and a plain-English line for the page.
+    project's own questions and cached; never from visitors).
 
     Called holding the decode slot (new_engine). A warm start learned here takes about FIRST_ANSWER_BUDGET_S at
     most (a partial one when time runs out) and lends the slot between its steps, so other visitors' answers go on
@@ -64,30 +72,58 @@ def warm_up(engine: Any, model_name: str, learn: bool,
         info = warm_start(engine, model_name, learn=learn, progress=progress, budget_s=FIRST_ANSWER_BUDGET_S,
                           between=lend)
     except WarmStartError as exc:  # a shipped file that does not fit this model: the session still works, cold
-        return None, f"Cold start: the matrix starts empty (the warm-start file cannot be used: {exc})"
+        return WarmStart(None, f"Cold start: the matrix starts empty (the warm-start file cannot be used: {exc})")
     if info.source == "none":
-        return None, info.describe() or NO_WARM
+        return WarmStart(None, info.describe() or NO_WARM, reusable=True)
     if info.partial and learn:
         model, tokenizer, k = engine.model, engine.tokenizer, engine.matrix.k
         learn_in_background(lambda: Engine(model, tokenizer, topk_candidates=k), model_name, hold=decode_slot,
                             between=lambda: lend(polite=True))
-    return engine.snapshot(), info.describe()
+    return WarmStart(engine.snapshot(), info.describe(), reusable=not info.partial)
 
 
 def new_engine(studio: Studio, model_name: str, k: int, should_stop: Callable[[], bool] | None = None,
                progress: Callable[[int, int], None] | None = None) -> Any:
     """A new engine for a model, warm-started. The model load waits on no one (it may wait on the network, and
-    other tabs' decoding must not wait on it); building the engine and its warm start hold the decode slot, so
-    they never run beside another tab's timed decode, but a warm start being learned (at most about
-    FIRST_ANSWER_BUDGET_S) lends it between its steps (warm_up): other tabs decode meanwhile."""
+    other tabs' decoding must not wait on it). The first engine of a model and k is built and warm-started holding
+    the decode slot (a warm start being learned lends it between its steps: warm_up); later ones are forks of a
+    copy of it, made without the slot, so a class arriving at once does not queue for it between batch steps."""
     from tr_core.engine import Engine
 
     model, tokenizer = studio.catalog.get(model_name)
+    twin = warm_twin(studio, model_name, model, k)
+    if twin is not None:
+        return twin
     with decode_slot(should_stop):
         engine = Engine(model, tokenizer, topk_candidates=k)
         # on ZeroGPU the app's copy is on the CPU: a warm start is only loaded there, never learned
-        _WARM_STARTS[engine] = warm_up(engine, model_name, learn=not zerogpu.on_zerogpu(), progress=progress)
+        warm = _WARM_STARTS[engine] = warm_up(engine, model_name, learn=not zerogpu.on_zerogpu(), progress=progress)
+    if warm.reusable:
+        with _TEMPLATES_LOCK:
+            _TEMPLATES[(canonical(model_name), k)] = (engine.fork(), warm)
     return engine
+
+
+# (model name, k) -> a warm-started engine that never decodes, and its warm start: new sessions fork it
+_TEMPLATES: dict[tuple[str, int], tuple[Any, WarmStart]] = {}
+_TEMPLATES_LOCK = threading.Lock()
+
+
+def warm_twin(studio: Studio, model_name: str, model: Any, k: int) -> Any:
+    """A fork of the model's warm-started template engine for k, or None when it has none yet; templates of models
+    no longer loaded (or loaded again since) are dropped, so they hold no model in memory."""
+    name = canonical(model_name)
+    with _TEMPLATES_LOCK:
+        for key, (held, _) in list(_TEMPLATES.items()):
+            stale = held.model is not model if key[0] == name else not studio.catalog.is_loaded(key[0])
+            if stale:
+                del _TEMPLATES[key]
+        template, warm = _TEMPLATES.get((name, k), (None, None))
+    if template is None:
+        return None
+    twin = template.fork()
+    _WARM_STARTS[twin] = warm
+    return twin
 
 
 def engine_for(studio: Studio, s: Session, k: int, should_stop: Callable[[], bool] | None = None,
@@ -106,7 +142,8 @@ def adopt_engine(s: Session, engine: Any, notes: list[str], change_note: str) ->
         if s.engine is not None:
             notes.append(change_note)
         s.engine, s.k = engine, engine.matrix.k
-        s.warm_state, s.warm_note = _WARM_STARTS.get(engine, (None, NO_WARM))
+        warm = _WARM_STARTS.get(engine, WarmStart(None, NO_WARM))
+        s.warm_state, s.warm_note = warm.state, warm.note
 
 
 def ensure_engine(studio: Studio, s: Session, k: int, notes: list[str],

@@ -164,7 +164,7 @@ def test_engine_set_up_and_preload_hold_the_decode_slot(monkeypatch):
 
     def warm_up(engine, name, learn, progress=None):
         seen.append(("warm", DECODE_SLOT.locked()))
-        return None, "Cold start: test"
+        return h.WarmStart(None, "Cold start: test")
 
     monkeypatch.setattr(Engine, "__init__", init)
     monkeypatch.setattr(Engine, "generate", generate)
@@ -192,7 +192,7 @@ def test_a_new_engine_starts_warm_reset_returns_there_and_empty_empties(monkeypa
         assert go.wait(10), "the page never showed the warm start's progress"
         progress(2, 2)
         engine.matrix.table[5, 0], engine.matrix.filled[5] = 6, True  # a learned row, as tr_core.warm writes
-        return engine.snapshot(), "Warm start: test rows"
+        return h.WarmStart(engine.snapshot(), "Warm start: test rows")
 
     monkeypatch.setattr(h, "warm_up", warm_up)
     studio = studio_for()
@@ -248,3 +248,51 @@ def test_an_answer_stopped_while_the_model_is_busy_says_so_without_blaming_anoth
     assert out["value"]["status"] == h.SLOT_ABANDONED
     assert "another tab" not in h.SLOT_ABANDONED and "nothing was changed" in h.SLOT_ABANDONED
     assert session.engine is None and session.history == []
+
+
+def test_later_sessions_fork_the_models_warm_engine_without_the_slot(monkeypatch):
+    from conftest import TinyTokenizer, tiny_model
+
+    calls = []
+
+    def warm_up(engine, name, learn, progress=None):
+        calls.append((engine.matrix.k, DECODE_SLOT.locked()))
+        engine.matrix.table[5, 0], engine.matrix.filled[5] = 6, True  # a learned row, as tr_core.warm writes
+        return h.WarmStart(engine.snapshot(), "Warm start: test rows", reusable=True)
+
+    monkeypatch.setattr(h, "warm_up", warm_up)
+    monkeypatch.setattr(h, "_TEMPLATES", {})
+    models = [tiny_model("llama")]
+    studio = studio_for()
+    studio.catalog._loader = lambda name: (models[-1], TinyTokenizer(96))
+    first = h.new_engine(studio, "m", 8)
+    with DECODE_SLOT:  # another visitor's batch step: a fork does not wait for it (nor give up: should_stop)
+        second = h.new_engine(studio, "m", 8, should_stop=lambda: True)
+    assert calls == [(8, True)]
+    assert second is not first and second.model is first.model and int(second.matrix.table[5, 0]) == 6
+    second.matrix.table[5, 0] = 7  # each session learns on its own matrix
+    assert int(first.matrix.table[5, 0]) == 6 and int(h.new_engine(studio, "m", 8).matrix.table[5, 0]) == 6
+    session = Session(model="m", k=8)
+    h.adopt_engine(session, second, [], "")
+    assert session.warm_note == "Warm start: test rows" and session.warm_state is not None
+    h.new_engine(studio, "m", 4)  # another k: a matrix of another width, warm-started anew
+    assert calls == [(8, True), (4, True)]
+    models.append(tiny_model("llama"))  # the model was loaded again (evicted meanwhile): its old copy is not used
+    studio.catalog._loaded.clear()
+    third = h.new_engine(studio, "m", 8)
+    assert third.model is models[-1] and calls[-1] == (8, True) and len(calls) == 3
+
+
+def test_a_partial_warm_start_is_not_forked_for_later_sessions(monkeypatch):
+    from conftest import TinyTokenizer, tiny_model
+
+    calls = []
+    monkeypatch.setattr(h, "warm_up", lambda engine, name, learn, progress=None: calls.append(name) or h.WarmStart(
+        engine.snapshot(), "Warm start: partial", reusable=False))
+    monkeypatch.setattr(h, "_TEMPLATES", {})
+    model = tiny_model("llama")
+    studio = studio_for()
+    studio.catalog._loader = lambda name: (model, TinyTokenizer(96))
+    h.new_engine(studio, "m", 8)
+    h.new_engine(studio, "m", 8)
+    assert len(calls) == 2  # each later session loads the warm start again (the full one, once it is cached)

@@ -65,7 +65,7 @@ def tiny_studio(**config):
 
 
 def test_elsewhere_nothing_is_decorated_and_spaces_need_not_exist(monkeypatch):
-    monkeypatch.setattr(h, "warm_up", lambda engine, name, learn, progress=None: (None, "cold"))
+    monkeypatch.setattr(h, "warm_up", lambda engine, name, learn, progress=None: h.WarmStart(None, "cold"))
     monkeypatch.delenv(zerogpu.ZEROGPU_ENV, raising=False)
     monkeypatch.setitem(sys.modules, "spaces", None)  # `import spaces` would raise
     zerogpu.import_spaces()
@@ -82,7 +82,7 @@ def test_answers_and_measurements_run_in_gpu_calls_that_fit_the_time_limits(spac
     from tr_core.config import DecodeConfig
     from tr_core.engine import Engine
 
-    monkeypatch.setattr(h, "warm_up", lambda engine, name, learn, progress=None: (None, f"cold (learn={learn})"))
+    monkeypatch.setattr(h, "warm_up", lambda engine, name, learn, progress=None: h.WarmStart(None, f"cold (learn={learn})"))
     studio, model = tiny_studio(time_limit_s=60.0, measure_max_s=20.0)
     assert zerogpu.install(studio.catalog)
     assert spaces.decorated == ["gpu_decode", "gpu_measure"]
@@ -188,7 +188,7 @@ def test_on_zerogpu_answers_take_no_process_wide_slot(spaces, monkeypatch):
 
     from studio.session import DECODE_SLOT
 
-    monkeypatch.setattr(h, "warm_up", lambda engine, name, learn, progress=None: (None, "cold"))
+    monkeypatch.setattr(h, "warm_up", lambda engine, name, learn, progress=None: h.WarmStart(None, "cold"))
     studio, _ = tiny_studio()
     assert zerogpu.install(studio.catalog)
     session = Session(model="m", k=8)
