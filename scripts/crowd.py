@@ -25,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+PLACE = "In line for the shared batch: place"  # studio/answer.py waiting_status
 
 
 def free_port() -> int:
@@ -82,14 +83,23 @@ def trace_tokens(result) -> list[int] | None:
 
 
 def visitor(url: str, question: str, tokens: int, template: str, go: threading.Event, out: dict) -> None:
-    """One visitor: a session of their own, one question, every update timed."""
+    """One visitor: a session of their own, one question, every update timed; whether they waited in line for a
+    worker (Gradio's queue) or for a row of the shared batch, and whether they were shown their place meanwhile."""
+    from gradio_client.utils import Status
+
     client = connect(url)
     go.wait()
     start = time.monotonic()
     job = client.submit(question, tokens, 0.0, 1.0, 0, 0, template, False, 8, 0.0, False, 1.0, api_name="/chat")
-    first = None
+    first, queued, shown = None, False, False
     while not job.done():
-        outputs = job.outputs()
+        status, outputs = job.status(), job.outputs()
+        if status.code == Status.QUEUE_FULL:
+            out.update(error="refused: the queue is full")
+        if status.code == Status.IN_QUEUE:
+            queued, shown = True, shown or status.rank is not None
+        if outputs and any(PLACE in str(part) for part in outputs[-1]):
+            queued = shown = True
         if first is None and outputs and answer_of(outputs[-1]):
             first = time.monotonic() - start
         time.sleep(0.05)
@@ -99,7 +109,7 @@ def visitor(url: str, question: str, tokens: int, template: str, go: threading.E
         out.update(error=repr(exc))
         return
     out.update(first_s=first if first is not None else time.monotonic() - start, done_s=time.monotonic() - start,
-               text=answer_of(result), tokens=trace_tokens(result))
+               text=answer_of(result), tokens=trace_tokens(result), queued=queued, shown_place=shown)
 
 
 def alone_answers(questions: list[str], tokens: int, template: str) -> list[list[int]]:
@@ -126,12 +136,15 @@ def main() -> None:
     ap.add_argument("--questions", default=str(ROOT / "bench/data/spec_bench_dev.jsonl"))
     ap.add_argument("--url", help="a running studio (default: launch one)")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--no-compare", action="store_true",
+                    help="skip answering every question alone to compare tokens (long for hundreds of visitors)")
     args = ap.parse_args()
     from tr_core.bench.questions import load_questions
 
-    questions = [q.turns[0] for q in load_questions(args.questions)][: args.visitors]
-    if len(questions) < args.visitors:
-        sys.exit(f"{args.questions} holds only {len(questions)} questions")
+    pool = [q.turns[0] for q in load_questions(args.questions)]
+    if not pool:
+        sys.exit(f"{args.questions} holds no questions")
+    questions = [pool[i % len(pool)] for i in range(args.visitors)]  # more visitors than questions: some repeat
     proc = None
     url = args.url
     if url is None:
@@ -161,19 +174,22 @@ def main() -> None:
 def report(args, questions: list[str], outs: list[dict], wall: float) -> None:
     answered = [o for o in outs if o.get("text")]
     firsts = sorted(o["first_s"] for o in answered)
-    alone = alone_answers(questions, args.tokens, args.template)
-    same = [o.get("tokens") == tokens for o, tokens in zip(outs, alone)]
+    alone = [None] * len(questions) if args.no_compare else alone_answers(questions, args.tokens, args.template)
+    same = [o.get("tokens") == tokens for o, tokens in zip(outs, alone) if tokens is not None]
     total = sum(len(o.get("tokens") or []) for o in answered)
     figures = {"visitors": len(outs), "answered": len(answered), "tokens": args.tokens, "template": args.template,
                "first_text_median_s": statistics.median(firsts) if firsts else None,
                "first_text_p95_s": firsts[min(len(firsts) - 1, int(0.95 * len(firsts)))] if firsts else None,
                "first_text_last_s": firsts[-1] if firsts else None, "wall_s": wall,
-               "crowd_tokens_per_s": total / wall, "tokens_identical_to_alone": sum(same),
+               "crowd_tokens_per_s": total / wall,
+               "tokens_identical_to_alone": sum(same) if not args.no_compare else "not compared",
+               "waited_in_line": sum(bool(o.get("queued")) for o in outs),
+               "shown_their_place": sum(bool(o.get("shown_place")) for o in outs),
                "done_s": sorted(round(o["done_s"], 1) for o in answered),
                "errors": [o["error"] for o in outs if "error" in o]}
     print(json.dumps(figures, indent=1))
     for i, (o, tokens) in enumerate(zip(outs, alone)):
-        if o.get("tokens") != tokens:
+        if tokens is not None and o.get("tokens") != tokens:
             print(f"visitor {i} differs:\n  crowd: {o.get('tokens')}\n  alone: {tokens}")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")

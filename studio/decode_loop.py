@@ -1,13 +1,15 @@
 """Visitors decode together: one loop per model owns its forwards, and every answer is a row of its batch.
 
 An answer joins the model's loop (`BatchedEngine.generate`, a drop-in for Engine.generate), waits for a free row
-(first come, first served), and gets its events through a queue of its own; its tokens are the ones it gets
+(first come, first served; those getting a row at once prefill shortest first), and gets its events through a
+queue of its own; its tokens are the ones it gets
 alone (tr_core.batch). Each step of the batch holds DECODE_SLOT, so engine set-up and the speed meter's
 measurements take turns with it between steps. A stopped answer, or one whose visitor left, frees its row after
 the current step.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import threading
@@ -22,7 +24,7 @@ from tr_core.events import SummaryEvent
 
 from .session import DECODE_SLOT
 
-DEFAULT_ROWS = 32  # a class of thirty starts at once (scripts/crowd.py: p95 first text 20 s at 32 rows, 32 s at 16)
+DEFAULT_ROWS = 32  # a class of thirty at once (scripts/crowd.py, first version: p95 first text 20 s; 32 s at 16 rows)
 
 
 def rows_setting() -> int:
@@ -35,6 +37,7 @@ def rows_setting() -> int:
 
 ROWS = rows_setting()  # answers per shared forward; the rest wait for a row, in the order they came
 IDLE_S = 0.5  # how often an idle loop looks for answers whose visitor left while waiting
+ADMIT_S = 2.0  # prefill time a loop turn spends on joining answers before the rows already decoding step again
 HANDOFF_S = 0.002  # a pause after each step without the slot, so set-up and measurements waiting for it get it
 
 
@@ -94,33 +97,51 @@ class DecodeLoop:
                 time.sleep(HANDOFF_S)
 
     def _admit(self) -> None:
-        """Give free rows to waiting answers (a left or stopped one is dropped); each prefills as it joins."""
-        while not self.batch.full:
+        """Give free rows to waiting answers (a left or stopped one is dropped); each prefills as it joins. The
+        answers that get a row now prefill shortest prompt first, each showing its first token as soon as it has
+        prefilled, for at most ADMIT_S before the rows already decoding take their next step."""
+        began = time.monotonic()
+        while not self.batch.full and (not self.rows or time.monotonic() - began < ADMIT_S):
             with self.wake:
                 if not self.waiting:
                     return
-                ticket = self.waiting.popleft()
+                ticket = next_to_join(self.waiting, self.batch.max_rows - len(self.batch))
+                self.waiting.remove(ticket)
             if ticket.gone.is_set() or ticket.stop():
                 ticket.events.put(None)
                 continue
-            try:
-                with DECODE_SLOT:
-                    key = self.batch.add(ticket.engine, ticket.prompt_ids, ticket.cfg,
-                                         stop=lambda t=ticket: t.gone.is_set() or t.stop())
-            except Exception as exc:  # noqa: BLE001 - this answer's error, handed to it
-                ticket.events.put(exc)
-                ticket.events.put(None)
-                continue
-            with self.wake:
-                self.rows[key] = ticket
+            with DECODE_SLOT:
+                self._join(ticket)
+
+    def _join(self, ticket: Ticket) -> None:
+        """Prefill an answer into a row and give it its first token at once (it needs no forward of its own)."""
+        try:
+            key = self.batch.add(ticket.engine, ticket.prompt_ids, ticket.cfg,
+                                 stop=lambda t=ticket: t.gone.is_set() or t.stop())
+        except Exception as exc:  # noqa: BLE001 - this answer's error, handed to it
+            ticket.events.put(exc)
+            ticket.events.put(None)
+            return
+        with self.wake:
+            self.rows[key] = ticket
+        try:
+            out = self.batch.first_steps()
+        except Exception as exc:  # noqa: BLE001 - as a failed step: every answer in the batch gets the error
+            self._fail_all(exc)
+            return
+        self._deliver(out)
 
     def _step(self) -> None:
-        """One step of the batch; every event goes to its answer, a finished answer's queue is closed."""
+        """One step of the batch."""
         try:
             out = self.batch.step()
         except Exception as exc:  # noqa: BLE001 - the shared forward failed: every answer in it gets the error
             self._fail_all(exc)
             return
+        self._deliver(out)
+
+    def _deliver(self, out: list) -> None:
+        """Every event to its answer; a finished answer's queue is closed and its row forgotten."""
         for key, ev in out:
             ticket = self.rows[key]
             ticket.events.put(ev)
@@ -136,6 +157,11 @@ class DecodeLoop:
             ticket.events.put(None)
         with self.wake:
             self.rows.clear()
+
+
+def next_to_join(waiting: deque[Ticket], free: int) -> Ticket:
+    """The next answer to prefill: of the first `free` in line (those who get a row now), the shortest prompt."""
+    return min(itertools.islice(waiting, max(free, 1)), key=lambda t: len(t.prompt_ids))
 
 
 _LOOPS: dict[int, DecodeLoop] = {}  # id(model) -> its loop (a model stays loaded for the process's life)

@@ -149,3 +149,25 @@ def test_a_long_prompt_joining_after_short_ones_keeps_their_caches():
     prompts = [torch.randint(2, TINY_VOCAB, (n,), generator=g).tolist() for n in (5, 300, 12)]
     for cfg in (DecodeConfig(max_new_tokens=12, plain=True), DecodeConfig(max_new_tokens=12, template="hybrid")):
         assert batched(model, prompts, cfg, max_rows=3)[0] == alone(model, prompts, cfg)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_joining_answers_take_their_first_step_without_a_forward_and_keep_their_tokens(arch):
+    """first_steps steps only the rows that just joined (the prompt's forward verified their first step): no
+    forward, the rows already decoding wait; every answer still gets its tokens alone."""
+    model = tiny_model(arch)
+    prompts, cfg = ragged_prompts(4, seed=5), DecodeConfig(max_new_tokens=24, template="hybrid")
+    base, batch, done = Engine(model, TinyTokenizer(TINY_VOCAB)), Batch(max_rows=4), {}
+    forwards = []
+    batch._forward = lambda *a, real=batch._forward: forwards.append(1) or real(*a)
+    keys = [batch.add(base.fork(), prompts[0], cfg)]
+    assert [k for k, ev in batch.first_steps()] == keys and not forwards
+    batch.step()
+    for prompt in prompts[1:]:
+        keys.append(batch.add(base.fork(), prompt, cfg))
+        out = batch.first_steps()
+        assert [k for k, ev in out] == keys[-1:] and isinstance(out[0][1], StepEvent) and len(forwards) == 1
+    assert batch.first_steps() == []
+    while batch:
+        done.update((k, ev.tokens) for k, ev in batch.step() if isinstance(ev, SummaryEvent))
+    assert [done[k] for k in keys] == alone(model, prompts, cfg)

@@ -3,11 +3,12 @@ tokens it gets alone; one who leaves frees their row; those beyond the rows wait
 from __future__ import annotations
 
 import threading
+from collections import deque
 
 import torch
 from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
 
-from studio.decode_loop import BatchedEngine, DecodeLoop
+from studio.decode_loop import BatchedEngine, DecodeLoop, Ticket, next_to_join
 from tr_core import DecodeConfig, Engine, StepEvent, SummaryEvent
 
 
@@ -75,3 +76,11 @@ def test_a_bad_prompt_fails_that_answer_only():
         raise AssertionError("a prompt outside the vocabulary must be refused")
     ok = list(BatchedEngine(Engine(model, TinyTokenizer(TINY_VOCAB))).generate([5, 6], DecodeConfig(max_new_tokens=4)))
     assert len(ok[-1].tokens) == 4
+
+
+def test_those_who_get_a_row_now_prefill_shortest_first_and_the_line_stays_first_come():
+    line = deque(Ticket(None, [1] * n, None, lambda: False) for n in (9, 3, 7, 2))
+    assert len(next_to_join(line, free=3).prompt_ids) == 3  # the 4th in line (2 tokens) does not get a row yet
+    assert len(next_to_join(line, free=4).prompt_ids) == 2
+    assert len(next_to_join(line, free=1).prompt_ids) == 9  # one row free: the first in line
+    assert len(next_to_join(line, free=0).prompt_ids) == 9

@@ -111,11 +111,25 @@ class Batch:
         drafted = [row.engine.draft_step(row.state) for row in self.rows]
         forwarded = [d.logits is None for d in drafted]
         logits = self._forward(drafted, forwarded) if any(forwarded) else None
+        return self._settle(list(range(len(self.rows))), drafted, forwarded, logits)
+
+    @torch.no_grad()
+    def first_steps(self) -> list[tuple[int, Event]]:
+        """Step only the rows whose step needs no forward (answers that just joined: the prompt's forward verified
+        their first step), so each shows its first token at once while others still join. Events as `step`'s."""
+        ready = [i for i, row in enumerate(self.rows) if row.state.verified_first]
+        drafted = [self.rows[i].engine.draft_step(self.rows[i].state) for i in ready]
+        return self._settle(ready, drafted, [False] * len(ready), None)
+
+    def _settle(self, indices: list[int], drafted: list[Drafted], forwarded: list[bool],
+                logits: torch.Tensor | None) -> list[tuple[int, Event]]:
+        """Settle rows `indices` on their logits (row i of the shared forward's, or their own); drop ended ones."""
         out, ended = [], set()
-        for i, (row, d) in enumerate(zip(self.rows, drafted)):
+        for i, d, f in zip(indices, drafted, forwarded):
+            row = self.rows[i]
             d.timer.mark("forward")
-            row.state.cache.forwarded = forwarded[i]
-            own = logits[i, : d.draft.size] if forwarded[i] else d.logits
+            row.state.cache.forwarded = f
+            own = logits[i, : d.draft.size] if f else d.logits
             event, finished = row.engine.settle_step(row.state, d, own, alone=len(self.rows) == 1)
             out.append((row.key, event))
             if not finished and row.stop is not None and row.stop():

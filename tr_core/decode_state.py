@@ -40,6 +40,11 @@ class DecodeState:
     prefill_s: float = 0.0
     decode_start: float = 0.0  # perf_counter when the first step began
 
+    @property
+    def verified_first(self) -> bool:
+        """The next step is the first, already verified by the prompt's forward: it needs no forward of its own."""
+        return self.first is not None and self.first[2] is not None
+
 
 class Drafted(NamedTuple):
     """A drafted step waiting for its forward (`logits` set: the prompt's forward already verified it)."""
