@@ -97,7 +97,7 @@ def add_library(engine, prompts: list[str], args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     out = Path(args.out)
-    state = warm.load(out, engine)
+    state = warm.read(out, engine)
     if args.answers:
         answers = [answer for _, answer in json.loads(Path(args.answers).read_text(encoding="utf-8"))]
     else:

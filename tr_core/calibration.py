@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 N_BINS = 16  # calibration bins over the stored candidate probability (uint8 0..255), finer where it is small
-# Matrix calibration keys: bin, plus N_BINS when the candidate's row was written before this answer began
-MATRIX_KEYS = 2 * N_BINS
+MATRIX_KEYS = 2 * N_BINS  # a matrix key: the bin, plus N_BINS when the row was written before this answer began
 
 
 def stored_bin(stored: torch.Tensor) -> torch.Tensor:
@@ -15,17 +14,12 @@ def stored_bin(stored: torch.Tensor) -> torch.Tensor:
     return (torch.sqrt(stored.float() / 256) * N_BINS).long()
 
 
-def bin_centers() -> torch.Tensor:
-    """[N_BINS] float64: the probability at the middle of each bin (a calibrated model's rate there)."""
-    return ((torch.arange(N_BINS, dtype=torch.float64) + 0.5) / N_BINS) ** 2
-
-
 def matrix_prior(prior: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Starting (hits, trials) [MATRIX_KEYS] of the matrix keys: this answer's bins at their own stored probability,
-    weight `prior`; older rows' bins empty, as their rate leans on this answer's bin (AdaptiveDrafter._rate)."""
-    hits = torch.cat([bin_centers() * prior, torch.zeros(N_BINS, dtype=torch.float64)])
-    trials = torch.cat([torch.full((N_BINS,), prior, dtype=torch.float64), torch.zeros(N_BINS, dtype=torch.float64)])
-    return hits, trials
+    """Starting (hits, trials) [MATRIX_KEYS] of the matrix keys: this answer's bins at the probability of their
+    middle, weight `prior`; older rows' bins empty, as their rate leans on this answer's bin (AdaptiveDrafter._rate)."""
+    centers = ((torch.arange(N_BINS, dtype=torch.float64) + 0.5) / N_BINS) ** 2
+    empty = torch.zeros(N_BINS, dtype=torch.float64)
+    return torch.cat([centers * prior, empty]), torch.cat([torch.full((N_BINS,), prior, dtype=torch.float64), empty])
 
 
 # the calibration key of every stored value (0..255) of a row of this answer, then (256..511) of an older row
@@ -38,14 +32,11 @@ def tested_candidates(tokens: list[int], parents: list[int], depths: list[int], 
     """(keys, passed) of every candidate a step tested (its parent accepted), over a whole tree of which the nodes
     `kept` (root first, draft order) were drafted; `accepted` indexes the draft. One not drafted passed if its
     token is the one the model emitted after its parent, as greedy verification would decide."""
-    path = [kept[a] for a in accepted]  # tree nodes of the accepted path; path[d] is at depth d
-    on_path, drafted = set(path), set(kept)
+    on_path, drafted = {kept[a] for a in accepted}, set(kept)  # tree nodes of the accepted path, of the draft
     out_keys, hits = [], []
     for node in range(1, len(tokens)):
         parent = parents[node]
-        depth = depths[parent]
-        if parent in on_path and depth < len(emitted):
+        if parent in on_path and depths[parent] < len(emitted):
             out_keys.append(keys[node])
-            hits.append(node in on_path if node in drafted else tokens[node] == emitted[depth])
+            hits.append(node in on_path if node in drafted else tokens[node] == emitted[depths[parent]])
     return out_keys, hits
-

@@ -34,8 +34,7 @@ class DecodeConfig:
     temperature: float = 0.0  # 0 = greedy; > 0 samples with seeded, position-keyed Gumbel noise
     top_p: float = 1.0  # nucleus sampling threshold (1.0 = off); applied after temperature and top-k
     top_k: int = 0  # keep only the k most likely tokens before sampling (0 = off)
-    # > 0; 1.0 = off; applied to each tree node with that node's own prefix (transformers' RepetitionPenaltyLogitsProcessor)
-    repetition_penalty: float = 1.0
+    repetition_penalty: float = 1.0  # > 0; 1.0 = off; applied to each tree node with that node's own prefix
     seed: int = 0  # the sampling seed: same seed -> same tokens for plain decoding and Token Recycling
     template: str = "2.2.2"  # draft tree: see tree.TEMPLATE_NAMES ("adaptive": dynamic, sized by cost)
     plain: bool = False  # True = plain decoding (one token per step) through the same harness
@@ -46,25 +45,18 @@ class DecodeConfig:
     # None = on for adaptive trees, off for the static templates (which then run as the paper published them)
     prompt_seeding: bool | None = None
     sync_timings: bool = False  # CUDA only: synchronise around each phase so per-phase timings are exact
-    # record each step's provenance for the microscope (the rows it read before rewriting them, where each candidate
-    # was written): a copy and a larger sync every step, so off unless a view asks (tr_core/provenance.py)
-    provenance: bool = False
+    provenance: bool = False  # record provenance for the microscope (tr_core/provenance.py): costs a copy and sync
 
     def __post_init__(self) -> None:
-        for name in _REALS:  # ints and NumPy numbers become floats (transformers' warpers refuse an int temperature)
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise DecodeConfigError(name, "must be a number", value)
-            object.__setattr__(self, name, float(value))
-        for name in _INTEGERS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise DecodeConfigError(name, "must be an integer", value)
-            object.__setattr__(self, name, int(value))
-        self.check()
-
-    def check(self) -> None:
-        """Raise DecodeConfigError for the first setting out of range (the one place these rules live)."""
+        """Make ints and NumPy numbers the fields' types (transformers' warpers refuse an int temperature), then raise
+        DecodeConfigError for the first setting out of range (the one place these rules live)."""
+        for names, kind, cast, what in ((_REALS, numbers.Real, float, "a number"),
+                                        (_INTEGERS, numbers.Integral, int, "an integer")):
+            for name in names:
+                value = getattr(self, name)
+                if isinstance(value, bool) or not isinstance(value, kind):
+                    raise DecodeConfigError(name, f"must be {what}", value)
+                object.__setattr__(self, name, cast(value))
         rules = (
             ("max_new_tokens", "must be >= 1", self.max_new_tokens >= 1),
             ("min_new_tokens", "must be >= 0", self.min_new_tokens >= 0),
@@ -88,5 +80,4 @@ class DecodeConfig:
         return self.temperature == 0.0
 
     def with_(self, **changes) -> "DecodeConfig":
-        """Return a copy with some fields changed."""
         return replace(self, **changes)

@@ -1,17 +1,6 @@
-"""The context index: every token the conversation has seen, searchable for what followed the current context.
-
-The adjacency matrix remembers one step per token; this index sees that an answer copies a run from its prompt, an
-earlier turn or itself. It keeps the token stream (within a session, like the matrix) and, for every n-gram length
-1..max_n, a hash chain over it (as LZ77 compressors do): `head[n][gram]` is the last position where `gram` ended,
-`prev[n][i]` the previous one before position i. An append is O(max_n), a lookup walks at most `chain` links per
-length; past `max_tokens` the older half is dropped and the rest re-indexed (amortised O(1), memory bounded: a
-suffix automaton finds the longest match in O(1) too, but its links cannot be evicted).
-
-Measured (tests/test_context.py, AMD EPYC): ~3 us to append a token, ~12 us to look up 3 continuations of 16 tokens;
-14 MB at 32,768 tokens of random ids (the worst case; 27 MB at 65,536).
-
-Segments say where each token came from as a code (`PLACES`), so a copied draft's origin is data (`Match.origin`).
-"""
+"""The context index: every token the conversation has seen, searchable for what followed the current suffix (runs
+an answer copies from its prompt, an earlier turn or itself). Per n-gram length a hash chain, as LZ77 compressors
+keep: an append is O(max_n), a lookup walks at most `chain` links per length; past `max_tokens` the older half goes."""
 from __future__ import annotations
 
 import bisect
@@ -30,7 +19,6 @@ PLACES = (CONTEXT, PROMPT, ANSWER, EARLIER_PROMPT, EARLIER_ANSWER, LIBRARY)
 @dataclass
 class Segment:
     """A run of the stream with one origin."""
-
     where: str  # one of PLACES
     start: int  # global position of its first kept token (positions count every token ever added)
     length: int = 0  # tokens kept
@@ -40,7 +28,6 @@ class Segment:
 @dataclass(frozen=True)
 class Match:
     """A continuation found in the context: the tokens that followed an earlier occurrence of the current suffix."""
-
     tokens: tuple[int, ...]  # the continuation (up to the asked length)
     match_len: int  # how many tokens of the current context matched there (<= MAX_MATCH)
     position: int  # global position of the continuation's first token
@@ -50,7 +37,7 @@ class Match:
 
     def origin(self, used: int) -> dict[str, int | str]:
         """Where the continuation's `used`-th token was copied from (StepEvent.origins): its segment's code, the
-        0-based offsets there of the run's first token and of this one, and the match's length."""
+        offsets there of the run's first token and of this one, and the match's length."""
         return {"where": self.where, "first": self.offset, "last": self.offset + max(used, 1) - 1,
                 "match": self.match_len}
 
@@ -65,7 +52,6 @@ class ContextIndex:
         self.clear()
 
     def clear(self) -> None:
-        """Forget every token."""
         self.base = 0  # global position of stream[0] (grows as old tokens are evicted)
         self.stream: list[int] = []
         self.head: list[dict[tuple[int, ...], int]] = [{} for _ in range(self.max_n + 1)]  # [n][gram] -> end pos
@@ -75,7 +61,6 @@ class ContextIndex:
     def __len__(self) -> int:
         return len(self.stream)
 
-    # -- building ---------------------------------------------------------------------------------------------
     def start_segment(self, where: str) -> None:
         """Following tokens come from `where` (empty segments are dropped)."""
         if self.segments and self.segments[-1].length == 0:
@@ -121,36 +106,37 @@ class ContextIndex:
         for token in keep:
             self._append(token)
         if segments and segments[0].start < new_base:
-            cut = new_base - segments[0].start
-            old = segments[0]
+            old, cut = segments[0], new_base - segments[0].start
             segments[0] = Segment(old.where, new_base, old.length - cut, old.skipped + cut)
         self.segments = segments
 
-    # -- searching --------------------------------------------------------------------------------------------
     def lookup(self, max_matches: int = 3, max_len: int = 16) -> list[Match]:
-        """Continuations of the stream's own suffix, best first: longest matched n-gram, then most recent.
+        """Continuations of the stream's own suffix, best first (longest matched n-gram, then most recent), one per
+        distinct first token; `contested` when the n-gram was followed by different tokens before (a common word)."""
+        return self._search(self.stream, max_matches, max_len, set(), 1)
 
-        At most one match per distinct first token (they become sibling branches of the draft tree); a match
-        whose continuation would be empty (the suffix itself) is skipped. A match is `contested` when the
-        n-gram it matched was followed by different tokens before (a common word, unlike a rare name).
-        """
+    def _search(self, suffix: list[int], max_matches: int, max_len: int, skip: set[int], min_n: int) -> list[Match]:
+        """`lookup` of `suffix`'s continuations, matched on at least `min_n` tokens, none starting with a `skip`."""
         found: list[Match] = []
-        firsts: set[int] = set()
-        size = len(self.stream)
-        for n in range(min(self.max_n, size), 0, -1):
-            ends = self._occurrences(tuple(self.stream[size - n :]))
-            contested = len({self.stream[local + 1] for local in ends}) > 1
-            for local in ends:
-                if len(found) < max_matches and self.stream[local + 1] not in firsts:
-                    firsts.add(self.stream[local + 1])
-                    found.append(self._match(local, n, max_len, contested))
+        for n in range(min(self.max_n, len(suffix)), min_n - 1, -1):
+            ends = [(local, self._room(local)) for local in self._occurrences(tuple(suffix[len(suffix) - n:]))]
+            ends = [(local, room) for local, room in ends if room > 0]
+            contested = len({self.stream[local + 1] for local, _ in ends}) > 1
+            for local, room in ends:
+                first = self.stream[local + 1]
+                if len(found) < max_matches and first not in skip:
+                    skip = skip | {first}
+                    found.append(self._match(local, n, min(max_len, room), contested, suffix))
             if len(found) >= max_matches:
                 break
         return found
 
+    def _room(self, local: int) -> int:
+        """The most tokens a continuation of an n-gram ending at `local` may take."""
+        return len(self.stream) - (local + 1)
+
     def _occurrences(self, gram: tuple[int, ...]) -> list[int]:
-        """Local indices where `gram` ended before the stream's end (not the suffix itself), newest first, at
-        most `chain` of them."""
+        """Local indices where `gram` ended before the stream's end, newest first, at most `chain` of them."""
         n, size = len(gram), len(self.stream)
         pos, links, ends = self.head[n].get(gram, -1), 0, []
         while pos >= self.base and links < self.chain:
@@ -160,27 +146,16 @@ class ContextIndex:
             pos, links = self.prev[n][local], links + 1
         return ends
 
-    def _match(self, local: int, n: int, max_len: int, contested: bool, suffix: list[int] | None = None) -> Match:
-        """The match ending at local index `local` (n tokens known to agree with `suffix`, by default the stream's
-        own), extended backwards."""
-        suffix = self.stream if suffix is None else suffix
-        size = len(suffix)
-        length = n
+    def _match(self, local: int, n: int, max_len: int, contested: bool, suffix: list[int]) -> Match:
+        """The match ending at `local` (its last n tokens agree with `suffix`'s), extended backwards."""
+        size, length = len(suffix), n
         while length < MAX_MATCH and local - length >= 0 and size - 1 - length >= 0 \
                 and self.stream[local - length] == suffix[size - 1 - length]:
             length += 1
-        start = local + 1
-        tokens = tuple(self.stream[start : start + max_len])
-        where, offset = self._where(self.base + start)
-        return Match(tokens=tokens, match_len=length, position=self.base + start, where=where, offset=offset,
-                     contested=contested)
-
-    def _where(self, pos: int) -> tuple[str, int]:
-        """(segment code, offset within the segment as first added) of a global position."""
-        for seg in reversed(self.segments):
-            if seg.start <= pos:
-                return seg.where, pos - seg.start + seg.skipped
-        return CONTEXT, pos
+        start, pos = local + 1, self.base + local + 1
+        seg = next((seg for seg in reversed(self.segments) if seg.start <= pos), None)  # offsets count evicted tokens
+        where, offset = (seg.where, pos - seg.start + seg.skipped) if seg else (CONTEXT, pos)
+        return Match(tuple(self.stream[start : start + max_len]), length, pos, where, offset, contested)
 
     def snapshot(self) -> dict:
         """Plain data for tests and display: the stream, its segments and the index sizes."""
@@ -193,9 +168,8 @@ class Library(ContextIndex):
     """A fixed set of answers to copy runs from (the warm start's, tr_core.warm), each a LIBRARY segment; a
     continuation never runs past its answer's end. Never changed once built, so drafter copies share it."""
 
-    def __init__(self, answers: list[list[int]], chain: int = 8) -> None:
-        total = sum(len(a) for a in answers)
-        super().__init__(max_tokens=max(total, 16), chain=chain)
+    def __init__(self, answers: list[list[int]]) -> None:
+        super().__init__(max_tokens=max(sum(map(len, answers)), 16))
         self.ends: list[int] = []  # local index one past each answer's last token
         for answer in answers:
             if answer:
@@ -209,21 +183,10 @@ class Library(ContextIndex):
 
     def continuations(self, suffix: list[int], max_matches: int, max_len: int, skip: set[int],
                       min_n: int = 2) -> list[Match]:
-        """Continuations of `suffix` (the conversation's last tokens) in the library, best first as `lookup`'s:
-        longest matched n-gram (at least `min_n`: a 1-token match in other answers is right too rarely), then most
-        recent; one per distinct first token, none whose first token is in `skip` (found already). A match at an
-        answer's last token has no continuation, and one is cut at its answer's end."""
-        found: list[Match] = []
-        for n in range(min(self.max_n, len(suffix)), min_n - 1, -1):
-            ends = [(local, self.ends[bisect.bisect_right(self.ends, local)])  # (where it ends, its answer's end)
-                    for local in self._occurrences(tuple(suffix[len(suffix) - n:]))]
-            ends = [(local, end) for local, end in ends if local + 1 < end]
-            contested = len({self.stream[local + 1] for local, _ in ends}) > 1
-            for local, end in ends:
-                first = self.stream[local + 1]
-                if len(found) < max_matches and first not in skip:
-                    skip = skip | {first}
-                    found.append(self._match(local, n, min(max_len, end - (local + 1)), contested, suffix))
-            if len(found) >= max_matches:
-                break
-        return found
+        """Continuations of `suffix` (the conversation's last tokens) in the library, as `lookup`'s, matched on at
+        least `min_n` tokens (a 1-token match in other answers is right too rarely), none starting with a token in
+        `skip` (found already), each cut at its answer's end."""
+        return self._search(suffix, max_matches, max_len, skip, min_n)
+
+    def _room(self, local: int) -> int:
+        return self.ends[bisect.bisect_right(self.ends, local)] - (local + 1)

@@ -68,8 +68,7 @@ class ForwardTimer:
         self.cache = TreeKVCache()
         self.runner.prefill(self.context, self.cache)
         self.past = len(self.context)
-        last = self.context[-1] if self.context else 0
-        self.token = torch.tensor([last], dtype=torch.long, device=self.runner.device)
+        self.token = torch.tensor([(self.context or [0])[-1]], dtype=torch.long, device=self.runner.device)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -120,7 +119,6 @@ class ForwardCost:
         return self.spread <= STEADY_SPREAD
 
     def __call__(self, n: int) -> float:
-        """Interpolated cost in ms of a forward of n tokens."""
         return interpolate(self.ms, n)
 
     def observe(self, n: int, ms: float, alpha: float = 0.1) -> None:
@@ -146,18 +144,18 @@ class ForwardCost:
         self.probed = dict(self.ms)
         self.measured = True
 
-    def probe(self, runner: ModelRunner, context: list[int], max_tokens: int, repeats: int = 2,
+    def probe(self, runner: ModelRunner, context: list[int], max_tokens: int,
               known: dict[int, float] | None = None) -> None:
         """Measure the grid up to `max_tokens`, timing only sizes not in `known` (ms, e.g. kernels.timed_costs)."""
         known = {n: ms for n, ms in (known or {}).items() if n in COST_GRID and n <= max(max_tokens, 1)}
         sizes = [n for n in COST_GRID if n <= max(max_tokens, 1) and n not in known]
         context, sizes = timing_context(runner, context, sizes)
-        times = measure_forward_costs(runner, context, sizes, repeats) if sizes else {}
+        times = measure_forward_costs(runner, context, sizes) if sizes else {}
         for _ in range(MAX_RETIMES):  # a disturbed size is timed again, a bounded number of times
             shaky = [n for n, v in times.items() if relative_spread(v) > STEADY_SPREAD]
             if not shaky:
                 break
-            for n, more in measure_forward_costs(runner, context, shaky, repeats, warmup=0).items():
+            for n, more in measure_forward_costs(runner, context, shaky, warmup=0).items():
                 times[n] += more
         self.set_measured({**{n: [ms] for n, ms in known.items()}, **times}, max_tokens)
 
@@ -166,8 +164,7 @@ class StepClock:
     """Phase timings of one decoding step in ms; `exact=True` syncs CUDA at every mark (exact, slower)."""
 
     def __init__(self, device: torch.device, exact: bool = False) -> None:
-        self.cuda = device.type == "cuda"
-        self.device = device
+        self.cuda, self.device = device.type == "cuda", device
         self.exact = exact and self.cuda
         self.marks: list[tuple[str, float]] = []
         self._events: tuple[Any, Any] | None = None
@@ -179,7 +176,6 @@ class StepClock:
         return time.perf_counter()
 
     def mark(self, phase: str) -> None:
-        """End the named phase now."""
         self.marks.append((phase, self._now()))
 
     def forward_begins(self) -> None:

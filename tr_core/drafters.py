@@ -1,8 +1,5 @@
-"""The drafter seam (in the spirit of transformers' CandidateGenerator): what proposes the tree each step.
-
-`draft` turns the last committed token into a `Draft` on the device; `lookahead` does device work right after
-verification whose results ride the step's one sync to `observe`, which learns from the verified step. The engine
-never branches on the kind of drafter; what one learned is copied or replaced only through engine_state.py."""
+"""The drafter seam (like transformers' CandidateGenerator): `draft` proposes the step's tree on the device,
+`lookahead` does device work after verification that rides the step's one sync to `observe`, which learns from it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -18,7 +15,6 @@ from .tree import DraftTree, bfs_draft, chain_tree, live_nodes, tree_from_parent
 @dataclass(frozen=True)
 class NoDraft:
     """Why a step drafted nothing (host data, with the numbers that decided it) and the best tree it considered."""
-
     why: str  # "first step" (the prompt's forward verifies it), "empty row" (no candidates after the root), "cost"
     gain: float = 0.0  # "cost": the best tree's expected accepted draft tokens (its trust applied)
     cost_ratio: float = 0.0  # "cost": that tree's step cost over a one-token step's, as measured on this machine
@@ -42,7 +38,6 @@ class NoDraft:
 @dataclass(frozen=True)
 class Draft:
     """One step's draft tree on the device: node 0 is the root (the last committed token)."""
-
     name: str  # the template (or drafter) name, for events
     tokens: torch.Tensor  # [N] long, token id of every node
     parents: torch.Tensor  # [N] long, parent index (root: 0), < own index
@@ -61,7 +56,6 @@ class Draft:
 @dataclass(frozen=True)
 class StepResult:
     """What verification decided, on the host: handed to the drafter's `observe`."""
-
     parents: list[int]  # parent of every node (root: -1)
     accepted: list[int]  # node indices of the accepted path, root first
     emitted: list[int]  # the tokens the step committed (accepted drafts, then the bonus)
@@ -75,7 +69,6 @@ class StepResult:
 @dataclass(frozen=True)
 class DraftContext:
     """What a drafter may use when an answer begins."""
-
     prompt: list[int]  # the prompt's token ids
     cfg: DecodeConfig  # the answer's settings
     matrix: AdjacencyMatrix  # the engine's adjacency matrix
@@ -83,9 +76,8 @@ class DraftContext:
     answer_start: int = -1  # the matrix clock at this answer's start: rows stamped before it were written earlier
 
 
-class BaseDrafter:
+class Drafter:
     """The seam, with do-nothing defaults: a drafter overrides `draft` and whichever of the rest it needs."""
-
     recycles = False  # True: every step's logits are recycled into the adjacency matrix
     seeds_prompt = False  # prompt seeding's default when DecodeConfig.prompt_seeding is None
     max_depth = 0  # the deepest draft it can propose (host-known)
@@ -110,12 +102,8 @@ class BaseDrafter:
         """Learn from the verified step."""
 
     def next_curve(self) -> list[float] | None:
-        """Expected accepted tokens of the next step's best m nodes, m = 0 .. the size it would draft alone; None
-        when it is not sized by cost (a batch then leaves it as it is)."""
+        """Expected accepted tokens of the next step's best m nodes, m = 0.. (None: not sized by cost; batch.py)."""
         return None
-
-
-Drafter = BaseDrafter  # the seam's type, as the engine names it
 
 
 def _draft_of(tree: DraftTree, tokens: torch.Tensor) -> Draft:
@@ -123,23 +111,19 @@ def _draft_of(tree: DraftTree, tokens: torch.Tensor) -> Draft:
                  tree_mask=tree.tree_mask, size=tree.size, levels=tree.max_depth + 1)
 
 
-class PlainDrafter(BaseDrafter):
+class PlainDrafter(Drafter):
     """Plain decoding through the same harness: a one-node tree, nothing recycled."""
 
     def __init__(self, device: torch.device) -> None:
         self.tree = tree_from_parents("plain", [-1], [-1], device)
 
     def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
-        """The root alone."""
         return _draft_of(self.tree, root.view(1))
 
 
-class StaticTreeDrafter(BaseDrafter):
-    """A fixed template (the paper's "2.2.2" and others), filled by BFS over the adjacency matrix (Sec. 3.2).
-
-    Nodes under a never-written row are left out with their subtrees, the rest keep their template ranks; which
-    live rides the step's one sync (`lookahead`), except on an answer's first step (docs/warm-start.md)."""
-
+class StaticTreeDrafter(Drafter):
+    """A fixed template (the paper's "2.2.2" and others), filled by BFS over the adjacency matrix (Sec. 3.2). Nodes
+    under a never-written row are left out with their subtrees; which live rides the step's one sync (`lookahead`)."""
     recycles = True
 
     def __init__(self, tree: DraftTree) -> None:
@@ -149,7 +133,6 @@ class StaticTreeDrafter(BaseDrafter):
         self._shapes: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}  # pruned shapes, built once each
 
     def begin(self, ctx: DraftContext) -> None:
-        """An answer starts: nothing looked ahead yet (the prompt may have been seeded into the matrix)."""
         self.ahead = None
 
     def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:

@@ -19,8 +19,8 @@ DRAFTERS = ("adaptive", "hybrid")  # the drafters with learned state of their ow
 
 @dataclass
 class MatrixClock:
-    """One tick per prompt seeding and per step, across answers; a row's stamp is the tick that wrote it, answer i
-    began at tick answer_starts[i]."""
+    """One tick per prompt seeding and per step; a row's stamp is the tick that wrote it, answer i's first tick is
+    answer_starts[i]."""
 
     tick: int = 0
     answer_starts: list[int] = field(default_factory=list)
@@ -31,7 +31,6 @@ class MatrixClock:
         return len(self.answer_starts) - 1
 
     def start_answer(self) -> int:
-        """Begin an answer at the current tick, which it returns."""
         self.answer_starts.append(self.tick)
         return self.tick
 
@@ -52,7 +51,7 @@ class EngineState:
 
     def __init__(self, device: torch.device, vocab_size: int, k: int) -> None:
         self.matrix = AdjacencyMatrix(vocab_size, k, device)
-        self.adaptive = AdaptiveDrafter(device)  # learned calibration and forward cost persist across answers
+        self.adaptive = AdaptiveDrafter(device)  # calibration and forward cost persist across answers
         self.hybrid = HybridDrafter(device)  # so do the hybrid's, and its context index
         self.clock = MatrixClock()
         self.warm: Any = None  # the warm start applied (tr_core.warm.WarmStartInfo), None: the engine started cold
@@ -61,8 +60,7 @@ class EngineState:
         return {"adaptive": self.adaptive, "hybrid": self.hybrid}
 
     def forget(self, to: dict[str, Any] | None = None) -> None:
-        """Empty the matrix (or back to the `to` snapshot's), the hybrid's context index and library, the clock;
-        the drafters' calibration and forward costs are kept."""
+        """Empty the matrix (or back to the `to` snapshot's), the hybrid's context, the clock; calibration kept."""
         self.matrix.reset()
         if to is not None:
             self.matrix.copy_from(to["matrix"])
@@ -84,8 +82,7 @@ class EngineState:
             self._use_measured(costs)
 
     def fork(self, sizes: list[int] | None = None) -> "EngineState":
-        """An independent twin sharing the model, with its own matrix, clock and drafters (the speed meter's re-run
-        from an answer's start); `sizes`: the answer's tree sizes, drafted again (`replay_sizes`)."""
+        """A twin sharing the model, learning on its own; `sizes`: an answer's tree sizes, drafted again."""
         twin = copy.copy(self)
         twin.matrix = self.matrix.clone()
         twin.clock = MatrixClock(self.clock.tick, list(self.clock.answer_starts))
@@ -96,11 +93,11 @@ class EngineState:
         return twin
 
     def state_dict(self) -> dict[str, Any]:
-        """What answers taught as plain data and CPU tensors (to cross a process boundary): matrix, clock, `learned`,
-        forward costs; not the hybrid's context index (it holds a conversation)."""
+        """What answers taught as CPU tensors and plain data, not the context index (it holds a conversation)."""
         return {"matrix": {name: getattr(self.matrix, name).cpu() for name in self.matrix.TENSORS},
                 "clock": self.clock.tick, "answer_starts": list(self.clock.answer_starts),
-                "learned": {name: _cpu(learned) for name, learned in self.learned().items()},
+                "learned": {name: {key: v.cpu() if hasattr(v, "cpu") else v for key, v in learned.items()}
+                            for name, learned in self.learned().items()},
                 "costs": self.forward_costs()}
 
     def load_state_dict(self, state: dict[str, Any], costs: bool = False) -> None:
@@ -114,15 +111,13 @@ class EngineState:
             self._use_measured(state["costs"])
 
     def start_session(self) -> None:
-        """The engine as a new session finds it: all forgotten, drafters at their priors, no warm start; the
-        forward costs measured on this machine kept."""
+        """As a new session finds it: all forgotten, drafters at their priors, no warm start; forward costs kept."""
         self.forget()
         self.adaptive, self.hybrid = _renewed(self.adaptive), _renewed(self.hybrid)
         self.warm = None
 
     def adopt_warm(self, learned: dict[str, dict], library: Any = None) -> None:
-        """Forget all, then take a warm start's `learned()` and the hybrid's library (a context.Library, or None);
-        the matrix is left empty for the caller. ValueError, changing nothing, when a state does not fit."""
+        """Forget all, then take a warm start's `learned()` and library, or change nothing (ValueError)."""
         for name, drafter in self._learners().items():  # checked first: a misfit changes nothing
             try:
                 type(drafter)(drafter.device).take_learned(learned[name])
@@ -139,12 +134,10 @@ class EngineState:
         return {name: drafter.learned() for name, drafter in self._learners().items()}
 
     def drop_older_row_calibration(self) -> None:
-        """Every drafter forgets what it learned of rows written before an answer (AdaptiveDrafter's)."""
         for drafter in self._learners().values():
             drafter.drop_older_row_calibration()
 
     def forward_costs(self) -> dict[str, ForwardCost]:
-        """The cost-sized drafters' forward-cost curves, by drafter name."""
         return {name: drafter.cost for name, drafter in self._learners().items()}
 
     def use_forward_cost(self, name: str, cost: ForwardCost) -> None:
@@ -163,8 +156,8 @@ class EngineState:
 
 
 def _fork_drafter(drafter: AdaptiveDrafter) -> AdaptiveDrafter:
-    """A deep copy of a drafter, its forward cost curve included once measured; an unmeasured one is shared, so a
-    twin taken before the start-up probe reads the probe's result instead of timing the forwards again."""
+    """A deep copy of a drafter; an unmeasured forward cost is shared, so a twin taken before the start-up probe
+    reads the probe's result instead of timing the forwards again."""
     cost = drafter.cost
     shared = cost is not None and not getattr(cost, "measured", False)
     return copy.deepcopy(drafter, memo={id(cost): cost} if shared else {})
@@ -175,8 +168,3 @@ def _renewed(drafter: AdaptiveDrafter) -> AdaptiveDrafter:
     new = type(drafter)(drafter.device, on_host=drafter.on_host)
     new.cost = drafter.cost
     return new
-
-
-def _cpu(learned: dict) -> dict:
-    """A drafter's `learned()` with its tensors on the CPU."""
-    return {key: value.cpu() if hasattr(value, "cpu") else value for key, value in learned.items()}

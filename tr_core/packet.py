@@ -9,7 +9,7 @@ import torch
 
 @lru_cache(maxsize=8)
 def _empty_float64(device: torch.device) -> torch.Tensor:
-    """An empty float64 tensor on the device: the part that makes `cat` promote every other part to float64."""
+    """An empty float64 tensor: the part that makes `cat` promote every other part to float64."""
     return torch.empty(0, dtype=torch.float64, device=device)
 
 
@@ -17,21 +17,16 @@ class SyncPacket:
     """Collects named device tensors; `sync()` returns {name: list} with one device-to-host copy."""
 
     def __init__(self) -> None:
-        self._names: list[str] = []
-        self._parts: list[torch.Tensor] = []
-        self._integer: list[bool] = []
+        self._parts: dict[str, torch.Tensor] = {}
 
     def add(self, name: str, tensor: torch.Tensor) -> "SyncPacket":
         """Register a tensor (any shape; flattened) under a unique name."""
-        if name in self._names:
+        if name in self._parts:
             raise ValueError(f"packet already holds {name!r}")
-        self._names.append(name)
-        self._parts.append(tensor.reshape(-1))
-        self._integer.append(not tensor.is_floating_point())
+        self._parts[name] = tensor.reshape(-1)
         return self
 
     def update(self, tensors: dict[str, torch.Tensor]) -> "SyncPacket":
-        """Register several tensors."""
         for name, tensor in tensors.items():
             self.add(name, tensor)
         return self
@@ -40,11 +35,11 @@ class SyncPacket:
         """The one host sync: {name: list of ints (integer tensors) or floats}."""
         if not self._parts:
             return {}
-        # cat promotes every part to float64 itself (the empty float64 part sets the type): no per-part copies
-        flat = torch.cat([*self._parts, _empty_float64(self._parts[0].device)]).tolist()
+        parts = list(self._parts.values())  # cat promotes them to float64 itself: no per-part copies
+        flat = torch.cat([*parts, _empty_float64(parts[0].device)]).tolist()
         out, start = {}, 0
-        for name, part, integer in zip(self._names, self._parts, self._integer):
+        for name, part in self._parts.items():
             values = flat[start : start + part.numel()]
-            out[name] = [int(v) for v in values] if integer else values
+            out[name] = values if part.is_floating_point() else [int(v) for v in values]
             start += part.numel()
         return out

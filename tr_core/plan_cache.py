@@ -53,7 +53,7 @@ def plan_to_dict(plan: LinearPlan) -> dict[str, Any]:
             "timed": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
-def plan_from_dict(data: dict[str, Any], where: Path) -> LinearPlan | None:
+def plan_from_dict(data: Any, where: Path) -> LinearPlan | None:
     """The plan a cache entry holds, or None when the entry is malformed."""
     try:
         ways = {int(n): str(way) for n, way in data["ways"].items()}
@@ -73,21 +73,17 @@ def plan_from_dict(data: dict[str, Any], where: Path) -> LinearPlan | None:
 def load_plan(model: Any) -> tuple[LinearPlan | None, str]:
     """(this machine's kept plan for `model`'s shapes, "") when usable now; else (None, why not, "" if none kept)."""
     path = plan_cache_path()
-    if path is None:
-        return None, ""
-    entry = _read(path).get(plan_key(model))
+    entry = None if path is None else _read(path).get(plan_key(model))
     if entry is None:
         return None, ""
-    plan = plan_from_dict(entry, path) if isinstance(entry, dict) else None
+    plan = plan_from_dict(entry, path)
     if plan is None:
         return None, f"the entry kept in {path} was malformed"
-    recorded = entry.get("machine")
-    if recorded != timing_key():
+    if (recorded := entry.get("machine")) != timing_key():
         return None, f"the plan kept in {path} was timed on another machine or torch ({recorded})"
     if not plan.steady:
         return None, f"the plan kept in {path} has no steady timings"
-    usable = set(available_ways(weight_dtype(model)))
-    if not set(plan.ways.values()) <= usable:
+    if not set(plan.ways.values()) <= set(available_ways(weight_dtype(model))):
         return None, f"the plan kept in {path} names a way this torch build lacks"
     if ONEDNN in plan.ways.values() and no_room_for_packs(model):
         return None, f"the plan kept in {path} takes oneDNN, and memory is short now"

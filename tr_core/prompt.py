@@ -8,14 +8,12 @@ import torch
 
 from .token_text import partial_token_text
 
-# Token strings that end a chat turn in common chat templates (used when they are single tokens of the vocabulary).
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "<|end_of_text|>", "</s>",
                 "<|eom_id|>", "<turn|>")
 
 
 def stop_tokens(model: Any, tokenizer: Any, vocab_size: int) -> list[int]:
-    """The ids that end an answer: the generation config's and tokenizer's EOS, and the end-of-turn tokens of
-    common chat templates that are special tokens of this vocabulary."""
+    """The ids that end an answer: the model's and tokenizer's EOS, and chat templates' end-of-turn special tokens."""
     ids: set[int] = set()
     gen = getattr(model, "generation_config", None)
     for source in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
@@ -43,14 +41,14 @@ def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
 def token_text(tokenizer: Any, token_id: int) -> str:
     """Display text of one token; one holding part of a character shows that part's bytes ('‹e4bd›')."""
     text = tokenizer.decode([token_id])
-    if "\ufffd" in text or text == "":
-        text = partial_token_text(str(tokenizer.convert_ids_to_tokens(token_id)))
+    if "\ufffd" in text or not text:  # part of a character
+        return partial_token_text(str(tokenizer.convert_ids_to_tokens(token_id)))
     return text
 
 
 def check_prompt(prompt_ids: list[int] | torch.Tensor, vocab_size: int, context_limit: int) -> list[int]:
-    """The prompt as a list of ids; raises ValueError when it is empty, not one sequence, holds ids outside the
-    vocabulary or does not fit the model's context (a [1, L] tensor, as tokenizers return, is one sequence)."""
+    """The prompt as a list of ids (a [1, L] tensor, as tokenizers return, is one sequence); ValueError when it is
+    not one sequence, is empty, holds ids outside the vocabulary or does not fit the model's context."""
     if isinstance(prompt_ids, torch.Tensor):
         if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
             prompt_ids = prompt_ids[0]

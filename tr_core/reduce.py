@@ -1,8 +1,6 @@
-"""Row reductions over the vocabulary (argmax, top-k, log-sum-exp), fast on a CPU.
-
-On a CPU, torch's `argmax` and `topk` over [N, V] cost about 10% of a step; one `amax` per chunk is faster, then the
-exact answers from the chunks that can hold them: argmax exactly as `torch.argmax` (first on ties, so greedy stays
-token-identical), top-k from the k chunks with the largest maxima. On CUDA the library kernels are used."""
+"""Row reductions over the vocabulary (argmax, top-k, log-sum-exp), fast on a CPU, where torch's `argmax` and `topk`
+over [N, V] cost about 10% of a step: one `amax` per chunk, then the exact answers from the chunks that can hold them
+(argmax first on ties, as `torch.argmax`, so greedy stays token-identical). On CUDA the library kernels are used."""
 from __future__ import annotations
 
 import torch
@@ -35,7 +33,7 @@ def row_argmax(logits: torch.Tensor) -> torch.Tensor:
     """Exactly `logits.argmax(dim=-1)` [N] for logits [N, V]: chunked on a CPU (faster even for one row)."""
     if logits.is_cuda or logits.shape[1] < 2 * CHUNK:
         return logits.argmax(dim=-1)
-    body, _, _ = _chunks(logits, 1)
+    body = _chunks(logits, 1)[0]
     return _first_max(logits, body, body.amax(dim=-1))
 
 

@@ -1,7 +1,6 @@
-"""Choosing the model's token at each position: greedy argmax, or sampling that is a pure function of (seed, position).
-
-Gumbel-max with noise hashed from (seed, position, token id): the draw does not depend on how many tokens a step
-decoded, so Token Recycling and plain decoding with the same seed agree."""
+"""Choosing the model's token at each position: greedy argmax, or Gumbel-max sampling with noise hashed from (seed,
+position, token id), so the draw does not depend on how many tokens a step decoded: Token Recycling and plain decoding
+with the same seed agree."""
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -66,7 +65,7 @@ def build_processors(cfg: DecodeConfig, extra: Iterable[Any] = ()) -> LogitsProc
 
 
 def needs_prefix(processors: LogitsProcessorList) -> bool:
-    """True when a processor reads the prefix (the repetition penalty); the others only read the logits."""
+    """Whether a processor reads the prefix (the repetition penalty); the others only read the logits."""
     return any(isinstance(p, RepetitionPenaltyLogitsProcessor) for p in processors)
 
 
@@ -83,9 +82,7 @@ def process(logits: torch.Tensor, processors: LogitsProcessorList, prefixes: tor
     scores = logits.float()
     if not processors:
         return scores
-    ids = prefixes if prefixes is not None else \
-        torch.zeros(scores.shape[0], 0, dtype=torch.long, device=scores.device)
-    return processors(ids, scores)
+    return processors(scores.new_zeros(scores.shape[0], 0, dtype=torch.long) if prefixes is None else prefixes, scores)
 
 
 def choose_tokens(scores: torch.Tensor, cfg: DecodeConfig, first_position: int, depths: torch.Tensor,

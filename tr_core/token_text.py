@@ -11,26 +11,18 @@ SP_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte-fallback t
 
 @lru_cache(maxsize=1)
 def byte_level_alphabet() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, character -> byte (printable Latin-1 as itself, others chr(256 + n): ' ' is 'Ġ')."""
+    """GPT-2's byte-level alphabet, char -> byte: printable Latin-1 as itself, others chr(256 + n) (' ' is 'Ġ')."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + n): b for n, b in enumerate(others)}}
 
 
 def piece_bytes(piece: str) -> bytes | None:
     """The bytes a SentencePiece byte token or byte-level BPE string stands for; None for anything else."""
-    if SP_BYTE.fullmatch(piece):
-        return bytes([int(SP_BYTE.fullmatch(piece).group(1), 16)])
+    if match := SP_BYTE.fullmatch(piece):
+        return bytes([int(match.group(1), 16)])
     alphabet = byte_level_alphabet()
-    if piece and all(c in alphabet for c in piece):
-        return bytes(alphabet[c] for c in piece)
-    return None
+    return bytes(alphabet[c] for c in piece) if piece and all(c in alphabet for c in piece) else None
 
 
 def readable(raw: bytes) -> str:

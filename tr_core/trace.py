@@ -1,13 +1,12 @@
-"""A recorded answer (its step events plus the token strings they need) saved as JSON and replayed without a model.
-
-Record on a GPU, present from a laptop: a trace holds everything the studio draws for an answer. What a trace file's
-fields may hold is in tr_core/trace_schema.py; here are its file's limits and what a step's fields say together.
-"""
+"""A recorded answer (its step events plus the token strings they need) saved as JSON and replayed without a model:
+record on a GPU, present from a laptop. Here are its file's limits and what a step's fields say together; what the
+fields may hold is in tr_core/trace_schema.py."""
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from itertools import accumulate, chain
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,7 +14,7 @@ from .events import StepEvent, SummaryEvent, event_from_dict
 from .trace_schema import SPEED_KEYS, TRACE_FORMAT, TRACE_VERSION, TraceError, check_step_fields, validate_trace_dict
 
 __all__ = ["SPEED_KEYS", "TRACE_FORMAT", "TRACE_VERSION", "TextAssembler", "Trace", "TraceError",
-           "boundaries_from_texts", "check_step", "check_trace", "read_trace_json"]
+           "boundaries_from_texts", "check_step"]
 
 # Limits of a trace file (visitors of the public app upload them)
 MAX_TRACE_BYTES = 10 * 1024 * 1024  # largest file Trace.load reads (a 1024-token answer, 2.2.2, k = 16: about 5 MB)
@@ -42,7 +41,6 @@ class Trace:
 
     @property
     def answer(self) -> str:
-        """The answer's text."""
         return "".join(self.step_texts)
 
     @property
@@ -51,24 +49,22 @@ class Trace:
         return None if self.summary is None or self.plain is None else self.summary.tokens == self.plain.tokens
 
     def token_text(self, token_id: int) -> str:
-        """Display string of a token, from the recorded table (placeholder for ids not recorded)."""
+        """Display string of a token from the recorded table (a placeholder for ids not recorded)."""
         return self.token_texts.get(int(token_id), f"<{token_id}>")
 
-    def add_step(self, ev: StepEvent, token_text: Callable[[int], str] | None = None) -> None:
-        """Append a step; with `token_text`, also record the strings of every token it mentions."""
+    def add_step(self, ev: StepEvent, token_text: Callable[[int], str]) -> None:
+        """Append a step and record the strings of every token it mentions."""
         self.steps.append(ev)
-        if token_text is not None:
-            self.record_texts(token_text, [ev])
+        self.record_texts(token_text, [ev])
 
     def record_texts(self, token_text: Callable[[int], str], steps: list[StepEvent] | None = None) -> None:
         """Record the display string of every token the steps mention (all steps by default)."""
         texts = self.token_texts
         for ev in self.steps if steps is None else steps:
-            for ids in (ev.tokens, ev.emitted, ev.matrix_rows, *ev.matrix_values, *ev.rows_read_values,
-                        *ev.rows_before_values, ev.choices, [] if ev.bonus is None else [ev.bonus]):
-                for t in ids:
-                    if t not in texts:
-                        texts[t] = token_text(t)
+            for t in chain(ev.tokens, ev.emitted, ev.matrix_rows, *ev.matrix_values, *ev.rows_read_values,
+                           *ev.rows_before_values, ev.choices, () if ev.bonus is None else (ev.bonus,)):
+                if t not in texts:
+                    texts[t] = token_text(t)
 
     def cached_text(self, token_text: Callable[[int], str]) -> Callable[[int], str]:
         """A token_text that fills this trace's table as it goes (for drawing while recording)."""
@@ -77,18 +73,16 @@ class Trace:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (token ids become string keys, as JSON requires)."""
-        return {"format": TRACE_FORMAT, "version": TRACE_VERSION, "model": self.model, "settings": self.settings,
-                "messages": self.messages, "steps": [e.to_dict() for e in self.steps],
-                "summary": self.summary.to_dict() if self.summary else None,
-                "plain": self.plain.to_dict() if self.plain else None,
-                "token_texts": {str(k): v for k, v in self.token_texts.items()}, "step_texts": self.step_texts,
-                "speed": self.speed}
+        data = {"format": TRACE_FORMAT, "version": TRACE_VERSION, **asdict(self)}
+        return {**data, "token_texts": {str(k): v for k, v in self.token_texts.items()}}
 
     @classmethod
     def from_dict(cls, data: Any) -> "Trace":
-        """Rebuild a trace; raises TraceError with a clear message on anything malformed. The text origins of
-        versions 2 and 3 are dropped (version 4 writes them as data)."""
-        check_trace(data)
+        """Rebuild a trace, or TraceError on anything malformed (the text origins of versions 2 and 3 are dropped)."""
+        check_json_shape(data)
+        validate_trace_dict(data)
+        for i, ev in enumerate(data.get("steps", [])):
+            _check_step_meaning(ev, i)
         try:
             text_origins = data["version"] < 4
             steps = [event_from_dict({**d, "origins": None} if text_origins else d) for d in data.get("steps", [])]
@@ -101,57 +95,53 @@ class Trace:
             raise TraceError(f"malformed trace: {exc}") from exc
 
     def save(self, path: str | Path) -> Path:
-        """Write the trace as JSON; return the path."""
         path = Path(path)
         path.write_text(json.dumps(self.to_dict(), ensure_ascii=False), encoding="utf-8")
         return path
 
     @classmethod
     def load(cls, path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> "Trace":
-        """Read a trace written by `save`; raises TraceError on a bad or too large file."""
-        return cls.from_dict(read_trace_json(path, max_bytes))
+        """Read a trace written by `save`; TraceError on a file over `max_bytes`, not UTF-8 text, not JSON, too deep."""
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(max_bytes + 1)
+        except OSError:
+            raise TraceError("cannot read the trace file") from None
+        if len(raw) > max_bytes:
+            raise TraceError(f"the trace file is too large (over {max_bytes / 1024 / 1024:.1f} MB)")
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise TraceError("cannot read the trace file: it is not UTF-8 text") from None
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"cannot read the trace file: not valid JSON ({exc.msg} at line {exc.lineno} "
+                             f"column {exc.colno})") from None
+        except RecursionError:
+            raise TraceError(f"the trace is nested more than {MAX_JSON_DEPTH} levels deep") from None
+        except ValueError:  # e.g. an integer of thousands of digits
+            raise TraceError("cannot read the trace file: not valid JSON") from None
+        return cls.from_dict(data)
 
 
-def read_trace_json(path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> Any:
-    """Parse a trace file's JSON; refuse files over `max_bytes`, non-UTF-8 text, bad JSON and deep nesting."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(max_bytes + 1)
-    except OSError:
-        raise TraceError("cannot read the trace file") from None
-    if len(raw) > max_bytes:
-        raise TraceError(f"the trace file is too large (over {max_bytes / 1024 / 1024:.1f} MB)")
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise TraceError("cannot read the trace file: it is not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise TraceError(f"cannot read the trace file: not valid JSON ({exc.msg} at line {exc.lineno} "
-                         f"column {exc.colno})") from None
-    except RecursionError:
-        raise TraceError(f"the trace is nested more than {MAX_JSON_DEPTH} levels deep") from None
-    except ValueError:  # e.g. an integer of thousands of digits
-        raise TraceError("cannot read the trace file: not valid JSON") from None
-
-
-def check_json_shape(data: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
+def check_json_shape(data: Any) -> None:
     """Check the nesting depth and every string (length, lone surrogates) of parsed JSON, without recursion."""
     total = 0
-    stack: list[tuple[Any, int, tuple]] = [(data, 1, ())] if isinstance(data, (dict, list)) else []
+    stack: list[tuple[Any, int, tuple]] = [(data, 1, ())] if isinstance(data, (dict, list)) else []  # path: its keys
     while stack:
         obj, depth, path = stack.pop()
-        if depth > max_depth:
-            raise TraceError(f"the trace is nested more than {max_depth} levels deep")
-        if type(obj) is list and (set(map(type, obj)) <= _SCALARS or depth < max_depth and set(map(type, obj)) == {list}
+        if depth > MAX_JSON_DEPTH:
+            raise TraceError(f"the trace is nested more than {MAX_JSON_DEPTH} levels deep")
+        kinds = set(map(type, obj)) if type(obj) is list else None
+        if kinds is not None and (kinds <= _SCALARS or depth < MAX_JSON_DEPTH and kinds == {list}
                                   and all(set(map(type, row)) <= _SCALARS for row in obj)):
             continue  # numbers, or rows of numbers: nothing to look into
         for key, value in obj.items() if isinstance(obj, dict) else enumerate(obj):
             if type(key) is str:
                 total += _check_string(key, path)
             if type(value) is str:
-                total += _check_string(value, (path, key))
+                total += _check_string(value, (*path, key))
             elif isinstance(value, (dict, list)):
-                stack.append((value, depth + 1, (path, key)))
+                stack.append((value, depth + 1, (*path, key)))
         if total > MAX_TOTAL_CHARS:
             raise TraceError(f"the trace holds more than {MAX_TOTAL_CHARS:,} characters of text")
 
@@ -159,12 +149,8 @@ def check_json_shape(data: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
 def _check_string(text: str, path: tuple) -> int:
     """Refuse an over-long string or one with a lone surrogate; return its length."""
     if len(text) > MAX_STRING_CHARS or _SURROGATE.search(text):
-        keys: list[Any] = []
-        while path:  # the linked (parent, key) tuples: 'steps[3].tokens'
-            path, key = path
-            keys.append(key)
         where = "".join(f".{k}" if isinstance(k, str) and k.isidentifier() else f"[{json.dumps(k)}]"
-                        for k in reversed(keys)).lstrip(".") or "the trace"
+                        for k in path).lstrip(".") or "the trace"  # 'steps[3].tokens'
         where = where if len(where) <= 80 else where[:79] + "…"
         what = f"a string of {len(text):,} characters (the limit is {MAX_STRING_CHARS:,})" \
             if len(text) > MAX_STRING_CHARS else "a string holds a lone surrogate (invalid Unicode)"
@@ -172,28 +158,17 @@ def _check_string(text: str, path: tuple) -> int:
     return len(text)
 
 
-def check_trace(data: Any) -> None:
-    """Raise TraceError unless `data` is a well-formed trace: its strings and nesting, its fields, then what each
-    step's fields say together."""
-    check_json_shape(data)
-    validate_trace_dict(data)
-    for i, ev in enumerate(data.get("steps", [])):
-        check_step_meaning(ev, f"step {i}")
-
-
 def check_step(ev: Any, i: int, version: int = TRACE_VERSION) -> None:
-    """Validate step event `i` of a trace of `version`: its fields, then what they say together."""
+    """Raise TraceError unless step `i` of a trace of `version` has the fields its table says, and they agree."""
     check_step_fields(ev, i, version)
-    check_step_meaning(ev, f"step {i}")
+    _check_step_meaning(ev, i)
 
 
-def check_step_meaning(ev: dict, where: str) -> None:
-    """Raise TraceError unless a step whose fields are valid agrees with itself: its draft tree and where its nodes
-    came from, its accepted path, its tree not drafted and its matrix rows."""
+def _check_step_meaning(ev: dict, i: int) -> None:
+    """Raise TraceError unless a step whose fields are valid agrees with itself."""
     for check in (_tree_problem, _path_problem, _undrafted_problem, _rows_problem):
-        problem = check(ev)
-        if problem:
-            raise TraceError(f"{where}: {problem}")
+        if problem := check(ev):
+            raise TraceError(f"step {i}: {problem}")
 
 
 def _tree_problem(ev: dict) -> str | None:
@@ -277,11 +252,9 @@ def _rows_problem(ev: dict) -> str | None:
 
 
 class TextAssembler:
-    """Turns emitted token ids into text and the end offset of each step's run (colouring the chat; `unshown` streams).
-
-    It decodes the whole answer each step (cheap next to a forward), so characters split across tokens come out
-    right; a trailing replacement character means "incomplete", so its step ends before it.
-    """
+    """Emitted token ids as text, with the end offset of each step's run (colouring the chat; `unshown` streams). It
+    decodes the whole answer each step (cheap next to a forward), so characters split across tokens come out right;
+    a trailing replacement character means "incomplete", so its step ends before it."""
 
     def __init__(self, decode: Callable[[list[int]], str]) -> None:
         self.decode = decode
@@ -291,7 +264,6 @@ class TextAssembler:
         self.shown = ""  # the text handed out by `unshown` so far
 
     def push(self, emitted: list[int]) -> None:
-        """Add one step's tokens."""
         self.ids.extend(emitted)
         self.text = self.decode(self.ids)
         end = len(self.text.rstrip("\ufffd"))
@@ -314,8 +286,4 @@ class TextAssembler:
 
 def boundaries_from_texts(step_texts: list[str]) -> list[int]:
     """End offset of each step's run in the joined text (the inverse of `TextAssembler.step_texts`)."""
-    out, pos = [], 0
-    for s in step_texts:
-        pos += len(s)
-        out.append(pos)
-    return out
+    return list(accumulate(map(len, step_texts)))

@@ -7,6 +7,7 @@ import json
 import math
 import re
 from dataclasses import MISSING, dataclass, fields
+from functools import partial
 from typing import Any, Callable
 
 from .context import PLACES
@@ -86,7 +87,6 @@ class Leaf(Spec):
 
 
 def Value(test: Callable[[Any], bool], what: str, noun: str = "values") -> Leaf:
-    """A scalar for which `test` holds."""
     return Leaf(lambda values, lo, hi: all(map(test, values)), lambda lo, hi: what, noun=noun)
 
 
@@ -97,19 +97,17 @@ def Int(lo: Any = 0, hi: Any = "INT_LIMIT") -> Leaf:
 
 
 def Num(lo: float = -math.inf, hi: float = math.inf) -> Leaf:
-    """A number (not a boolean) in [lo, hi], and below FLOAT_INT_LIMIT in size: finite, exact if an integer."""
+    """A number (not a boolean) in [lo, hi], and below FLOAT_INT_LIMIT in size: finite, exact if an integer. NaN fails
+    a comparison where min or max is NaN, else math.isfinite (which no integer too large for a float reaches)."""
+    def test(values: list, lo: float, hi: float) -> bool:
+        if not values or not set(map(type, values)) <= {float, int}:
+            return not values
+        low, high = min(values), max(values)
+        return -FLOAT_INT_LIMIT < low and high < FLOAT_INT_LIMIT and all(map(math.isfinite, values)) and lo <= low \
+            and high <= hi
+
     span = f" from {lo:g} to {hi:g}" if hi < math.inf else f" >= {lo:g}" if lo > -math.inf else ""
-    return Leaf(_numbers, lambda lo, hi: "a finite number" + span, lo, hi, "numbers")
-
-
-def _numbers(values: list, lo: float, hi: float) -> bool:
-    """Num's test. NaN fails a comparison where min or max is NaN, and math.isfinite (which no integer of a size
-    past the first comparisons reaches) elsewhere."""
-    if not values or not set(map(type, values)) <= {float, int}:
-        return not values
-    low, high = min(values), max(values)
-    return -FLOAT_INT_LIMIT < low and high < FLOAT_INT_LIMIT and all(map(math.isfinite, values)) and lo <= low \
-        and high <= hi
+    return Leaf(test, lambda lo, hi: "a finite number" + span, lo, hi, "numbers")
 
 
 def Str(max_chars: Any = None) -> Leaf:
@@ -230,6 +228,7 @@ BOOL = Value(lambda v: type(v) is bool, "true or false")
 SETTING = Value(lambda v: v is None or type(v) in (bool, str, int) or (type(v) is float and math.isfinite(v)),
                 "a string, finite number, boolean or null")
 TOKEN_KEY = Value(lambda v: type(v) is str and bool(_TOKEN_KEY.fullmatch(v)) and int(v) < TOKEN_ID_LIMIT, "a token id")
+_per_node = partial(ListOf, lo="tokens", hi="tokens")  # one item per node of the object's "tokens"
 
 
 def _one_of(*values: Any) -> Value:
@@ -237,11 +236,6 @@ def _one_of(*values: Any) -> Value:
     shown = [json.dumps(v) for v in values]
     what = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
     return Value(lambda v: type(v) in (str, int) and v in values, what, "strings")
-
-
-def _per_node(item: Spec) -> ListOf:
-    """One item per node of the object's "tokens"."""
-    return ListOf(item, "tokens", "tokens")
 
 
 def _rows(rows: str, prefix: str) -> dict[str, Spec]:
@@ -333,11 +327,9 @@ def _kind(value: Any) -> str:
 
 def _show(value: Any) -> str:
     """A short display of a scalar (other values by their kind), for messages."""
-    if type(value) is float:
-        return repr(value)
-    if type(value) is int:
-        return str(value) if abs(value) < 10**30 else "a very large integer"
-    if value is None or type(value) in (bool, str):
-        text = json.dumps(value, ensure_ascii=True)
+    if type(value) is int and abs(value) >= 10**30:
+        return "a very large integer"
+    if value is None or type(value) in (bool, str, int, float):
+        text = repr(value) if type(value) is float else json.dumps(value, ensure_ascii=True)
         return text if len(text) <= 40 else text[:39] + "…"
     return _kind(value)

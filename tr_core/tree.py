@@ -10,26 +10,22 @@ import torch
 
 Path = tuple[int, ...]
 
-# The paper's default "2.2.2" tree (Luo et al. 2025, App.; reference code tree_template_.py): 80 nodes, 6 levels.
-_PAPER_222: list[Path] = [
-    (0,), (1,), (2,), (3,), (4,), (5,), (6,), (7,),
-    (0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (0, 6), (0, 7), (1, 0), (1, 1), (1, 2), (1, 3),
-    (2, 0), (2, 1), (2, 2), (3, 0), (3, 1), (4, 0), (5, 0), (6, 0), (7, 0),
-    (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 0, 3), (0, 0, 4), (0, 0, 5), (0, 0, 6), (0, 0, 7), (0, 1, 0), (0, 1, 1),
-    (0, 1, 2), (0, 2, 0), (0, 2, 1), (0, 3, 0), (0, 4, 0), (0, 5, 0), (0, 6, 0), (0, 7, 0), (1, 0, 0), (1, 0, 1),
-    (1, 1, 0), (2, 0, 0), (3, 0, 0), (4, 0, 0), (5, 0, 0),
-    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 3), (0, 0, 0, 4), (0, 0, 1, 0), (0, 0, 1, 1), (0, 0, 2, 0),
-    (0, 0, 3, 0), (0, 0, 4, 0), (0, 1, 0, 0), (0, 2, 0, 0), (1, 0, 0, 0), (2, 0, 0, 0), (3, 0, 0, 0),
-    (0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 0, 2), (0, 0, 0, 1, 0), (0, 0, 0, 2, 0), (0, 0, 1, 0, 0),
-    (0, 1, 0, 0, 0), (1, 0, 0, 0, 0),
-    (0, 0, 0, 0, 0, 0), (0, 0, 0, 0, 0, 1), (0, 0, 0, 1, 0, 0),
-]
+
+def _paths(digits: str) -> list[Path]:
+    """Paths written as their ranks' digits, space-separated ("01": candidate 1 of the root's candidate 0)."""
+    return [tuple(map(int, path)) for path in digits.split()]
+
 
 TEMPLATES: dict[str, list[Path]] = {
-    "2.2.2": _PAPER_222,
+    # The paper's default (Luo et al. 2025, App.; reference code tree_template_.py): 80 nodes, 6 levels, a line each
+    "2.2.2": _paths("""0 1 2 3 4 5 6 7
+        00 01 02 03 04 05 06 07 10 11 12 13 20 21 22 30 31 40 50 60 70
+        000 001 002 003 004 005 006 007 010 011 012 020 021 030 040 050 060 070 100 101 110 200 300 400 500
+        0000 0001 0002 0003 0004 0010 0011 0020 0030 0040 0100 0200 1000 2000 3000
+        00000 00001 00002 00010 00020 00100 01000 10000
+        000000 000001 000100"""),
     # A 16-node cut of the same shape: most of the paper tree's accepted mass at a fifth of its size.
-    "small-16": [(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
-                 (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 0, 0, 0, 0), (0, 0, 0, 0, 0, 0)],
+    "small-16": _paths("0 1 2 3 00 01 10 000 001 010 100 0000 0001 0010 00000 000000"),
     "chain-4": [(0,) * d for d in range(1, 5)],  # greedy chain: the top candidate of the top candidate...
     "chain-8": [(0,) * d for d in range(1, 9)],
     "wide-8": [(r,) for r in range(8)],  # one level, all 8 candidates of the root
@@ -106,7 +102,6 @@ def resolve_template(template: str | list, k: int) -> tuple[str, list[Path]]:
 @dataclass(frozen=True)
 class DraftTree:
     """A draft tree as tensors on the model's device (Medusa-style buffers, built once per template)."""
-
     name: str
     parents: torch.Tensor  # [N] long, parent node of each node (root: 0, masked by depth)
     depths: torch.Tensor  # [N] long, 0 for the root
@@ -119,12 +114,10 @@ class DraftTree:
 
     @property
     def size(self) -> int:
-        """Number of nodes, root included."""
         return self.parents.shape[0]
 
     @property
     def max_depth(self) -> int:
-        """Depth of the deepest node."""
         return len(self.level_slices)
 
 
@@ -147,12 +140,9 @@ def tree_from_parents(name: str, parents: list[int], ranks: list[int],
         depths[i] = depths[parents[i]] + 1
     if any(depths[i] > depths[i + 1] for i in range(n - 1)):
         raise ValueError("a tree's nodes must be sorted by depth")
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):
-        j = i
-        while j >= 0:
-            mask[i, j] = True
-            j = parents[j]
+    mask = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):  # parents come first: a node sees what its parent sees, and itself
+        mask[i] |= mask[parents[i]]
     slices = [(depths.index(d), n - depths[::-1].index(d)) for d in range(1, max(depths) + 1)]  # depths are sorted
     return DraftTree(name=name, parents=torch.tensor([max(p, 0) for p in parents], dtype=torch.long, device=device),
                      depths=torch.tensor(depths, dtype=torch.long, device=device),
@@ -189,8 +179,7 @@ def attention_bias(tree_mask: torch.Tensor, past: int, dtype: torch.dtype, windo
                    depths: torch.Tensor | None = None) -> torch.Tensor:
     """Additive mask [1, 1, N, past + N]: the prefix is visible, nodes see their ancestors and themselves. With
     `window`, keys window or more positions behind a query are hidden too (node i sits at past + depths[i])."""
-    n = tree_mask.shape[0]
-    device = tree_mask.device
+    n, device = tree_mask.shape[0], tree_mask.device
     allowed = torch.ones(n, past + n, dtype=torch.bool, device=device)
     allowed[:, past:] = tree_mask
     if window is not None and past + n > window:

@@ -28,7 +28,6 @@ def class_sizes(c: int, largest: int) -> range:
 @dataclass
 class Watched:
     """A tree waiting for the tokens that judge it: its shape, its nodes' best-first ranks and its curve."""
-
     start: int  # stream position of the first token its root predicts (its root is the token before)
     children: dict[tuple[int, int], list[int]]  # (parent, token) -> nodes (a matrix row may repeat a token)
     rank: list[int]  # node -> position in best-first order, 1-based (a draft of m nodes holds ranks 1..m)
@@ -51,10 +50,9 @@ class HindsightTrust:
     """Trust per size class, learned from every step's tree once the answer's next tokens are known."""
 
     def __init__(self, decay: float = TRUST_DECAY) -> None:
-        classes = len(TRUST_SIZES)
         self.decay = decay  # per tree judged, the weight left to the trees before it
-        self.factors = [1.0] * classes
-        self.predicted, self.realised = [0.0] * classes, [0.0] * classes  # decayed sums per class
+        self.factors = [1.0] * len(TRUST_SIZES)
+        self.predicted, self.realised = [0.0] * len(TRUST_SIZES), [0.0] * len(TRUST_SIZES)  # decayed sums per class
         self.stream: list[int] = []  # this answer's emitted tokens
         self.watched: list[Watched] = []
 
@@ -88,8 +86,7 @@ class HindsightTrust:
         self.watched.clear()
 
     def watch(self, tokens: list[int], parents: list[int], order: list[int], expected: list[float]) -> None:
-        """Judge this tree (node 0 the root) once the tokens after it are known; order: draft nodes best first,
-        expected[m]: predicted accepted tokens of order[:m]."""
+        """Judge this tree once the tokens after it are known; expected[m]: predicted accepted tokens of order[:m]."""
         largest = min(len(order), len(expected) - 1)
         if largest < 1:
             return
@@ -105,14 +102,11 @@ class HindsightTrust:
     def extend(self, emitted: list[int]) -> None:
         """The step's emitted tokens: follow every watched tree's path, and fold those that are settled."""
         self.stream.extend(emitted)
-        still = []
         for tree in self.watched:
             self._advance(tree)
-            if tree.frontier:
-                still.append(tree)
-            else:
+            if not tree.frontier:
                 self._fold(tree)
-        self.watched = still
+        self.watched = [tree for tree in self.watched if tree.frontier]
 
     def _advance(self, tree: Watched) -> None:
         """Follow the tree's matching nodes along the known tokens; settled when the frontier empties."""

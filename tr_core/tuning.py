@@ -31,22 +31,18 @@ def choose(ms: dict[str, dict[int, float]]) -> dict[int, str]:
             for n in sorted(sizes)}
 
 
-def _distinct_layers(model: Any) -> list[torch.nn.Linear]:
-    """One linear layer of each (in, out, bias) shape of `model`."""
-    seen: dict[tuple[int, int, bool], torch.nn.Linear] = {}
-    for layer in linear_layers(model):
-        seen.setdefault((layer.in_features, layer.out_features, layer.bias is not None), layer)
-    return list(seen.values())
-
-
 @torch.no_grad()
 def agreement(model: Any, way: str, rows: tuple[int, ...] = AGREE_ROWS, seed: int = 0) -> dict[str, float]:
     """Largest gap of `way`'s n-row product [n, out] from the library's one-row products, beside the library's own
-    n-row product's: "way_abs", "library_abs", relative "way_rel", "library_rel"; "bit_equal" 1.0 or 0.0."""
+    n-row product's, over one layer of each shape: "way_abs", "library_abs", relative "way_rel", "library_rel";
+    "bit_equal" 1.0 or 0.0."""
     g = torch.Generator().manual_seed(seed)
     product = kernels.PRODUCTS.get(way, lambda x, w, b, n: F.linear(x, w, b))
     worst = {"way_abs": 0.0, "way_rel": 0.0, "library_abs": 0.0, "library_rel": 0.0, "bit_equal": 1.0}
-    for layer in _distinct_layers(model):
+    shapes: dict[tuple[int, int, bool], torch.nn.Linear] = {}
+    for layer in linear_layers(model):
+        shapes.setdefault((layer.in_features, layer.out_features, layer.bias is not None), layer)
+    for layer in shapes.values():
         w, b = layer.weight, layer.bias
         x = torch.randn(max(rows), w.shape[1], generator=g).to(w.dtype)
         one = torch.cat([F.linear(x[i : i + 1], w, b) for i in range(max(rows))]).float()  # [rows, out]
@@ -88,7 +84,7 @@ def _time_round(timer: Any, model: Any, ways: tuple[str, ...], sizes: list[int],
                 times: dict[str, dict[int, list[float]]], failed: set[str], keep: bool) -> None:
     """One round: a forward of every size every way (the first way rotating), added to `times` when `keep`."""
     for i, n in enumerate(sizes):
-        turn = (rnd + i) % len(ways)  # rotate which way goes first
+        turn = (rnd + i) % len(ways)
         for way in ways[turn:] + ways[:turn]:
             if way in failed:
                 continue
@@ -105,14 +101,17 @@ def _time_round(timer: Any, model: Any, ways: tuple[str, ...], sizes: list[int],
                 times[way][n].append(ms)
 
 
-def _deciding_spread(times: dict[str, dict[int, list[float]]], chosen: dict[int, str]) -> dict[int, float]:
-    """Per size: the relative spread of the chosen way's timings there."""
-    return {n: relative_spread(times[way][n]) for n, way in chosen.items()}
+def _decide(times: dict[str, dict[int, list[float]]], failed: set[str]) -> tuple[dict, dict[int, str], dict]:
+    """(each way's fastest time per size, the way chosen per size, the relative spread of its timings there)."""
+    best = {way: {n: min(v) for n, v in per.items()} for way, per in times.items() if way not in failed}
+    chosen = choose(best)
+    return best, chosen, {n: relative_spread(times[way][n]) for n, way in chosen.items()}
 
 
 def tune(runner: Any, context: list[int], sizes: tuple[int, ...] = TUNE_SIZES, repeats: int = 2,
          extra_rounds: int = MAX_EXTRA_ROUNDS) -> LinearPlan:
-    """Time whole forwards of each size every admitted way (interleaved), keep and return the fastest per size."""
+    """Time whole forwards of each size every admitted way (interleaved), keep and return the fastest per size;
+    sizes whose chosen way's timings varied over kernels.STEADY_SPREAD get up to `extra_rounds` more rounds."""
     context, sized = timing_context(runner, context, sizes)
     sized = list(sized) or [1]
     model = runner.model
@@ -120,18 +119,15 @@ def tune(runner: Any, context: list[int], sizes: tuple[int, ...] = TUNE_SIZES, r
     times: dict[str, dict[int, list[float]]] = {way: {n: [] for n in sized} for way in ways}
     failed: set[str] = set()
     with installed(model), ForwardTimer(runner, context) as timer:  # the routing the rounds switch between
-        for rnd in range(repeats + 1):
+        for rnd in range(repeats + 1):  # a warm-up round, then `repeats` kept ones
             _time_round(timer, model, ways, sized, rnd, times, failed, keep=rnd > 0)
-        for rnd in range(extra_rounds):
-            best = {way: {n: min(v) for n, v in per.items()} for way, per in times.items() if way not in failed}
-            shaky = [n for n, spread in _deciding_spread(times, choose(best)).items() if spread > kernels.STEADY_SPREAD]
+        for rnd in range(repeats + 1, repeats + 1 + extra_rounds):
+            shaky = [n for n, spread in _decide(times, failed)[2].items() if spread > kernels.STEADY_SPREAD]
             if not shaky:
                 break
-            _time_round(timer, model, ways, shaky, repeats + 1 + rnd, times, failed, keep=True)
-        best = {way: {n: min(v) for n, v in per.items()} for way, per in times.items() if way not in failed}
-        chosen = choose(best)
-        spread = max(_deciding_spread(times, chosen).values(), default=0.0)
-        set_plan(model, LinearPlan(chosen, max(sized), best, note=note, spread=spread,
+            _time_round(timer, model, ways, shaky, rnd, times, failed, keep=True)
+        best, chosen, spreads = _decide(times, failed)
+        set_plan(model, LinearPlan(chosen, max(sized), best, note=note, spread=max(spreads.values(), default=0.0),
                                    agreement={w: a for w, a in agree.items() if w not in failed}))
     return plan_of(model)
 

@@ -1,12 +1,9 @@
 """A warm start: the matrix rows, drafter calibration and trust, and answers a fresh engine drafts from in its first
 answer, learned beforehand on the project's own corpus, never a visitor's text (docs/warm-start.md).
-
-Here: the one call (`warm_start`) and applying a warm start to an engine; warm_build.py learns one, warm_file.py
-reads and writes its file."""
+Here: `warm_start` and applying one; warm_build.py learns one, warm_file.py reads and writes its file."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import json
@@ -18,11 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-# the warm start's parts, re-exported: `tr_core.warm` is the one door (warm_build learns, warm_file reads and writes)
-from .warm_build import (ANSWERS_SHARE, CALIBRATE_EVERY, CONTEXT_FREE_REQUEST, CONTEXT_FREE_SHARE, COUNT_CAP,
-                         LEARN_CONTEXT_FREE, Pace, average_rows, context_free_rows, decode_answers, learn, set_rows,
-                         with_library)
-from .warm_file import FORMAT, WarmStartError, WarmState, load, model_fingerprint, read, save
+# re-exported: `tr_core.warm` is the one door to the warm start
+from .warm_build import (CALIBRATE_EVERY, COUNT_CAP, Pace, average_rows, context_free_rows,  # noqa: F401
+                         decode_answers, learn, set_rows, with_library)
+from .warm_file import FORMAT, WarmStartError, WarmState, model_fingerprint, read, save  # noqa: F401
 
 ASSETS = Path(__file__).resolve().parent / "warm_start"  # package data: shipped with the wheel too
 CORPUS = ASSETS / "corpus.jsonl"
@@ -30,8 +26,7 @@ SHIPPED = ASSETS / "smollm2-135m-instruct.safetensors"  # the embedded model's w
 EMBEDDED_NAMES = ("", "embedded", "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")
 LEARN_PROMPTS = 48  # another model learns from this many corpus prompts (spread over its categories) ...
 LEARN_TOKENS = 64  # ... of at most this many tokens each: about a minute for a 135M model on 2 CPU cores
-# a model's first answer waits at most about this long for its warm start to be learned (command line `auto`, the
-# studio): a partial one, from the corpus answers decoded in time; the full one is learned when asked for
+# a first answer waits at most about this long for its model's warm start (a partial one if time runs out)
 FIRST_ANSWER_BUDGET_S = 45.0
 
 
@@ -39,13 +34,12 @@ FIRST_ANSWER_BUDGET_S = 45.0
 class WarmStartInfo:
     """What a `warm_start` call did, as plain data for the page, the command line and the benchmark."""
 
-    # "shipped" (with the app), "cached" (learned earlier), "learned" (just now), "file" (a path given) or "none"
-    source: str
+    source: str  # "shipped", "cached" (learned earlier), "learned" (just now), "file" (a path given) or "none"
     answers: int  # corpus answers the warm start was learned from (0: none)
     tokens: int  # tokens those answers decoded
     rows_filled: int  # adjacency-matrix rows it fills
     path: str  # the file it came from or was saved to ("" for none)
-    note: str = ""  # for "none": why the engine starts cold
+    note: str = ""  # why the engine starts cold ("none"), or why a learned one was not cached
     context_free: int = 0  # of those rows, how many hold the model's context-free guess (no answer used the token)
     library: int = 0  # of those answers, how many the hybrid tree can copy runs from (0: a file without them)
     partial: bool = False  # learned within a time budget that ran out: from `answers` of `of` corpus answers
@@ -54,24 +48,19 @@ class WarmStartInfo:
 
     def describe(self) -> str:
         """One plain-English line for the page."""
-        learned = (f"{self.answers} of {self.of} generated answers in {self.seconds:.0f} s, a partial warm start "
-                   if self.partial else f"{self.answers} generated answers ")
+        if self.source not in ("shipped", "cached", "file", "learned"):
+            return f"Cold start: the matrix starts empty{f' ({self.note})' if self.note else ''}"
+        learned = (f"from {self.answers} of {self.of} generated answers in {self.seconds:.0f} s, a partial warm start "
+                   if self.partial else f"on {self.answers} generated answers ")
         learned += f"({self.rows_filled - self.context_free:,} rows"
-        on = "from" if self.partial else "on"
         learned += (f"; {self.context_free:,} more rows hold the model's guess after the token alone)"
                     if self.context_free else ")")
         copies = "; the matrix + context (hybrid) tree also copies runs from those answers" if self.library else ""
-        if self.source == "shipped":
-            return f"Warm start: the matrix was pre-learned {on} {learned} shipped with the app{copies}"
-        if self.source == "cached":
-            return f"Warm start: learned once for this model {on} {learned}, kept in {self.path}{copies}"
-        if self.source == "file":
-            return f"Warm start: from {self.path}, learned {on} {learned}{copies}"
-        if self.source == "learned":
-            return (f"Warm start: learned just now for this model {on} {learned}, kept in {self.path} for next "
-                    f"time{copies}")
-        return f"Cold start: the matrix starts empty{f' ({self.note})' if self.note else ''}"
-
+        return {"shipped": f"Warm start: the matrix was pre-learned {learned} shipped with the app{copies}",
+                "cached": f"Warm start: learned once for this model {learned}, kept in {self.path}{copies}",
+                "file": f"Warm start: from {self.path}, learned {learned}{copies}",
+                "learned": f"Warm start: learned just now for this model {learned}, kept in {self.path} for "
+                           f"next time{copies}"}[self.source]
 
 def is_embedded(model_name: str | None) -> bool:
     """Whether a model name means the embedded SmolLM2-135M-Instruct (the model whose warm start is shipped)."""
@@ -104,13 +93,11 @@ def spread(prompts: list[str], n: int) -> list[str]:
 
 
 def file_sha256(path: str | Path) -> str:
-    """sha256 of a file's bytes."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def apply(engine, state: WarmState) -> None:
-    """Replace what the engine learned by the warm state (its rows rated as older rows, the context index emptied);
-    a state that does not fit changes nothing (WarmStartError)."""
+    """Replace what the engine learned by the warm state; one that does not fit changes nothing (WarmStartError)."""
     library = shared_library(tuple(map(tuple, state.library))) if state.library else None
     try:
         engine.adopt_warm(state.learned, library)
@@ -144,16 +131,11 @@ def warm_start(engine, model_name: str | None, *, learn: bool = True,
                progress: Callable[[int, int], None] | None = None, budget_s: float | None = None,
                between: Callable[[], None] | None = None,
                clock: Callable[[], float] = time.monotonic) -> WarmStartInfo:
-    """Start `engine` warm: the shipped file (embedded model), else the cached one, else (`learn`) one learned now
-    and cached; returns what was done (`engine.warm` too). A cached file that does not fit is learned again.
-
-    `budget_s`: learn for about that long at most (on `clock`), a partial warm start when time runs out; a cached
-    partial one is then taken at once, while a call without a budget learns the full one in its place.
-    `between()` is called between the learn's steps and forwards (the studio lends its decode slot there)."""
+    """Start `engine` warm from the shipped file, the cached one or (`learn`) one learned now within `budget_s`
+    (a partial one, which only a call without a budget replaces); returns what was done, as `engine.warm`."""
     if is_embedded(model_name) and SHIPPED.is_file():
         return _applied(engine, read(SHIPPED, engine), "shipped", SHIPPED)
-    fingerprint = model_fingerprint(engine)
-    path = cached_path(model_name or "embedded", fingerprint)
+    path = cached_path(model_name or "embedded", model_fingerprint(engine))
     if path.is_file():
         try:
             state = read(path, engine)
@@ -163,9 +145,8 @@ def warm_start(engine, model_name: str | None, *, learn: bool = True,
             pass  # a stale or damaged cache file: learned again below when allowed
     if not learn or not CORPUS.is_file():
         note = "no warm start learned for this model yet" if learn is False else f"the corpus {CORPUS} is missing"
-        info = WarmStartInfo("none", 0, 0, 0, "", note=note)
-        engine.warm = info
-        return info
+        engine.warm = WarmStartInfo("none", 0, 0, 0, "", note=note)
+        return engine.warm
     return _learn_and_cache(engine, path, progress, Pace(budget_s, clock, between))
 
 
@@ -175,35 +156,26 @@ def warm_from_file(engine, path: str | Path) -> WarmStartInfo:
 
 
 def _learn_and_cache(engine, path: Path, progress: Callable[[int, int], None] | None, pace: Pace) -> WarmStartInfo:
-    """Learn from LEARN_PROMPTS corpus prompts spread over its categories (within `pace`'s budget); cache the file;
-    apply it."""
+    """Learn from LEARN_PROMPTS corpus prompts spread over its categories (within `pace`); cache and apply it."""
     prompts = read_corpus(CORPUS)
     state = learn(engine, spread(prompts, LEARN_PROMPTS), LEARN_TOKENS, progress, pace=pace)
     state.manifest.update(corpus_sha256=file_sha256(CORPUS), corpus_prompts=len(prompts))
     try:
         save(state, path)
     except OSError as exc:  # a read-only cache still gets this session warm
-        apply(engine, state)
-        info = dataclasses.replace(_info(state, "learned", ""), note=f"not cached: {exc}")
-        engine.warm = info
-        return info
+        return _applied(engine, state, "learned", "", note=f"not cached: {exc}")
     return _applied(engine, state, "learned", path)
 
 
-def _applied(engine, state: WarmState, source: str, path: Path) -> WarmStartInfo:
+def _applied(engine, state: WarmState, source: str, path: str | Path, note: str = "") -> WarmStartInfo:
+    """Apply `state`; what it holds as the engine's WarmStartInfo."""
     apply(engine, state)
-    info = _info(state, source, str(path))
-    engine.warm = info
-    return info
-
-
-def _info(state: WarmState, source: str, path: str) -> WarmStartInfo:
-    """What a warm state holds, as a WarmStartInfo (partial: learned within a budget that ran out)."""
     m = state.manifest
-    return WarmStartInfo(source, m["answers"], m["tokens"], m["rows_filled"], path,
-                         context_free=int(m.get("rows_context_free", 0)), library=len(state.library or []),
-                         partial=bool(m.get("partial", False)), of=int(m.get("corpus_answers", 0) or 0),
-                         seconds=float(m.get("learn_s", 0.0) or 0.0))
+    engine.warm = WarmStartInfo(source, m["answers"], m["tokens"], m["rows_filled"], str(path), note=note,
+                                context_free=int(m.get("rows_context_free", 0)), library=len(state.library or []),
+                                partial=bool(m.get("partial", False)), of=int(m.get("corpus_answers", 0) or 0),
+                                seconds=float(m.get("learn_s", 0.0) or 0.0))
+    return engine.warm
 
 
 _BACKGROUND: dict[str, threading.Thread] = {}  # model name -> the thread learning its full warm start
@@ -213,9 +185,7 @@ _BACKGROUND_LOCK = threading.Lock()
 def learn_in_background(make_engine: Callable[[], object], model_name: str, *,
                         hold: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
                         between: Callable[[], None] | None = None) -> threading.Thread | None:
-    """In a daemon thread: the full warm start of `model_name` learned on `make_engine()` and cached for later
-    sessions (running engines keep theirs). The engine is made and learned inside `hold()`, `between()` called
-    between the learn's steps; None when this model's is being learned already."""
+    """A daemon thread caching the full warm start of `model_name` (None when one is at it already)."""
     key = str(model_name)
     with _BACKGROUND_LOCK:
         if key in _BACKGROUND and _BACKGROUND[key].is_alive():
@@ -231,11 +201,3 @@ def learn_in_background(make_engine: Callable[[], object], model_name: str, *,
         thread = _BACKGROUND[key] = threading.Thread(target=run, daemon=True, name="tr-warm-start-full")
         thread.start()
     return thread
-
-
-__all__ = ["ANSWERS_SHARE", "ASSETS", "CALIBRATE_EVERY", "CONTEXT_FREE_REQUEST", "CONTEXT_FREE_SHARE", "CORPUS",
-           "COUNT_CAP", "EMBEDDED_NAMES", "FIRST_ANSWER_BUDGET_S", "FORMAT", "LEARN_CONTEXT_FREE", "LEARN_PROMPTS",
-           "LEARN_TOKENS", "SHIPPED", "Pace", "WarmStartError", "WarmStartInfo", "WarmState", "apply", "average_rows",
-           "cached_path", "context_free_rows", "decode_answers", "file_sha256", "fresh_session", "is_embedded",
-           "learn", "learn_in_background", "load", "model_fingerprint", "read", "read_corpus", "save", "set_rows",
-           "shared_library", "spread", "warm_from_file", "warm_start", "with_library"]

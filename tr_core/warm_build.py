@@ -2,10 +2,11 @@
 drafters to such a matrix, and capture a `WarmState` (warm_file.py). Why each pass: docs/warm-start.md."""
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import torch
 
@@ -20,11 +21,11 @@ COUNT_CAP = 32.0  # calibration trials kept per key: the shipped rates start inf
 CALIBRATE_EVERY = 4  # one corpus prompt in this many is decoded again, from the warm matrix, to calibrate the drafters
 # with a time budget: the context-free rows stop at this share of it, the corpus answers at the next, calibration at 1
 CONTEXT_FREE_SHARE, ANSWERS_SHARE = 0.3, 0.75
+T = TypeVar("T")
 
 
 class Pace:
-    """How a learn spends its time: a budget in seconds (None: none) on a clock (injectable), and `between()`,
-    called between its steps and forwards (a caller holding a shared lock lends it there)."""
+    """A learn's time budget in seconds (None: none) on `clock`; `between()` runs between its steps and forwards."""
 
     def __init__(self, budget_s: float | None = None, clock: Callable[[], float] = time.monotonic,
                  between: Callable[[], None] | None = None) -> None:
@@ -33,7 +34,6 @@ class Pace:
         self.cut = False  # set once the budget stopped a pass early: the warm start is partial
 
     def spent(self) -> float:
-        """Seconds since the learn began."""
         return self.clock() - self.start
 
     def allows(self, share: float, next_s: float = 0.0) -> bool:
@@ -43,8 +43,17 @@ class Pace:
         self.cut = True
         return False
 
+    def paced(self, items: Iterable[T], share: float) -> Iterator[T]:
+        """The items while the next one, taking as long as the last, fits in `share` of the budget."""
+        last = 0.0
+        for item in items:
+            if not self.allows(share, last):
+                return
+            began = self.spent()
+            yield item
+            last = self.spent() - began
+
     def step(self) -> None:
-        """Between two steps or forwards."""
         if self.between is not None:
             self.between()
 
@@ -52,16 +61,16 @@ class Pace:
 def learn(engine, prompts: list[str], max_new_tokens: int,
           progress: Callable[[int, int], None] | None = None,
           context_free: int | None = LEARN_CONTEXT_FREE, pace: Pace | None = None) -> WarmState:
-    """The warm state learned from `prompts`: the context-free guess of the `context_free` lowest ids (None: all)
-    for the rows no answer writes; decode the prompts (`decode_answers`), average the rows (`average_rows`),
-    calibrate on one answered prompt in CALIBRATE_EVERY from the other answers' rows (`calibrate`). With a budget
-    (`pace`) each pass stops at its share of it (checked between forwards and answers), and the manifest says
-    `partial`. Leaves the engine cold, costs measured. progress(done, total) counts the context-free forwards,
-    pass 1's answers, then pass 3's."""
+    """The warm state learned from `prompts`, each pass within its share of `pace`'s budget; leaves the engine cold.
+    `context_free`: how many of the lowest ids get a context-free row (None: all)."""
     pace = pace or Pace()
     engine.forget()
     vocab, k = engine.vocab_size, engine.matrix.k
-    guessed = lowest_ids(engine, context_free)
+    try:  # the ids the tokenizer names: those past its length are never emitted
+        named = min(vocab, len(engine.tokenizer))
+    except TypeError:  # a tokenizer without a length
+        named = vocab
+    guessed = list(range(named if context_free is None else min(named, context_free)))
     forwards = -(-len(guessed) // context_free_batch(vocab))
     calibrations = -(-len(prompts) // CALIBRATE_EVERY) if len(prompts) >= 2 * CALIBRATE_EVERY else 0
     total = forwards + len(prompts) + calibrations
@@ -97,31 +106,16 @@ def with_library(state: WarmState, answers: list[list[int]]) -> WarmState:
 
 def decode_answers(engine, prompts: list[str], max_new_tokens: int, tick: Callable[[int], None],
                    pace: Pace | None = None) -> tuple[dict[int, tuple[list[int], list[int]]], int]:
-    """Pass 1 of `learn`: {prompt index: (prompt ids, answer ids)} and the steps taken, alternating the trees;
-    with a budget, no answer starts past ANSWERS_SHARE of it less the last answer's time, and one running then
-    ends early."""
+    """Pass 1, within ANSWERS_SHARE of the budget: {prompt index: (prompt ids, answer ids)} and the steps taken."""
     pace = pace or Pace()
-    answers, steps, last = {}, 0, 0.0
-    for i, prompt in enumerate(prompts):
-        if not pace.allows(ANSWERS_SHARE, last):
-            break
-        began = pace.spent()
+    answers, steps = {}, 0
+    for i, prompt in pace.paced(enumerate(prompts), ANSWERS_SHARE):
         answer, answer_steps = _decode(engine, prompt, max_new_tokens, "hybrid" if i % 2 == 0 else "adaptive",
                                        pace=pace, share=ANSWERS_SHARE)
         if answer is not None:
             answers[i], steps = answer, steps + answer_steps
-        last = pace.spent() - began
         tick(i + 1)
     return answers, steps
-
-
-def lowest_ids(engine, n: int | None) -> list[int]:
-    """The n lowest token ids (None: all) of those the tokenizer names (ids past its length are never emitted)."""
-    try:
-        named = min(engine.vocab_size, len(engine.tokenizer))
-    except TypeError:  # a tokenizer without a length
-        named = engine.vocab_size
-    return list(range(named if n is None else min(named, n)))
 
 
 def context_free_batch(vocab_size: int) -> int:
@@ -129,40 +123,37 @@ def context_free_batch(vocab_size: int) -> int:
     return max(16, min(256, (32 << 20) // max(vocab_size, 1)))
 
 
+def _no_rows(k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.zeros(0, dtype=torch.long), torch.zeros(0, k, dtype=torch.int32), torch.zeros(0, k, dtype=torch.uint8)
+
+
 @torch.no_grad()
 def context_free_rows(engine, tokens: list[int], tick: Callable[[int], None] = lambda i: None,
                       pace: Pace | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each token's row as the model's top-k after it when it opens the answer to CONTEXT_FREE_REQUEST: (rows [R]
-    long, candidates [R, k] int32, probabilities [R, k] uint8), in the order of `tokens`. Each forward takes a batch
-    of siblings at one position over the request's cache, cut back after; tick(i) after the i-th. With a budget
-    (`pace`), no forward starts past CONTEXT_FREE_SHARE of it less the last one's time: the first tokens only."""
-    pace = pace or Pace()
+    """(rows, candidates, probabilities) of `tokens` (those within CONTEXT_FREE_SHARE of the budget): the model's
+    top-k after each token opening the answer to CONTEXT_FREE_REQUEST, a batch of siblings a forward."""
     from .kv_cache import TreeKVCache
 
+    pace = pace or Pace()
     runner, k, vocab = engine.runner, engine.matrix.k, engine.vocab_size
     prompt = engine.encode_chat([{"role": "user", "content": CONTEXT_FREE_REQUEST}])
     cache = TreeKVCache()
     runner.prefill(prompt, cache)
     past, size = len(prompt), context_free_batch(vocab)
-    tables, probs, last = [], [], 0.0
-    for i, start in enumerate(range(0, len(tokens), size)):
-        if not pace.allows(CONTEXT_FREE_SHARE, last):
-            break
-        began = pace.spent()
+    tables, probs = [], []
+    for i, start in pace.paced(enumerate(range(0, len(tokens), size)), CONTEXT_FREE_SHARE):
         pace.step()
         chunk = torch.tensor(tokens[start:start + size], dtype=torch.long, device=runner.device)
-        n = chunk.numel()
-        depths = torch.zeros(n, dtype=torch.long, device=runner.device)
-        alone = torch.eye(n, dtype=torch.bool, device=runner.device)
+        depths = torch.zeros(chunk.numel(), dtype=torch.long, device=runner.device)
+        alone = torch.eye(chunk.numel(), dtype=torch.bool, device=runner.device)
         logits = runner.forward(chunk[None], (past + depths)[None], runner.mask(alone, depths, past), cache)
         cache.truncate(past)
         top_p, top_ids = torch.softmax(logits[:, :vocab].float(), dim=-1).topk(k, dim=-1)
         tables.append(top_ids.to(torch.int32).cpu())
         probs.append((top_p * 255).round().clamp(0, 255).to(torch.uint8).cpu())
-        last = pace.spent() - began
         tick(i + 1)
     if not tables:
-        return torch.zeros(0, dtype=torch.long), torch.zeros(0, k, dtype=torch.int32), torch.zeros(0, k, dtype=torch.uint8)
+        return _no_rows(k)
     table = torch.cat(tables)
     return torch.tensor(tokens[:len(table)], dtype=torch.long), table, torch.cat(probs)
 
@@ -176,22 +167,17 @@ def set_rows(matrix, rows: torch.Tensor, table: torch.Tensor, probs: torch.Tenso
 
 def calibrate(engine, prompts: list[str], max_new_tokens: int, tick: Callable[[int], None],
               pace: Pace | None = None) -> int:
-    """Pass 3 of `learn`: answer `prompts`, each from the matrix as it is now (older rows, restored before every
-    answer), after dropping pass 1's older-row calibration; with a budget, no answer starts past it less the last
-    answer's time. Returns the answers given."""
+    """Pass 3: how many of `prompts` were answered within the budget, each from the matrix as it is now."""
     pace = pace or Pace()
     engine.drop_older_row_calibration()
     start = engine.matrix.clone()
     start.stamps.fill_(-1)  # every row written before the answers: rated as older rows, as in a warm session
-    done, last = 0, 0.0
-    for i, prompt in enumerate(prompts):
-        if not pace.allows(1.0, last):
-            break
-        began = pace.spent()
+    done = 0
+    for i, prompt in pace.paced(enumerate(prompts), 1.0):
         engine.forget()
         engine.matrix.copy_from(start)
         _decode(engine, prompt, max_new_tokens, "hybrid" if i % 2 == 0 else "adaptive", pace=pace)
-        done, last = done + 1, pace.spent() - began
+        done += 1
         tick(i + 1)
     engine.forget()
     engine.matrix.copy_from(start)
@@ -200,42 +186,35 @@ def calibrate(engine, prompts: list[str], max_new_tokens: int, tick: Callable[[i
 
 def _decode(engine, prompt: str, max_new_tokens: int, template: str, pace: Pace | None = None,
             share: float = 1.0) -> tuple[tuple[list[int], list[int]] | None, int]:
-    """((prompt ids, answer ids), steps) of one greedy answer; (None, 0) when the prompt leaves no room.
-    `pace.step()` runs before each of its steps (never inside one); past `share` of its budget the answer ends
-    early (its tokens so far are still the model's greedy answer)."""
+    """((prompt ids, answer ids), steps) of one greedy answer, cut past `share` of the budget; (None, 0): no room."""
     from .config import DecodeConfig
     from .events import SummaryEvent
 
+    pace = pace or Pace()
     ids = engine.encode_chat([{"role": "user", "content": prompt}])
     if len(ids) + max_new_tokens >= engine.context_limit:
         return None, 0
-    stop = (lambda: not pace.allows(share)) if pace is not None else None
-    run = engine.generate(ids, DecodeConfig(max_new_tokens=max_new_tokens, template=template), stop=stop)
-    try:
-        while True:
-            if pace is not None:
-                pace.step()
-            event = next(run, None)
-            if event is None:
-                return None, 0
+    run = engine.generate(ids, DecodeConfig(max_new_tokens=max_new_tokens, template=template),
+                          stop=lambda: not pace.allows(share))
+    with contextlib.closing(run):
+        pace.step()
+        for event in run:
             if isinstance(event, SummaryEvent):
                 return (ids, list(event.tokens)), event.steps
-    finally:
-        run.close()
+            pace.step()
+    return None, 0
 
 
 def average_rows(model, answers: list[tuple[list[int], list[int]]], vocab_size: int,
                  k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each token's row as the model's average top-k after it over `answers` [(prompt ids, answer ids)]: (rows [R]
-    long, candidates [R, k] int32 by summed probability, their mean probabilities [R, k] uint8), rows ascending."""
+    """(rows, candidates, mean probabilities) of the model's average top-k after each token of `answers`."""
     return average_tops(answer_tops(model, answers, vocab_size, k), vocab_size, k)
 
 
 @torch.no_grad()
 def answer_tops(model, answers: list[tuple[list[int], list[int]]], vocab_size: int, k: int,
                 between: Callable[[], None] = lambda: None) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Per answer, one forward: (the tokens preceding its answer tokens [L], the top-k after each [L, k] long, their
-    probabilities [L, k] float64) on the CPU; empties for an empty answer. `between()` runs before each forward."""
+    """Per answer, one forward: (tokens before its answer tokens [L], top-k after each [L, k], probabilities)."""
     device = next(model.parameters()).device
     out = []
     for prompt, answer in answers:
@@ -255,13 +234,14 @@ def average_tops(tops: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], vo
                  k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`average_rows` from the answers' `answer_tops`: each row's k candidates of highest summed probability."""
     if not any(rows.numel() for rows, _, _ in tops):
-        return torch.zeros(0, dtype=torch.long), torch.zeros(0, k, dtype=torch.int32), torch.zeros(0, k, dtype=torch.uint8)
+        return _no_rows(k)
     seen = torch.zeros(vocab_size, dtype=torch.float64)
     for rows, _, _ in tops:
         seen.index_add_(0, rows, torch.ones(rows.numel(), dtype=torch.float64))
     keys = torch.cat([(rows[:, None] * vocab_size + cands).view(-1) for rows, cands, _ in tops])
     pairs, where = torch.unique(keys, return_inverse=True)  # ascending: by row, then candidate
-    score = torch.zeros(pairs.numel(), dtype=torch.float64).index_add_(0, where, torch.cat([p.view(-1) for *_, p in tops]))
+    flat_probs = torch.cat([p.view(-1) for *_, p in tops])
+    score = torch.zeros(pairs.numel(), dtype=torch.float64).index_add_(0, where, flat_probs)
     row = pairs // vocab_size
     order = torch.argsort(-score, stable=True)
     order = order[torch.argsort(row[order], stable=True)]  # by row, best candidate first
@@ -273,20 +253,14 @@ def average_tops(tops: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], vo
     return rows, cand[keep].view(-1, k).to(torch.int32), (probs * 255).round().clamp(0, 255).to(torch.uint8)
 
 
-def capped(hits: torch.Tensor, trials: torch.Tensor, cap: float = COUNT_CAP) -> tuple[torch.Tensor, torch.Tensor]:
-    """Counts [keys] scaled down to at most `cap` trials per key, each key's rate kept."""
-    scale = torch.clamp(cap / trials.clamp(min=1e-9), max=1.0)
-    return hits * scale, trials * scale
-
-
 def capture(engine, manifest: dict[str, Any]) -> WarmState:
     """The engine's learned state as a WarmState (its manifest: `manifest` plus the model and matrix facts)."""
     matrix = engine.matrix
     rows = matrix.filled.nonzero().view(-1).cpu()
     learned = {}
-    for name, state in engine.learned().items():
-        hits, trials = capped(state["hits"], state["trials"])
-        learned[name] = {"hits": hits, "trials": trials, "trust": state["trust"]}
+    for name, state in engine.learned().items():  # at most COUNT_CAP trials a key, each key's rate kept
+        scale = torch.clamp(COUNT_CAP / state["trials"].clamp(min=1e-9), max=1.0)
+        learned[name] = {"hits": state["hits"] * scale, "trials": state["trials"] * scale, "trust": state["trust"]}
     info = {"format": FORMAT, "fingerprint": model_fingerprint(engine), "vocab_size": matrix.vocab_size,
             "k": matrix.k, "rows_filled": int(rows.numel()),
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

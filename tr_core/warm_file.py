@@ -32,7 +32,7 @@ class WarmState:
     table: torch.Tensor  # [R, k] int32, their candidate ids
     probs: torch.Tensor  # [R, k] uint8, their stored probabilities (1/255 steps)
     learned: dict[str, dict]  # per drafter ("adaptive", "hybrid"): AdaptiveDrafter.learned()
-    manifest: dict[str, Any]  # plain data, see the module docstring
+    manifest: dict[str, Any]  # plain data: what was learned, from what, for which model
     library: list[list[int]] | None = None  # the answers' token ids, for the hybrid to copy from (None: none kept)
 
 
@@ -66,8 +66,8 @@ def save(state: WarmState, path: str | Path) -> None:
     tmp.replace(path)
 
 
-def load(path: str | Path, engine) -> WarmState:
-    """Read a warm-start file for `engine`'s model; raises WarmStartError with the reason when it does not fit."""
+def read(path: str | Path, engine) -> WarmState:
+    """A warm-start file for `engine`'s model; WarmStartError, with the reason, when it does not fit."""
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
@@ -83,7 +83,10 @@ def load(path: str | Path, engine) -> WarmState:
         raise WarmStartError(f"{path} is not a warm-start file ({type(exc).__name__})") from exc
     check_manifest(manifest, engine, path)
     library = check_library(tensors, engine.vocab_size, path)
-    return WarmState(*check_tensors(tensors, engine, path), manifest=manifest, library=library)
+    state = WarmState(*check_tensors(tensors, engine, path), manifest=manifest, library=library)
+    for name in DRAFTERS:
+        state.learned[name]["trust"] = manifest["trust"][name]
+    return state
 
 
 def check_manifest(manifest: Any, engine, path: Path) -> None:
@@ -97,14 +100,13 @@ def check_manifest(manifest: Any, engine, path: Path) -> None:
     if manifest.get("fingerprint") != model_fingerprint(engine):
         raise WarmStartError(f"{path} was learned for another model (its tokenizer or network shape differ from "
                              f"this one's: fingerprint {str(manifest.get('fingerprint'))[:12]}...)")
+    counts = {"rows_context_free": 0, **manifest}  # files from before context-free rows have none
     for name in ("answers", "tokens", "rows_filled", "rows_context_free"):
-        if name == "rows_context_free" and name not in manifest:
-            continue  # files from before context-free rows
-        if not isinstance(manifest.get(name), int) or manifest[name] < 0:
+        if not isinstance(counts.get(name), int) or counts[name] < 0:
             raise WarmStartError(f"{path}: manifest field {name} must be an integer >= 0")
     if not isinstance(manifest.get("partial", False), bool) or not isinstance(manifest.get("corpus_answers", 0), int):
         raise WarmStartError(f"{path}: manifest field partial must be true or false, corpus_answers an integer")
-    if manifest.get("rows_context_free", 0) > manifest["rows_filled"]:
+    if counts["rows_context_free"] > manifest["rows_filled"]:
         raise WarmStartError(f"{path}: manifest counts more context-free rows than rows")
     trust = manifest.get("trust")
     if not isinstance(trust, dict) or set(trust) != set(DRAFTERS):
@@ -125,9 +127,7 @@ def check_library(tensors: dict[str, torch.Tensor], vocab: int, path: Path) -> l
                              f"{MAX_LIBRARY_TOKENS:,})")
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
         raise WarmStartError(f"{path}: library token ids outside the vocabulary [0, {vocab})")
-    flat = tokens.tolist()
-    ends = lengths.cumsum(0).tolist()
-    return [flat[end - n:end] for end, n in zip(ends, lengths.tolist())]
+    return [answer.tolist() for answer in torch.split(tokens, lengths.tolist())]
 
 
 def check_tensors(tensors: dict[str, torch.Tensor], engine,
@@ -146,16 +146,7 @@ def check_tensors(tensors: dict[str, torch.Tensor], engine,
                          or int(table.max()) >= vocab or rows.unique().numel() != rows.numel()):
         raise WarmStartError(f"{path}: row or candidate ids outside the vocabulary [0, {vocab}), or repeated rows")
     learned = {d: {"hits": tensors[f"{d}.hits"], "trials": tensors[f"{d}.trials"]} for d in DRAFTERS}
-    for counts in learned.values():
-        if any(t.dtype != torch.float64 or t.dim() != 1 or not bool(torch.isfinite(t).all())
-               for t in counts.values()):
-            raise WarmStartError(f"{path}: calibration counts must be finite float64 vectors")
+    if any(t.dtype != torch.float64 or t.dim() != 1 or not bool(torch.isfinite(t).all())
+           for counts in learned.values() for t in counts.values()):
+        raise WarmStartError(f"{path}: calibration counts must be finite float64 vectors")
     return rows.long(), table, probs, learned
-
-
-def read(path: str | Path, engine) -> WarmState:
-    """`load`, with the trust of the manifest joined to the drafters' counts."""
-    state = load(path, engine)
-    for name in DRAFTERS:
-        state.learned[name]["trust"] = state.manifest["trust"][name]
-    return state

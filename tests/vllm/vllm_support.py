@@ -26,9 +26,9 @@ def questions(n_spec: int = 8, n_mbpp: int = 4) -> list[list[dict[str, str]]]:
 
 @pytest.fixture(scope="session")
 def model_dir() -> str:
-    from tr_core.vllm.models import model_folder
+    from tr_core.models import resolve_source
 
-    return model_folder()
+    return resolve_source(None)[0]
 
 
 def make_llm(model_dir: str, spec: dict | None, **extra):

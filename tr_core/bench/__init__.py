@@ -1,8 +1,5 @@
-"""Benchmarking: Token Recycling against plain decoding and its peers on question sets (bench.py runs them, Spec-Bench
-style; answers.py times one answer; results.py makes the JSON document and bounds a plausible speedup; tables.py shows
-it, one run or a folder of them; concurrency.py: N prompts at once against one after another), the forward cost curve
-t(N)/t(1) (profile.py) and the question files both read (questions.py).
+"""Benchmarking, above the library and below the command line (`bench`, `profile`); `import tr_core` loads none of it.
 
-Above the library, below the command line (tr_core.cli: `bench`, `profile`);
-`import tr_core` loads none of this.
+bench.py runs the methods on question sets (questions.py), answers.py times one answer, results.py makes the JSON
+document, tables.py shows it, concurrency.py measures N prompts at once, profile.py the forward cost t(N)/t(1).
 """

@@ -1,27 +1,18 @@
 """`python -m tr_core bench`: Token Recycling against plain decoding and its peers, Spec-Bench style.
 
-Every method runs on the same model, prompts and settings, interleaved per question (after a warm-up) so that
-machine drift hits all alike. Methods and their names in tables and JSON:
+Every method answers the same prompts with the same model and settings, interleaved per question after a warm-up,
+so that machine drift hits all alike: `vanilla` (the engine's plain decoding, the baseline of every speedup),
+`recycling` (with the `--template` tree; several templates give `recycling[T]` each, each with its own adjacency
+matrix, kept across questions unless `--fresh-matrix`, from the model's warm start or empty with `--warm-start off`),
+`hf` (transformers' `generate`) and `pld` (its prompt lookup decoding). `--fresh-sessions`: only each question's
+first turn, every method from a new session's state. `--concurrency N`: the throughput of N first turns at once
+against one after another (tr_core/bench/concurrency.py).
 
-- `vanilla`: the engine's plain decoding (`DecodeConfig(plain=True)`); the baseline of every speedup.
-- `recycling`: Token Recycling with the `--template` tree. Several templates (`--template 2.2.2,adaptive`) give
-  one method each, `recycling[2.2.2]`, `recycling[adaptive]`, names `--methods` also takes. Each has its own
-  adjacency matrix, kept across questions unless `--fresh-matrix`, starting from the model's warm start
-  (`--warm-start auto`, the default) or empty (`off`). `--fresh-sessions` measures what a new visitor sees: every
-  question's first turn only, each method from a new session's state (the measured forward costs are kept).
-- `hf`: transformers' `model.generate` (greedy, or the same sampling settings).
-- `pld`: transformers' prompt lookup decoding (`generate(prompt_lookup_num_tokens=...)`).
-
-`--concurrency N` measures throughput instead: every first turn N at once (tr_core.batch) against one after
-another, each answer from the session's state (tr_core/bench/concurrency.py says how).
-
-Definitions (as Spec-Bench): time is wall time per answer, prefill included (with `--repeats R`, the fastest
-of R rounds of all methods, each round from the same learned state); speedup is vanilla's total seconds over the
-method's on the same answers; mean accepted tokens is emitted tokens per decoding forward (for hf/pld every
-forward of the model, prompt included, so plain decoding scores 1.00 either way). Answers are cut after the first
-stop token (or at `--max-new-tokens`); two are identical when their token ids before the stop token are equal.
-Multi-turn questions are answered turn by turn with the method's own earlier answers in the history;
-`identical`/`compared` count answers, i.e. turns.
+Time is wall time per answer, prefill included (with `--repeats R`, the fastest of R rounds, each from the same
+learned state); speedup is vanilla's total seconds over the method's; mean accepted tokens is emitted tokens per
+forward (for hf/pld every forward, so plain decoding scores 1.00 either way). Answers are cut after the first stop
+token and identical when their ids before it are equal; multi-turn questions are answered turn by turn, each method
+with its own earlier answers; `identical`/`compared` count turns.
 """
 from __future__ import annotations
 
@@ -33,7 +24,9 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
+from .. import warm
 from ..config import DecodeConfig
+from ..engine import Engine
 from ..tree import check_template
 from . import answers
 from .questions import Question, load_questions, select_questions
@@ -49,8 +42,6 @@ class BenchInputError(ValueError):
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """One benchmarked method: its display name, its kind and, for recycling, its draft tree template."""
-
     name: str  # e.g. "vanilla", "recycling", "recycling[adaptive]", "hf", "pld"
     kind: str  # one of METHOD_KINDS
     template: str = ""  # recycling only: a name from tree.TEMPLATE_NAMES
@@ -60,14 +51,14 @@ class MethodSpec:
 class TurnRecord:
     """What one method produced for one turn of one question, and what it cost."""
 
-    method: str  # MethodSpec.name
+    method: str
     question: str  # Question.key
-    category: str  # the question's category
-    task: str  # its Spec-Bench task
-    turn: int  # 0-based turn index
-    prompt_tokens: int  # prompt length in tokens
+    category: str
+    task: str
+    turn: int  # 0-based
+    prompt_tokens: int
     tokens: int  # emitted tokens (stop token included, cut at max_new_tokens)
-    seconds: float  # wall time of the answer, prefill included (the fastest of its repeats)
+    seconds: float  # wall time, prefill included (the fastest of its repeats)
     steps: int | None  # decoding forwards (None when unknown)
     answer_ids: list[int] = field(default_factory=list)  # token ids before the first stop token
     accepted_lengths: list[int] = field(default_factory=list)  # tokens emitted by each step (engine methods)
@@ -104,7 +95,6 @@ def parse_methods(methods: str, templates: str) -> list[MethodSpec]:
 
 
 def _check_template(name: str, option: str, where: str = "") -> str:
-    """check_template, its error a BenchInputError naming `option`."""
     try:
         return check_template(name, where)
     except ValueError as exc:
@@ -130,8 +120,6 @@ class Runner:
     """Runs each method on one prompt; owns one Engine per engine method (each with its own matrix)."""
 
     def __init__(self, model, tokenizer, specs: list[MethodSpec], args: argparse.Namespace, base: DecodeConfig) -> None:
-        from ..engine import Engine
-
         self.model, self.args, self.device = model, args, next(model.parameters()).device
         self.specs = {s.name: s for s in specs}
         engine_specs = [s for s in specs if s.kind in ("vanilla", "recycling")]
@@ -141,6 +129,7 @@ class Runner:
                         for s in engine_specs}
         self.encoder = next(iter(self.engines.values()))  # one chat template and stop set for every method
         self.stop_ids = {int(t) for t in self.encoder.stop_token_ids}
+        self.tuned = any(e.tune_kernels for e in self.engines.values())  # the baselines multiply as the engines do
         self.warm: Any = None  # the WarmStartInfo applied to the recycling engines (None: they start cold)
         self.session_starts: dict[str, dict] = {}  # per engine, a new session's state (`start_sessions`)
 
@@ -152,8 +141,6 @@ class Runner:
     def start_sessions(self, warm_start: Callable[[Any], Any]) -> None:
         """Put every engine in a new session's state, the recycling ones warmed by `warm_start` (engine -> its
         WarmStartInfo or None), and keep that state for `fresh_session` and `reset_matrices`."""
-        from .. import warm
-
         for name, engine in self.engines.items():
             warm.fresh_session(engine)
             if self.specs[name].kind == "recycling" and (info := warm_start(engine)) is not None:
@@ -161,7 +148,6 @@ class Runner:
             self.session_starts[name] = engine.snapshot()
 
     def fresh_session(self) -> None:
-        """Every engine back to its new session's state."""
         for name, start in self.session_starts.items():
             self.engines[name].restore(start)
 
@@ -173,7 +159,6 @@ class Runner:
             f"of {limit} tokens")
 
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
-        """The chat prompt as token ids, the same for every method."""
         return list(self.encoder.encode_chat(messages))
 
     def answer(self, name: str, ids: list[int], max_new_tokens: int | None = None, seed_offset: int = 0) -> dict:
@@ -182,26 +167,28 @@ class Runner:
         if name in self.engines:
             return answers.engine_answer(self.engines[name], self.configs[name].with_(max_new_tokens=max_new), ids,
                                          self.stop_ids)
-        tuned = any(e.tune_kernels for e in self.engines.values())  # the baselines multiply as the engines do
         return answers.transformers_answer(self.model, self.specs[name].kind, ids, max_new, self.stop_ids, self.args,
-                                           tuned, seed=self.args.seed + seed_offset)
+                                           self.tuned, seed=self.args.seed + seed_offset)
+
+
+def out_of_time(args: argparse.Namespace, start: float, done: int, total: int, what: str) -> bool:
+    """Whether `--max-minutes` has passed since `start` (said on stderr): no new question or group then."""
+    if args.max_minutes is None or time.perf_counter() - start <= args.max_minutes * 60:
+        return False
+    print(f"bench: --max-minutes {args.max_minutes} reached; stopping after {done} of {total} {what}",
+          file=sys.stderr)
+    return True
 
 
 def run_questions(runner: Runner, questions: list[Question], specs: list[MethodSpec], args: argparse.Namespace,
                   progress: Any, skipped: list[dict]) -> list[TurnRecord]:
-    """Answer every question with every method, interleaved per turn; one record per turn and method.
-
-    The method order rotates from question to question, so no method always runs first. Each method keeps its own
-    history of a multi-turn question. A turn that does not fit the model's context is skipped with its later turns,
-    each appended to `skipped` as {question, turn, reason}. `progress` (a tqdm bar) counts the answers.
-    """
+    """Answer every question with every method, interleaved per turn, the order rotating per question; one record
+    per turn and method. A turn too long for the model's context goes to `skipped`, with its later turns."""
     records: list[TurnRecord] = []
     names = [s.name for s in specs]
     start = time.perf_counter()
     for qi, q in enumerate(questions):
-        if args.max_minutes is not None and time.perf_counter() - start > args.max_minutes * 60:
-            print(f"bench: --max-minutes {args.max_minutes} reached; stopping after {qi} of {len(questions)} "
-                  "questions", file=sys.stderr)
+        if out_of_time(args, start, qi, len(questions), "questions"):
             break
         if args.fresh_sessions:
             runner.fresh_session()
@@ -220,26 +207,22 @@ def run_questions(runner: Runner, questions: list[Question], specs: list[MethodS
                 break  # later turns build on this one
             outs = _rounds(runner, order, prompts, args.repeats, seed_offset=qi * 16 + ti)
             for name in order:
-                records.append(_record(name, q, ti, prompts[name], outs[name]))
-                histories[name].append({"role": "assistant", "content": runner.encoder.decode(outs[name]["answer"])})
+                out = outs[name]
+                records.append(TurnRecord(
+                    method=name, question=q.key, category=q.category, task=q.task, turn=ti,
+                    prompt_tokens=len(prompts[name]), tokens=len(out["emitted"]), seconds=out["seconds"],
+                    steps=out["steps"], answer_ids=out["answer"], accepted_lengths=out["accepted"],
+                    tree_nodes=out["tree_nodes"], seconds_all=out["seconds_all"]))
+                histories[name].append({"role": "assistant", "content": runner.encoder.decode(out["answer"])})
                 progress.update(1)
                 progress.set_postfix_str(f"{q.task[:14]} {name}", refresh=False)
     return records
 
 
-def _record(name: str, q: Question, turn: int, ids: list[int], out: dict) -> TurnRecord:
-    """One method's answer to one turn, as the benchmark records it."""
-    return TurnRecord(method=name, question=q.key, category=q.category, task=q.task, turn=turn,
-                      prompt_tokens=len(ids), tokens=len(out["emitted"]), seconds=out["seconds"], steps=out["steps"],
-                      answer_ids=out["answer"], accepted_lengths=out["accepted"], tree_nodes=out["tree_nodes"],
-                      seconds_all=out["seconds_all"])
-
-
 def _rounds(runner: Runner, order: list[str], prompts: dict[str, list[int]], repeats: int,
             seed_offset: int) -> dict[str, dict]:
-    """Each method's answer in `repeats` rounds of all methods, its engine restored to its state before the first:
-    the first round's output with the fastest round's `seconds` and every round's `seconds_all`. Rounds of all
-    methods share the machine's slow and fast spells."""
+    """Each method's answer in `repeats` rounds of all methods (sharing the machine's slow and fast spells), its
+    engine restored before each: the first round's output, the fastest `seconds` and every round's `seconds_all`."""
     starts = {name: runner.engines[name].snapshot() for name in order if name in runner.engines} if repeats > 1 else {}
     runs: dict[str, list[dict]] = {name: [] for name in order}
     for rnd in range(repeats):
@@ -255,8 +238,8 @@ def _rounds(runner: Runner, order: list[str], prompts: dict[str, list[int]], rep
 
 
 def warm_up(runner: Runner, questions: list[Question], specs: list[MethodSpec], turns: int) -> None:
-    """Run every method on the first `turns` first turns that fit the model's context with a 32-token answer (else a
-    made-up prompt), then reset the matrices: one-off costs (kernel tuning, the cost probe) stay out of the timing."""
+    """Run every method on the first `turns` first turns that fit with a 32-token answer (else a made-up prompt), then
+    reset the matrices: one-off costs (kernel tuning, the cost probe) stay out of the timing."""
     def fitting(texts, n: int) -> list[list[int]]:
         encoded = (runner.encode([{"role": "user", "content": text}]) for text in texts)
         return list(islice((ids for ids in encoded if not runner.overflow(ids, 32)), n))

@@ -1,20 +1,10 @@
-"""`python -m tr_core bench --concurrency N`: N prompts at once (tr_core/batch.py) against the same prompts one
-after another, on the same model, prompts and settings.
+"""`python -m tr_core bench --concurrency N`: every question's first turn, in groups of N, answered N at once
+(tr_core/batch.py) and one after another, interleaved per group, the order rotating.
 
-Every question's first turn is a prompt; the prompts are answered in groups of N (the last group may be smaller).
-For each group every way below runs on it, interleaved, the order rotating from group to group, so that machine
-drift hits all alike (with `--repeats R`, R rounds of all ways, each keeping its fastest):
-
-- `<method> alone`, for the engine methods (`vanilla`: plain decoding, `recycling[T]`): prompt after prompt, the
-  bench's per-answer path;
-- `<method> batched`: the group through tr_core.batch, N rows in one decode loop;
-- `hf batched`: transformers' `model.generate` on the group at once, left-padded (greedy, or the same sampling).
-
-Each engine answer, alone or batched, decodes with its own fork of the method's engine in the session's state (the
-warm start, or empty), so every group starts from the same matrix and a batched answer must give the tokens it gives
-alone (`identical_batched_and_alone`). Throughput is new tokens (cut after the stop token) over wall seconds, prefill
-included. Left out: `pld` (transformers' prompt lookup decodes one sequence at a time) and vLLM, which batches in its
-own server: `python -m tr_core.vllm.bench --concurrency 1 8`, in its own environment (docs/vllm.md).
+The ways: `<method> alone` and `<method> batched` for the engine methods, `hf batched` (transformers' `generate`,
+left-padded). Each engine answer decodes with its own fork of the method's engine in the session's state, so a
+batched answer must give the tokens it gives alone (`identical_batched_and_alone`). Throughput is new tokens (cut
+after the stop token) over wall seconds, prefill included.
 """
 from __future__ import annotations
 
@@ -25,11 +15,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..batch import generate_batch
 from ..config import DecodeConfig
-from ..cost import sync
 from . import answers
-from .bench import BASELINE, MethodSpec, Runner
+from .bench import BASELINE, MethodSpec, Runner, out_of_time
 from .questions import Question
+from .results import ratio
 
 ENGINE_KINDS = ("vanilla", "recycling")
 LEFT_OUT = {"pld": "not batched: transformers' prompt lookup decoding takes one sequence at a time"}
@@ -40,7 +31,7 @@ BUSY_LOAD = 1.5  # a 1-minute load average above this before the run: other jobs
 
 @dataclass(frozen=True)
 class Way:
-    """One way of answering a group of prompts: a method, one prompt after another or the group at once."""
+    """A method answering a group of prompts one after another, or the group at once."""
 
     spec: MethodSpec
     batched: bool
@@ -51,12 +42,12 @@ class Way:
 
 
 def left_out(specs: list[MethodSpec]) -> list[str]:
-    """Why each method asked for that a concurrency run does not measure is left out (the run's first notes)."""
+    """Why each method asked for that is not measured here is left out."""
     return [f"{kind}: {why}" for kind, why in LEFT_OUT.items() if kind in {s.kind for s in specs}]
 
 
 def ways_of(specs: list[MethodSpec]) -> list[Way]:
-    """The ways a concurrency run measures: each engine method alone and batched, `hf` batched; `pld` left out."""
+    """Each engine method alone and batched, `hf` batched; `pld` left out."""
     ways = []
     for s in specs:
         if s.kind in ENGINE_KINDS:
@@ -68,8 +59,7 @@ def ways_of(specs: list[MethodSpec]) -> list[Way]:
 
 def first_turns(runner: Runner, questions: list[Question], max_new: int,
                 skipped: list[dict]) -> list[tuple[Question, list[int]]]:
-    """Every question's first turn as prompt ids; one that does not fit the model's context with `max_new` answer
-    tokens is appended to `skipped` as {question, turn, reason} instead."""
+    """Every question's first turn as prompt ids; one too long for the model's context goes to `skipped` instead."""
     prompts = []
     for q in questions:
         ids = runner.encode([{"role": "user", "content": q.turns[0]}])
@@ -92,39 +82,25 @@ def engine_alone(engine: Any, cfg: DecodeConfig, prompts: list[list[int]], stop_
 
 def engine_batched(engine: Any, cfg: DecodeConfig, prompts: list[list[int]], rows: int, stop_ids: set[int]) -> dict:
     """The prompts through tr_core.batch, at most `rows` at once, each by its own fork of `engine`."""
-    from ..batch import generate_batch
-    from ..events import StepEvent, SummaryEvent
-
-    nodes, summaries = 0, {}
-    sync(engine.device)
-    t0 = time.perf_counter()
-    for i, ev in generate_batch(engine, prompts, cfg, max_rows=rows):
-        if isinstance(ev, StepEvent):
-            nodes += len(ev.tokens)
-        elif isinstance(ev, SummaryEvent):
-            summaries[i] = ev
-    sync(engine.device)
-    seconds = time.perf_counter() - t0
+    seconds, steps, summaries = answers.timed_decode(engine.device, generate_batch(engine, prompts, cfg, max_rows=rows))
     cut = [answers.cut_at_stop(summaries[i].tokens, stop_ids, cfg.max_new_tokens) for i in range(len(prompts))]
     return {"emitted": [e for e, _ in cut], "answers": [a for _, a in cut], "seconds": seconds,
-            "steps": sum(s.steps for s in summaries.values()), "tree_nodes": nodes}
+            "steps": sum(s.steps for s in summaries.values()), "tree_nodes": sum(len(s.tokens) for s in steps)}
 
 
 def answer_group(runner: Runner, way: Way, prompts: list[list[int]], rows: int, max_new: int, seed: int) -> dict:
-    """One way's answers to one group of prompts (engine_alone's dict)."""
     name = way.spec.name
-    if way.spec.kind in ENGINE_KINDS:
-        engine, cfg = runner.engines[name], runner.configs[name].with_(max_new_tokens=max_new)
-        if way.batched:
-            return engine_batched(engine, cfg, prompts, rows, runner.stop_ids)
-        return engine_alone(engine, cfg, prompts, runner.stop_ids)
-    tuned = any(e.tune_kernels for e in runner.engines.values())  # the baselines multiply as the engines do
-    return answers.transformers_batch(runner.model, prompts, max_new, runner.stop_ids, runner.args, tuned, seed)
+    if way.spec.kind not in ENGINE_KINDS:
+        return answers.transformers_batch(runner.model, prompts, max_new, runner.stop_ids, runner.args, runner.tuned,
+                                          seed)
+    engine, cfg = runner.engines[name], runner.configs[name].with_(max_new_tokens=max_new)
+    if way.batched:
+        return engine_batched(engine, cfg, prompts, rows, runner.stop_ids)
+    return engine_alone(engine, cfg, prompts, runner.stop_ids)
 
 
 def warm_up(runner: Runner, group: list[tuple[Question, list[int]]], ways: list[Way]) -> None:
-    """Every way once on the first group with 32-token answers: one-off costs (kernel tuning for the batch's
-    shapes, the cost probe) stay out of the timing."""
+    """Every way once on the first group with 32-token answers, keeping one-off costs out of the timing."""
     prompts = [ids for _, ids in group]
     for way in ways:
         answer_group(runner, way, prompts, runner.args.concurrency, min(32, runner.args.max_new_tokens), 0)
@@ -132,15 +108,12 @@ def warm_up(runner: Runner, group: list[tuple[Question, list[int]]], ways: list[
 
 def run_groups(runner: Runner, groups: list[list[tuple[Question, list[int]]]], ways: list[Way],
                args: argparse.Namespace, progress: Any) -> list[dict]:
-    """Every group answered by every way, interleaved (the order rotating per group), `args.repeats` rounds each;
-    one record per group and way, with the first round's ids, the fastest round's seconds and whether every round
-    gave the same ids (each starts from the same state)."""
+    """Every group answered by every way, interleaved, `args.repeats` rounds each; one record per group and way:
+    the first round's ids, the fastest round's seconds and whether every round gave the same ids."""
     records: list[dict] = []
     start = time.perf_counter()
     for gi, group in enumerate(groups):
-        if args.max_minutes is not None and time.perf_counter() - start > args.max_minutes * 60:
-            print(f"bench: --max-minutes {args.max_minutes} reached; stopping after {gi} of {len(groups)} groups",
-                  file=sys.stderr)
+        if out_of_time(args, start, gi, len(groups), "groups"):
             break
         order = ways[gi % len(ways):] + ways[:gi % len(ways)]
         prompts = [ids for _, ids in group]
@@ -161,25 +134,20 @@ def run_groups(runner: Runner, groups: list[list[tuple[Question, list[int]]]], w
     return records
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
 def way_stats(recs: list[dict], refs: list[dict], against: str) -> dict[str, Any]:
-    """Totals of one way's records, and how many of its answers equal those of `refs` (the same groups, way
-    `against`)."""
+    """Totals of one way's records, and how many answers equal those of `refs` (the same groups, way `against`)."""
     tokens, seconds = sum(r["tokens"] for r in recs), sum(r["seconds"] for r in recs)
     steps = None if any(r["steps"] is None for r in recs) else sum(r["steps"] for r in recs)
     pairs = [(a, b) for r, ref in zip(recs, refs) for a, b in zip(r["answer_ids"], ref["answer_ids"])]
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": _ratio(tokens, seconds), "steps": steps,
-            "mean_accepted": _ratio(tokens, steps), "answers": sum(len(r["answer_ids"]) for r in recs),
-            "mean_tree_nodes": _ratio(sum(r["tree_nodes"] for r in recs), steps) if steps else None,
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": ratio(tokens, seconds), "steps": steps,
+            "mean_accepted": ratio(tokens, steps), "answers": sum(len(r["answer_ids"]) for r in recs),
+            "mean_tree_nodes": ratio(sum(r["tree_nodes"] for r in recs), steps) if steps else None,
             "identical": sum(a == b for a, b in pairs), "compared": len(pairs), "identical_to": against}
 
 
 def summarize(records: list[dict], ways: list[Way]) -> dict[str, dict]:
-    """Per method: `alone` and `batched` way_stats (a batched way against the method's alone answers, an alone one
-    and `hf` against plain decoding's alone answers), and the throughput ratios of its batched way."""
+    """Per method: `alone` and `batched` way_stats (batched against the method's alone answers; alone and `hf`
+    against plain decoding's alone answers), and the throughput ratios of its batched way."""
     def of(name: str, batched: bool) -> list[dict]:
         return [r for r in records if r["method"] == name and r["batched"] == batched]
 
@@ -194,15 +162,15 @@ def summarize(records: list[dict], ways: list[Way]) -> dict[str, dict]:
     hf = methods.get("hf", {}).get("batched", {}).get("tokens_per_s")
     for m in methods.values():
         fast = m["batched"]["tokens_per_s"]
-        m.update(batched_over_alone=_ratio(fast, m.get("alone", {}).get("tokens_per_s")),
-                 batched_over_plain_batched=_ratio(fast, plain), batched_over_hf_batched=_ratio(fast, hf))
+        m.update(batched_over_alone=ratio(fast, m.get("alone", {}).get("tokens_per_s")),
+                 batched_over_plain_batched=ratio(fast, plain), batched_over_hf_batched=ratio(fast, hf))
     return methods
 
 
 def build_result(records: list[dict], ways: list[Way], questions: list[Question], meta: dict[str, Any],
                  skipped: list[dict], rows: int, load: dict[str, list[float]], notes: list[str]) -> dict[str, Any]:
-    """The JSON document of a concurrency run: the run's metadata, `concurrency`, the `methods` (summarize), whether
-    every engine answer was the same batched and alone, `notes` and ours, and one row per group and way."""
+    """The JSON document of a concurrency run: metadata, the `methods` (summarize), whether every engine answer was
+    the same batched and alone, notes, and one row per group and way."""
     done = {key for r in records for key in r["questions"]}
     methods = summarize(records, ways)
     engine = [m for m in methods.values() if m["kind"] in ENGINE_KINDS]

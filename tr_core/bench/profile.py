@@ -1,13 +1,12 @@
 """`python -m tr_core profile`: the forward cost curve t(N)/t(1) of verifying N draft tree tokens.
 
-Token Recycling verifies a whole draft tree in one forward, so its speedup at a model size is roughly
+Token Recycling verifies a whole draft tree in one forward, so its speedup is roughly
     mean accepted tokens per step / (t(N) / t(1)),
-with N the tree size (the root included) and t(N) the time of one forward of N query tokens over a KV cache of
-realistic length. This measures t(N) for the loaded model or a Llama-shaped model with random weights (`--config
+with N the tree size (root included) and t(N) the time of one forward of N query tokens over a KV cache of
+realistic length. This measures t(N) for the loaded model or a Llama-shaped one with random weights (`--config
 llama-1b|llama-8b`, bf16 on CUDA) and, given a measured mean accepted length (`--mean-accepted X` or a real model's
-`bench --json` file), prints the projected speedup: an upper bound, as it ignores the engine's own per-step work
-(drafting, verifying, the matrix update) and the prefill. Random weights make drafts meaningless: acceptance is
-never measured here.
+`bench --json` file), prints the projected speedup: an upper bound, as it ignores the engine's own per-step work and
+the prefill. Random weights make drafts meaningless: acceptance is never measured here.
 """
 from __future__ import annotations
 
@@ -17,11 +16,17 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ..cost import interpolate  # noqa: F401 - part of this module's interface (projections)
+import torch
+
+from ..cost import interpolate, measure_forward_costs
+from ..kernels import describe_plan, installed
+from ..runner import ModelRunner
+from ..tuning import ensure_tuned
+from .results import environment, utc_now
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 80, 128)
 
-# Llama-shaped configs (Llama 3.2 1B and Llama 3.1 8B shapes); "llama-tiny" is for tests.
+# Llama 3.2 1B and Llama 3.1 8B shapes; "llama-tiny" is for tests.
 CONFIGS: dict[str, dict[str, Any]] = {
     "llama-tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True),
@@ -60,10 +65,9 @@ def read_bench_json(path: str | Path) -> dict[str, dict[str, float]]:
     methods = data.get("methods") if isinstance(data, dict) else None
     if not isinstance(methods, dict):
         raise ProfileInputError(f"{path}: no 'methods' object (is it a `bench --json` file?)")
-    out = {}
-    for name, m in methods.items():
-        if m.get("kind") == "recycling" and m.get("mean_accepted") and m.get("mean_tree_nodes"):
-            out[name] = {"mean_accepted": float(m["mean_accepted"]), "tree_nodes": float(m["mean_tree_nodes"])}
+    out = {name: {"mean_accepted": float(m["mean_accepted"]), "tree_nodes": float(m["mean_tree_nodes"])}
+           for name, m in methods.items()
+           if m.get("kind") == "recycling" and m.get("mean_accepted") and m.get("mean_tree_nodes")}
     if not out:
         raise ProfileInputError(f"{path}: no recycling method with mean_accepted and mean_tree_nodes")
     return out
@@ -71,8 +75,7 @@ def read_bench_json(path: str | Path) -> dict[str, dict[str, float]]:
 
 def build_random_model(name: str, device, dtype):
     """A Llama-shaped causal LM with random weights, built directly on `device` in `dtype`."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM  # seconds to import: only here
 
     config = LlamaConfig(**CONFIGS[name], max_position_embeddings=8192)
     previous = torch.get_default_dtype()
@@ -86,33 +89,21 @@ def build_random_model(name: str, device, dtype):
 
 
 def random_context(model, context: int) -> list[int]:
-    """`context` random token ids of the model's vocabulary (seeded): what the profiler's forwards attend over."""
-    import torch
-
+    """`context` random (seeded) token ids: what the profiler's forwards attend over."""
     gen = torch.Generator().manual_seed(0)
     return torch.randint(0, model.config.vocab_size, (context,), generator=gen).tolist()
 
 
 def measure_curve(model, sizes: list[int], context: int, repeats: int, warmup: int) -> dict[int, list[float]]:
-    """Seconds of one forward of N tree tokens over a `context`-token KV cache of random tokens, `repeats` times per
-    N, through the engine's own path (cost.measure_forward_costs): the curve the adaptive tree acts on."""
-    import torch
-
-    from ..cost import measure_forward_costs
-    from ..kernels import installed
-    from ..runner import ModelRunner
-
-    with torch.inference_mode(), installed(model):  # the products the engine runs (the plan, if tuned)
+    """Seconds of one forward of N tree tokens over a `context`-token KV cache, `repeats` times per N, through the
+    engine's own path and matrix products (cost.measure_forward_costs): the curve the adaptive tree acts on."""
+    with torch.inference_mode(), installed(model):
         ms = measure_forward_costs(ModelRunner(model), random_context(model, context), sizes, repeats, warmup)
     return {n: [t / 1e3 for t in v] for n, v in ms.items()}
 
 
 def tune_linears(model, context: int) -> dict[str, Any]:
-    """Choose the linear layers' product on this machine (tuning.tune; CPU only) and describe the choice."""
-    from ..kernels import describe_plan
-    from ..runner import ModelRunner
-    from ..tuning import ensure_tuned
-
+    """Choose the linear layers' product on this machine (tuning; CPU only) and describe the choice."""
     ensure_tuned(ModelRunner(model), random_context(model, context))
     return describe_plan(model)
 
@@ -128,8 +119,8 @@ def projections(curve: dict[int, dict[str, float]], mean_accepted: float | None,
     """Projected speedup = mean accepted / (t(N)/t(1)) for the given measurements."""
     ratios = {n: c["ratio"] for n, c in curve.items()}
     given = [("--mean-accepted", mean_accepted, tree_nodes)] if mean_accepted is not None else []
-    rows = []
     given += [(name, m["mean_accepted"], m["tree_nodes"]) for name, m in (bench or {}).items()]
+    rows = []
     for source, accepted, nodes in given:
         r = interpolate(ratios, nodes)
         rows.append({"source": source, "mean_accepted": accepted, "tree_nodes": nodes, "cost_ratio": r,
@@ -155,16 +146,6 @@ def format_report(meta: dict[str, Any], curve: dict[int, dict[str, float]], rows
 
 def run_meta(args: argparse.Namespace, model, name: str, device) -> dict[str, Any]:
     """What was measured where, for the report."""
-    import datetime as _dt
-
-    import torch
-    import transformers
-
-    from ..machine import describe
-
     params = sum(p.numel() for p in model.parameters())
-    return {"model": f"{name}, {params / 1e6:.1f}M params", "device": str(device), "machine": describe(device),
-            "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "torch": torch.__version__,
-            "transformers": transformers.__version__, "context": args.context, "repeats": args.repeats,
-            "threads": torch.get_num_threads(),
-            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    return {"model": f"{name}, {params / 1e6:.1f}M params", **environment(model, device), "context": args.context,
+            "repeats": args.repeats, "threads": torch.get_num_threads(), "date": utc_now()}

@@ -1,7 +1,6 @@
-"""Question files for the benchmark, Spec-Bench style: one JSON object per line with `question_id`, `category` and
-`turns` (the user messages, more than one for a multi-turn conversation). Results are grouped by the six Spec-Bench
-tasks (the eight MT-bench categories form "multi-turn conversation") plus "code" for MBPP.
-"""
+"""Question files, Spec-Bench style: one JSON object per line with `question_id`, `category` and `turns` (the user
+messages). Results are grouped by Spec-Bench's six tasks (MT-bench's eight categories form "multi-turn
+conversation") plus "code" for MBPP."""
 from __future__ import annotations
 
 import json
@@ -12,11 +11,10 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-# The eight MT-bench categories: together they are Spec-Bench's "multi-turn conversation" task.
 MT_BENCH_CATEGORIES = frozenset({"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
                                  "humanities"})
 MULTI_TURN = "multi-turn conversation"
-# Task order used in tables and reports: Spec-Bench's six tasks, then MBPP's code.
+# the order of tables and reports
 TASK_ORDER = (MULTI_TURN, "translation", "summarization", "qa", "math_reasoning", "rag", "code")
 
 
@@ -32,38 +30,35 @@ class QuestionFileError(ValueError):
 
 @dataclass(frozen=True)
 class Question:
-    """One benchmark question: an id, a category and the user turns, with where it came from."""
-
     question_id: int | str  # as written in the file
-    category: str  # the file's category (e.g. "writing", "translation", "code")
+    category: str  # e.g. "writing", "translation", "code"
     turns: tuple[str, ...]  # user messages, answered in order
     source: str  # the file it came from
-    line: int  # 1-based line number in that file
+    line: int  # 1-based
 
     @property
     def task(self) -> str:
-        """The Spec-Bench task this question counts towards."""
         return task_of(self.category)
 
     @property
     def key(self) -> str:
-        """A unique name for the question across files: `file-stem/question_id`."""
+        """A unique name across files: `file-stem/question_id`."""
         return f"{Path(self.source).stem}/{self.question_id}"
 
 
 def task_of(category: str) -> str:
-    """A question category's Spec-Bench task (MT-bench categories -> "multi-turn conversation"), in lower case."""
+    """A category's Spec-Bench task, in lower case."""
     name = category.strip().lower()
     return MULTI_TURN if name in MT_BENCH_CATEGORIES else name
 
 
 def task_sort_key(task: str) -> tuple[int, str]:
-    """Sort key putting the known tasks in `TASK_ORDER` and any others after them, alphabetically."""
+    """The known tasks in `TASK_ORDER`, any others after them, alphabetically."""
     return (TASK_ORDER.index(task), "") if task in TASK_ORDER else (len(TASK_ORDER), task)
 
 
 def parse_question_line(text: str, path: str | Path, line: int) -> Question:
-    """Parse one JSON line into a Question; raises QuestionFileError naming `path:line`."""
+    """One JSON line as a Question; raises QuestionFileError naming `path:line`."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -117,12 +112,8 @@ def load_questions(path: str | Path) -> list[Question]:
 
 def select_questions(questions: list[Question], per_task: int | None = None,
                      limit: int | None = None) -> list[Question]:
-    """Pick questions deterministically: the first `per_task` of each task, then the first `limit`.
-
-    Within a task, round-robin over its categories in file order (the multi-turn task draws writing, roleplay,
-    reasoning, ... rather than four writing questions); with `per_task`, round-robin over tasks (task 1 q1, task 2 q1,
-    ..., task 1 q2, ...) so that a later `limit` still spans the tasks.
-    """
+    """The first `per_task` of each task, then the first `limit`: round-robin over a task's categories (writing,
+    roleplay, ... rather than four writing questions), then over tasks, so that `limit` still spans the tasks."""
     if per_task is not None and per_task < 1:
         raise ValueError(f"per_task must be >= 1, got {per_task}")
     if limit is not None and limit < 1:
@@ -137,7 +128,7 @@ def select_questions(questions: list[Question], per_task: int | None = None,
 
 
 def group_by(items: Iterable[T], key: Callable[[T], Hashable]) -> dict[Hashable, list[T]]:
-    """Items grouped by `key`, groups in order of first appearance, items in their order."""
+    """Items grouped by `key`, in order of first appearance."""
     groups: dict[Hashable, list[T]] = {}
     for item in items:
         groups.setdefault(key(item), []).append(item)
@@ -151,5 +142,5 @@ def round_robin(groups: Iterable[list[T]], per_group: int | None = None) -> list
 
 
 def interleave_categories(questions: Iterable[Question]) -> list[Question]:
-    """Reorder round-robin over categories (categories and questions keep their file order)."""
+    """Round-robin over categories, in file order."""
     return round_robin(group_by(questions, lambda q: q.category).values())

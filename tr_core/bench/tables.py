@@ -36,7 +36,6 @@ def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
 
 
 def _speedup(stats: dict[str, Any]) -> str:
-    """The speedup, flagged when implausible (results._plausible)."""
     return _fmt(stats["speedup"], ".2f", "x") + (" ⚠ noisy" if stats.get("plausible") is False else "")
 
 
@@ -50,8 +49,7 @@ def _noisy(methods: list[dict[str, Any]]) -> bool:
 
 
 def format_tables(result: dict[str, Any]) -> str:
-    """One run: overall per method, then speedup (mean accepted tokens per step) per task and method; a
-    `--concurrency` run: concurrency_table."""
+    """One run: overall per method, then speedup (mean accepted tokens per step) per task and method."""
     if result.get("concurrency"):
         return concurrency_table(result)
     methods = result["methods"]
@@ -72,30 +70,24 @@ def format_tables(result: dict[str, Any]) -> str:
 
 def format_header(result: dict[str, Any]) -> str:
     """One paragraph saying what was run where."""
+    if result.get("concurrency"):
+        learned = (f"first turns, {result['concurrency']} at once ({result['groups']} groups), every answer from the "
+                   "session's start")
+    else:
+        learned = f"matrix {'fresh per question' if result.get('fresh_matrix') else 'kept across questions'}"
     return (f"model {result['model']} · {result['device']} ({result.get('machine', '')}) · {result['dtype']} · "
             f"torch {result['torch']} · transformers {result['transformers']} · {result['date']}\n"
             f"{result['questions']} questions ({result['answers']} answers"
             f"{', %d turns skipped: too long for the model' % len(result['skipped']) if result.get('skipped') else ''})"
-            f" · max_new_tokens {result['max_new_tokens']}"
-            f" · temperature {result['temperature']} · template {result['template']}"
-            f" · {_matrix(result)}"
-            f" · torch threads {result.get('threads', '?')}"
+            f" · max_new_tokens {result['max_new_tokens']} · temperature {result['temperature']}"
+            f" · template {result['template']} · {learned} · torch threads {result.get('threads', '?')}"
             f"{' · fastest of %d repeats per answer' % result['repeats'] if result.get('repeats', 1) > 1 else ''}\n"
             f"command: {result.get('command', '')}" + "".join(f"\nnote: {n}" for n in result.get("notes", [])))
 
 
-def _matrix(result: dict[str, Any]) -> str:
-    """What the answers learned from: kept across questions, fresh per question, or (`--concurrency`) none."""
-    if result.get("concurrency"):
-        return (f"first turns, {result['concurrency']} at once ({result['groups']} groups), every answer from the "
-                "session's start")
-    return f"matrix {'fresh per question' if result.get('fresh_matrix') else 'kept across questions'}"
-
-
 def concurrency_table(result: dict[str, Any]) -> str:
-    """A `--concurrency N` run: per method, tokens/s one after another and N at once, the ratios of the batched
-    throughput to its own one after another and to plain decoding's batched, and the answers identical batched and
-    alone (transformers' against plain decoding's alone)."""
+    """A `--concurrency N` run: per method, tokens/s one after another and N at once, their ratios, and the answers
+    identical at once and alone."""
     n, methods = result["concurrency"], result["methods"]
     lines = [f"| method | one after another, tokens/s | {n} at once, tokens/s | at once / one after another | "
              "at once / plain decoding at once | answers identical at once and alone |",
@@ -113,7 +105,7 @@ def concurrency_table(result: dict[str, Any]) -> str:
 
 
 def concurrency_tables(runs: dict[str, dict[str, Any]]) -> str:
-    """Each concurrency run (`<machine>-<T>t-concurrency<N>`) as its own table, under a line saying where."""
+    """Each concurrency run as its own table, under a line saying where."""
     out = []
     for name, r in sorted(runs.items()):
         where = CONCURRENCY_NAME.match(name)
@@ -129,8 +121,8 @@ def _threads(n: str) -> str:
 
 
 def results_grid(runs: dict[str, dict[str, Any]]) -> str:
-    """One table per machine, a column per run (`<machine>-<T>t-<set>`): plain decoding's tokens/s, each method's
-    speedup (mean accepted tokens per step), the answers identical to plain decoding's."""
+    """One table per machine, a column per run: plain decoding's tokens/s, each method's speedup (mean accepted tokens
+    per step), the answers identical to plain decoding's."""
     named = {n: RUN_NAME.match(n).groupdict() for n in runs}
     out = []
     for machine in sorted({m["machine"] for m in named.values()}):
@@ -154,8 +146,8 @@ def results_grid(runs: dict[str, dict[str, Any]]) -> str:
 
 
 def cost_table(profiles: dict[str, dict[str, Any]]) -> str:
-    """The forward cost t(N)/t(1) of every profile (`profile-<machine>-<T>t`), one row each; t(1) as the median and
-    the fastest of the repeats (how steady the machine was)."""
+    """The forward cost t(N)/t(1) of every profile, one row each; t(1) as the median and the fastest of the repeats
+    (how steady the machine was)."""
     sizes = sorted({int(n) for p in profiles.values() for n in p["curve"] if n != "1"})
     lines = ["| machine, threads | t(1) ms, median (fastest) | " + " | ".join(f"N = {n}" for n in sizes) + " |",
              "| --- | ---: |" + " ---: |" * len(sizes)]
@@ -168,7 +160,7 @@ def cost_table(profiles: dict[str, dict[str, Any]]) -> str:
 
 
 def folder_tables(folder: Path) -> str:
-    """The results grid, the forward-cost table and the concurrency tables of the runs and profiles in `folder`."""
+    """The results grid, the forward-cost table and the concurrency tables of the files in `folder`."""
     def read(pattern: re.Pattern) -> dict[str, dict[str, Any]]:
         return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))
                 if pattern.match(p.stem)}
@@ -181,7 +173,6 @@ def folder_tables(folder: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the tables of a folder of results, or of one run's JSON file."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
         print(__doc__.strip().split("\n\n")[1], file=sys.stderr)

@@ -9,8 +9,7 @@ from . import bench, generate, profile
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every subcommand, named as the user started it (the console script's name, or
-    `python -m tr_core` when argv[0] is __main__.py)."""
+    """The parser of every subcommand, named as the user started it (`python -m tr_core` or the console script)."""
     name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
     parser = argparse.ArgumentParser(prog="python -m tr_core" if name in ("", "__main__.py", "-c") else name,
                                      description="Token Recycling speculative decoding")

@@ -1,16 +1,22 @@
 """`python -m tr_core bench`: its options, their checks before any model is loaded, and the run (measured by
-tr_core/bench/bench.py, made a JSON document by results.py and tables by tables.py)."""
+tr_core/bench/bench.py or concurrency.py, made a JSON document by results.py and tables by tables.py)."""
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from ..bench import bench, results, tables
+import torch
+from tqdm.auto import tqdm
+
+from ..bench import bench, concurrency, results, tables
 from ..bench.questions import QuestionFileError
 from ..config import DecodeConfigError
-from ..tree import template_problem
+from ..kernels import describe_plan
+from ..models import default_device
+from ..tree import default_template, template_problem
 from .options import (add_model_options, add_sampling_options, apply_warm_start, decode_config, load_model_or_report,
                       output_problem, report_error, threads_option, warm_start_option, write_json)
 
@@ -49,8 +55,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=None, metavar="N",
                    help="answer every question's first turn N at once (tr_core.batch) and one after another, "
                         "interleaved per group of N, with plain decoding and transformers' generate batched the same "
-                        "way: throughputs, ratios and whether every answer is the same batched and alone "
-                        "(tr_core/bench/concurrency.py)")
+                        "way: throughputs, ratios and whether every answer is the same batched and alone")
     threads_option(p)
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the results as JSON")
     p.add_argument("--max-minutes", type=float, default=None, metavar="M",
@@ -68,24 +73,19 @@ def validate_args(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
         raise bench.BenchInputError(exc.as_option()) from None
     if args.max_minutes is not None and not args.max_minutes > 0:
         raise bench.BenchInputError(f"--max-minutes must be > 0, got {args.max_minutes}")
-    if args.warmup < 0:
-        raise bench.BenchInputError(f"--warmup must be >= 0, got {args.warmup}")
-    if args.repeats < 1:
-        raise bench.BenchInputError(f"--repeats must be >= 1, got {args.repeats}")
+    floors = {"--warmup": (args.warmup, 0), "--repeats": (args.repeats, 1), "--concurrency": (args.concurrency, 1),
+              "--topk-candidates": (args.topk_candidates, 1)}
+    for option, (value, least) in floors.items():
+        if value is not None and value < least:
+            raise bench.BenchInputError(f"{option} must be >= {least}, got {value}")
     if args.pld_tokens < 1 or args.pld_ngram < 1:
         raise bench.BenchInputError("--pld-tokens and --pld-ngram must be >= 1")
-    if args.concurrency is not None and (args.concurrency < 1 or args.fresh_matrix or args.fresh_sessions):
-        raise bench.BenchInputError(f"--concurrency must be >= 1, got {args.concurrency}" if args.concurrency < 1 else
-                                    "--concurrency answers every first turn from the session's state already: "
+    if args.concurrency is not None and (args.fresh_matrix or args.fresh_sessions):
+        raise bench.BenchInputError("--concurrency answers every first turn from the session's state already: "
                                     "leave out --fresh-matrix and --fresh-sessions")
-    if args.topk_candidates < 1:
-        raise bench.BenchInputError(f"--topk-candidates must be >= 1, got {args.topk_candidates}")
     if problem := output_problem(args.json, "--json"):
         raise bench.BenchInputError(problem)
     if args.template is None:  # the tree the app and `generate` use on this device
-        from ..models import default_device
-        from ..tree import default_template
-
         where = str(args.device or default_device())
         args.template = default_template("cuda" if where.startswith("cuda") else "cpu")
     specs = bench.parse_methods(args.methods, args.template)
@@ -102,16 +102,12 @@ def run(args: argparse.Namespace) -> int:
         questions, specs = validate_args(args)
     except (QuestionFileError, bench.BenchInputError) as exc:
         return report_error(exc, 2)
-    import torch
-    from tqdm.auto import tqdm
-
     torch.set_grad_enabled(False)
     loaded = load_model_or_report(args)
     if loaded is None:
         return 1
-    model, tokenizer = loaded
-    runner = bench.Runner(model, tokenizer, specs, args, decode_config(args))
-    meta = results.run_meta(args, model, runner.device)
+    runner = bench.Runner(*loaded, specs, args, decode_config(args))
+    meta = results.run_meta(args, runner.model, runner.device)
     if args.concurrency is not None:
         return run_concurrency(args, runner, questions, specs, meta)
     n_answers = len(questions) if args.fresh_sessions else sum(len(q.turns) for q in questions)
@@ -119,53 +115,17 @@ def run(args: argparse.Namespace) -> int:
           f"({', '.join(s.name for s in specs)}) on {meta['device']} ({meta['machine']})", file=sys.stderr)
     if args.warmup:
         bench.warm_up(runner, questions, specs, args.warmup)
-    if not start_sessions(args, runner, meta):
+    skipped: list[dict] = []
+    records = measure(args, runner, meta, n_answers * len(specs),
+                      lambda bar: bench.run_questions(runner, questions, specs, args, progress=bar, skipped=skipped))
+    if records is None:
         return 1
-    with tqdm(total=n_answers * len(specs), desc="bench", unit="answer", file=sys.stderr,
-              disable=args.no_progress, mininterval=2.0) as bar:
-        skipped: list[dict] = []
-        records = bench.run_questions(runner, questions, specs, args, progress=bar, skipped=skipped)
-    result = results.build_result(records, specs, questions, linear_plan(model, meta), skipped)
-    return report(args, result)
-
-
-def start_sessions(args: argparse.Namespace, runner: bench.Runner, meta: dict[str, Any]) -> bool:
-    """Put the engines in a new session's state, warmed as `--warm-start` says, and record it in `meta`; False
-    after reporting a warm-start file that does not fit this model."""
-    try:
-        runner.start_sessions(lambda engine: apply_warm_start(args.warm_start, engine, args.model))
-    except ValueError as exc:
-        report_error(exc, 1)
-        return False
-    meta["warm_start"] = {"option": args.warm_start, **(asdict(runner.warm) if runner.warm is not None else {}),
-                          "described": runner.warm.describe() if runner.warm is not None else "cold (empty matrix)"}
-    return True
-
-
-def linear_plan(model: Any, meta: dict[str, Any]) -> dict[str, Any]:
-    """`meta` with how the linear layers multiplied (said on stderr too)."""
-    from ..kernels import describe_plan
-
-    meta["linear"] = describe_plan(model)
-    print(meta["linear"]["summary"], file=sys.stderr)
-    return meta
-
-
-def report(args: argparse.Namespace, result: dict[str, Any]) -> int:
-    """Print the run's header and tables; write its JSON where `--json` says."""
-    print(tables.format_header(result) + "\n\n" + tables.format_tables(result))
-    if args.json:
-        write_json(args.json, result)
-    return 0
+    return report(args, results.build_result(records, specs, questions, meta, skipped))
 
 
 def run_concurrency(args: argparse.Namespace, runner: bench.Runner, questions: list[Any], specs: list[Any],
                     meta: dict[str, Any]) -> int:
     """`--concurrency N`: the first turns in groups of N, each way interleaved per group (bench/concurrency.py)."""
-    from tqdm.auto import tqdm
-
-    from ..bench import concurrency
-
     load = {"before": concurrency.load_average()}
     skipped: list[dict] = []
     prompts = concurrency.first_turns(runner, questions, args.max_new_tokens, skipped)
@@ -177,12 +137,38 @@ def run_concurrency(args: argparse.Namespace, runner: bench.Runner, questions: l
           f"({', '.join(w.name for w in ways)}) on {meta['device']} ({meta['machine']})", file=sys.stderr)
     if args.warmup and groups:
         concurrency.warm_up(runner, groups[0], ways)
-    if not start_sessions(args, runner, meta):
+    records = measure(args, runner, meta, len(prompts) * len(ways) * args.repeats,
+                      lambda bar: concurrency.run_groups(runner, groups, ways, args, bar))
+    if records is None:
         return 1
-    with tqdm(total=len(prompts) * len(ways) * args.repeats, desc="bench", unit="answer", file=sys.stderr,
-              disable=args.no_progress, mininterval=2.0) as bar:
-        records = concurrency.run_groups(runner, groups, ways, args, bar)
     load["after"] = concurrency.load_average()
-    result = concurrency.build_result(records, ways, questions, linear_plan(runner.model, meta), skipped,
-                                      args.concurrency, load, concurrency.left_out(specs))
-    return report(args, result)
+    return report(args, concurrency.build_result(records, ways, questions, meta, skipped, args.concurrency, load,
+                                                 concurrency.left_out(specs)))
+
+
+def measure(args: argparse.Namespace, runner: bench.Runner, meta: dict[str, Any], total: int,
+            answer: Callable[[Any], list]) -> list | None:
+    """Start every engine's session as `--warm-start` says, then `answer(progress bar of `total` answers)`; `meta`
+    records the warm start and how the linear layers multiplied. None after reporting an unfit warm-start file."""
+    try:
+        runner.start_sessions(lambda engine: apply_warm_start(args.warm_start, engine, args.model))
+    except ValueError as exc:
+        report_error(exc, 1)
+        return None
+    info = runner.warm
+    meta["warm_start"] = {"option": args.warm_start, **(asdict(info) if info is not None else {}),
+                          "described": info.describe() if info is not None else "cold (empty matrix)"}
+    with tqdm(total=total, desc="bench", unit="answer", file=sys.stderr, disable=args.no_progress,
+              mininterval=2.0) as bar:
+        records = answer(bar)
+    meta["linear"] = describe_plan(runner.model)
+    print(meta["linear"]["summary"], file=sys.stderr)
+    return records
+
+
+def report(args: argparse.Namespace, result: dict[str, Any]) -> int:
+    """Print the run's header and tables; write its JSON where `--json` says."""
+    print(tables.format_header(result) + "\n\n" + tables.format_tables(result))
+    if args.json:
+        write_json(args.json, result)
+    return 0

@@ -2,11 +2,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
 
+import torch
+
 from ..config import DecodeConfig, DecodeConfigError
+from ..engine import Engine
+from ..events import StepEvent
+from ..kernels import needs_tuning, plan_of
+from ..models import EMBEDDED_NAME
+from ..trace import TextAssembler, Trace
+from ..tree import default_template, template_problem
 from .options import (add_decode_options, apply_warm_start, decode_config, load_model_or_report, output_problem,
                       report_error, warm_start_option)
 
@@ -35,9 +44,6 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def _prepared_engine(args: argparse.Namespace, cfg: Any) -> tuple[Any, Any] | int:
     """(engine with its warm start and --load-matrix, config with the device's default tree), or an exit code."""
-    from ..engine import Engine
-    from ..tree import default_template, template_problem
-
     loaded = load_model_or_report(args)
     if loaded is None:
         return 1
@@ -59,10 +65,6 @@ def _prepared_engine(args: argparse.Namespace, cfg: Any) -> tuple[Any, Any] | in
 
 def run(args: argparse.Namespace) -> int:
     """Answer one prompt, streaming the text; then the summary, and the matrix and trace when asked for."""
-    from ..kernels import needs_tuning, plan_of
-    from ..trace import Trace
-    from ..tree import template_problem
-
     if not args.prompt.strip():
         return report_error("--prompt is empty", 2)
     for path, option in ((args.save_matrix, "--save-matrix"), (args.trace, "--trace")):
@@ -106,9 +108,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _stream(args: argparse.Namespace, engine: Any, ids: list[int], cfg: Any) -> tuple[list, Any, Any]:
     """Decode, writing the text as it comes (not with --json); (step events, summary, the text assembler)."""
-    from ..events import StepEvent
-    from ..trace import TextAssembler
-
     text = TextAssembler(engine.decode)
     steps, summary = [], None
     for ev in engine.generate(ids, cfg):
@@ -127,8 +126,6 @@ def _stream(args: argparse.Namespace, engine: Any, ids: list[int], cfg: Any) -> 
 
 def _print_summary(args: argparse.Namespace, engine: Any, summary: Any) -> None:
     """The end of `generate`: one JSON object (`--json`), else a line about the run on stderr."""
-    import torch
-
     if args.json:
         print(json.dumps({"tokens": summary.tokens, "text": engine.decode(summary.tokens),
                           **{name: getattr(summary, name) for name in SUMMARY_FIELDS},
@@ -143,10 +140,6 @@ def _print_summary(args: argparse.Namespace, engine: Any, summary: Any) -> None:
 
 def _write_trace(args: argparse.Namespace, engine: Any, cfg: DecodeConfig, trace: Any) -> int:
     """Save the answer's trace as JSON (`--trace`); return 0, or 1 after an error."""
-    import dataclasses
-
-    from ..models import EMBEDDED_NAME
-
     trace.model = args.model or f"{EMBEDDED_NAME} (embedded)"
     trace.settings = dict(dataclasses.asdict(cfg), k=args.topk_candidates)
     trace.messages = [{"role": "user", "content": args.prompt}]

@@ -8,13 +8,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+from tqdm.auto import tqdm
+
+from .. import models, warm
 from ..config import DecodeConfig
+from ..tree import TEMPLATE_NAMES, check_template
 
 THREADS_HELP = "CPU threads for torch (default: torch's choice); 1 is far steadier on a busy small machine"
 
 
 def _positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
@@ -22,9 +26,6 @@ def _positive_int(text: str) -> int:
 
 
 def _template(text: str) -> str:
-    """argparse type: a known template name (see tree.check_template)."""
-    from ..tree import check_template
-
     try:
         return check_template(text)
     except ValueError as exc:
@@ -32,21 +33,17 @@ def _template(text: str) -> str:
 
 
 def threads_option(p: argparse.ArgumentParser, default: int | None = None, help: str = THREADS_HELP) -> None:
-    """Add `--threads N` (an int >= 1, refused by argparse otherwise)."""
     p.add_argument("--threads", type=_positive_int, default=default, metavar="N", help=help)
 
 
 def apply_threads(threads: int | None) -> None:
     """Give torch `threads` CPU threads (None: leave torch's choice)."""
     if threads is not None:
-        import torch
-
         torch.set_num_threads(threads)
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
-    """`--model`, `--device`, `--dtype`: which model to load, where and in what precision; `--linear`: how its linear
-    layers multiply on a CPU (tr_core/kernels.py)."""
+    """Which model to load, where, in what precision, and how its linear layers multiply on a CPU."""
     p.add_argument("--model", default=None,
                    help="hub id, local folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
@@ -57,7 +54,6 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
-    """`--temperature`, `--top-p`, `--top-k`, `--repetition-penalty`, `--seed` (checked by DecodeConfig)."""
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1.0 = off)")
     p.add_argument("--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0 = off)")
@@ -67,9 +63,6 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_decode_options(p: argparse.ArgumentParser) -> None:
-    """Options shared by every command that decodes."""
-    from ..tree import TEMPLATE_NAMES
-
     add_model_options(p)
     p.add_argument("--max-new-tokens", type=_positive_int, default=256)
     add_sampling_options(p)
@@ -80,7 +73,6 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
 
 
 def warm_start_option(p: argparse.ArgumentParser) -> None:
-    """`--warm-start {auto,learn,off,PATH}` (default auto)."""
     p.add_argument("--warm-start", default="auto", metavar="{auto,learn,off,PATH}",
                    help="start the adjacency matrix and the cost-sized trees' calibration warm: auto (default) takes "
                         "the warm start shipped for the embedded model, else the one learned for this model earlier, "
@@ -106,7 +98,6 @@ def output_problem(path: str | None, option: str) -> str | None:
 
 
 def write_json(path: str, doc: Any) -> None:
-    """Write `doc` to the `--json` file `path` and say so on stderr."""
     Path(path).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {path}", file=sys.stderr)
 
@@ -119,11 +110,9 @@ def report_error(error: object, code: int) -> int:
 
 def load_model_or_report(args: argparse.Namespace) -> tuple[Any, Any] | None:
     """Apply `--threads`, load (model, tokenizer) of `--model`, `--device`, `--dtype`; None after printing why not."""
-    from ..models import load_model
-
     apply_threads(args.threads)
     try:
-        return load_model(args.model, device=args.device, dtype=args.dtype)
+        return models.load_model(args.model, device=args.device, dtype=args.dtype)
     except (RuntimeError, ValueError, OSError) as exc:  # ModelLoadError is a RuntimeError
         report_error(exc, 1)
         return None
@@ -132,8 +121,6 @@ def load_model_or_report(args: argparse.Namespace) -> tuple[Any, Any] | None:
 def apply_warm_start(choice: str, engine: Any, model_name: str | None) -> Any:
     """Apply `--warm-start`, saying on stderr what it did; the WarmStartInfo (None: off); ValueError on a bad file.
     auto learns within warm.FIRST_ANSWER_BUDGET_S (a partial warm start when time runs out), learn the full one."""
-    from .. import warm
-
     if choice == "off":
         return None
     if choice not in ("auto", "learn"):
@@ -141,8 +128,19 @@ def apply_warm_start(choice: str, engine: Any, model_name: str | None) -> Any:
     else:
         budget = warm.FIRST_ANSWER_BUDGET_S if choice == "auto" else None
         bars: list[Any] = []  # made at the first report: nothing shows when the warm start is shipped or cached
+
+        def progress(done: int, total: int) -> None:
+            if not bars:
+                if budget is not None:
+                    print(f"No warm start is kept for this model yet: learning a partial one for at most {budget:.0f} "
+                          "s before the first answer (`--warm-start learn` learns the full one, once, in minutes).",
+                          file=sys.stderr)
+                desc = "learning a warm start for this model" + (" (partial)" if budget is not None else " (once)")
+                bars.append(tqdm(total=total, desc=desc, unit="step", file=sys.stderr))
+            bars[0].update(done - bars[0].n)
+
         try:
-            info = warm.warm_start(engine, model_name, budget_s=budget, progress=_learning_bar(bars, budget))
+            info = warm.warm_start(engine, model_name, budget_s=budget, progress=progress)
         finally:
             for bar in bars:
                 bar.close()
@@ -151,23 +149,6 @@ def apply_warm_start(choice: str, engine: Any, model_name: str | None) -> Any:
         print(f"(a partial warm start: `--warm-start learn` learns the full one from all {info.of} answers, once, "
               "and caches it for later runs)", file=sys.stderr)
     return info
-
-
-def _learning_bar(bars: list[Any], budget: float | None) -> Any:
-    """progress(done, total) for a warm start being learned: a line on stderr, then a bar (put in `bars`)."""
-    from tqdm.auto import tqdm
-
-    def progress(done: int, total: int) -> None:
-        if not bars:
-            if budget is not None:
-                print(f"No warm start is kept for this model yet: learning a partial one for at most {budget:.0f} s "
-                      "before the first answer (`--warm-start learn` learns the full one, once, in minutes).",
-                      file=sys.stderr)
-            desc = "learning a warm start for this model" + (" (partial)" if budget is not None else " (once)")
-            bars.append(tqdm(total=total, desc=desc, unit="step", file=sys.stderr))
-        bars[0].update(done - bars[0].n)
-
-    return progress
 
 
 def decode_config(args: argparse.Namespace, **fields: Any) -> DecodeConfig:

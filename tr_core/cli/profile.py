@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
+
 from ..bench import profile
+from ..kernels import describe_plan
+from ..models import check_device, load_model, parse_dtype
 from .options import add_model_options, apply_threads, output_problem, report_error, threads_option, write_json
 
 
@@ -50,42 +54,29 @@ def validate(args: argparse.Namespace) -> tuple[list[int], dict | None]:
     return sizes, bench
 
 
-def _model_for(args: argparse.Namespace):
-    """(model, name, device) for --config (random weights) or --model; raises ValueError/RuntimeError/OSError."""
-    if args.config:
-        from ..models import check_device, parse_dtype
-
-        device = check_device(args.device)
-        return profile.build_random_model(args.config, device, parse_dtype(args.dtype, device)), \
-            f"{args.config} (random weights)", device
-    from ..models import load_model
-
-    model, _ = load_model(args.model, device=args.device, dtype=args.dtype)
-    return model, args.model or "SmolLM2-135M-Instruct (embedded)", next(model.parameters()).device
-
-
 def run(args: argparse.Namespace) -> int:
     """Validate, build or load the model, time the forwards, print the curve and projections."""
     try:
         sizes, bench = validate(args)
     except profile.ProfileInputError as exc:
         return report_error(exc, 2)
-    import torch
-
     torch.set_grad_enabled(False)
     apply_threads(args.threads)
     try:
-        model, name, device = _model_for(args)
+        if args.config:
+            device = check_device(args.device)
+            model = profile.build_random_model(args.config, device, parse_dtype(args.dtype, device))
+            name = f"{args.config} (random weights)"
+        else:
+            model, _ = load_model(args.model, device=args.device, dtype=args.dtype)
+            name, device = args.model or "SmolLM2-135M-Instruct (embedded)", next(model.parameters()).device
     except (RuntimeError, ValueError, OSError) as exc:
         return report_error(exc, 2 if args.config else 1)
     meta = profile.run_meta(args, model, name, device)
     print(f"profile: {meta['model']} on {meta['device']} ({meta['machine']}), {meta['dtype']}", file=sys.stderr)
-    from ..kernels import describe_plan
-
     meta["linear"] = profile.tune_linears(model, args.context) if args.linear == "auto" else describe_plan(model)
     print(meta["linear"]["summary"], file=sys.stderr)
-    times = profile.measure_curve(model, sizes, args.context, args.repeats, args.warmup)
-    curve = profile.summarize(times)
+    curve = profile.summarize(profile.measure_curve(model, sizes, args.context, args.repeats, args.warmup))
     rows = profile.projections(curve, args.mean_accepted, bench, args.tree_nodes)
     print(profile.format_report(meta, curve, rows))
     if args.json:

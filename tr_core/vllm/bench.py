@@ -1,10 +1,7 @@
 """Benchmark Token Recycling inside vLLM against plain vLLM and vLLM's own speculative methods, on unseen questions.
-
-    python -m tr_core.vllm.bench --questions bench/data/spec_bench_dev.jsonl --questions bench/data/mbpp_dev.jsonl
-
 Each method runs in its own process and vLLM engine, paused (SIGSTOP) while another runs; each cell (a round at
-one concurrency) asks `--per-task` unseen questions of each task. The protocol and its reasons: docs/vllm.md#results.
-`--studio` adds the library's own engine."""
+one concurrency) asks `--per-task` unseen questions of each task (the protocol: docs/vllm.md#results). E.g.
+`python -m tr_core.vllm.bench --questions bench/data/spec_bench_dev.jsonl --questions bench/data/mbpp_dev.jsonl`."""
 from __future__ import annotations
 
 import argparse
@@ -62,8 +59,8 @@ def cell_prompts(args: argparse.Namespace) -> dict[str, list[list[dict[str, str]
         if len(chosen) < wanted * tasks:
             raise SystemExit(f"{path} has too few questions per task for {len(cells)} cells of {args.per_task}"
                              + (f" after {args.skip_per_task}" if args.skip_per_task else ""))
-        chosen = chosen[args.skip_per_task * tasks:]  # round-robin over tasks: the first N of each
-        per_file.append((chosen, args.per_task * tasks))  # round-robin over tasks: each slice spans them
+        # the questions come round-robin over tasks: skip the first N of each, then each cell's slice spans them all
+        per_file.append((chosen[args.skip_per_task * tasks:], args.per_task * tasks))
     return {cell: [[{"role": "user", "content": q.turns[0]}]
                    for chosen, n in per_file for q in chosen[i * n:(i + 1) * n]] for i, cell in enumerate(cells)}
 
@@ -94,10 +91,8 @@ def spec_counters(llm: Any) -> dict[str, float]:
     """vLLM's cumulative speculative-decoding counters of this engine (zeros without speculation)."""
     names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "drafted",
              "vllm:spec_decode_num_accepted_tokens": "accepted"}
-    counts = {v: 0.0 for v in names.values()}
-    for metric in llm.get_metrics():
-        if metric.name in names:
-            counts[names[metric.name]] = float(metric.value)
+    counts = dict.fromkeys(names.values(), 0.0)
+    counts.update({names[metric.name]: float(metric.value) for metric in llm.get_metrics() if metric.name in names})
     return counts
 
 
@@ -133,9 +128,9 @@ def studio_answerer(name: str | None, model_dir: str, max_tokens: int) -> Callab
 
 def worker(args: argparse.Namespace) -> int:
     """One method's process: build its engine, print DONE, then run each cell ordered on stdin ({"cell", "out"})."""
-    from tr_core.vllm.models import model_folder
+    from tr_core.models import resolve_source
 
-    model, cells = model_folder(args.model), cell_prompts(args)
+    model, cells = resolve_source(args.model)[0], cell_prompts(args)
     if args.worker == "studio":
         run = studio_answerer(args.model, model, args.max_tokens)
     else:
@@ -169,7 +164,6 @@ class Worker:
         raise SystemExit(f"the {self.name} worker ended early (exit {self.proc.wait()})")
 
     def order(self, **order: Any) -> None:
-        """Wake the process and send it one order line."""
         os.killpg(self.proc.pid, signal.SIGCONT)
         self.proc.stdin.write(json.dumps(order) + "\n")
         self.proc.stdin.flush()
@@ -259,9 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         import vllm
 
         from tr_core.machine import cpu_name
-        from tr_core.vllm.models import model_folder
+        from tr_core.models import resolve_source
 
-        meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": model_folder(args.model),
+        meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": resolve_source(args.model)[0],
                 "questions_per_cell": len(next(iter(cells.values()))), "max_tokens": args.max_tokens,
                 "skip_per_task": args.skip_per_task, "draft": args.draft, "rounds": args.rounds, "dtype": args.dtype,
                 "min_reach": os.environ.get("TR_VLLM_MIN_REACH", "default"),

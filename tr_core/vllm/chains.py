@@ -13,8 +13,8 @@ EMPTY = -1  # an adjacency-matrix row that was never written
 
 
 def context_continuation(tokens: np.ndarray, length: int) -> tuple[np.ndarray, int]:
-    """(what followed the latest earlier occurrence of the longest suffix of tokens [L], 1..MAX_NGRAM long,
-    [<= length], the suffix's length); (empty, 0) when nothing matches."""
+    """(at most `length` tokens that followed the latest earlier occurrence of the longest suffix of tokens [L],
+    1..MAX_NGRAM long, that suffix's length); (empty, 0) when nothing matches."""
     n_tokens = len(tokens)
     for n in range(min(MAX_NGRAM, n_tokens - 1), 0, -1):
         suffix = tokens[n_tokens - n:]
@@ -63,18 +63,17 @@ class Chains:
 
 def draft_chains(last: torch.Tensor, contexts: Contexts, matrix: torch.Tensor, probs: torch.Tensor,
                  acceptance, min_reach: float, caps: torch.Tensor) -> Chains:
-    """The best chain of each request's draft tree, cut where its estimated reach falls under `min_reach`.
-
-    last [B], matrix [V, k] (EMPTY: unwritten), probs [V, k], caps [B] most tokens each may draft. A request takes the
+    """The best chain of each request's draft tree, cut where its estimated reach falls under `min_reach`: last [B],
+    matrix [V, k] (EMPTY: unwritten), probs [V, k], caps [B] most tokens each may draft. A request takes the
     context's token while it follows the context and its rate is at least the matrix's top candidate's."""
     batch, depth = contexts.tokens.shape
-    prev = last.clone()
-    on_context = contexts.match > 0
-    reach = torch.ones(batch, device=last.device)
-    alive = torch.ones(batch, dtype=torch.bool, device=last.device)
-    tokens = torch.full((batch, depth), EMPTY, dtype=torch.long, device=last.device)
-    kinds = torch.zeros((batch, depth), dtype=torch.long, device=last.device)
-    lengths = torch.zeros(batch, dtype=torch.long, device=last.device)
+    device = last.device
+    prev, on_context = last, contexts.match > 0
+    reach = torch.ones(batch, device=device)
+    alive = torch.ones(batch, dtype=torch.bool, device=device)
+    tokens = torch.full((batch, depth), EMPTY, dtype=torch.long, device=device)
+    kinds = torch.zeros((batch, depth), dtype=torch.long, device=device)
+    lengths = torch.zeros(batch, dtype=torch.long, device=device)
     for d in range(depth):
         row, row_probs = matrix[prev].long(), probs[prev].float()  # [B, k] each
         ctx = contexts.tokens[:, d]

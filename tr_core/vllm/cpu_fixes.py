@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import torch
 
-KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
-
 
 def expand(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor, replace_from: float,
            replace_to: float, MAX_NUM_TOKENS: int | None = None) -> None:  # noqa: N803 - the kernel's own name
@@ -17,8 +15,8 @@ def expand(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.T
 
 
 def install() -> bool:
-    """Register `expand` for the kernel where vLLM runs C++ stand-ins for the sampler's Triton kernels (a CPU without
-    Triton), after the platform's own (call from the worker). True if done."""
+    """Register `expand` in the worker where vLLM runs C++ stand-ins for the sampler's Triton kernels (a CPU without
+    Triton), after the platform's own. True if done."""
     from vllm.platforms import current_platform
     from vllm.triton_utils import HAS_TRITON
 
@@ -26,5 +24,5 @@ def install() -> bool:
         return False
     from vllm.triton_utils.dispatcher import register_kernels
 
-    register_kernels({KERNEL: expand})
+    register_kernels({"vllm.v1.sample.rejection_sampler.expand_kernel": expand})
     return True

@@ -1,11 +1,11 @@
-"""The runner hook: hands the target logits of every verified row to the proposer's matrix and calibration, by
-wrapping the model runner's `_sample(logits, spec_decode_metadata)` (docs/vllm.md#how-it-works). Runners without a
-TokenRecyclingProposer are not touched."""
+"""The runner hook: wraps the model runner's `_sample(logits, spec_decode_metadata)` to hand the target logits of every
+verified row to the proposer's matrix and calibration (docs/vllm.md#how-it-works); other runners are not touched."""
 from __future__ import annotations
 
 import dataclasses
 import functools
 import inspect
+import itertools
 import threading
 from typing import Any
 
@@ -47,25 +47,19 @@ def _wrap(sample: Any) -> Any:
 
     @functools.wraps(sample)
     def sample_and_recycle(runner: Any, logits: torch.Tensor | None, spec_decode_metadata: Any) -> Any:
-        proposer = _proposer_of(runner)
+        drafter = getattr(runner, "drafter", None)
         inputs = None
-        if proposer is not None and logits is not None:
+        if getattr(type(drafter), "RECYCLES", False) and logits is not None:  # a TokenRecyclingProposer
             inputs = verified_inputs(runner, spec_decode_metadata, logits.shape[0])
             if inputs is not None:
-                proposer.matrix.update(inputs, logits)
+                drafter.matrix.update(inputs, logits)
         output = sample(runner, logits, spec_decode_metadata)
         if inputs is not None and spec_decode_metadata is not None:
-            _calibrate(proposer, inputs, spec_decode_metadata, output.sampled_token_ids)
+            _calibrate(drafter, inputs, spec_decode_metadata, output.sampled_token_ids)
         return output
 
     setattr(sample_and_recycle, _MARK, True)
     return sample_and_recycle
-
-
-def _proposer_of(runner: Any) -> Any:
-    """The runner's drafter if it is a TokenRecyclingProposer (known by its RECYCLES mark), else None."""
-    drafter = getattr(runner, "drafter", None)
-    return drafter if getattr(type(drafter), "RECYCLES", False) else None
 
 
 def verified_inputs(runner: Any, spec_decode_metadata: Any, rows: int) -> torch.Tensor | None:
@@ -84,12 +78,7 @@ def _calibrate(proposer: Any, inputs: torch.Tensor, meta: Any, sampled: torch.Te
     """Tell the proposer, per request, its last token, its draft and how many of the draft were accepted."""
     counts = meta.num_draft_tokens
     accepted = ((sampled != -1).sum(dim=1) - 1).clamp(min=0).tolist()  # -1: vLLM's placeholder after a rejection
-    drafts_flat = meta.draft_token_ids.tolist()
-    ends = meta.cu_num_sampled_tokens.tolist()
-    inputs_list = inputs.tolist()
-    drafts, firsts, start = [], [], 0
-    for n, end in zip(counts, ends):
-        drafts.append(drafts_flat[start: start + n])
-        firsts.append(inputs_list[end - n - 1])
-        start += n
+    flat, inputs_list = meta.draft_token_ids.tolist(), inputs.tolist()
+    drafts = [flat[start: start + n] for start, n in zip(itertools.accumulate(counts, initial=0), counts)]
+    firsts = [inputs_list[end - n - 1] for n, end in zip(counts, meta.cu_num_sampled_tokens.tolist())]
     proposer.observe(firsts, drafts, accepted[: len(counts)])

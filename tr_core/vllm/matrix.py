@@ -1,7 +1,5 @@
-"""The adjacency matrix inside vLLM: one for all requests, on vLLM's device, rewritten from every verified row.
-
-Row t holds the top-k next tokens the model last gave after t (the paper's M, shared as in its "hot start"); every
-logits row of a forward overwrites its input token's row: one top-k and one scatter for the batch."""
+"""The adjacency matrix inside vLLM (the paper's M, shared by all requests as in its "hot start"), on vLLM's device:
+every logits row of a forward overwrites its input token's row with its top-k, one top-k and one scatter a batch."""
 from __future__ import annotations
 
 import torch

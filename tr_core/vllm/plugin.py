@@ -1,13 +1,10 @@
-"""vLLM's `vllm.general_plugins` entry point: installs the runner hook in every vLLM process.
-
-On an unsupported vLLM it logs why and changes nothing; asking for the proposer then fails with the reason."""
+"""vLLM's `vllm.general_plugins` entry point: installs the runner hook in every vLLM process. On an unsupported vLLM
+it logs why and changes nothing; asking for the proposer then fails with the reason."""
 from __future__ import annotations
 
 import logging
 
 from .support import UnsupportedVLLM, check_supported
-
-log = logging.getLogger("tr_core.vllm")
 
 
 def register() -> None:
@@ -18,4 +15,4 @@ def register() -> None:
 
         hook.install()
     except UnsupportedVLLM as error:
-        log.warning("Token Recycling is not available: %s", error)
+        logging.getLogger("tr_core.vllm").warning("Token Recycling is not available: %s", error)

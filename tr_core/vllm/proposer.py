@@ -1,7 +1,5 @@
-"""TokenRecyclingProposer: vLLM's `custom_class` speculative proposer, drafting from the adjacency matrix.
-
-It drafts the best chain of each request's tree (`chains.draft_chains`); the matrix and calibration are fed by the
-runner hook (`hook.py`). vLLM's rejection sampler verifies, so output is what vLLM alone produces."""
+"""vLLM's `custom_class` speculative proposer: the best chain of each request's tree (`chains.draft_chains`), from a
+matrix and calibration the runner hook feeds (`hook.py`). vLLM's rejection sampler verifies: output is vLLM's own."""
 from __future__ import annotations
 
 import os
@@ -22,9 +20,7 @@ EXPLORE = 32  # every this many steps, draft full chains whatever the estimates,
 
 def min_reach_setting() -> float:
     """MIN_REACH, or the value of $TR_VLLM_MIN_REACH; a clear error for anything but a number in (0, 1]."""
-    text = os.environ.get(REACH_ENV)
-    if text is None:
-        return MIN_REACH
+    text = os.environ.get(REACH_ENV, str(MIN_REACH))
     try:
         value = float(text)
     except ValueError:
@@ -75,11 +71,9 @@ class TokenRecyclingProposer:
         min_reach = self.min_reach if self.calls % EXPLORE else 0.0
         chains = draft_chains(last, contexts, self.matrix.ids, self.matrix.probs, self.acceptance, min_reach, caps)
         tokens, kinds = chains.lists()
-        self.pending = {}
-        for i, history, draft, kind in zip(rows, histories, tokens, kinds):
+        self.pending = {(int(h[-1]), tuple(draft)): kind for h, draft, kind in zip(histories, tokens, kinds) if draft}
+        for i, draft in zip(rows, tokens):
             drafts[i] = draft
-            if draft:
-                self.pending[(int(history[-1]), tuple(draft))] = kind
         return drafts
 
     def observe(self, firsts: list[int], drafts: list[list[int]], accepted: list[int]) -> None:
