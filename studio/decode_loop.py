@@ -2,10 +2,9 @@
 
 An answer joins the model's loop (`BatchedEngine.generate`, a drop-in for Engine.generate), waits for a free row
 (first come, first served; those getting a row at once prefill shortest first), and gets its events through a
-queue of its own; its tokens are the ones it gets
-alone (tr_core.batch). Each step of the batch holds DECODE_SLOT, so engine set-up and the speed meter's
-measurements take turns with it between steps. A stopped answer, or one whose visitor left, frees its row after
-the current step.
+queue of its own; its tokens are the ones it gets alone (tr_core.batch). Each step of the batch holds DECODE_SLOT,
+so engine set-up and the speed meter's measurements take turns with it between steps. A stopped answer, or one
+whose visitor left, frees its row after the current step.
 """
 from __future__ import annotations
 
@@ -41,7 +40,7 @@ ADMIT_S = 2.0  # prefill time a loop turn spends on joining answers before the r
 HANDOFF_S = 0.002  # a pause after each step without the slot, so set-up and measurements waiting for it get it
 
 
-@dataclass
+@dataclass(eq=False)  # a ticket is itself: the line finds and removes it by identity
 class Ticket:
     """One answer's request: what to decode, and where its events go."""
 

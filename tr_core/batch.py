@@ -111,7 +111,7 @@ class Batch:
         drafted = [row.engine.draft_step(row.state) for row in self.rows]
         forwarded = [d.logits is None for d in drafted]
         logits = self._forward(drafted, forwarded) if any(forwarded) else None
-        return self._settle(list(range(len(self.rows))), drafted, forwarded, logits)
+        return self._settle(list(range(len(self.rows))), drafted, logits)
 
     @torch.no_grad()
     def first_steps(self) -> list[tuple[int, Event]]:
@@ -119,14 +119,14 @@ class Batch:
         their first step), so each shows its first token at once while others still join. Events as `step`'s."""
         ready = [i for i, row in enumerate(self.rows) if row.state.verified_first]
         drafted = [self.rows[i].engine.draft_step(self.rows[i].state) for i in ready]
-        return self._settle(ready, drafted, [False] * len(ready), None)
+        return self._settle(ready, drafted, None)
 
-    def _settle(self, indices: list[int], drafted: list[Drafted], forwarded: list[bool],
+    def _settle(self, indices: list[int], drafted: list[Drafted],
                 logits: torch.Tensor | None) -> list[tuple[int, Event]]:
         """Settle rows `indices` on their logits (row i of the shared forward's, or their own); drop ended ones."""
         out, ended = [], set()
-        for i, d, f in zip(indices, drafted, forwarded):
-            row = self.rows[i]
+        for i, d in zip(indices, drafted):
+            row, f = self.rows[i], d.logits is None
             d.timer.mark("forward")
             row.state.cache.forwarded = f
             own = logits[i, : d.draft.size] if f else d.logits
