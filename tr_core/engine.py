@@ -26,7 +26,7 @@ from .cost import StepClock, sync
 from .drafters import Draft, DraftContext, Drafter, PlainDrafter, StaticTreeDrafter, StepResult
 from .engine_state import EngineState
 from .events import EVENT_DIGITS, StepEvent, SummaryEvent
-from .kernels import installed, needs_tuning
+from .kernels import installed, needs_tuning, use_exact
 from .decode_state import DecodeState, Drafted
 from .kv_cache import TreeKVCache
 from .packet import SyncPacket
@@ -39,16 +39,24 @@ from .tree import DYNAMIC, HYBRID, HYBRID_FIXED, DraftTree, build_tree, resolve_
 from .tuning import ensure_tuned
 from .verify import accept_tokens, path_to, verify_tree
 
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
 class Engine(EngineState):
     """A model, its tokenizer and what answers teach it (EngineState: the adjacency matrix, the drafters' learned
     state, the matrix clock) across `generate` calls."""
 
-    def __init__(self, model, tokenizer, topk_candidates: int = 8, tune_kernels: bool = True):
+    def __init__(self, model, tokenizer, topk_candidates: int = 8, tune_kernels: bool = True,
+                 exact: bool | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.runner = ModelRunner(model)
-        self.tune_kernels = tune_kernels  # on a CPU: each linear layer's product chosen by timing (kernels.py)
         self.device, self.dtype = self.runner.device, self.runner.dtype
+        # exact mode (invariant.py): row-invariant products, so trees and plain decoding round alike; by default in
+        # bfloat16 and float16, where near ties are common. It is the model's plan, shared by its engines.
+        self.exact = use_exact(model, exact if exact is not None else self.dtype in LOW_PRECISION)
+        # on a CPU: each linear layer's product chosen by timing (kernels.py); the exact plan is installed alike
+        self.tune_kernels = tune_kernels or self.exact
         self.vocab_size = self.runner.vocab_size()
         super().__init__(self.device, self.vocab_size, topk_candidates)
         self.stop_token_ids = stop_tokens(model, tokenizer, self.vocab_size)

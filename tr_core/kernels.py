@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import machine
+from . import invariant, machine
 
 STOCK, TRANSPOSED, ONEDNN = "stock", "transposed", "onednn"
 WAYS = (STOCK, TRANSPOSED, ONEDNN)  # a route is an index into this tuple
@@ -39,6 +39,7 @@ class LinearPlan:
     origin: str = ""  # timed now and kept / timed now, not kept / loaded
     # per admitted way: its relative deviation from the one-row product, beside the library's (tuning.agreement)
     agreement: dict[str, dict[str, float]] = field(default_factory=dict)
+    exact: invariant.Chunking | None = None  # exact mode: every layer row-invariant (invariant.py), no routes
 
     @property
     def steady(self) -> bool:
@@ -54,6 +55,8 @@ class LinearPlan:
 
     def summary(self) -> str:
         """One line: the row counts each way took and the forward times at one and two tokens."""
+        if self.exact is not None:
+            return f"exact mode: {self.exact.describe()}, attention in float64 ({self.layers} layers)"
         if not self.layers:
             return "linear layers: the library's own product (nothing to route on this model or device)"
         stock = self.ms.get(STOCK, {})
@@ -161,6 +164,46 @@ def _routed_forward(layer: torch.nn.Linear, routes: tuple[int, ...], inner: Any,
     return F.linear(x, weight, layer.bias) if inner is None else inner(x)
 
 
+def _exact_forward(layer: torch.nn.Module, chunking: invariant.Chunking, x: torch.Tensor) -> torch.Tensor:
+    """x [..., d] through `layer` (nn.Linear, or transformers' Conv1D with its weight stored [in, out]) in
+    row-invariant chunks."""
+    weight = layer.weight if isinstance(layer, torch.nn.Linear) else layer.weight.t()
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if not rows:
+        return F.linear(x, weight, layer.bias)
+    return invariant.chunked_linear(x, weight, layer.bias, rows, chunking)
+
+
+def exact_layers(model: Any) -> list[torch.nn.Module]:
+    """The layers exact mode routes: the linear layers, and GPT-2's Conv1D layers."""
+    return linear_layers(model) + [m for m in model.modules() if type(m).__name__ == "Conv1D" and m.weight.dim() == 2]
+
+
+def exact_plan(model: Any) -> LinearPlan | None:
+    """A plan making every product of `model` row-invariant, probed on its layer shapes (None: no chunking is)."""
+    layers = exact_layers(model)
+    chunking = invariant.choose([m.weight if isinstance(m, torch.nn.Linear) else m.weight.t() for m in layers])
+    if chunking is None:
+        return None
+    return LinearPlan(ways={}, limit=0, layers=len(layers), origin="exact", exact=chunking)
+
+
+def use_exact(model: Any, want: bool) -> bool:
+    """Give `model` the exact plan (`want`) or take it away (the next call tunes again); False when no chunking is
+    row-invariant on this device (the model then keeps its products, and its answers may round apart)."""
+    plan = plan_of(model)
+    if not want:
+        if plan is not None and plan.exact is not None:
+            uninstall(model)
+        return False
+    if plan is None or plan.exact is None:
+        plan = exact_plan(model)
+        if plan is None:
+            return False
+        set_plan(model, plan)
+    return True
+
+
 def weight_dtype(model: Any) -> torch.dtype:
     """The dtype of `model`'s routable linear layers' weights (float32 when it has none)."""
     layers = linear_layers(model)
@@ -181,14 +224,18 @@ class _Routing:
     def __init__(self) -> None:
         self.users = 0
         self.slots: list[tuple[torch.nn.Linear, str, Any, Any]] = []  # (layer, slot, what it held, what we put)
+        self.attention = contextlib.ExitStack()  # exact mode's attention, while installed
 
-    def route(self, model: Any, routes: tuple[int, ...]) -> None:
-        """Send each linear layer's rows by `routes` (() or all zero: the library's product)."""
+    def route(self, model: Any, routes: tuple[int, ...], exact: invariant.Chunking | None = None) -> None:
+        """Send each linear layer's rows by `routes` (() or all zero: the library's product); with `exact`, every
+        product and the attention row-invariant instead."""
         self.restore()
-        if not any(routes):
+        if exact is not None:
+            self.attention.enter_context(invariant.attention_installed(model))
+        elif not any(routes):
             return
         routes = tuple(routes)
-        for layer in linear_layers(model):
+        for layer in exact_layers(model) if exact is not None else linear_layers(model):
             own = layer.__dict__
             if "forward" not in own:  # the class's forward: ours goes in front of it, on the instance
                 slot, held, inner = "forward", _ABSENT, None
@@ -197,7 +244,8 @@ class _Routing:
                 inner = held
             else:  # another per-instance wrapper we cannot see inside: left in charge of its layer
                 continue
-            own[slot] = functools.partial(_routed_forward, layer, routes, inner)
+            own[slot] = (functools.partial(_exact_forward, layer, exact) if exact is not None else
+                         functools.partial(_routed_forward, layer, routes, inner))
             self.slots.append((layer, slot, held, own[slot]))
 
     def restore(self) -> None:
@@ -209,6 +257,7 @@ class _Routing:
                 else:
                     layer.__dict__[slot] = held
         self.slots = []
+        self.attention.close()
 
 
 # id(model) -> its routing while in use (a model in use is alive; the entry goes with its last user)
@@ -227,7 +276,7 @@ def installed(model: Any) -> Iterator[None]:
         if routing is None:
             routing = _ROUTINGS[id(model)] = _Routing()
             plan = plan_of(model)
-            routing.route(model, plan.routes() if plan is not None else ())
+            routing.route(model, plan.routes() if plan is not None else (), plan.exact if plan is not None else None)
         routing.users += 1
     try:
         yield
@@ -245,12 +294,12 @@ def is_routed(model: Any) -> bool:
     return routing is not None and bool(routing.slots)
 
 
-def reroute(model: Any, routes: tuple[int, ...]) -> None:
+def reroute(model: Any, routes: tuple[int, ...], exact: invariant.Chunking | None = None) -> None:
     """Change the routes of a model in use (tuning tries each way; a new plan takes over); no-op when unused."""
     with _ROUTING_LOCK:
         routing = _ROUTINGS.get(id(model))
         if routing is not None:
-            routing.route(model, routes)
+            routing.route(model, routes, exact)
 
 
 def uninstall(model: Any) -> None:
@@ -272,8 +321,9 @@ def set_plan(model: Any, plan: LinearPlan) -> None:
     """Keep `plan` for `model` (one plan per model, shared by every engine), routing its layers now if in use."""
     if ONEDNN not in plan.ways.values():
         drop_packs(model)
-    _PLANS[model] = dataclasses.replace(plan, ways=dict(plan.ways), layers=len(linear_layers(model)))
-    reroute(model, plan.routes())
+    layers = exact_layers(model) if plan.exact is not None else linear_layers(model)
+    _PLANS[model] = dataclasses.replace(plan, ways=dict(plan.ways), layers=len(layers))
+    reroute(model, plan.routes(), plan.exact)
 
 
 def describe_plan(model: Any) -> dict[str, Any]:

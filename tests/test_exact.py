@@ -1,0 +1,135 @@
+"""Exact mode (tr_core/invariant.py): row-invariant products, so a tree forward rounds every row as a one-token
+forward does, and Token Recycling gives plain decoding's tokens in bfloat16 and float16 too."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tr_core import invariant, kernels
+from tr_core.config import DecodeConfig
+from tr_core.engine import Engine
+
+from conftest import ARCHS, TINY_VOCAB, TinyTokenizer, tiny_config
+from test_untouched import state_of
+
+# Trees of 1 to 80 nodes: a chain of one, a small bush, the first two levels of 2.2.2, the paper's whole tree
+TREES = [[[0]], [[0], [1], [0, 0], [0, 1], [1, 0]], [[i] for i in range(8)] + [[i, j] for i in range(4) for j in range(3)],
+         "2.2.2", "hybrid"]
+
+
+def raw(arch: str, dtype: torch.dtype, seed: int = 0):
+    """A tiny model of `arch` with weights as initialised (flat logits: near ties are common), in `dtype`."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch), attn_implementation="sdpa", dtype=torch.float32)
+    return model.to(dtype).eval()
+
+
+def answers(engine: Engine, prompts: list[list[int]], **cfg) -> list[list[int]]:
+    return [list(engine.generate(p, DecodeConfig(max_new_tokens=40, **cfg)))[-1].tokens for p in prompts]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_exact_mode_gives_plain_decodings_tokens_with_every_tree(arch, dtype):
+    """Untrained weights in bfloat16 and float32, trees of 1 to 80 nodes and the hybrid tree: the same tokens as
+    plain decoding through the same products, and trees that really accepted drafts."""
+    model = raw(arch, dtype)
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB), exact=True)
+    assert engine.exact and kernels.plan_of(model).exact is not None
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(2, TINY_VOCAB, (5 + 11 * i,), generator=g).tolist() for i in range(3)]
+    reference = answers(engine, prompts, plain=True)
+    accepted = []
+    for tree in TREES:
+        for prompt, ref in zip(prompts, reference):
+            summary = list(engine.generate(prompt, DecodeConfig(max_new_tokens=40, template=tree)))[-1]
+            assert summary.tokens == ref, f"{arch} {dtype}: tree {tree if isinstance(tree, str) else len(tree)}"
+            accepted.append(summary.mean_accepted)
+    assert max(accepted) > 1.2
+
+
+def test_the_default_is_exact_in_16_bit_and_not_in_float32():
+    model = raw("llama", torch.bfloat16)
+    assert Engine(model, TinyTokenizer(TINY_VOCAB)).exact
+    assert "exact mode" in kernels.describe_plan(model)["summary"]
+    assert not Engine(raw("llama", torch.float32), TinyTokenizer(TINY_VOCAB)).exact
+    assert not Engine(model, TinyTokenizer(TINY_VOCAB), exact=False).exact
+    assert kernels.plan_of(model) is None  # taken away: the next answer tunes the products again
+
+
+def test_exact_mode_leaves_the_model_as_it_found_it():
+    """The products and the attention are installed only while an answer runs; afterwards every module and config
+    holds what it held, and the model's own forward gives the same logits as before."""
+    model = raw("gemma3", torch.bfloat16)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    before_logits = model(ids).logits
+    before, attn = state_of(model), model.config._attn_implementation
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB), exact=True)
+    out = list(engine.generate([3, 4, 5], DecodeConfig(max_new_tokens=8, template="2.2.2")))
+    assert out[-1].tokens and state_of(model) == before and model.config._attn_implementation == attn
+    assert not kernels.is_routed(model) and torch.equal(model(ids).logits, before_logits)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_chunked_products_multiply_as_the_library_does(dtype):
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(24, 16, generator=g).to(dtype), torch.randn(24, generator=g).to(dtype)
+    for chunking in (invariant.Chunking(invariant.RAGGED, 4), invariant.Chunking(invariant.PADDED, 4)):
+        for rows in (1, 3, 4, 9):
+            x = torch.randn(2, rows, 16, generator=g).to(dtype)
+            out = invariant.chunked_linear(x, w, b, 2 * rows, chunking)
+            tol = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16: the bias is added after rounding
+            assert out.shape == (2, rows, 24)
+            assert torch.allclose(out.float(), F.linear(x, w, b).float(), rtol=tol, atol=tol)
+
+
+def test_the_probe_rejects_a_product_whose_rows_depend_on_the_count(monkeypatch):
+    """A product that rounds a row differently when it shares the chunk is not chosen; when none is invariant,
+    exact mode is not available and the engine says so by `exact` False."""
+    real = invariant._chunk_product
+
+    def count_dependent(chunk, weight, chunking):
+        return real(chunk, weight, chunking) * (1 + 0.05 * (chunk.shape[0] > 2))
+
+    monkeypatch.setattr(invariant, "_chunk_product", count_dependent)
+    weight = torch.randn(8, 8)
+    assert not invariant.is_row_invariant(weight, invariant.Chunking(invariant.RAGGED, 8))
+    assert invariant.choose([weight]) is None
+    assert not Engine(raw("llama", torch.bfloat16), TinyTokenizer(TINY_VOCAB), exact=True).exact
+
+
+@pytest.mark.parametrize("masked", ["none", "additive", "bool"])
+def test_float64_attention_agrees_with_eager_attention(masked):
+    """Grouped heads, a tree-shaped mask (additive or boolean) and soft-capping: what transformers' eager attention
+    computes, to float rounding."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, n, 16, generator=g) for h, n in ((4, 5), (2, 9), (2, 9)))
+    allowed = torch.ones(5, 9, dtype=torch.bool)
+    allowed[:, 4:] = torch.tril(torch.ones(5, 5, dtype=torch.bool)) & (torch.rand(5, 5, generator=g) > 0.3)
+    allowed[:, 4:].fill_diagonal_(True)
+    mask = {"none": None, "bool": allowed[None, None],
+            "additive": torch.where(allowed, 0.0, torch.finfo(torch.float32).min)[None, None]}[masked]
+    out, _ = invariant.attention(None, q, k, v, mask, scaling=0.25, softcap=30.0)
+    kr, vr = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    scores = torch.tanh(q @ kr.transpose(2, 3) * 0.25 / 30.0) * 30.0
+    if mask is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    want = (torch.softmax(scores, -1) @ vr).transpose(1, 2)
+    assert out.shape == (1, 5, 4, 16) and torch.allclose(out, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2"])
+def test_a_ragged_batch_in_bfloat16_gives_each_answer_plain_decodings_tokens(arch):
+    """Exact mode across a shared forward: rows of different lengths joining as others leave, untrained weights in
+    bfloat16; each answer equals the same prompt decoded plainly alone."""
+    from test_batch import batched, ragged_prompts
+
+    model = raw(arch, torch.bfloat16)
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB), exact=True)
+    prompts = ragged_prompts(5)
+    plain = [list(engine.generate(p, DecodeConfig(max_new_tokens=30, plain=True)))[-1].tokens for p in prompts]
+    tokens, _ = batched(model, prompts, DecodeConfig(max_new_tokens=30, template="2.2.2"), max_rows=3)
+    assert engine.exact and tokens == plain

@@ -1,0 +1,135 @@
+"""Row-invariant products: every row of a forward gets the bits a one-token forward of that row would give.
+
+A tree forward multiplies N rows at once, plain decoding one; most BLAS kernels round a row differently with the
+row count, and in bfloat16 near ties between the two best tokens then flip (docs/exactness.md). Exact mode routes
+both through products whose rows do not depend on how many share them:
+- linear layers in chunks of at most `width` rows, a product this machine's kernels were *probed* to round the
+  same at every count up to `width` (`choose`), on the model's own layer shapes;
+- attention in float64, where q.k of bfloat16 or float32 inputs is exact and a sum's order moves it by 1e-16,
+  rounded back to the model's dtype (`attention`).
+Plain decoding in the same engine uses the same products, so Token Recycling equals it token for token.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+NAME = "tr_row_invariant"  # the attention implementation registered with transformers while exact mode runs
+RAGGED, PADDED = "ragged", "padded"  # chunks of any count up to width (one row as two), or padded to width
+CANDIDATES = ((RAGGED, 64), (RAGGED, 32), (RAGGED, 16), (PADDED, 32), (PADDED, 16), (PADDED, 8))
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """How exact mode multiplies: `kind` (RAGGED or PADDED) chunks of at most `width` rows."""
+
+    kind: str
+    width: int
+
+    def describe(self) -> str:
+        how = "any count" if self.kind == RAGGED else "padded to"
+        return f"row-invariant products: chunks of {how} {self.width} rows (probed on this device)"
+
+
+def chunked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int,
+                   chunking: Chunking) -> torch.Tensor:
+    """F.linear of x [..., d] (`rows` rows) as (W @ c^T)^T over chunks c of the rows, each as `chunking` says."""
+    flat = x.reshape(rows, x.shape[-1])
+    outs = [_chunk_product(flat[i:i + chunking.width], weight, chunking) for i in range(0, rows, chunking.width)]
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    if bias is not None:
+        out = out + bias
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def _chunk_product(chunk: torch.Tensor, weight: torch.Tensor, chunking: Chunking) -> torch.Tensor:
+    n = chunk.shape[0]
+    room = chunking.width - n if chunking.kind == PADDED else (1 if n == 1 else 0)
+    if room:
+        chunk = torch.cat((chunk, chunk.new_zeros(room, chunk.shape[1])))
+    return torch.mm(weight, chunk.t()).t()[:n]
+
+
+def is_row_invariant(weight: torch.Tensor, chunking: Chunking, seed: int = 0) -> bool:
+    """Whether every row of chunked products of several row counts (within and across chunks) has the bits of
+    that row multiplied alone, on random inputs of `weight`'s shape, dtype and device."""
+    w = chunking.width
+    counts = sorted({1, 2, 3, 5, 8, w // 2 + 1, w - 1, w, w + 1, 2 * w + 3} - {0})
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(max(counts), weight.shape[1], generator=g).to(weight.device, weight.dtype)
+    alone = torch.cat([chunked_linear(x[r:r + 1], weight, None, 1, chunking) for r in range(x.shape[0])])
+    return all(torch.equal(chunked_linear(x[:n], weight, None, n, chunking), alone[:n]) for n in counts)
+
+
+def choose(weights: list[torch.Tensor]) -> Chunking | None:
+    """The cheapest chunking that is row-invariant on every distinct layer shape of `weights` (None: none is)."""
+    shapes = {}
+    for weight in weights:
+        shapes.setdefault((tuple(weight.shape), weight.dtype, weight.device), weight)
+    samples = [torch.zeros_like(w).normal_(0, 0.05) for w in shapes.values()]
+    for kind, width in CANDIDATES:
+        chunking = Chunking(kind, width)
+        if all(is_row_invariant(w, chunking) for w in samples):
+            return chunking
+    return None
+
+
+def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+              softcap: float | None = None, **_: Any) -> tuple[torch.Tensor, None]:
+    """Attention as transformers' eager one computes it, in float64: query [B, H, N, d], key and value
+    [B, Hkv, L, d], an additive or boolean mask [B, 1, N, >=L]; returns [B, N, H, d] in query's dtype."""
+    b, heads, n, d = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    groups = heads // kv_heads  # grouped heads share a key: their queries are rows of one product with it
+    q = query.double().reshape(b, kv_heads, groups * n, d)
+    scores = torch.matmul(q, key.double().transpose(2, 3)).view(b, kv_heads, groups, n, length)
+    scores *= scaling if scaling is not None else d ** -0.5
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is not None:
+        mask = attention_mask[..., :length].unsqueeze(2)  # [B, 1, 1, N, L]
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = torch.softmax(scores, dim=-1).view(b, kv_heads, groups * n, length)
+    out = torch.matmul(weights, value.double()).to(query.dtype)
+    return out.view(b, heads, n, d).transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Make NAME an attention implementation transformers knows (with the eager additive mask); idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, eager_mask
+
+    if NAME not in ALL_MASK_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(NAME, attention)
+        AttentionMaskInterface.register(NAME, eager_mask)
+
+
+def attention_configs(model: Any) -> list[Any]:
+    """Every config object `model`'s modules read their attention implementation from (each once)."""
+    found: dict[int, Any] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation_internal"):
+            found.setdefault(id(config), config)
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def attention_installed(model: Any) -> Iterator[None]:
+    """`model`'s attention computed by `attention` for the block; every config gets its own value back."""
+    register()
+    configs = attention_configs(model)
+    held = [config._attn_implementation_internal for config in configs]
+    try:
+        for config in configs:
+            config._attn_implementation_internal = NAME
+        yield
+    finally:
+        for config, value in zip(configs, held):
+            config._attn_implementation_internal = value
