@@ -133,3 +133,32 @@ def test_a_ragged_batch_in_bfloat16_gives_each_answer_plain_decodings_tokens(arc
     plain = [list(engine.generate(p, DecodeConfig(max_new_tokens=30, plain=True)))[-1].tokens for p in prompts]
     tokens, _ = batched(model, prompts, DecodeConfig(max_new_tokens=30, template="2.2.2"), max_rows=3)
     assert engine.exact and tokens == plain
+
+
+def test_first_difference():
+    from tr_core.divergence import first_difference
+
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_a_divergence_names_the_token_the_competitor_and_their_gap():
+    """Two answers parting at token 3, the second taking the runner-up there: the explanation names both tokens,
+    scores them by a one-token forward of the common prefix (the first is the argmax), and says which setting
+    would make them agree."""
+    from tr_core.divergence import EXACT_MODE, UNKNOWN, explain
+
+    model = raw("llama", torch.bfloat16)
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB), exact=False)
+    prompt = [5, 9, 14, 3, 22]
+    first = answers(engine, [prompt], plain=True)[0][:8]
+    logits = model(torch.tensor([prompt + first[:3]])).logits[0, -1].float()
+    runner_up = int(logits.topk(2).indices[1])
+    second = first[:3] + [runner_up] + first[4:]
+    why = explain(engine, prompt, first, second)
+    assert (why.index, why.first_token, why.second_token, why.dtype) == (3, first[3], runner_up, "bfloat16")
+    assert why.first_logit >= why.second_logit and why.gap == pytest.approx(why.first_logit - why.second_logit)
+    assert why.fix == EXACT_MODE and why.as_data()["fix"] == EXACT_MODE
+    assert explain(engine, prompt, first, first) is None and explain(engine, prompt, first, first[:5]) is None
+    assert explain(Engine(model, TinyTokenizer(TINY_VOCAB), exact=True), prompt, first, second).fix == UNKNOWN

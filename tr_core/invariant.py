@@ -41,17 +41,20 @@ def chunked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     """F.linear of x [..., d] (`rows` rows) as (W @ c^T)^T over chunks c of the rows, each as `chunking` says."""
     flat = x.reshape(rows, x.shape[-1])
     outs = [_chunk_product(flat[i:i + chunking.width], weight, chunking) for i in range(0, rows, chunking.width)]
-    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    out = outs[0].contiguous() if len(outs) == 1 else torch.cat(outs)
     if bias is not None:
         out = out + bias
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
 def _chunk_product(chunk: torch.Tensor, weight: torch.Tensor, chunking: Chunking) -> torch.Tensor:
+    """W @ chunk^T, transposed back: one row as two (a one-column product takes the matrix-vector path), or
+    padded to the width."""
     n = chunk.shape[0]
-    room = chunking.width - n if chunking.kind == PADDED else (1 if n == 1 else 0)
-    if room:
-        chunk = torch.cat((chunk, chunk.new_zeros(room, chunk.shape[1])))
+    if chunking.kind == PADDED and n < chunking.width:
+        chunk = torch.cat((chunk, chunk.new_zeros(chunking.width - n, chunk.shape[1])))
+    elif n == 1:
+        chunk = chunk.expand(2, -1)
     return torch.mm(weight, chunk.t()).t()[:n]
 
 

@@ -1,0 +1,65 @@
+"""Where two answers to one prompt part, and why: the first differing token, the two competing tokens, how far
+apart the model scores them in its dtype (a near tie), and the setting that would make the answers agree.
+
+Plain data for the views to phrase (present/), the benchmark and the library's users.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from .kv_cache import TreeKVCache
+
+# What would make the two agree: exact mode (row-invariant products, invariant.py), float32 where exact mode is
+# unavailable on this device, or nothing known (exact mode was on: the answers should not part)
+EXACT_MODE, FLOAT32, UNKNOWN = "exact_mode", "float32", "unknown"
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Two answers parting at answer token `index`: `first` chose `first_token`, `second` chose `second_token`."""
+
+    index: int
+    first_token: int
+    second_token: int
+    first_logit: float  # each token's score at that position, from a one-token forward of the common prefix
+    second_logit: float
+    gap: float  # |first_logit - second_logit|: a near tie when small against the logits' rounding in `dtype`
+    dtype: str
+    fix: str  # EXACT_MODE, FLOAT32 or UNKNOWN
+
+    def as_data(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def first_difference(first: list[int], second: list[int]) -> int | None:
+    """The first index where the answers differ (one ending early counts), None when identical."""
+    for i, (a, b) in enumerate(zip(first, second)):
+        if a != b:
+            return i
+    return None if len(first) == len(second) else min(len(first), len(second))
+
+
+@torch.no_grad()
+def explain(engine: Any, prompt: list[int], first: list[int], second: list[int]) -> Divergence | None:
+    """Why `first` and `second` (answers to `prompt` by `engine`'s model) part; None when they do not or one of
+    them simply ends there. One forward of the prompt and the common prefix gives both tokens' scores."""
+    index = first_difference(first, second)
+    if index is None or index >= min(len(first), len(second)):
+        return None
+    logits = engine.runner.prefill(list(prompt) + list(first[:index]), TreeKVCache())[-1].float()
+    a, b = first[index], second[index]
+    low = engine.dtype in (torch.bfloat16, torch.float16)
+    fix = UNKNOWN if engine.exact else EXACT_MODE if low and exact_available(engine) else FLOAT32
+    return Divergence(index=index, first_token=a, second_token=b, first_logit=float(logits[a]),
+                      second_logit=float(logits[b]), gap=abs(float(logits[a] - logits[b])),
+                      dtype=str(engine.dtype).removeprefix("torch."), fix=fix)
+
+
+def exact_available(engine: Any) -> bool:
+    """Whether exact mode could run `engine`'s model on this device (a chunking was found row-invariant)."""
+    from .kernels import exact_plan
+
+    return exact_plan(engine.model) is not None
