@@ -19,6 +19,8 @@ class MeterView:
     ratio: float | None = None  # plain time / Token Recycling time (states measured and noisy)
     error: float | None = None  # one standard error of the ratio
     identical: bool | None = None  # both outputs token-identical (None = not compared)
+    exact: bool | None = None  # Token Recycling ran in exact mode (row-invariant products)
+    parted: dict | None = None  # where the outputs parted (trace_schema PARTED), when they did
     note: str = ""  # one line under the figures: where the numbers come from, or why there is no ratio
 
 
@@ -65,6 +67,38 @@ def speed_format(v: MeterView, plain: float | None) -> str:
     return "{:.1f}"
 
 
+FIXES = {"exact_mode": "exact mode (row-invariant products) would keep them together",
+         "float32": "float32 would keep them together",
+         "unknown": "exact mode was on, so this should not happen: please report it"}
+NEAR_TIE = 0.1  # a gap between the two best scores below this reads as a near tie
+
+
+def identity_flag(v: MeterView) -> str:
+    """Whether Token Recycling gave plain decoding's tokens: ✓; outside exact mode, where rounding may part them,
+    'identical up to rounding'; in exact mode ✗; with where they parted and why."""
+    if v.identical is None:
+        return '<span class="tr-flag tr-flag-none">outputs not compared</span>'
+    if v.identical:
+        return '<span class="tr-flag tr-flag-ok">✓ token-identical to plain decoding</span>'
+    if v.exact:
+        flag = '<span class="tr-flag tr-flag-bad">✗ outputs differ from plain decoding</span>'
+    else:
+        flag = ('<span class="tr-flag tr-flag-near" title="A tree forward rounds a little differently from a '
+                'one-token forward; at a near tie the best token can flip">≈ identical up to rounding</span>')
+    return flag + (f'<div class="tr-parted">{html.escape(parting_text(v.parted))}</div>' if v.parted else "")
+
+
+def parting_text(p: dict) -> str:
+    """One line: where the outputs parted, the two tokens, how far apart the model scored them, and the fix."""
+    line = (f"parted at answer token {p['index'] + 1}: {p.get('first_text', '')!r} (Token Recycling) vs "
+            f"{p.get('second_text', '')!r} (plain)")
+    if p.get("gap") is not None:
+        tie = ", a near tie" if p["gap"] < NEAR_TIE else ""
+        line += f", scored {p['gap']:.3g} apart in {p.get('dtype', '')}{tie}"
+    fix = FIXES.get(p.get("fix", ""), "")
+    return f"{line}; {fix}" if fix else line
+
+
 def meter_html(v: MeterView) -> str:
     """The speedup meter as HTML: the ratio with its uncertainty (or why none), both speeds, mean accepted."""
     def num(x: float | None, fmt: str = "{:.1f}") -> str:
@@ -73,12 +107,7 @@ def meter_html(v: MeterView) -> str:
     ratio_text, cls, label = _ratio_parts(v)
     plain = None if v.state == "noisy" else v.plain_tps  # beside Token Recycling's, it would imply the unshown ratio
     tps = speed_format(v, plain)
-    if v.identical is None:
-        flag = '<span class="tr-flag tr-flag-none">outputs not compared</span>'
-    elif v.identical:
-        flag = '<span class="tr-flag tr-flag-ok">✓ token-identical to plain decoding</span>'
-    else:
-        flag = '<span class="tr-flag tr-flag-bad">✗ outputs differ from plain decoding</span>'
+    flag = identity_flag(v)
     live = ' <span class="tr-live">live</span>' if v.state == "live" else ""
     note = f'<div class="tr-note" title="{html.escape(v.note)}">{html.escape(v.note)}</div>' if v.note else ""
     return (

@@ -14,6 +14,7 @@ import json
 from typing import Any, Callable
 
 from .heatmap import MatrixTracker, heatmap_figure
+from .meter import parting_text
 from .tree import tree_figure
 from .microscope import CSS as MICROSCOPE_CSS
 from .microscope import explain, known_before, microscope_blocks, values_known
@@ -81,6 +82,9 @@ def summary_line(trace: Trace) -> str:
         parts.append(f"measured {speed['ratio']:.2f}× ± {speed.get('error') or 0.0:.2f} vs plain decoding")
     if trace.identical or speed.get("identical"):
         parts.append("✓ token-identical to plain decoding")
+    elif speed.get("identical") is False:
+        parts.append(("✗ differs from plain decoding" if speed.get("exact") else "≈ identical up to rounding")
+                     + (f" ({parting_text(speed['parted'])})" if speed.get("parted") else ""))
     return " · ".join(str(p) for p in parts)
 
 

@@ -91,7 +91,7 @@ def stock_comparison(model, tokenizer, prompts: list[list[int]], tokens: int) ->
 
     same = {"custom_generate": 0, "prompt_lookup": 0}
     for ids in prompts:
-        x = torch.tensor([ids])
+        x = torch.tensor([ids], device=model.device)
         kw = dict(max_new_tokens=tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id)
         stock = model.generate(x, **kw)[0, len(ids):].tolist()
         same["custom_generate"] += model.generate(x, custom_generate=tr_core.hf.generate, **kw)[0, len(ids):].tolist() == stock
@@ -103,6 +103,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--per-task", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--template", default="hybrid")
@@ -111,7 +112,7 @@ def main() -> None:
     ap.add_argument("--json", help="also write the result here")
     args = ap.parse_args()
     torch.manual_seed(0)
-    model, tokenizer = load_model(args.model, "cpu", args.dtype)
+    model, tokenizer = load_model(args.model, args.device, args.dtype)
     name = args.model or "embedded"
     default_exact = model.dtype in (torch.bfloat16, torch.float16)
     modes = [Mode("exact" if default_exact else "default", model, tokenizer, default_exact, name)]
@@ -124,7 +125,7 @@ def main() -> None:
             mode.run(ids, args.tokens, args.template)
         print(f"{i + 1}/{len(prompts)}: " + "; ".join(f"{m.name} {m.tally['identical']}" for m in modes),
               file=sys.stderr, flush=True)
-    result = {"what": "scripts/exactness.py", "machine": machine_name(), "torch": torch.__version__,
+    result = {"what": "scripts/exactness.py", "machine": machine_name(model.device), "torch": torch.__version__,
               "model": name, "dtype": args.dtype, "questions": len(prompts), "tokens": args.tokens,
               "template": args.template, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(began)),
               "threads": torch.get_num_threads(), "platform": platform.machine(),

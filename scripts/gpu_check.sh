@@ -8,6 +8,9 @@
 #   bash scripts/gpu_check.sh profile  # cost curves t(N)/t(1) at Llama 1B and 8B shapes (random weights, bf16), with
 #                                      # speedups projected from the mean accepted tokens of `bench`
 #   bash scripts/gpu_check.sh vllm     # Token Recycling inside vLLM, where vLLM 0.32 is installed (docs/vllm.md)
+#   bash scripts/gpu_check.sh exact    # exact in every dtype: Token Recycling against plain decoding (exact mode on
+#                                      # and off) and custom_generate against stock generate, bfloat16, float16 and
+#                                      # float32, PER_TASK questions a task (scripts/exactness.py)
 #   bash scripts/gpu_check.sh crowd    # many prompts at once (tr_core.batch): 8 and 32 rows, Token Recycling batched
 #                                      # against one after another and plain batched, tokens checked identical
 # Each writes JSON and text under $OUT (default /tmp/gpu_check). Settings: MODEL (default the embedded model), DEVICE,
@@ -51,6 +54,14 @@ vllm_check() {
     --per-task 4 --rounds 2 --concurrency 1 8 32 --out "$OUT/vllm_gpu.json" 2>&1 | tail -n 12 | tee "$OUT/vllm_bench.txt"
 }
 
+exact() {
+  { nvidia-smi -L || true; } 2>/dev/null
+  for dtype in bfloat16 float16 float32; do
+    python3 scripts/exactness.py "${MODEL_ARGS[@]}" --device "$DEVICE" --dtype "$dtype" --per-task "$PER_TASK" \
+      --tokens "$MAX_NEW" --json "$OUT/exact_$dtype.json" 2>&1 | tail -n 40 | tee "$OUT/exact_$dtype.txt"
+  done
+}
+
 # A class at once: the first turns of PER_TASK questions a task, CONCURRENCY at a time, batched and alone.
 crowd() {
   { nvidia-smi -L || true; } 2>/dev/null
@@ -65,7 +76,8 @@ crowd() {
 case "${1:-}" in
   bench) bench ;;
   crowd) crowd ;;
+  exact) exact ;;
   profile) profile ;;
   vllm) vllm_check ;;
-  *) echo "usage: $0 bench|profile|vllm|crowd (see the header of $0)" >&2; exit 2 ;;
+  *) echo "usage: $0 bench|profile|vllm|crowd|exact (see the header of $0)" >&2; exit 2 ;;
 esac

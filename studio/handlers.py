@@ -275,7 +275,8 @@ def _answer(studio: Studio, s: Session, text: str, settings: ChatSettings, notes
     if probing:
         yield {"status": PROBING}
     twin = engine.fork() if settings.compare else None  # the state this answer starts from, for the measurement
-    trace = Trace(model=label(s.model), settings=dict(dataclasses.asdict(cfg), k=settings.k), messages=messages)
+    trace = Trace(model=label(s.model), messages=messages, settings=dict(
+        dataclasses.asdict(cfg), k=settings.k, dtype=str(engine.dtype).removeprefix("torch."), exact=engine.exact))
     try:
         error = yield from stream_answer(studio, s, engine, ids, cfg, trace, settings, stop, conversation, pending,
                                          notes)

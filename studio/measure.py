@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tr_core.config import DecodeConfig
+from tr_core.divergence import explain_at
 from tr_core.trace import Trace
 
 from . import zerogpu
@@ -49,8 +50,9 @@ def measure_speed(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: De
         est = dataclasses.replace(est, trusted=False, reason="the measurement was stopped")
     elif crowded:
         est = dataclasses.replace(est, trusted=False, reason=CROWD_STOP)
-    if est.identical is False:
-        notes.append("⚠ Token Recycling and plain decoding produced different tokens.")
+    est = explained(est, twin, ids, trace)
+    if est.identical is False and est.exact:
+        notes.append("⚠ Token Recycling and plain decoding produced different tokens in exact mode.")
     trace.speed = dataclasses.asdict(est)
     note = measure_note(est, trace.summary.new_tokens, stopped=stop.is_set())
     view = {"meter": measured_meter(est, note=note, answer_mean=answer_mean, answer_tokens=trace.summary.new_tokens),
@@ -59,6 +61,22 @@ def measure_speed(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: De
             # the cost panel's estimate follows the meter: withheld once it says "too noisy"
             "cost": cost_html(trace.steps[best_step(trace)], cost_curve(s, trace), trace)}
     yield view
+
+
+def explained(est: SpeedEstimate, twin: Any, ids: list[int], trace: Trace) -> SpeedEstimate:
+    """`est` with whether Token Recycling ran in exact mode and, where the two runs parted, both tokens' texts and
+    (off ZeroGPU) their scores from one forward of the prompt and the common prefix (tr_core.divergence)."""
+    est = dataclasses.replace(est, exact=bool(getattr(twin, "exact", False)))
+    if not est.parted:
+        return est
+    parted = dict(est.parted)
+    index, first, second = parted["index"], parted["first_token"], parted["second_token"]
+    parted.update(first_text=twin.token_text(first), second_text=twin.token_text(second))
+    if not zerogpu.installed() and trace.summary is not None:
+        with DECODE_SLOT:
+            why = explain_at(twin, list(ids) + trace.summary.tokens[:index], index, first, second)
+        parted.update(why.as_data())
+    return dataclasses.replace(est, parted=parted)
 
 
 def measure_rounds(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: DecodeConfig,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tr_core.bench.results import plausible_limit
+from tr_core.divergence import first_difference
 from tr_core.events import StepEvent
 
 MIN_PAIRS = 3  # fewer chunk pairs than this cannot give a spread
@@ -53,6 +54,9 @@ class SpeedEstimate:
     # Token Recycling's steps over the measured tokens by size: (tokens in the step's forward, mean ms, steps); with
     # plain decoding's ms per token (1000 / plain_tps) it gives what a step of each size cost in plain steps
     step_ms: tuple[tuple[int, float, int], ...] = ()
+    exact: bool | None = None  # Token Recycling ran in exact mode (row-invariant products; None: not known)
+    # where the two runs parted: tr_core.divergence.Divergence as data with the tokens' texts (trace_schema PARTED)
+    parted: dict | None = None
 
 
 def _sizes(p: ChunkPair) -> tuple[tuple[int, float, int], ...]:
@@ -261,13 +265,22 @@ def _one_pass(tr_events: Iterator[Any], plain_events: Iterator[Any], chunk_ms: f
                                    tr_ms=tr["ms"] - before_tr["ms"], tr_steps=tr["steps"] - before_tr["steps"],
                                    plain_ms=plain["ms"] - before_plain["ms"],
                                    tr_sizes=tuple((n, ms, k) for n, (ms, k) in sorted(tr["sizes"].items()))))
-            n = min(len(tr["emitted"]), len(plain["emitted"]))
-            yield estimate(pairs, identical=tr["emitted"][:n] == plain["emitted"][:n])
+            yield with_parting(estimate(pairs), tr["emitted"], plain["emitted"])
     finally:
         for gen in (tr_events, plain_events):
             close = getattr(gen, "close", None)
             if close is not None:
                 close()
+
+
+def with_parting(est: SpeedEstimate, tr: list[int], plain: list[int]) -> SpeedEstimate:
+    """`est` with whether the runs' tokens so far agree and, if not, where they part (the scores are added later)."""
+    n = min(len(tr), len(plain))
+    index = first_difference(tr[:n], plain[:n])
+    if index is None:
+        return dataclasses.replace(est, identical=True)
+    return dataclasses.replace(est, identical=False,
+                               parted={"index": index, "first_token": tr[index], "second_token": plain[index]})
 
 
 def measure_interleaved(tr_events: Iterator[Any], plain_events: Iterator[Any], **options: Any) -> SpeedEstimate:

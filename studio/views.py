@@ -114,10 +114,19 @@ def decoding_text(settings: dict[str, Any] | None) -> str:
     except (TypeError, ValueError):
         return "Decoding mode: not recorded"
     if temperature <= 0:
-        return "Greedy decoding: token for token what plain decoding gives"
+        return greedy_text(s.get("dtype"), s.get("exact"))
     extra = "".join(f", {name} {str(s[key])[:12]}" for key, name in (("top_p", "top-p"), ("top_k", "top-k"))
                     if s.get(key) not in (None, 0, 1, 1.0))  # from a trace file: any value, shown short and escaped
     return f"Sampling: temperature {temperature:g}{extra}, seed {str(s.get('seed', 0))[:12]}"
+
+
+def greedy_text(dtype: Any, exact: Any) -> str:
+    """The greedy line: token for token plain decoding's answer in exact mode (or where the mode was not recorded),
+    else up to rounding (a tree forward rounds a little differently from a one-token forward)."""
+    if exact is False:
+        return f"Greedy decoding in {str(dtype)[:12]}: plain decoding's tokens, up to rounding at near ties"
+    mode = f" ({str(dtype)[:12]}, exact mode)" if exact is True else ""
+    return f"Greedy decoding{mode}: token for token what plain decoding gives"
 
 
 def decoding_html(settings: dict[str, Any] | None) -> str:
@@ -235,7 +244,8 @@ def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer
         est = dataclasses.replace(est, mean_accepted=answer_mean)
     if not done:
         return meter_html(MeterView(state="measuring", tr_tps=est.tr_tps, plain_tps=est.plain_tps,
-                                    mean_accepted=est.mean_accepted, identical=est.identical,
+                                    mean_accepted=est.mean_accepted, identical=est.identical, exact=est.exact,
+                                    parted=est.parted,
                                     note=f"timing both methods in turns over the same tokens… {est.covered} so far"
                                     + (f" (pass {est.passes})" if est.passes > 1 else "")))
     state = "measured" if est.trusted else "noisy"
@@ -249,7 +259,8 @@ def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer
     # too noisy: plain decoding's tokens/s is left out too, since beside Token Recycling's it would imply the ratio
     return meter_html(MeterView(state=state, tr_tps=est.tr_tps, plain_tps=est.plain_tps if est.trusted else None,
                                 mean_accepted=est.mean_accepted, ratio=est.ratio if est.trusted else None,
-                                error=est.error, identical=est.identical, note="; ".join(x for x in (why, note) if x)))
+                                error=est.error, identical=est.identical, exact=est.exact, parted=est.parted,
+                                note="; ".join(x for x in (why, note) if x)))
 
 
 MEASURE_HINT = "turn on “Measure the speedup” in the decoding settings to measure it"

@@ -162,3 +162,72 @@ def test_a_divergence_names_the_token_the_competitor_and_their_gap():
     assert why.fix == EXACT_MODE and why.as_data()["fix"] == EXACT_MODE
     assert explain(engine, prompt, first, first) is None and explain(engine, prompt, first, first[:5]) is None
     assert explain(Engine(model, TinyTokenizer(TINY_VOCAB), exact=True), prompt, first, second).fix == UNKNOWN
+
+
+def test_the_meter_says_identical_up_to_rounding_outside_exact_mode_and_where_they_parted():
+    from present.meter import MeterView, meter_html
+
+    parted = {"index": 52, "first_token": 7, "second_token": 9, "first_text": " 9", "second_text": " 8",
+              "first_logit": 14.25, "second_logit": 14.246, "gap": 0.004, "dtype": "bfloat16", "fix": "exact_mode"}
+    near = meter_html(MeterView(state="measured", ratio=1.5, identical=False, exact=False, parted=parted))
+    assert "≈ identical up to rounding" in near and "✗" not in near
+    assert "parted at answer token 53: &#x27; 9&#x27; (Token Recycling) vs &#x27; 8&#x27; (plain)" in near
+    assert "scored 0.004 apart in bfloat16, a near tie; exact mode" in near
+    wrong = meter_html(MeterView(state="measured", ratio=1.5, identical=False, exact=True,
+                                 parted={**parted, "fix": "unknown", "gap": None}))
+    assert "✗ outputs differ" in wrong and "should not happen" in wrong and "apart" not in wrong
+    assert "✓ token-identical" in meter_html(MeterView(identical=True, exact=True))
+
+
+def test_a_speed_record_with_a_parting_survives_a_trace_file(tmp_path):
+    """The measurement's parting is kept with the trace, and a saved trace reads it back."""
+    from studio.meter import SpeedEstimate
+    from tr_core.trace import Trace
+    from tr_core.trace_schema import SPEED_KEYS
+
+    import dataclasses
+
+    est = SpeedEstimate(1.4, 0.1, 20.0, 14.0, 2.0, 40, 4, True, identical=False, exact=False,
+                        parted={"index": 3, "first_token": 5, "second_token": 6, "first_text": "a",
+                                "second_text": "b", "first_logit": 1.0, "second_logit": 0.99, "gap": 0.01,
+                                "dtype": "float32", "fix": "exact_mode"})
+    assert set(dataclasses.asdict(est)) == SPEED_KEYS
+    trace = Trace(model="m", speed=dataclasses.asdict(est))
+    back = Trace.load(trace.save(tmp_path / "t.json"))
+    assert back.speed["parted"] == est.parted and back.speed["exact"] is False
+
+
+def test_the_studio_completes_a_parting_with_the_tokens_texts_and_scores():
+    """After a measurement whose runs parted, the studio names both tokens and scores them by one forward."""
+    import dataclasses
+
+    from studio.measure import explained
+    from studio.meter import SpeedEstimate
+    from tr_core.events import SummaryEvent
+    from tr_core.trace import Trace
+
+    model = raw("llama", torch.bfloat16)
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB), exact=False)
+    prompt = [5, 9, 14, 3, 22]
+    answer = answers(engine, [prompt], plain=True)[0][:6]
+    summary = list(engine.generate(prompt, DecodeConfig(max_new_tokens=6, plain=True)))[-1]
+    trace = Trace(model="m", summary=dataclasses.replace(summary, tokens=answer))
+    est = SpeedEstimate(1.2, 0.1, 10.0, 8.0, 1.5, 6, 2, True, identical=False,
+                        parted={"index": 2, "first_token": answer[2], "second_token": (answer[2] + 1) % TINY_VOCAB})
+    done = explained(est, engine, prompt, trace)
+    p = done.parted
+    assert done.exact is False and p["index"] == 2 and p["first_text"] == engine.token_text(answer[2])
+    assert p["dtype"] == "bfloat16" and p["gap"] == pytest.approx(abs(p["first_logit"] - p["second_logit"]))
+    assert p["first_logit"] >= p["second_logit"] and p["fix"] == "exact_mode"
+    same = explained(dataclasses.replace(est, identical=True, parted=None), engine, prompt, trace)
+    assert same.parted is None and same.exact is False
+    assert isinstance(summary, SummaryEvent)
+
+
+def test_the_decoding_line_promises_identical_tokens_only_in_exact_mode():
+    from studio.views import decoding_text
+
+    assert decoding_text({"temperature": 0.0, "dtype": "bfloat16", "exact": True}) == (
+        "Greedy decoding (bfloat16, exact mode): token for token what plain decoding gives")
+    assert "up to rounding" in decoding_text({"temperature": 0.0, "dtype": "float32", "exact": False})
+    assert decoding_text({"temperature": 0.0}) == "Greedy decoding: token for token what plain decoding gives"

@@ -13,7 +13,7 @@ import torch
 from .kv_cache import TreeKVCache
 
 # What would make the two agree: exact mode (row-invariant products, invariant.py), float32 where exact mode is
-# unavailable on this device, or nothing known (exact mode was on: the answers should not part)
+# unavailable on this device, or nothing known (exact mode was on, or is unavailable in float32)
 EXACT_MODE, FLOAT32, UNKNOWN = "exact_mode", "float32", "unknown"
 
 
@@ -42,19 +42,24 @@ def first_difference(first: list[int], second: list[int]) -> int | None:
     return None if len(first) == len(second) else min(len(first), len(second))
 
 
-@torch.no_grad()
 def explain(engine: Any, prompt: list[int], first: list[int], second: list[int]) -> Divergence | None:
     """Why `first` and `second` (answers to `prompt` by `engine`'s model) part; None when they do not or one of
-    them simply ends there. One forward of the prompt and the common prefix gives both tokens' scores."""
+    them simply ends there."""
     index = first_difference(first, second)
     if index is None or index >= min(len(first), len(second)):
         return None
-    logits = engine.runner.prefill(list(prompt) + list(first[:index]), TreeKVCache())[-1].float()
-    a, b = first[index], second[index]
+    return explain_at(engine, list(prompt) + list(first[:index]), index, first[index], second[index])
+
+
+@torch.no_grad()
+def explain_at(engine: Any, context: list[int], index: int, first_token: int, second_token: int) -> Divergence:
+    """Two answers that agree up to `context` (the prompt and the common prefix, `index` tokens of answer) chose
+    `first_token` and `second_token` next: one forward of the context scores both."""
+    logits = engine.runner.prefill(list(context), TreeKVCache())[-1].float()
     low = engine.dtype in (torch.bfloat16, torch.float16)
-    fix = UNKNOWN if engine.exact else EXACT_MODE if low and exact_available(engine) else FLOAT32
-    return Divergence(index=index, first_token=a, second_token=b, first_logit=float(logits[a]),
-                      second_logit=float(logits[b]), gap=abs(float(logits[a] - logits[b])),
+    fix = UNKNOWN if engine.exact else EXACT_MODE if exact_available(engine) else FLOAT32 if low else UNKNOWN
+    a, b = float(logits[first_token]), float(logits[second_token])
+    return Divergence(index=index, first_token=first_token, second_token=second_token, first_logit=a, second_logit=b, gap=abs(a - b),
                       dtype=str(engine.dtype).removeprefix("torch."), fix=fix)
 
 

@@ -279,12 +279,21 @@ SUMMARY = Obj({
 }, _defaults(SummaryEvent))
 SPEED_NUMBERS = ("ratio", "error", "tr_tps", "plain_tps", "mean_accepted")  # numbers (or null) of a speed record
 SPEED_COUNTS = ("tokens", "pairs", "covered", "left_out", "passes")  # counts of a speed record
+# where the measurement's two runs parted (tr_core.divergence.Divergence, with the two tokens' texts); the scores are
+# null where they could not be computed
+PARTED = Obj({"index": Int(), "first_token": TOKEN, "second_token": TOKEN, "first_text": Str(MAX_REASON_CHARS),
+              "second_text": Str(MAX_REASON_CHARS), "first_logit": OrNull(Num()), "second_logit": OrNull(Num()),
+              "gap": OrNull(Num(0.0)), "dtype": Str(MAX_REASON_CHARS), "fix": Str(MAX_REASON_CHARS)},
+             {"first_text": "", "second_text": "", "first_logit": None, "second_logit": None, "gap": None,
+              "dtype": "", "fix": ""})
 SPEED = Obj({
     **dict.fromkeys(SPEED_NUMBERS, OrNull(Num(0.0))), **dict.fromkeys(SPEED_COUNTS, Int()),
     "trusted": BOOL, "identical": OrNull(BOOL), "reason": Str(),
     "step_ms": ListOf(Tuple(Int(1), Num(0.0), Int(1), what="a [size, ms, steps] triple",
                             noun="[size, ms, steps] triples"), 0, "MAX_STEP_SIZES"),
-}, {**dict.fromkeys(SPEED_NUMBERS), **dict.fromkeys(SPEED_COUNTS, 0), "identical": None, "reason": "", "step_ms": []})
+    "exact": OrNull(BOOL), "parted": OrNull(PARTED),
+}, {**dict.fromkeys(SPEED_NUMBERS), **dict.fromkeys(SPEED_COUNTS, 0), "identical": None, "reason": "", "step_ms": [],
+    "exact": None, "parted": None})
 SPEED_KEYS = frozenset(SPEED.fields)  # studio/meter.py's SpeedEstimate as a dict (tests/test_speed.py: they agree)
 TRACE = Obj({
     "format": _one_of(TRACE_FORMAT), "version": _one_of(*READ_VERSIONS), "model": Str(),
