@@ -231,3 +231,16 @@ def test_the_decoding_line_promises_identical_tokens_only_in_exact_mode():
         "Greedy decoding (bfloat16, exact mode): token for token what plain decoding gives")
     assert "up to rounding" in decoding_text({"temperature": 0.0, "dtype": "float32", "exact": False})
     assert decoding_text({"temperature": 0.0}) == "Greedy decoding: token for token what plain decoding gives"
+
+
+def test_caches_first_written_in_exact_mode_store_float64_and_others_their_dtype():
+    """Exact mode's attention computes in float64: its caches hold the (exactly converted) entries in float64, so
+    that a forward converts only its new entries; other caches keep the model's dtype."""
+    from tr_core.kv_cache import TreeKVCache
+
+    k = torch.randn(1, 2, 3, 4).to(torch.bfloat16)
+    with invariant.wide_storage():
+        wide = TreeKVCache()
+        keys, values = wide.update(k, k, 0)
+    assert keys.dtype == values.dtype == torch.float64 and torch.equal(keys, k.double())
+    assert TreeKVCache().update(k, k, 0)[0].dtype == torch.bfloat16

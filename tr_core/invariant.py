@@ -6,12 +6,14 @@ both through products whose rows do not depend on how many share them:
 - linear layers in chunks of at most `width` rows, a product this machine's kernels were *probed* to round the
   same at every count up to `width` (`choose`), on the model's own layer shapes;
 - attention in float64, where q.k of bfloat16 or float32 inputs is exact and a sum's order moves it by 1e-16,
-  rounded back to the model's dtype (`attention`).
+  rounded back to the model's dtype (`attention`); the KV cache stores its entries in float64 meanwhile (exactly:
+  they are bfloat16 or float32 values), so that each forward converts only its new entries (`wide_storage`).
 Plain decoding in the same engine uses the same products, so Token Recycling equals it token for token.
 """
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -101,6 +103,24 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
     weights = torch.softmax(scores, dim=-1).view(b, kv_heads, groups * n, length)
     out = torch.matmul(weights, value.double()).to(query.dtype)
     return out.view(b, heads, n, d).transpose(1, 2).contiguous(), None
+
+
+_WIDE = threading.local()  # how deep this thread is in exact mode's forwards (kernels.installed)
+
+
+@contextlib.contextmanager
+def wide_storage() -> Iterator[None]:
+    """KV caches first written by this thread inside the block store float64 (`storage_dtype`)."""
+    _WIDE.depth = getattr(_WIDE, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _WIDE.depth -= 1
+
+
+def storage_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a KV cache first written now stores `dtype` entries in: float64 inside exact mode's forwards."""
+    return torch.float64 if getattr(_WIDE, "depth", 0) and dtype.is_floating_point else dtype
 
 
 def register() -> None:

@@ -272,14 +272,16 @@ def installed(model: Any) -> Iterator[None]:
     """`model`'s plan installed on its layers for the block, reference-counted: the last user to leave gives every
     layer back exactly what it had (its forward, any wrapper), also on raise."""
     with _ROUTING_LOCK:
+        plan = plan_of(model)
         routing = _ROUTINGS.get(id(model))
         if routing is None:
             routing = _ROUTINGS[id(model)] = _Routing()
-            plan = plan_of(model)
             routing.route(model, plan.routes() if plan is not None else (), plan.exact if plan is not None else None)
         routing.users += 1
+    exact = plan is not None and plan.exact is not None
     try:
-        yield
+        with invariant.wide_storage() if exact else contextlib.nullcontext():  # this thread's new caches: float64
+            yield
     finally:
         with _ROUTING_LOCK:
             routing.users -= 1

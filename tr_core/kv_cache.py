@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from .invariant import storage_dtype
+
 
 def _used_part(buffer: str) -> property:
     """A view of the used part of the layer's `buffer`, cut when read; assigning a tensor replaces the buffer."""
@@ -32,10 +34,13 @@ class _BufferLayer(DynamicLayer):
     values = _used_part("_v")
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Empty buffers of the states' shape, in the dtype they are stored in (float64 in exact mode: invariant.py)."""
         self.device = key_states.device
         self.length = 0
-        self._k = key_states.new_empty(*key_states.shape[:2], 0, key_states.shape[3])
-        self._v = value_states.new_empty(*value_states.shape[:2], 0, value_states.shape[3])
+        self._k = key_states.new_empty(*key_states.shape[:2], 0, key_states.shape[3],
+                                       dtype=storage_dtype(key_states.dtype))
+        self._v = value_states.new_empty(*value_states.shape[:2], 0, value_states.shape[3],
+                                         dtype=storage_dtype(value_states.dtype))
         self.is_initialized = True
 
     def reserve(self, needed: int) -> None:
