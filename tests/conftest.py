@@ -63,6 +63,8 @@ ACROSS_ARCHITECTURES = {
     "test_greedy_recycling_is_lossless_with_every_row_count_routed_one_way",  # tests/test_kernels.py
     "test_ragged_batch_gives_each_answer_its_tokens_alone",  # tests/test_batch.py
     "test_seeded_sampling_in_a_batch_equals_alone",
+    "test_exact_mode_gives_plain_decodings_tokens_with_every_tree",  # tests/test_exact.py
+    "test_a_ragged_batch_in_bfloat16_gives_each_answer_plain_decodings_tokens",
 }
 
 

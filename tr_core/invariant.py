@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,63 +23,80 @@ import torch.nn.functional as F
 
 NAME = "tr_row_invariant"  # the attention implementation registered with transformers while exact mode runs
 RAGGED, PADDED = "ragged", "padded"  # chunks of any count up to width (one row as two), or padded to width
-CANDIDATES = ((RAGGED, 64), (RAGGED, 32), (RAGGED, 16), (PADDED, 32), (PADDED, 16), (PADDED, 8))
+MM, ONEDNN = "mm", "onednn"  # W @ c^T by torch.mm, or oneDNN on weights packed once (kernels.py supplies it)
+# tried in this order, the first row-invariant on every layer shape is used: oneDNN is the fastest tree product on
+# CPUs that have it; fixed widths (padded) are the batch-invariant fallback for BLAS whose rows depend on the count
+CANDIDATES = ((ONEDNN, RAGGED, 32), (MM, RAGGED, 64), (MM, RAGGED, 32), (MM, RAGGED, 16), (MM, PADDED, 32),
+              (MM, PADDED, 16), (MM, PADDED, 8))
+Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (chunk [n, d], weight [out, d]) -> [n, out]
 
 
 @dataclass(frozen=True)
 class Chunking:
-    """How exact mode multiplies: `kind` (RAGGED or PADDED) chunks of at most `width` rows."""
+    """How exact mode multiplies: `kind` (RAGGED or PADDED) chunks of at most `width` rows, by `product`."""
 
     kind: str
     width: int
+    product: str = MM
 
     def describe(self) -> str:
         how = "any count" if self.kind == RAGGED else "padded to"
-        return f"row-invariant products: chunks of {how} {self.width} rows (probed on this device)"
+        return f"row-invariant products: {self.product}, chunks of {how} {self.width} rows (probed on this device)"
+
+
+def mm_product(chunk: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.mm(weight, chunk.t()).t()
 
 
 def chunked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int,
-                   chunking: Chunking) -> torch.Tensor:
-    """F.linear of x [..., d] (`rows` rows) as (W @ c^T)^T over chunks c of the rows, each as `chunking` says."""
+                   chunking: Chunking, product: Product = mm_product) -> torch.Tensor:
+    """F.linear of x [..., d] (`rows` rows) by `product` over chunks of the rows, each as `chunking` says."""
     flat = x.reshape(rows, x.shape[-1])
-    outs = [_chunk_product(flat[i:i + chunking.width], weight, chunking) for i in range(0, rows, chunking.width)]
+    outs = [_chunk_product(flat[i:i + chunking.width], weight, chunking, product)
+            for i in range(0, rows, chunking.width)]
     out = outs[0].contiguous() if len(outs) == 1 else torch.cat(outs)
     if bias is not None:
         out = out + bias
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-def _chunk_product(chunk: torch.Tensor, weight: torch.Tensor, chunking: Chunking) -> torch.Tensor:
-    """W @ chunk^T, transposed back: one row as two (a one-column product takes the matrix-vector path), or
-    padded to the width."""
+def _chunk_product(chunk: torch.Tensor, weight: torch.Tensor, chunking: Chunking, product: Product) -> torch.Tensor:
+    """One chunk's product: one row as two (a one-row product takes the matrix-vector path), or padded to the
+    width."""
     n = chunk.shape[0]
     if chunking.kind == PADDED and n < chunking.width:
         chunk = torch.cat((chunk, chunk.new_zeros(chunking.width - n, chunk.shape[1])))
     elif n == 1:
-        chunk = chunk.expand(2, -1)
-    return torch.mm(weight, chunk.t()).t()[:n]
+        chunk = chunk.expand(2, -1) if product is mm_product else torch.cat((chunk, chunk))
+    return product(chunk, weight)[:n]
 
 
-def is_row_invariant(weight: torch.Tensor, chunking: Chunking, seed: int = 0) -> bool:
+def is_row_invariant(weight: torch.Tensor, chunking: Chunking, product: Product = mm_product, seed: int = 0) -> bool:
     """Whether every row of chunked products of several row counts (within and across chunks) has the bits of
-    that row multiplied alone, on random inputs of `weight`'s shape, dtype and device."""
+    that row multiplied alone, on random inputs of `weight`'s shape, dtype and device (False where it fails)."""
     w = chunking.width
     counts = sorted({1, 2, 3, 5, 8, w // 2 + 1, w - 1, w, w + 1, 2 * w + 3} - {0})
     g = torch.Generator(device="cpu").manual_seed(seed)
     x = torch.randn(max(counts), weight.shape[1], generator=g).to(weight.device, weight.dtype)
-    alone = torch.cat([chunked_linear(x[r:r + 1], weight, None, 1, chunking) for r in range(x.shape[0])])
-    return all(torch.equal(chunked_linear(x[:n], weight, None, n, chunking), alone[:n]) for n in counts)
+    try:
+        alone = torch.cat([chunked_linear(x[r:r + 1], weight, None, 1, chunking, product) for r in range(len(x))])
+        return all(torch.equal(chunked_linear(x[:n], weight, None, n, chunking, product), alone[:n]) for n in counts)
+    except (RuntimeError, NotImplementedError, AttributeError, TypeError):  # a product this build cannot run
+        return False
 
 
-def choose(weights: list[torch.Tensor]) -> Chunking | None:
-    """The cheapest chunking that is row-invariant on every distinct layer shape of `weights` (None: none is)."""
+def choose(weights: list[torch.Tensor], products: dict[str, Product] | None = None) -> Chunking | None:
+    """The first chunking of CANDIDATES, among `products` (default: torch.mm), that is row-invariant on every
+    distinct layer shape of `weights` (None: none is)."""
+    products = products or {MM: mm_product}
     shapes = {}
     for weight in weights:
-        shapes.setdefault((tuple(weight.shape), weight.dtype, weight.device), weight)
-    samples = [torch.zeros_like(w).normal_(0, 0.05) for w in shapes.values()]
-    for kind, width in CANDIDATES:
-        chunking = Chunking(kind, width)
-        if all(is_row_invariant(w, chunking) for w in samples):
+        shapes.setdefault((tuple(weight.shape), weight.stride(), weight.dtype, weight.device), weight)
+    samples = [torch.empty_strided(w.shape, w.stride(), dtype=w.dtype, device=w.device).normal_(0, 0.05)
+               for w in shapes.values()]
+    for name, kind, width in CANDIDATES:
+        chunking = Chunking(kind, width, name)
+        if name in products and all(is_row_invariant(w, chunking, products[name]) for w in samples):
             return chunking
     return None
 

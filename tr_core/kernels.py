@@ -164,6 +164,14 @@ def _routed_forward(layer: torch.nn.Linear, routes: tuple[int, ...], inner: Any,
     return F.linear(x, weight, layer.bias) if inner is None else inner(x)
 
 
+def onednn_chunk(chunk: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """chunk [n, d] @ weight^T through oneDNN's packed weight (exact mode's product where it is row-invariant)."""
+    return torch.ops.mkldnn._linear_pointwise(chunk, packed_weight(weight), None, "none", [], "")
+
+
+EXACT_PRODUCTS = {invariant.MM: invariant.mm_product, invariant.ONEDNN: onednn_chunk}
+
+
 def _exact_forward(layer: torch.nn.Module, chunking: invariant.Chunking, x: torch.Tensor) -> torch.Tensor:
     """x [..., d] through `layer` (nn.Linear, or transformers' Conv1D with its weight stored [in, out]) in
     row-invariant chunks."""
@@ -171,7 +179,7 @@ def _exact_forward(layer: torch.nn.Module, chunking: invariant.Chunking, x: torc
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if not rows:
         return F.linear(x, weight, layer.bias)
-    return invariant.chunked_linear(x, weight, layer.bias, rows, chunking)
+    return invariant.chunked_linear(x, weight, layer.bias, rows, chunking, EXACT_PRODUCTS[chunking.product])
 
 
 def exact_layers(model: Any) -> list[torch.nn.Module]:
@@ -182,7 +190,11 @@ def exact_layers(model: Any) -> list[torch.nn.Module]:
 def exact_plan(model: Any) -> LinearPlan | None:
     """A plan making every product of `model` row-invariant, probed on its layer shapes (None: no chunking is)."""
     layers = exact_layers(model)
-    chunking = invariant.choose([m.weight if isinstance(m, torch.nn.Linear) else m.weight.t() for m in layers])
+    weights = [m.weight if isinstance(m, torch.nn.Linear) else m.weight.t() for m in layers]
+    products = {invariant.MM: invariant.mm_product}
+    if all(w.device.type == "cpu" and w.is_contiguous() for w in weights) and not no_room_for_packs(model):
+        products[invariant.ONEDNN] = onednn_chunk  # packed once per weight (a Conv1D's transposed view is not)
+    chunking = invariant.choose(weights, products)
     if chunking is None:
         return None
     return LinearPlan(ways={}, limit=0, layers=len(layers), origin="exact", exact=chunking)
@@ -321,7 +333,7 @@ def plan_of(model: Any) -> LinearPlan | None:
 
 def set_plan(model: Any, plan: LinearPlan) -> None:
     """Keep `plan` for `model` (one plan per model, shared by every engine), routing its layers now if in use."""
-    if ONEDNN not in plan.ways.values():
+    if ONEDNN not in plan.ways.values() and (plan.exact is None or plan.exact.product != invariant.ONEDNN):
         drop_packs(model)
     layers = exact_layers(model) if plan.exact is not None else linear_layers(model)
     _PLANS[model] = dataclasses.replace(plan, ways=dict(plan.ways), layers=len(layers))

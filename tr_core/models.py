@@ -53,7 +53,7 @@ def check_device(device: str | torch.device | None) -> torch.device:
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on GPU, fp32 on CPU (CPU bf16 matmuls are slow and inexact)."""
+    """bf16 on GPU (exact mode keeps it token-identical: invariant.py), fp32 on CPU (many CPUs lack fast bf16)."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
