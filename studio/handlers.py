@@ -243,6 +243,13 @@ SLOT_ABANDONED = ("■ Stopped before decoding began: the model was still busy (
                   "speed measurement); nothing was changed.")
 
 
+def precision(engine: Any) -> dict[str, Any]:
+    """The dtype an engine computes in and whether it runs in exact mode (tr_core/invariant.py), for the trace."""
+    dtype = getattr(engine, "dtype", None)
+    return {"dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
+            "exact": getattr(engine, "exact", None)}
+
+
 def _error_text(studio: Studio, exc: BaseException) -> str:
     """A failure as the visitor sees it: public instances never echo server details."""
     if isinstance(exc, (InputError, ModelRefused, DecodeConfigError)):  # about the visitor's input, nothing else
@@ -275,8 +282,8 @@ def _answer(studio: Studio, s: Session, text: str, settings: ChatSettings, notes
     if probing:
         yield {"status": PROBING}
     twin = engine.fork() if settings.compare else None  # the state this answer starts from, for the measurement
-    trace = Trace(model=label(s.model), messages=messages, settings=dict(
-        dataclasses.asdict(cfg), k=settings.k, dtype=str(engine.dtype).removeprefix("torch."), exact=engine.exact))
+    trace = Trace(model=label(s.model), messages=messages, settings=dict(dataclasses.asdict(cfg), k=settings.k,
+                                                                         **precision(engine)))
     try:
         error = yield from stream_answer(studio, s, engine, ids, cfg, trace, settings, stop, conversation, pending,
                                          notes)

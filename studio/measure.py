@@ -10,6 +10,7 @@ from typing import Any
 
 from tr_core.config import DecodeConfig
 from tr_core.divergence import explain_at
+from tr_core.engine import Engine
 from tr_core.trace import Trace
 
 from . import zerogpu
@@ -72,7 +73,7 @@ def explained(est: SpeedEstimate, twin: Any, ids: list[int], trace: Trace) -> Sp
     parted = dict(est.parted)
     index, first, second = parted["index"], parted["first_token"], parted["second_token"]
     parted.update(first_text=twin.token_text(first), second_text=twin.token_text(second))
-    if not zerogpu.installed() and trace.summary is not None:
+    if not zerogpu.installed() and isinstance(twin, Engine) and trace.summary is not None:
         with DECODE_SLOT:
             why = explain_at(twin, list(ids) + trace.summary.tokens[:index], index, first, second)
         parted.update(why.as_data())
