@@ -121,17 +121,30 @@ def decoding_text(settings: dict[str, Any] | None) -> str:
 
 
 def greedy_text(dtype: Any, exact: Any) -> str:
-    """The greedy line: token for token plain decoding's answer in exact mode (or where the mode was not recorded),
-    else up to rounding (a tree forward rounds a little differently from a one-token forward)."""
+    """The greedy line (one line of the presentation view): token for token plain decoding's answer in exact mode
+    (or where the mode was not recorded), else up to rounding; `precision_note` says why, on hover."""
     if exact is False:
-        return f"Greedy decoding in {str(dtype)[:12]}: plain decoding's tokens, up to rounding at near ties"
-    mode = f" ({str(dtype)[:12]}, exact mode)" if exact is True else ""
-    return f"Greedy decoding{mode}: token for token what plain decoding gives"
+        return "Greedy decoding: plain decoding's tokens, up to rounding"
+    return "Greedy decoding: token for token what plain decoding gives"
+
+
+def precision_note(settings: dict[str, Any] | None) -> str:
+    """The dtype and mode an answer was computed in, and what that promises (the decoding line's hover text)."""
+    s = settings or {}
+    dtype, exact = str(s.get("dtype") or "")[:12], s.get("exact")
+    if exact is True:
+        return f"{dtype}, exact mode: every row of a tree forward rounds as a one-token forward, bit for bit"
+    if exact is False:
+        return (f"{dtype} without exact mode: a tree forward rounds a little differently from a one-token forward, "
+                "so at a near tie the best token can flip")
+    return ""
 
 
 def decoding_html(settings: dict[str, Any] | None) -> str:
     """The decoding mode line shown under the answer."""
-    return f'<div class="tr-decoding">{html.escape(decoding_text(settings))}</div>'
+    title = precision_note(settings)
+    title = f' title="{html.escape(title)}"' if title else ""
+    return f'<div class="tr-decoding"{title}>{html.escape(decoding_text(settings))}</div>'
 
 
 # ------------------------------------------------------------------------------------------------ race

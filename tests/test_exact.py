@@ -225,12 +225,16 @@ def test_the_studio_completes_a_parting_with_the_tokens_texts_and_scores():
 
 
 def test_the_decoding_line_promises_identical_tokens_only_in_exact_mode():
-    from studio.views import decoding_text
+    from studio.views import decoding_html, decoding_text
 
-    assert decoding_text({"temperature": 0.0, "dtype": "bfloat16", "exact": True}) == (
-        "Greedy decoding (bfloat16, exact mode): token for token what plain decoding gives")
-    assert "up to rounding" in decoding_text({"temperature": 0.0, "dtype": "float32", "exact": False})
+    exact = {"temperature": 0.0, "dtype": "bfloat16", "exact": True}
+    assert decoding_text(exact) == "Greedy decoding: token for token what plain decoding gives"
+    assert 'title="bfloat16, exact mode' in decoding_html(exact)
+    rounding = {"temperature": 0.0, "dtype": "float32", "exact": False}
+    assert decoding_text(rounding) == "Greedy decoding: plain decoding's tokens, up to rounding"
+    assert "float32 without exact mode" in decoding_html(rounding)
     assert decoding_text({"temperature": 0.0}) == "Greedy decoding: token for token what plain decoding gives"
+    assert "title" not in decoding_html({"temperature": 0.0})
 
 
 def test_caches_first_written_in_exact_mode_store_float64_and_others_their_dtype():
