@@ -28,6 +28,7 @@ from tr_core.bench.questions import load_questions, select_questions  # noqa: E4
 from tr_core.config import DecodeConfig  # noqa: E402
 from tr_core.divergence import explain  # noqa: E402
 from tr_core.engine import Engine  # noqa: E402
+from tr_core.invariant import LOW_PRECISION  # noqa: E402
 from tr_core.machine import describe as machine_name  # noqa: E402
 from tr_core.models import load_model  # noqa: E402
 
@@ -114,7 +115,7 @@ def main() -> None:
     torch.manual_seed(0)
     model, tokenizer = load_model(args.model, args.device, args.dtype)
     name = args.model or "embedded"
-    default_exact = model.dtype in (torch.bfloat16, torch.float16)
+    default_exact = model.dtype in LOW_PRECISION
     modes = [Mode("exact" if default_exact else "default", model, tokenizer, default_exact, name)]
     if not args.no_inexact and default_exact:
         modes.append(Mode("inexact (exact mode off)", model, tokenizer, False, name))

@@ -95,6 +95,7 @@ def test_the_probe_rejects_a_product_whose_rows_depend_on_the_count(monkeypatch)
         return real(chunk, weight, chunking, product) * (1 + 0.05 * (chunk.shape[0] > 2))
 
     monkeypatch.setattr(invariant, "_chunk_product", count_dependent)
+    monkeypatch.setattr(invariant, "_CHOSEN", {})  # probe afresh (and keep this probe's verdicts out of the others')
     weight = torch.randn(8, 8)
     assert not invariant.is_row_invariant(weight, invariant.Chunking(invariant.RAGGED, 8))
     assert invariant.choose([weight]) is None
@@ -248,3 +249,14 @@ def test_caches_first_written_in_exact_mode_store_float64_and_others_their_dtype
         keys, values = wide.update(k, k, 0)
     assert keys.dtype == values.dtype == torch.float64 and torch.equal(keys, k.double())
     assert TreeKVCache().update(k, k, 0)[0].dtype == torch.bfloat16
+
+
+def test_a_layout_is_probed_once_per_process(monkeypatch):
+    """The probe's verdict depends only on the layer layouts and products: a second engine of the same shapes, or
+    an explanation asking whether exact mode is available, does not probe again."""
+    monkeypatch.setattr(invariant, "_CHOSEN", {})
+    probes = []
+    real = invariant._probe
+    monkeypatch.setattr(invariant, "_probe", lambda *a: probes.append(1) or real(*a))
+    first = kernels.exact_plan(raw("llama", torch.bfloat16))
+    assert kernels.exact_plan(raw("llama", torch.bfloat16, seed=1)).exact == first.exact and len(probes) == 1

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from .invariant import LOW_PRECISION
 from .kv_cache import TreeKVCache
 
 # What would make the two agree: exact mode (row-invariant products, invariant.py), float32 where exact mode is
@@ -56,7 +57,7 @@ def explain_at(engine: Any, context: list[int], index: int, first_token: int, se
     """Two answers that agree up to `context` (the prompt and the common prefix, `index` tokens of answer) chose
     `first_token` and `second_token` next: one forward of the context scores both."""
     logits = engine.runner.prefill(list(context), TreeKVCache())[-1].float()
-    low = engine.dtype in (torch.bfloat16, torch.float16)
+    low = engine.dtype in LOW_PRECISION
     fix = UNKNOWN if engine.exact else EXACT_MODE if exact_available(engine) else FLOAT32 if low else UNKNOWN
     a, b = float(logits[first_token]), float(logits[second_token])
     return Divergence(index=index, first_token=first_token, second_token=second_token, first_logit=a, second_logit=b, gap=abs(a - b),

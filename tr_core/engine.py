@@ -26,6 +26,7 @@ from .cost import StepClock, sync
 from .drafters import Draft, DraftContext, Drafter, PlainDrafter, StaticTreeDrafter, StepResult
 from .engine_state import EngineState
 from .events import EVENT_DIGITS, StepEvent, SummaryEvent
+from .invariant import LOW_PRECISION
 from .kernels import installed, needs_tuning, use_exact
 from .decode_state import DecodeState, Drafted
 from .kv_cache import TreeKVCache
@@ -38,9 +39,6 @@ from .sampling import build_processors, choose_tokens, needs_prefix, node_prefix
 from .tree import DYNAMIC, HYBRID, HYBRID_FIXED, DraftTree, build_tree, resolve_template
 from .tuning import ensure_tuned
 from .verify import accept_tokens, path_to, verify_tree
-
-LOW_PRECISION = (torch.bfloat16, torch.float16)
-
 
 class Engine(EngineState):
     """A model, its tokenizer and what answers teach it (EngineState: the adjacency matrix, the drafters' learned

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+LOW_PRECISION = (torch.bfloat16, torch.float16)  # the dtypes exact mode is on in by default (near ties are common)
 NAME = "tr_row_invariant"  # the attention implementation registered with transformers while exact mode runs
 RAGGED, PADDED = "ragged", "padded"  # chunks of any count up to width (one row as two), or padded to width
 MM, ONEDNN = "mm", "onednn"  # W @ c^T by torch.mm, or oneDNN on weights packed once (kernels.py supplies it)
@@ -89,11 +90,19 @@ def choose(weights: list[torch.Tensor], products: dict[str, Product] | None = No
     """The first chunking of CANDIDATES, among `products` (default: torch.mm), that is row-invariant on every
     distinct layer shape of `weights` (None: none is)."""
     products = products or {MM: mm_product}
-    shapes = {}
-    for weight in weights:
-        shapes.setdefault((tuple(weight.shape), weight.stride(), weight.dtype, weight.device), weight)
-    samples = [torch.empty_strided(w.shape, w.stride(), dtype=w.dtype, device=w.device).normal_(0, 0.05)
-               for w in shapes.values()]
+    layouts = tuple(sorted({(tuple(w.shape), w.stride(), w.dtype, w.device) for w in weights}, key=str))
+    key = (layouts, tuple(sorted(products)))
+    if key not in _CHOSEN:  # the probe depends only on the layouts and products: once per process
+        _CHOSEN[key] = _probe(layouts, products)
+    return _CHOSEN[key]
+
+
+_CHOSEN: dict[tuple, Chunking | None] = {}
+
+
+def _probe(layouts: tuple, products: dict[str, Product]) -> Chunking | None:
+    samples = [torch.empty_strided(shape, stride, dtype=dtype, device=device).normal_(0, 0.05)
+               for shape, stride, dtype, device in layouts]
     for name, kind, width in CANDIDATES:
         chunking = Chunking(kind, width, name)
         if name in products and all(is_row_invariant(w, chunking, products[name]) for w in samples):

@@ -166,7 +166,7 @@ def _routed_forward(layer: torch.nn.Linear, routes: tuple[int, ...], inner: Any,
 
 def onednn_chunk(chunk: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """chunk [n, d] @ weight^T through oneDNN's packed weight (exact mode's product where it is row-invariant)."""
-    return torch.ops.mkldnn._linear_pointwise(chunk, packed_weight(weight), None, "none", [], "")
+    return onednn_linear(chunk, weight, None, chunk.shape[0])
 
 
 EXACT_PRODUCTS = {invariant.MM: invariant.mm_product, invariant.ONEDNN: onednn_chunk}
@@ -175,11 +175,16 @@ EXACT_PRODUCTS = {invariant.MM: invariant.mm_product, invariant.ONEDNN: onednn_c
 def _exact_forward(layer: torch.nn.Module, chunking: invariant.Chunking, x: torch.Tensor) -> torch.Tensor:
     """x [..., d] through `layer` (nn.Linear, or transformers' Conv1D with its weight stored [in, out]) in
     row-invariant chunks."""
-    weight = layer.weight if isinstance(layer, torch.nn.Linear) else layer.weight.t()
+    weight = linear_weight(layer)
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if not rows:
         return F.linear(x, weight, layer.bias)
     return invariant.chunked_linear(x, weight, layer.bias, rows, chunking, EXACT_PRODUCTS[chunking.product])
+
+
+def linear_weight(layer: torch.nn.Module) -> torch.Tensor:
+    """The layer's weight as F.linear takes it, [out, in] (a Conv1D stores it [in, out]: its transposed view)."""
+    return layer.weight if isinstance(layer, torch.nn.Linear) else layer.weight.t()
 
 
 def exact_layers(model: Any) -> list[torch.nn.Module]:
@@ -190,7 +195,7 @@ def exact_layers(model: Any) -> list[torch.nn.Module]:
 def exact_plan(model: Any) -> LinearPlan | None:
     """A plan making every product of `model` row-invariant, probed on its layer shapes (None: no chunking is)."""
     layers = exact_layers(model)
-    weights = [m.weight if isinstance(m, torch.nn.Linear) else m.weight.t() for m in layers]
+    weights = [linear_weight(m) for m in layers]
     products = {invariant.MM: invariant.mm_product}
     if all(w.device.type == "cpu" and w.is_contiguous() for w in weights) and not no_room_for_packs(model):
         products[invariant.ONEDNN] = onednn_chunk  # packed once per weight (a Conv1D's transposed view is not)
