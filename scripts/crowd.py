@@ -91,17 +91,19 @@ def visitor(url: str, question: str, tokens: int, template: str, go: threading.E
     go.wait()
     start = time.monotonic()
     job = client.submit(question, tokens, 0.0, 1.0, 0, 0, template, False, 8, 0.0, False, 1.0, api_name="/chat")
-    first, queued, shown = None, False, False
+    first, queued, shown, read = None, False, False, 0
     while not job.done():
         status, outputs = job.status(), job.outputs()
         if status.code == Status.QUEUE_FULL:
             out.update(error="refused: the queue is full")
         if status.code == Status.IN_QUEUE:
             queued, shown = True, shown or status.rank is not None
-        if outputs and any(PLACE in str(part) for part in outputs[-1]):
-            queued = shown = True
-        if first is None and outputs and answer_of(outputs[-1]):
-            first = time.monotonic() - start
+        for update in outputs[read:]:  # each update read once: the client stands in for a visitor's own machine
+            if any(PLACE in part for part in update if isinstance(part, str)):
+                queued = shown = True
+            if first is None and answer_of(update):
+                first = time.monotonic() - start
+        read = len(outputs)
         time.sleep(0.05)
     try:
         result = job.result()

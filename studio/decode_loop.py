@@ -36,7 +36,9 @@ def rows_setting() -> int:
 
 ROWS = rows_setting()  # answers per shared forward; the rest wait for a row, in the order they came
 IDLE_S = 0.5  # how often an idle loop looks for answers whose visitor left while waiting
-ADMIT_S = 2.0  # prefill time a loop turn spends on joining answers before the rows already decoding step again
+# prefill time a loop turn spends on joining answers before the rows already decoding step again (4 s: the
+# crowd's last first text came about 0.4 s sooner than at 2 s, scripts/crowd.py, 2026-12-06)
+ADMIT_S = 4.0
 HANDOFF_S = 0.002  # a pause after each step without the slot, so set-up and measurements waiting for it get it
 
 

@@ -171,3 +171,30 @@ def test_joining_answers_take_their_first_step_without_a_forward_and_keep_their_
     while batch:
         done.update((k, ev.tokens) for k, ev in batch.step() if isinstance(ev, SummaryEvent))
     assert [done[k] for k in keys] == alone(model, prompts, cfg)
+
+
+def test_answers_joining_one_by_one_fill_spare_rows_without_copying_the_batch():
+    """The batch's cache grows by ROW_GROWTH rows at once: answers joining one by one use spare rows in place
+    (each join used to copy every row's cache); the last row leaving is not copied either, and its row is reused
+    by the next answer (its old entries masked). Every answer keeps its tokens alone."""
+    from tr_core.kv_cache import ROW_GROWTH
+
+    model = tiny_model("llama")
+    prompts, cfg = ragged_prompts(5, seed=11), DecodeConfig(max_new_tokens=16, template="hybrid")
+    base, batch, done = Engine(model, TinyTokenizer(TINY_VOCAB)), Batch(max_rows=8), {}
+    keys = [batch.add(base.fork(), prompts[0], cfg)]
+    buffer = batch.cache.layers[0]._k
+    keys += [batch.add(base.fork(), p, cfg) for p in prompts[1:3]]
+    assert batch.cache.layers[0]._k is buffer and buffer.shape[0] == ROW_GROWTH
+    assert batch.cache.layers[0].keys.shape[0] == 3
+    for step in range(200):
+        if step == 3:
+            done[keys[2]] = batch.cancel(keys[2]).tokens  # the last row leaves: kept in place, not copied
+            assert batch.cache.layers[0]._k is buffer and batch.cache.layers[0].keys.shape[0] == 2
+            keys += [batch.add(base.fork(), p, cfg) for p in prompts[3:]]  # the first reuses the row left
+        done.update((k, ev.tokens) for k, ev in batch.step() if isinstance(ev, SummaryEvent))
+        if not batch:
+            break
+    full = alone(model, prompts, cfg)
+    assert [done[k] for k in keys[:2] + keys[3:]] == full[:2] + full[3:]
+    assert full[2][: len(done[keys[2]])] == done[keys[2]]

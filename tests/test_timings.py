@@ -44,3 +44,28 @@ def test_the_probe_retimes_a_disturbed_size_a_bounded_number_of_times(monkeypatc
         assert len(calls) == 2 and curve.steady  # [20, 50, 20, 20]: the median is 20 again
     else:
         assert len(calls) == 1 + cost_mod.MAX_RETIMES and not curve.steady and curve.spread == pytest.approx(1.5)
+
+
+def test_a_models_forwards_are_probed_once_for_all_its_engines(monkeypatch):
+    """A crowd's sessions are engines of one model: the first probe's times serve the rest (no forward timed
+    again while others wait), unless the products run another way (`variant`) or the size budget differs."""
+    calls: list[list[int]] = []
+
+    def fake(runner, context, sizes, repeats=2, warmup=1):
+        calls.append(list(sizes))
+        return {n: [10.0 * n] * repeats for n in sizes}
+
+    monkeypatch.setattr(cost_mod, "measure_forward_costs", fake)
+    model = tiny_model("llama")
+    runners = [Engine(model, TinyTokenizer(TINY_VOCAB), tune_kernels=False).runner for _ in range(3)]
+    curves = [ForwardCost() for _ in range(3)]
+    for runner, curve in zip(runners, curves):
+        curve.probe_once(runner, [3, 4, 5], max_tokens=4)
+    assert calls == [[1, 2, 3, 4]]
+    assert all(c.measured and c.ms == curves[0].ms for c in curves)
+    ForwardCost().probe_once(runners[0], [3, 4, 5], max_tokens=4, variant=True)  # exact mode's products
+    ForwardCost().probe_once(runners[0], [3, 4, 5], max_tokens=8)
+    assert len(calls) == 3
+    other = Engine(tiny_model("qwen2"), TinyTokenizer(TINY_VOCAB), tune_kernels=False).runner
+    ForwardCost().probe_once(other, [3, 4, 5], max_tokens=4)
+    assert len(calls) == 4

@@ -13,7 +13,7 @@ from .cost import ForwardCost
 from .drafters import Draft, DraftContext, Drafter, NoDraft, StepResult
 from .growth import (DRAFTED, GROWN, GrownTree, ancestor_mask, grow_lists, grow_on_device, grown_tensors, host_draft,
                      root_alone)
-from .kernels import timed_costs
+from .kernels import plan_of, timed_costs
 from .matrix import AdjacencyMatrix
 from .tree import ADAPTIVE, SIZED_BY_COST
 from .trust import HindsightTrust, size_class
@@ -106,7 +106,8 @@ class AdaptiveDrafter(Drafter):
         return sized_by_cost(cfg) and not self.cost.measured
 
     def begin(self, ctx: DraftContext) -> None:
-        """Take the answer's settings; time this device's forwards once (the kernel tuning's timings reused)."""
+        """Take the answer's settings; time this device's forwards once per model (the kernel tuning's timings
+        reused)."""
         cfg = ctx.cfg
         self.pending, self.grown, self.host_tree = None, None, None
         self.trust.start_answer()
@@ -115,8 +116,9 @@ class AdaptiveDrafter(Drafter):
         self.matrix_depth = cfg.max_depth
         self.sized_by_cost = sized_by_cost(cfg)
         if self.times_forwards(cfg):
-            self.cost.probe(ctx.runner, ctx.prompt, max_tokens=cfg.node_budget + 1,
-                            known=timed_costs(ctx.runner.model))
+            plan = plan_of(ctx.runner.model)
+            self.cost.probe_once(ctx.runner, ctx.prompt, max_tokens=cfg.node_budget + 1,
+                                 known=timed_costs(ctx.runner.model), variant=plan is not None and plan.exact is not None)
         self.next_size = 0  # an answer's first step verifies the root alone (docs/cpu-policy.md)
 
     def draft(self, root: torch.Tensor, matrix: AdjacencyMatrix) -> Draft:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import time
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -145,8 +146,9 @@ class ForwardCost:
         self.measured = True
 
     def probe(self, runner: ModelRunner, context: list[int], max_tokens: int,
-              known: dict[int, float] | None = None) -> None:
-        """Measure the grid up to `max_tokens`, timing only sizes not in `known` (ms, e.g. kernels.timed_costs)."""
+              known: dict[int, float] | None = None) -> dict[int, list[float]]:
+        """Measure the grid up to `max_tokens`, timing only sizes not in `known` (ms, e.g. kernels.timed_costs);
+        returns the times taken."""
         known = {n: ms for n, ms in (known or {}).items() if n in COST_GRID and n <= max(max_tokens, 1)}
         sizes = [n for n in COST_GRID if n <= max(max_tokens, 1) and n not in known]
         context, sizes = timing_context(runner, context, sizes)
@@ -157,7 +159,23 @@ class ForwardCost:
                 break
             for n, more in measure_forward_costs(runner, context, shaky, warmup=0).items():
                 times[n] += more
-        self.set_measured({**{n: [ms] for n, ms in known.items()}, **times}, max_tokens)
+        times = {**{n: [ms] for n, ms in known.items()}, **times}
+        self.set_measured(times, max_tokens)
+        return times
+
+    def probe_once(self, runner: ModelRunner, context: list[int], max_tokens: int,
+                   known: dict[int, float] | None = None, variant: Any = None) -> None:
+        """`probe`, or the times of an earlier probe of the same model, `max_tokens`, `known` and `variant` (how its
+        products run): a device's forward costs are the model's, and a crowd's sessions each need them."""
+        key = (max_tokens, variant, tuple(sorted((known or {}).items())))
+        times = _PROBED.get(runner.model, {}).get(key)
+        if times is None:
+            _PROBED.setdefault(runner.model, {})[key] = self.probe(runner, context, max_tokens, known)
+        else:
+            self.set_measured(times, max_tokens)
+
+
+_PROBED: "weakref.WeakKeyDictionary[Any, dict[tuple, dict[int, list[float]]]]" = weakref.WeakKeyDictionary()
 
 
 class StepClock:

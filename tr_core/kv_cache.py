@@ -8,28 +8,33 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from .invariant import storage_dtype
 
+ROW_GROWTH = 8  # spare rows a batch's cache gains when an answer joins a full buffer
+
 
 def _used_part(buffer: str) -> property:
     """A view of the used part of the layer's `buffer`, cut when read; assigning a tensor replaces the buffer."""
 
     def get(layer: "_BufferLayer") -> torch.Tensor | None:
         data = getattr(layer, buffer)
-        return None if data is None else data[:, :, : layer.length]
+        return None if data is None else data[: layer.rows, :, : layer.length]
 
     def put(layer: "_BufferLayer", value: torch.Tensor | None) -> None:
         setattr(layer, buffer, value)
         layer.length = 0 if value is None else value.shape[2]
+        layer.rows = None
 
     return property(get, put)
 
 
 class _BufferLayer(DynamicLayer):
-    """One layer's keys and values in a growing buffer [B, H, capacity, D]; `length` is the truth and
-    `keys`/`values` are views cut when read (so compaction only sets `length`)."""
+    """One layer's keys and values in a growing buffer [row capacity, H, capacity, D]; `length` and `rows` are the
+    truth and `keys`/`values` are views cut when read (so compaction only sets `length`). `rows` is None for an
+    answer's own cache (every row of the buffer); a batch's buffer keeps spare rows, zero, for answers joining."""
 
     _k: torch.Tensor | None = None
     _v: torch.Tensor | None = None
     length = 0
+    rows: int | None = None
     keys = _used_part("_k")
     values = _used_part("_v")
 
@@ -60,8 +65,8 @@ class _BufferLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[2]
         self.reserve(self.length + n)
-        self._k[:, :, self.length : self.length + n].copy_(key_states)
-        self._v[:, :, self.length : self.length + n].copy_(value_states)
+        self._k[: self.rows, :, self.length : self.length + n].copy_(key_states)
+        self._v[: self.rows, :, self.length : self.length + n].copy_(value_states)
         self.length += n
         return self.keys, self.values
 
@@ -81,20 +86,31 @@ class _BufferLayer(DynamicLayer):
             self.length = 0
 
     def add_row(self, own: "_BufferLayer", rows: int) -> None:
-        """Put the one row of an answer's own layer `own` after this layer's first `rows` rows (BatchKVCache); the
-        buffer grows to hold it, keeping every slot of the rows before (their lengths are the batch's, not `length`)."""
+        """Put the one row of an answer's own layer `own` after this layer's first `rows` rows (BatchKVCache). A
+        spare row is used when there is one and it is long enough; else the buffer grows by ROW_GROWTH rows at once
+        (answers joining one by one would otherwise copy the whole batch's cache each), keeping every slot of the
+        rows before (their lengths are the batch's, not `length`). Every slot stays finite (masked ones too)."""
         if not self.is_initialized:
             self.lazy_initialization(own.keys[:, :, :0], own.values[:, :, :0])
+        spare, long_enough = self._k.shape[0] > rows, self._k.shape[2] >= own.length
         for name, part in (("_k", own.keys), ("_v", own.values)):
-            old = getattr(self, name)
-            grown = old.new_zeros(rows + 1, old.shape[1], max(old.shape[2], own.length, 256), old.shape[3])
-            grown[:rows, :, : old.shape[2]] = old[:rows]
-            grown[rows, :, : own.length] = part[0]
-            setattr(self, name, grown)
+            buffer = getattr(self, name)
+            if not (spare and long_enough):
+                old = buffer
+                buffer = old.new_zeros(max(old.shape[0], rows + ROW_GROWTH), old.shape[1],
+                                       max(old.shape[2], own.length, 256), old.shape[3])
+                buffer[:rows, :, : old.shape[2]] = old[:rows]
+                setattr(self, name, buffer)
+            buffer[rows, :, : own.length] = part[0]
+        self.rows = rows + 1
 
     def select_rows(self, index: torch.Tensor) -> None:
-        """Keep the rows `index` (in that order)."""
-        self._k, self._v = self._k.index_select(0, index), self._v.index_select(0, index)
+        """Keep the rows `index` (in that order); the first rows kept in place are not copied."""
+        if torch.equal(index, torch.arange(len(index), device=index.device)):
+            self.rows = len(index)
+            return
+        self._k, self._v = self._k[: self.rows].index_select(0, index), self._v[: self.rows].index_select(0, index)
+        self.rows = len(index)
 
     def move_row(self, row: int, start: int, src: torch.Tensor) -> None:
         """Row `row`'s entries src[i] move to start + i."""
