@@ -66,18 +66,26 @@ def stream_answer(studio: Studio, s: Session, engine: Any, ids: list[int], cfg: 
                 before = tracker.update(ev)  # the last step's story compares its rows with these
             last = trace.steps[-1]
             shown = coloured_answer(trace, colour=settings.colour)
-            yield {"chat": pending[:-1] + [{"role": "assistant", "content": shown + " ▌"}],
-                   "tree": tree_figure(last, text_of), "heat": heatmap_figure(tracker, last, text_of),
-                   "story": step_story_view(last, text_of, before), "cost": cost_html(last, curve, trace),
-                   "microscope": microscope_html(trace, last.step), "decoding": decoding_html(trace.settings),
-                   "chart": accepted_chart_explained(trace.steps), "meter": live_meter(trace, settings.compare),
-                   "status": note_md or f"Step {last.step + 1} · {sum(len(e.emitted) for e in trace.steps)} tokens"}
+            view = {"chat": pending[:-1] + [{"role": "assistant", "content": shown + " ▌"}],
+                    "status": note_md or f"Step {last.step + 1} · {sum(len(e.emitted) for e in trace.steps)} tokens"}
+            if len(trace.steps) > len(new_steps) or crowd() <= 1 or settings.delay > 0:  # in a crowd, the first
+                view |= live_figures(trace, last, text_of, tracker, before, curve, settings)  # text goes alone
+            yield view
     except Exception as exc:  # noqa: BLE001 - shown in the page; the session goes on
         traceback.print_exception(exc)
         return exc
     finally:
         live.close()  # the decode belongs to this request: stop the engine thread and join it
     return None
+
+
+def live_figures(trace: Trace, last: StepEvent, text_of: Any, tracker: MatrixTracker, before: Any, curve: Any,
+                 settings: ChatSettings) -> dict:
+    """The live figures of an answer's latest step: tree, matrix window, story, cost, microscope, chart, meter."""
+    return {"tree": tree_figure(last, text_of), "heat": heatmap_figure(tracker, last, text_of),
+            "story": step_story_view(last, text_of, before), "cost": cost_html(last, curve, trace),
+            "microscope": microscope_html(trace, last.step), "decoding": decoding_html(trace.settings),
+            "chart": accepted_chart_explained(trace.steps), "meter": live_meter(trace, settings.compare)}
 
 
 def answer_engine(studio: Studio, s: Session, engine: Any, settings: ChatSettings) -> Any:
