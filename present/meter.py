@@ -22,6 +22,7 @@ class MeterView:
     exact: bool | None = None  # Token Recycling ran in exact mode (row-invariant products)
     parted: dict | None = None  # where the outputs parted (trace_schema PARTED), when they did
     note: str = ""  # one line under the figures: where the numbers come from, or why there is no ratio
+    machine: str | None = None  # the machine the speeds were timed on ("": not recorded; None: no figures yet)
 
 
 PARITY = 0.05  # ratios within 5% of 1 (or whose error bar crosses 1) are shown as parity, not as a speedup
@@ -99,6 +100,14 @@ def parting_text(p: dict) -> str:
     return f"{line}; {fix}" if fix else line
 
 
+def machine_line(machine: str | None) -> str:
+    """The machine the meter's speeds were timed on, under its figures ("" before there are any)."""
+    if machine is None:
+        return ""
+    text = f"timed on {machine}" if machine else "the machine these speeds were timed on was not recorded"
+    return f'<div class="tr-machine" id="tr-machine">{html.escape(text)}</div>'
+
+
 def meter_html(v: MeterView) -> str:
     """The speedup meter as HTML: the ratio with its uncertainty (or why none), both speeds, mean accepted."""
     def num(x: float | None, fmt: str = "{:.1f}") -> str:
@@ -110,6 +119,7 @@ def meter_html(v: MeterView) -> str:
     flag = identity_flag(v)
     live = ' <span class="tr-live">live</span>' if v.state == "live" else ""
     note = f'<div class="tr-note" title="{html.escape(v.note)}">{html.escape(v.note)}</div>' if v.note else ""
+    note = machine_line(v.machine) + note
     return (
         f'<div class="tr-meter tr-meter-{cls}" id="tr-meter" data-state="{html.escape(v.state)}">'
         f'<div class="tr-big"><span class="tr-ratio tr-ratio-{cls}" id="tr-ratio">{html.escape(ratio_text)}</span>'

@@ -159,6 +159,8 @@ def plain_pace(trace: Trace, tr_ms: float, tokens: int) -> tuple[float, str]:
     ratio, error = float(speed["ratio"]), float(speed.get("error") or 0.0)
     over = speed.get("tokens") or 0
     scope = f" over the first {over} of {tokens} tokens" if 0 < over < tokens else ""
+    machine = str(trace.settings.get("machine") or "")
+    scope += f", on {machine}" if machine else ""
     return (tr_ms * ratio / tokens,
             f"Plain decoding's per-token times are not recorded: it is paced evenly, scaled so that its time "
             f"is {ratio:.2f}× Token Recycling's, the speedup the speed meter measured ({ratio:.2f}× ± {error:.2f}, "

@@ -79,7 +79,9 @@ def summary_line(trace: Trace) -> str:
              f"{n} tokens in {steps} steps ({n / max(steps, 1):.2f} per step)"]
     speed = trace.speed or {}
     if speed.get("trusted") and speed.get("ratio") is not None:
-        parts.append(f"measured {speed['ratio']:.2f}× ± {speed.get('error') or 0.0:.2f} vs plain decoding")
+        machine = trace.settings.get("machine")
+        parts.append(f"measured {speed['ratio']:.2f}× ± {speed.get('error') or 0.0:.2f} vs plain decoding"
+                     + (f" on {machine}" if machine else " (machine not recorded)"))
     if trace.identical or speed.get("identical"):
         parts.append("✓ token-identical to plain decoding")
     elif speed.get("identical") is False:

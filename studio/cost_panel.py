@@ -110,8 +110,9 @@ def no_draft_text(ev: StepEvent) -> str:
     return f"This step drafted nothing: {reason.rstrip('.')}." if reason else "This step drafted nothing."
 
 
-def cost_text(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None) -> tuple[str, str]:
-    """(what the step cost against what it gained, its colour class up/par/down/none); see the section's comment."""
+def cost_text(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None, machine: str = "") -> tuple[str, str]:
+    """(what the step cost against what it gained, its colour class up/par/down/none); see the section's comment.
+    `machine`: the one the answer was timed on, named beside the estimate ("": "this machine")."""
     n, gained = len(ev.tokens), len(ev.emitted)
     if n <= 1:
         return (f"{no_draft_text(ev)} One one-token forward gained {_tokens(gained)}: plain decoding's own pace.",
@@ -127,7 +128,7 @@ def cost_text(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None)
         cost = (f"a step of that size cost {c:.2f}× a plain decoding step, as the meter timed this answer")
         tail = "This step alone; the meter's figure is for the whole answer."
     else:
-        cost = f"on this machine that costs {c:.2f}× {curve.unit}"
+        cost = f"on {machine or 'this machine'} that costs {c:.2f}× {curve.unit}"
         tail = "An estimate for this step alone, from the cost curve; the measured figure is the meter's, for the whole answer."
     return (f"This step verified {n} tokens in one forward (the last token and {n - 1} drafted): {cost}. It gained "
             f"{_tokens(gained)}, so this step ran at {gained} ÷ {c:.2f} = {speed_x:.2f}× plain speed. {tail}",
@@ -243,7 +244,7 @@ def cost_html(ev: StepEvent | None, curve: CostCurve | None, trace: Trace | None
     if ev is None:
         return f'<div class="tr-cost tr-cost-none">{html.escape(COST_PLACEHOLDER)}</div>'
     speed = trace.speed if trace is not None else None
-    main, cls = cost_text(ev, curve, speed)
+    main, cls = cost_text(ev, curve, speed, str(trace.settings.get("machine") or "") if trace is not None else "")
     rule = formula_text(trace.steps if trace is not None else [], curve, speed)  # no trace: the bare formula
     return (f'<div class="tr-cost tr-cost-{cls}"><div class="tr-cost-full"><span class="tr-cost-head">'
             f'Cost of this step:</span> {html.escape(main)}<div class="tr-cost-rule">{html.escape(rule)}</div></div>'

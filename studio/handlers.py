@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from tr_core.config import DecodeConfig, DecodeConfigError
+from tr_core.machine import speed_label
 from tr_core.trace import Trace
 
 from . import zerogpu
@@ -244,10 +245,12 @@ SLOT_ABANDONED = ("■ Stopped before decoding began: the model was still busy (
 
 
 def precision(engine: Any) -> dict[str, Any]:
-    """The dtype an engine computes in and whether it runs in exact mode (tr_core/invariant.py), for the trace."""
+    """The dtype an engine computes in, whether it runs in exact mode (tr_core/invariant.py) and the machine its
+    speeds are timed on, for the trace (the page names it beside every speed figure)."""
     dtype = getattr(engine, "dtype", None)
+    where = zerogpu.LABEL if zerogpu.installed() else speed_label(getattr(engine, "device", None))
     return {"dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
-            "exact": getattr(engine, "exact", None)}
+            "exact": getattr(engine, "exact", None), "machine": where}
 
 
 def _error_text(studio: Studio, exc: BaseException) -> str:

@@ -19,8 +19,8 @@ from .decode_loop import crowd
 from .meter import MAX_PASSES, SpeedEstimate, answer_sizes, interleave
 from .session import DECODE_SLOT, Session, Studio, take_slot
 from .settings import ChatSettings
-from .views import (RENDER_EVERY_S, best_step, cost_html, coverage_note, done_status, left_out_note, measured_meter,
-                    race_html)
+from .views import (RENDER_EVERY_S, best_step, cost_html, coverage_note, done_status, left_out_note, machine_of,
+                    measured_meter, race_html)
 
 
 CROWD_STOP = "other visitors' answers started, so the measurement stopped to leave them the machine"
@@ -43,7 +43,7 @@ def measure_speed(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: De
                     DECODE_SLOT.release()
             if not more:
                 break
-            yield {"meter": measured_meter(est, done=False, answer_mean=answer_mean),
+            yield {"meter": measured_meter(est, done=False, answer_mean=answer_mean, machine=machine_of(trace)),
                    "status": measuring_status(est, trace.summary.new_tokens)}
     finally:
         rounds.close()
@@ -56,7 +56,8 @@ def measure_speed(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: De
         notes.append("⚠ Token Recycling and plain decoding produced different tokens in exact mode.")
     trace.speed = dataclasses.asdict(est)
     note = measure_note(est, trace.summary.new_tokens, stopped=stop.is_set())
-    view = {"meter": measured_meter(est, note=note, answer_mean=answer_mean, answer_tokens=trace.summary.new_tokens),
+    view = {"meter": measured_meter(est, note=note, answer_mean=answer_mean, answer_tokens=trace.summary.new_tokens,
+                                    machine=machine_of(trace)),
             "status": done_status(notes, trace),
             "race": race_html(trace), "trace_file": str(trace.save(s.files() / "trace.json")),
             # the cost panel's estimate follows the meter: withheld once it says "too noisy"

@@ -217,7 +217,13 @@ def live_meter(trace: Trace, measured_after: bool = True) -> str:
     ms = sum(e.timings.get("total", 0.0) for e in trace.steps)
     n = sum(len(e.emitted) for e in trace.steps)
     return meter_html(MeterView(state="live" if measured_after else "live-off", tr_tps=n / ms * 1000 if ms else None,
-                                mean_accepted=n / max(len(trace.steps), 1), note="engine-timed, UI excluded"))
+                                mean_accepted=n / max(len(trace.steps), 1), note="engine-timed, UI excluded",
+                                machine=machine_of(trace)))
+
+
+def machine_of(trace: Trace | None) -> str:
+    """The machine a trace's speeds were timed on ("" for a trace recorded before the studio kept it)."""
+    return str((trace.settings if trace is not None else {}).get("machine") or "")
 
 
 def coverage_note(covered: int, total: int, why: str = "") -> str:
@@ -247,7 +253,7 @@ def measured_span(est: SpeedEstimate, answer_tokens: int | None) -> str:
 
 
 def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer_mean: float | None = None,
-                   answer_tokens: int | None = None) -> str:
+                   answer_tokens: int | None = None, machine: str = "") -> str:
     """The meter from an interleaved measurement: a ratio ± error, or 'too noisy to measure' and why.
 
     `answer_mean`: the answer's own mean accepted tokens per step, shown instead of the measured chunks' (which
@@ -258,7 +264,7 @@ def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer
     if not done:
         return meter_html(MeterView(state="measuring", tr_tps=est.tr_tps, plain_tps=est.plain_tps,
                                     mean_accepted=est.mean_accepted, identical=est.identical, exact=est.exact,
-                                    parted=est.parted,
+                                    parted=est.parted, machine=machine,
                                     note=f"timing both methods in turns over the same tokens… {est.covered} so far"
                                     + (f" (pass {est.passes})" if est.passes > 1 else "")))
     state = "measured" if est.trusted else "noisy"
@@ -273,7 +279,7 @@ def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer
     return meter_html(MeterView(state=state, tr_tps=est.tr_tps, plain_tps=est.plain_tps if est.trusted else None,
                                 mean_accepted=est.mean_accepted, ratio=est.ratio if est.trusted else None,
                                 error=est.error, identical=est.identical, exact=est.exact, parted=est.parted,
-                                note="; ".join(x for x in (why, note) if x)))
+                                machine=machine, note="; ".join(x for x in (why, note) if x)))
 
 
 MEASURE_HINT = "turn on “Measure the speedup” in the decoding settings to measure it"
@@ -299,14 +305,16 @@ def trace_meter(trace: Trace, note: str = MEASURE_HINT, loaded: bool = False) ->
             notes.append(coverage_note(est.covered, total))
         notes.append(left_out_note(est.left_out))
         return measured_meter(est, note="; ".join(n for n in notes if n), answer_tokens=total,
-                              answer_mean=trace.summary.mean_accepted if trace.summary else None)
+                              answer_mean=trace.summary.mean_accepted if trace.summary else None,
+                              machine=machine_of(trace))
     s = trace.summary
     if loaded:
         note = "no speed measurement is recorded in this trace"
     if trace.plain is not None:  # an older trace, timed one method after the other: its ratio is not trusted
         note = "this trace was timed one method after the other (older studio): no ratio is shown"
     return meter_html(MeterView(state="off", tr_tps=s.tokens_per_s if s else None,
-                                mean_accepted=s.mean_accepted if s else None, identical=trace.identical, note=note))
+                                mean_accepted=s.mean_accepted if s else None, identical=trace.identical, note=note,
+                                machine=machine_of(trace) if s else None))
 
 
 def matrix_info(engine: Any, k: int) -> str:

@@ -24,6 +24,7 @@ ZEROGPU_ENV = "SPACES_ZERO_GPU"  # set by Hugging Face on ZeroGPU Spaces
 MAX_DURATION_ENV = "TR_ZEROGPU_MAX_S"  # the longest GPU call this Space's quota allows (operator setting)
 DEFAULT_MAX_S = 120  # the longest `duration` asked for by default: longer asks are refused by small quotas
 SETUP_S = 15  # a call's time beyond its decoding: the worker's start, moving the model, the matrix both ways
+LABEL = "a ZeroGPU GPU (Hugging Face Spaces, shared)"  # the machine named beside speeds timed in GPU calls
 TOKEN_S = 0.1  # seconds a token may take in a GPU call (10 tokens/s: plain decoding of a large model on a slow GPU)
 MIN_DECODE_S = 10.0  # the shortest decoding time asked for (short answers still pay the call's start-up)
 DRAIN_S = 10.0  # after a Stop, how long the worker may take to finish its step and send the matrix back

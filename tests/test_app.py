@@ -543,7 +543,9 @@ def test_the_cost_panel_puts_the_measured_cost_beside_the_gain_or_says_it_was_no
     cost.set_measured({1: [10.0], 2: [15.0], 3: [20.0], 4: [25.0]}, max_tokens=4)
     session.engine.adaptive = SimpleNamespace(cost=cost)
     shown = traces.replay(session, 2, True)["cost"]
-    assert ("This step verified 3 tokens in one forward (the last token and 2 drafted): on this machine that costs "
+    from tr_core.machine import speed_label
+
+    assert (f"This step verified 3 tokens in one forward (the last token and 2 drafted): on {speed_label()} that costs "
             "2.00× a one-token forward. It gained 2 tokens, so this step ran at 2 ÷ 2.00 = 1.00× plain speed.") in shown
     assert "tr-cost-par" in shown and "Speedup ≈ tokens per step (accepted drafts + the bonus) ÷ t(N)/t(1)" in shown
     brief = "Cost: 2 drafted + the last token in one forward = 2.00× one token's; gained 2 → this step alone ≈ 2 ÷ 2.00 = 1.00× plain speed (estimate)"

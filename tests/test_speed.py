@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import html
 import random
 import threading
 import time
@@ -738,3 +739,31 @@ def test_the_trace_schema_knows_every_field_of_a_speed_record():
     from tr_core.trace import SPEED_KEYS
 
     assert SPEED_KEYS == {f.name for f in fields(SpeedEstimate)}
+
+
+def test_every_speed_figure_names_the_machine_it_was_timed_on(monkeypatch):
+    """The meter (live, measured, recorded), the race's caption, the replay's summary and the cost panel's estimate
+    name the machine the answer's speeds were timed on, from the trace; an older trace says it was not recorded."""
+    from present.meter import MeterView, meter_html
+    from present.race import plain_pace
+    from present.replay import summary_line
+    from studio import zerogpu
+    from studio.cost_panel import cost_html
+    from studio.handlers import precision
+    from studio.views import live_meter, trace_meter
+    from tr_core.machine import cpu_name, speed_label
+
+    engine = Engine(tiny_model("llama"), TinyTokenizer(64), tune_kernels=False)
+    where = precision(engine)["machine"]
+    assert where == speed_label("cpu") and cpu_name() in where and f"{torch.get_num_threads()} thread" in where
+    monkeypatch.setattr(zerogpu, "installed", lambda: True)
+    assert precision(engine)["machine"] == zerogpu.LABEL
+    trace = story_trace(trusted())
+    trace.settings["machine"] = "Test CPU 9000, 2 threads"
+    for shown in (live_meter(trace), trace_meter(trace), trace_meter(trace, loaded=True),
+                  cost_html(trace.steps[-1], linear_curve(), trace), plain_pace(trace, 100.0, 5)[1],
+                  summary_line(trace)):
+        assert "Test CPU 9000, 2 threads" in html.unescape(shown), shown
+    del trace.settings["machine"]
+    assert "was not recorded" in trace_meter(trace) and "machine not recorded" in summary_line(trace)
+    assert "timed on" not in meter_html(MeterView())  # no figures yet: no machine either

@@ -22,6 +22,15 @@ def describe(device: Any = None) -> str:
     return f"{cpu_name()}, {os.cpu_count()} cores"
 
 
+def speed_label(device: Any = None) -> str:
+    """The machine behind a speed figure, as the page names it: the GPU's name on a CUDA `device`, else the CPU's
+    name and the threads torch decodes with (timings follow threads, not cores)."""
+    if device is not None and torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(device)
+    threads = torch.get_num_threads()
+    return f"{cpu_name()}, {threads} thread{'s' if threads != 1 else ''}"
+
+
 def timing_key() -> dict[str, Any]:
     """What a timing here depends on besides the model: the CPU, its cores, torch's threads and build."""
     return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__}
