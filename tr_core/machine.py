@@ -28,7 +28,8 @@ def speed_label(device: Any = None) -> str:
     if device is not None and torch.device(device).type == "cuda":
         return torch.cuda.get_device_name(device)
     threads = torch.get_num_threads()
-    return f"{cpu_name()}, {threads} thread{'s' if threads != 1 else ''}"
+    name = re.sub(r"\s+", " ", re.sub(r"\((R|TM)\)", "", cpu_name(), flags=re.IGNORECASE)).strip()
+    return f"{name}, {threads} thread{'s' if threads != 1 else ''}"
 
 
 def timing_key() -> dict[str, Any]:
