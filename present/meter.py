@@ -5,6 +5,8 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
+from .glossary import gloss
+
 
 @dataclass
 class MeterView:
@@ -118,12 +120,12 @@ def meter_html(v: MeterView) -> str:
     tps = speed_format(v, plain)
     flag = identity_flag(v)
     live = ' <span class="tr-live">live</span>' if v.state == "live" else ""
-    note = f'<div class="tr-note" title="{html.escape(v.note)}">{html.escape(v.note)}</div>' if v.note else ""
+    note = f'<div class="tr-note" title="{html.escape(v.note)}">{gloss(v.note)}</div>' if v.note else ""
     note = machine_line(v.machine) + note
     return (
         f'<div class="tr-meter tr-meter-{cls}" id="tr-meter" data-state="{html.escape(v.state)}">'
         f'<div class="tr-big"><span class="tr-ratio tr-ratio-{cls}" id="tr-ratio">{html.escape(ratio_text)}</span>'
-        f'<span class="tr-biglabel">{html.escape(label)}{live}</span></div>'
+        f'<span class="tr-biglabel">{gloss(label)}{live}</span></div>'
         '<div class="tr-cells">'
         f'<div class="tr-cell"><span class="tr-val" id="tr-tps">{num(v.tr_tps, tps)}</span><span class="tr-lab">Token Recycling tok/s</span></div>'
         f'<div class="tr-cell"><span class="tr-val" id="tr-plain">{num(plain, tps)}</span><span class="tr-lab">plain tok/s, same tokens</span></div>'

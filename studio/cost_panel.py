@@ -14,6 +14,7 @@ import html
 from dataclasses import dataclass
 from typing import Callable
 
+from present.glossary import gloss
 from present.meter import ratio_class
 from present.reasons import no_draft_reason
 from tr_core.cost import interpolate
@@ -247,5 +248,5 @@ def cost_html(ev: StepEvent | None, curve: CostCurve | None, trace: Trace | None
     main, cls = cost_text(ev, curve, speed, str(trace.settings.get("machine") or "") if trace is not None else "")
     rule = formula_text(trace.steps if trace is not None else [], curve, speed)  # no trace: the bare formula
     return (f'<div class="tr-cost tr-cost-{cls}"><div class="tr-cost-full"><span class="tr-cost-head">'
-            f'Cost of this step:</span> {html.escape(main)}<div class="tr-cost-rule">{html.escape(rule)}</div></div>'
-            f'<div class="tr-cost-brief">{html.escape(cost_brief(ev, curve, speed))}</div></div>')
+            f'Cost of this step:</span> {gloss(main)}<div class="tr-cost-rule">{gloss(rule)}</div></div>'
+            f'<div class="tr-cost-brief">{gloss(cost_brief(ev, curve, speed))}</div></div>')

@@ -16,6 +16,7 @@ from typing import Any
 import gradio as gr
 
 from present.chat import safe_markdown
+from present.glossary import glossary_html
 
 from . import handlers as h
 from . import traces
@@ -307,6 +308,8 @@ def _layout(studio: Studio) -> dict[str, Any]:
         if diagram.is_file():
             gr.HTML(f'<div style="max-width:980px;margin:auto">{diagram.read_text(encoding="utf-8")}</div>')
         gr.Markdown(HOW_IT_WORKS)
+    with gr.Accordion("Glossary: every term in one sentence", open=False, elem_id="tr-glossary"):
+        gr.HTML(glossary_html())  # the same sentences the page shows on hover or tap (present/glossary.py)
     with gr.Accordion("Why these numbers: the speedup formula, CPU against GPU, the paper", open=False,
                       elem_id="tr-why"):
         gr.Markdown(WHY_NUMBERS + PAPER + ".", latex_delimiters=[])

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from tr_core.events import StepEvent
 from present.chart import accepted_chart_explained
 from present.chat import coloured_markdown, marked_markdown, safe_markdown
+from present.glossary import gloss
 from present.heatmap import MatrixTracker, heatmap_figure
 from present.meter import MeterView, meter_html
 from present.tree import tree_figure
@@ -65,9 +66,9 @@ def story_html(text: str = STORY_PLACEHOLDER, brief: str | None = None) -> str:
     also its brief version, which the presentation view shows instead (assets/studio.css)."""
     head = '<span class="tr-story-head">This step:</span> ' if text != STORY_PLACEHOLDER else ""
     if brief is None:
-        return f'<div class="tr-story">{head}{html.escape(text)}</div>'
-    return (f'<div class="tr-story"><div class="tr-story-full">{head}{html.escape(text)}</div>'
-            f'<div class="tr-story-brief">{head}{html.escape(brief)}</div></div>')
+        return f'<div class="tr-story">{head}{gloss(text)}</div>'
+    return (f'<div class="tr-story"><div class="tr-story-full">{head}{gloss(text)}</div>'
+            f'<div class="tr-story-brief">{head}{gloss(brief)}</div></div>')
 
 
 def step_story_view(ev: StepEvent, token_text: Callable[[int], str], before: dict[int, list[int]] | None,

@@ -201,3 +201,10 @@ def load_questions(name: str, n: int) -> list[dict]:
 
     chosen = interleave_categories(read_questions(DATA / name))[:n]
     return [{"question_id": q.question_id, "category": q.category, "turns": list(q.turns)} for q in chosen]
+
+
+def unglossed(markup: str) -> str:
+    """Page HTML without its glossary marks (present/glossary.py), for tests that read its sentences whole."""
+    import re
+
+    return re.sub(r'<span class="tr-term" tabindex="0" data-tip="[^"]*">(.*?)</span>', r"\1", markup)

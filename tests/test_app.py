@@ -17,6 +17,7 @@ import pytest
 import safetensors.torch
 import torch
 
+from conftest import unglossed
 from conftest_app import running_app
 from studio import costs, traces
 from studio import handlers as h
@@ -462,7 +463,7 @@ def test_the_step_story_follows_live_steps_slow_motion_replay_and_loaded_traces(
     studio = studio_for()
     session = Session(engine=FakeEngine(steps=3), k=8)
     views = run(studio, session, "hello", compare=False, delay=0.01)  # slow motion: every step is shown
-    live = [v["story"] for v in views if "tree" in v and v["chat"][-1]["content"].endswith(" ▌")]
+    live = [unglossed(v["story"]) for v in views if "tree" in v and v["chat"][-1]["content"].endswith(" ▌")]
     assert len(live) == 3 and all("story" in v for v in views if "tree" in v)  # and the final view's
     assert [s.split("</span> ")[1].split(" drafted")[0] for s in live] == ["Step 1", "Step 2", "Step 3"]
     assert "The model agreed with 1 (&#x27;w8&#x27;) and added the bonus token &#x27;w9&#x27;" in live[0]
@@ -542,7 +543,7 @@ def test_the_cost_panel_puts_the_measured_cost_beside_the_gain_or_says_it_was_no
     cost = ForwardCost()
     cost.set_measured({1: [10.0], 2: [15.0], 3: [20.0], 4: [25.0]}, max_tokens=4)
     session.engine.adaptive = SimpleNamespace(cost=cost)
-    shown = traces.replay(session, 2, True)["cost"]
+    shown = unglossed(traces.replay(session, 2, True)["cost"])
     from tr_core.machine import speed_label
 
     assert (f"This step verified 3 tokens in one forward (the last token and 2 drafted): on {speed_label()} that costs "
@@ -749,7 +750,7 @@ def test_message_streams_answer_with_measured_speedup_and_marked_tree(client):
     assert status == (f"✓ Done. Showing step {best + 1} of {len(trace.steps)}, the one that gained the most tokens "
                       f"({len(trace.steps[best].emitted)}).{limit}")  # why the tree shows it, not the answer's last step
     assert fig["layout"]["title"]["text"].startswith(f"Step {best + 1}:")
-    assert "Cost of this step" in cost and f"verified {shown} tokens in one forward" in cost  # 14th: the cost panel
+    assert "Cost of this step" in cost and f"verified {shown} tokens in one forward" in unglossed(cost)  # 14th: cost
     if trace.speed["trusted"]:  # 15th: the race, from the recorded measurement; or why there is none
         assert 'class="tr-race"' in race and "data-timeline=" in race
     else:

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from conftest import TinyTokenizer, tiny_model
+from conftest import TinyTokenizer, tiny_model, unglossed
 from tr_core.config import DecodeConfig
 from tr_core.engine import Engine
 from tr_core.events import StepEvent
@@ -546,7 +546,7 @@ def test_the_cost_panel_uses_the_meters_timings_once_it_measured_even_for_a_load
     for t in (trace, loaded):
         curve = cost_curve(Session(), t)  # no engine in this tab: the trace's own measurement
         assert curve.metered and abs(curve.cost(4) - 36.0 / 20.0) < 1e-9 and abs(curve.cost(8) - 64.0 / 20.0) < 1e-9
-        shown = cost_html(t.steps[0], curve, t)
+        shown = unglossed(cost_html(t.steps[0], curve, t))
         assert "a step of that size cost 1.80× a plain decoding step, as the meter timed this answer" in shown
         assert "3 ÷ 1.80 = 1.67× plain speed" in shown and "(timed by the meter)" in shown
         # the answer's steps: 2.50 tokens per step ÷ (1.80 + 3.20) / 2 = 2.50 -> 1.00x, the meter's figure
