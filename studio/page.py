@@ -19,9 +19,10 @@ from present.chat import safe_markdown
 from present.glossary import glossary_html
 
 from . import handlers as h
-from . import traces
+from . import side_by_side, traces
+from .decode_loop import crowd
 from .models import label
-from .session import Session, Studio, new_session
+from .session import Session, Studio, decode_slot, new_session
 from .settings import parse_settings
 from .views import KEYS, blank_views, matrix_info
 
@@ -243,6 +244,9 @@ def _shown_step_panel(ui: dict, blank: dict[str, Any]) -> None:
     ui["story"] = gr.HTML(blank["story"], elem_id="tr-story")
     ui["cost"] = gr.HTML(blank["cost"], elem_id="tr-cost")
     ui["race"] = gr.HTML(blank["race"], elem_id="tr-race-box")
+    ui["compare_methods"] = gr.Button("The paper's method beside the hybrid, on my last question", size="sm",
+                                      elem_id="tr-compare-methods")
+    ui["sides"] = gr.HTML("", elem_id="tr-sides")  # studio/side_by_side.py
 
 
 def _settings_panel(ui: dict, studio: Studio) -> None:
@@ -317,6 +321,16 @@ def _layout(studio: Studio) -> dict[str, Any]:
 
 
 # -------------------------------------------------------------------------------------------- wiring
+
+
+def _sides_fn(registry: Registry, ui: dict):
+    """The /compare_methods endpoint: the paper's method beside the hybrid on the session's last question."""
+    def sides(state, request: gr.Request):
+        s = registry.get(state, request)
+        where = s.trace.settings.get("machine", "") if s.trace is not None else ""
+        for view in side_by_side.compare_methods(s, crowd, decode_slot, where):
+            yield {**_update(ui, view), ui["state"]: s}
+    return sides
 
 
 def _chat_fn(studio: Studio, registry: Registry, ui: dict):
@@ -429,6 +443,8 @@ def _wire(demo: gr.Blocks, studio: Studio, registry: Registry, ui: dict) -> None
     run = dict(fn=_chat_fn(studio, registry, ui), inputs=chat_inputs, outputs=outs,
                concurrency_limit=CHAT_CONCURRENCY, concurrency_id="engine")
     ui["send"].click(**run, api_name="chat")
+    ui["compare_methods"].click(_sides_fn(registry, ui), inputs=ui["state"], outputs=[ui["sides"], ui["status"],
+                                ui["state"]], concurrency_limit=1, concurrency_id="compare", api_name="compare_methods")
     ui["msg"].submit(**run, api_visibility="undocumented")
     ui["examples"].click(lambda i: EXAMPLES[i][1], inputs=ui["examples"], outputs=ui["msg"], queue=False,
                          api_visibility="private").then(**run, api_visibility="undocumented")

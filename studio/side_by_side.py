@@ -1,0 +1,135 @@
+"""The paper's method beside the hybrid: one question answered by plain decoding, by the paper's matrix-only tree and
+by the hybrid tree, each from the same starting matrix, taking turns so that a change of load hits all alike; shown
+side by side with tokens per step, measured speed, where the accepted drafts came from, and whether each answer is
+plain decoding's token for token."""
+from __future__ import annotations
+
+import contextlib
+import html
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from present.chart import draft_credit
+from present.glossary import gloss
+from tr_core.config import DecodeConfig
+from tr_core.events import StepEvent, SummaryEvent
+
+PAPER, HYBRID = "2.2.2", "hybrid"  # the paper's static tree (the matrix alone, 80 nodes), and the studio's default
+METHODS = (("plain", "Plain decoding"), (PAPER, "The paper's method: the matrix alone, tree 2.2.2"),
+           (HYBRID, "Hybrid: matrix + context"))
+ROUNDS = 2  # each method decodes the question this many times, in turns; its fastest run is shown
+TOKENS = 64  # new tokens per answer (greedy)
+
+
+@dataclass
+class MethodRun:
+    """One method's answer to the question: its tokens, steps and fastest decode time over the rounds."""
+
+    template: str
+    name: str
+    tokens: list[int]
+    steps: list[StepEvent]
+    decode_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.tokens) / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def step_ms(self) -> float:
+        return 1000.0 * self.decode_s / max(len(self.steps), 1)
+
+    @property
+    def per_step(self) -> float:
+        return len(self.tokens) / max(len(self.steps), 1)
+
+
+def run_methods(start: Callable[[], Any], prompt_ids: list[int], tokens: int = TOKENS, rounds: int = ROUNDS,
+                hold: Callable[[], Any] = contextlib.nullcontext) -> Iterator[tuple[int, int, dict[str, MethodRun]]]:
+    """Decode the prompt with every method, `rounds` times in turns, each run on a fresh engine from `start()` (the
+    same starting matrix for all) inside `hold()` (the decode slot); yields (runs done, runs in all, the results
+    so far)."""
+    results: dict[str, MethodRun] = {}
+    total = rounds * len(METHODS)
+    for r in range(rounds):
+        for i, (template, name) in enumerate(METHODS):
+            cfg = DecodeConfig(max_new_tokens=tokens, plain=template == "plain",
+                               template=HYBRID if template == "plain" else template)
+            with hold():
+                events = list(start().generate(prompt_ids, cfg))
+            summary = events[-1]
+            assert isinstance(summary, SummaryEvent)
+            steps = [e for e in events if isinstance(e, StepEvent)]
+            best = results.get(template)
+            if best is None or summary.decode_s < best.decode_s:
+                results[template] = MethodRun(template, name, list(summary.tokens), steps, summary.decode_s)
+            yield r * len(METHODS) + i + 1, total, results
+
+
+def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool | None) -> str:
+    """The paper's method and the hybrid side by side (plain decoding as their yardstick), all escaped."""
+    plain = results.get("plain")
+    if plain is None or not all(t in results for t, _ in METHODS):
+        return '<div class="tr-sides tr-sides-none">Measuring…</div>'
+    cards = "".join(_card(results[t], plain, exact) for t, _ in METHODS[1:])
+    same = all(results[t].tokens == plain.tokens for t, _ in METHODS[1:])
+    verdict = ("✓ Both answers are plain decoding's, token for token." if same else
+               "Not every answer is plain decoding's token for token: see the cards.")
+    foot = (f"Plain decoding: {plain.tokens_per_s:.1f} tok/s. Fastest of {ROUNDS} runs each, in turns, "
+            f"{len(plain.tokens)} tokens, on {machine or 'this machine'}.")
+    return (f'<div class="tr-sides"><div class="tr-sides-cards">{cards}</div>'
+            f'<div class="tr-sides-foot">{html.escape(verdict)} {gloss(foot)}</div></div>')
+
+
+def _card(run: MethodRun, plain: MethodRun, exact: bool | None) -> str:
+    ratio = run.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else 0.0
+    if run.tokens == plain.tokens:
+        same = "✓ token-identical to plain decoding"
+    else:
+        same = "✗ differs from plain decoding" if exact else "≈ identical up to rounding (not exact mode)"
+    cls = "up" if ratio >= 1.05 else "down" if ratio <= 0.95 else "par"
+    return (f'<div class="tr-side tr-side-{cls}"><div class="tr-side-name">{html.escape(run.name)}</div>'
+            f'<div class="tr-side-big">{ratio:.2f}×</div><div class="tr-side-lab">plain decoding\'s speed</div>'
+            f'<div class="tr-side-row"><b>{run.per_step:.2f}</b> {gloss("tokens per step")} · '
+            f'<b>{run.tokens_per_s:.1f}</b> tok/s</div>'
+            f'<div class="tr-side-row">one step took <b>{run.step_ms:.0f} ms</b> (plain decoding: '
+            f'{plain.step_ms:.0f} ms)</div>'
+            f'<div class="tr-side-credit">{gloss(draft_credit(run.steps))}</div>'
+            f'<div class="tr-side-same">{html.escape(same)}</div></div>')
+
+
+NEED_QUESTION = "Ask a question first: the comparison answers your last question with both methods."
+BUSY_NOW = ("Other visitors' answers are being written: timing three methods now would slow them, and the figures "
+            "would favour none fairly. Try again when the page is quiet.")
+
+
+def compare_methods(s: Any, crowd: Callable[[], int], slot: Callable[[], Any], machine: str) -> Iterator[dict]:
+    """The handler: the session's last question answered by each method from the session's warm start (as a new
+    tab would answer it: no conversation to copy from), holding the decode slot; yields the status and the panel."""
+    question = next((m["content"] for m in reversed(s.history) if m.get("role") == "user"), None)
+    if s.engine is None or not isinstance(question, str) or not question.strip():
+        yield {"status": NEED_QUESTION}
+        return
+    if s.answering or crowd() > 0:
+        yield {"status": BUSY_NOW}
+        return
+    engine, warm = s.engine, s.warm_state
+    ids = engine.encode_chat([{"role": "user", "content": question}])
+
+    def start() -> Any:
+        twin = engine.fork()
+        if warm is not None:
+            twin.restore(warm, keep_costs=True)
+        else:
+            twin.start_session()
+        return twin
+
+    results: dict[str, MethodRun] = {}
+    for done, total, results in run_methods(start, ids, hold=slot):  # the slot is free between runs
+        if crowd() > 0:
+            yield {"status": BUSY_NOW}
+            return
+        yield {"status": f"Comparing the paper's method with the hybrid: run {done} of {total}…"}
+    yield {"sides": side_by_side_html(results, machine, getattr(engine, "exact", None)),
+           "status": "✓ The paper's method and the hybrid answered your last question side by side."}
