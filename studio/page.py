@@ -49,11 +49,9 @@ PAPER = ("Luo et al., *Turning Trash into Treasure: Accelerating Inference of La
 
 # The drafting switch: (template, label, one sentence). It sets the decoding settings' template (see _wire).
 DRAFTING = (
-    ("adaptive", "Matrix only", "every draft token is read from the adjacency matrix, the tree sized to what a "
-                                "forward costs on this machine."),
-    ("hybrid", "Matrix + context", "the same tree, plus runs copied from where the last tokens appeared earlier in "
-                                   "the conversation, or in the answers the warm start was learned on (squares in the "
-                                   "tree)."),
+    ("adaptive", "Matrix only", "drafts read from the matrix (the paper's method), as many as pay on this machine."),
+    ("hybrid", "Matrix + context", "also copies runs from the conversation or the warm-start answers (squares; "
+                                   "diamonds where the matrix agrees)."),
 )
 
 WHY_NUMBERS = """
@@ -221,7 +219,7 @@ def _step_panel(ui: dict, blank: dict[str, Any]) -> None:
             with gr.Row(elem_id="tr-nav-buttons"):
                 ui["prev"] = gr.Button("◀ Previous step", size="sm", elem_id="tr-prev")
                 ui["next"] = gr.Button("Next step ▶", size="sm", elem_id="tr-next")
-                ui["micro_btn"] = gr.Button("Microscope", size="sm", elem_id="tr-micro-btn")
+                ui["micro_btn"] = gr.Button("Details: microscope", size="sm", elem_id="tr-micro-btn")
         with gr.Row(elem_id="tr-delay-row"):
             ui["delay"] = gr.Slider(0.0, 3.0, value=0.0, step=0.1, label="Slow motion: pause per step (s)", scale=3)
             ui["colour"] = gr.Checkbox(True, label="Colour accepted runs in the chat", scale=2)
@@ -420,11 +418,12 @@ PRESENT_JS = """(on) => {
   if (b) b.textContent = on ? %s : %s;
   window.dispatchEvent(new Event('resize'));  // plotly refits the figures to their new widths
 }""" % tuple(json.dumps(x) for x in reversed(PRESENT_LABELS))
-# The microscope: in the presentation view an overlay over the tree (a class on the page root), else scrolled to.
+# The microscope: in the presentation view an overlay over the tree (a class on the page root); else the details
+# (the full step story and cost, and the microscope, scrolled to), shown or hidden again.
 MICROSCOPE_JS = """() => {
   const root = document.documentElement, box = document.querySelector('#tr-microscope');
-  if (root.classList.contains('tr-present')) root.classList.toggle('tr-micro');
-  else if (box) box.scrollIntoView({block: 'nearest'});
+  if (root.classList.contains('tr-present')) { root.classList.toggle('tr-micro'); return; }
+  if (root.classList.toggle('tr-detail') && box) box.scrollIntoView({block: 'nearest'});
 }"""
 PRESENT_FROM_URL_JS = ("() => { if (new URLSearchParams(window.location.search).get('view') === 'present') "
                        f"({PRESENT_JS})(true); }}")

@@ -586,3 +586,31 @@ def test_a_deep_trees_legend_and_labels_land_where_the_figure_placed_them(app_br
         assert not (a[0] < legend_abs[2] and legend_abs[0] < a[2] and a[1] < legend_abs[3] and legend_abs[1] < a[3]), a
         for b in rects[i + 1:]:
             assert not (a[0] < b[2] - 1 and b[0] < a[2] - 1 and a[1] < b[3] - 1 and b[1] < a[3] - 1), (a, b)
+
+
+WORDS_BEFORE = 1315  # visible words after this answer before the details moved behind "Details" (2026-12-06)
+WORDS_JS = "() => (document.body.innerText.match(/\\S+/g) || []).length"
+
+
+def test_after_an_answer_the_page_shows_half_the_words_and_the_details_on_demand(app_browser):
+    """Issue 55: the main page's visible text after an answer is at most half of what it was; the full step story,
+    the full cost panel, the warm-start note and the microscope come back with one click, and go again."""
+    url, browser = app_browser
+    context, page, _, _ = open_page(browser, url)
+    try:
+        page.locator("#tr-msg textarea").fill("Name three prime numbers.")
+        page.locator("#tr-msg textarea").press("Enter")
+        wait_meter_final(page, ("measured", "noisy", "off"))
+        wait_idle(page)
+        words = page.evaluate(WORDS_JS)
+        print(f"visible words after an answer: {words} ({words / WORDS_BEFORE:.0%} of {WORDS_BEFORE})")
+        assert words <= WORDS_BEFORE // 2
+        assert not page.locator("#tr-microscope").is_visible() and page.locator(".tr-cost-brief").is_visible()
+        page.locator("#tr-micro-btn").click()
+        page.wait_for_selector("#tr-microscope", state="visible", timeout=HUNG_MS)
+        assert page.locator(".tr-cost-full").is_visible() and page.locator("#tr-warm").is_visible()
+        assert page.evaluate(WORDS_JS) > 1.5 * words
+        page.locator("#tr-micro-btn").click()
+        page.wait_for_selector("#tr-microscope", state="hidden", timeout=HUNG_MS)
+    finally:
+        context.close()
