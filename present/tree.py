@@ -19,7 +19,8 @@ from .tree_layout import TreeLayout, tree_layout
 # Where a draft token came from (StepEvent.sources), shown as the marker's symbol; colour keeps accepted/rejected.
 SOURCE_SYMBOLS = {"root": "circle", "matrix": "circle", "context": "square", "both": "diamond"}
 SOURCE_NAMES = {"matrix": "from the matrix", "context": "copied from the context",
-                "both": "matrix + context"}  # the legend draws each with its marker symbol (SOURCE_SYMBOLS) in front
+                "both": "in a matrix row and copied"}  # the legend draws each with its marker symbol in front; not
+# "matrix + context", the name of the drafting setting whose trees hold all three
 SHAPE_LEGEND = "#1e293b"  # the outlined shapes of the source legend (where a draft came from)
 NODE_GROUPS = {  # the tree's node traces, drawn in this order (accepted on top); size: marker px, font: label px
     "rejected": dict(color=REJECTED_COLOUR, size=12, font=MIN_FONT, text=REJECTED_TEXT, name="rejected drafts"),

@@ -173,14 +173,14 @@ def test_tree_figure_shows_where_each_draft_token_came_from():
     assert nodes["accepted drafts"]["customdata"] == [1, 3]
     assert nodes["rejected drafts"]["marker"]["color"] == REJECTED_COLOUR
     names = legend_names(fig)
-    for name in ("from the matrix", "copied from the context", "matrix + context", "accepted drafts",
+    for name in ("from the matrix", "copied from the context", "in a matrix row and copied", "accepted drafts",
                  "rejected drafts", "root (last committed token)", "bonus token"):
         assert names.count(name) == 1, name
     keys = {t["name"]: t["marker"]["symbol"] for t in fig.traces if t.get("mode") == "markers"}
     # shape keys are outlines (not one more grey beside the rejected drafts'), colour keys strokes of no shape
     # (a reader took the green circle of "accepted drafts" for a shape the accepted squares lacked)
     assert keys["from the matrix"] == "circle-open" and keys["copied from the context"] == "square-open"
-    assert keys["matrix + context"] == "diamond-open" and keys["root (last committed token)"] == "circle"
+    assert keys["in a matrix row and copied"] == "diamond-open" and keys["root (last committed token)"] == "circle"
     strokes = {t["name"]: t["line"]["color"] for t in fig.traces if t.get("mode") == "lines" and "name" in t}
     assert strokes == {"accepted drafts": ACCEPTED_COLOUR, "rejected drafts": REJECTED_COLOUR}
     assert "from the matrix: candidate #1 after &#x27;&lt;root&gt;&#x27;" in hovers[2]  # parent text, escaped
