@@ -478,6 +478,10 @@ def test_presentation_view_carries_a_lecture_on_one_projector_screen(app_browser
         check_projector_screen(page)
         story = page.locator("#tr-story").inner_text()
         assert story.startswith("This step:") and ("drafted" in story or "Plain step" in story), story
+        question = page.evaluate(RECT_JS, "#tr-chat .message-row.user-row")  # the question stays in sight
+        chat = page.evaluate(RECT_JS, "#tr-chat")
+        assert chat["top"] <= question["top"] and question["bottom"] <= chat["bottom"], (question, chat)
+        assert "Translate to French" in page.locator("#tr-chat .message-row.user-row").last.inner_text()
         page.mouse.move(640, 715)  # no hover label or plotly toolbar in the picture
         shot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shot))  # the projector's screen, as the room sees it
