@@ -15,6 +15,8 @@ from present.glossary import gloss
 from tr_core.config import DecodeConfig
 from tr_core.events import StepEvent, SummaryEvent
 
+from . import zerogpu
+
 PAPER, HYBRID = "2.2.2", "hybrid"  # the paper's static tree (the matrix alone, 80 nodes), and the studio's default
 METHODS = (("plain", "Plain decoding"), (PAPER, "The paper's method: the matrix alone, tree 2.2.2"),
            (HYBRID, "Hybrid: matrix + context"))
@@ -99,6 +101,8 @@ def _card(run: MethodRun, plain: MethodRun, exact: bool | None) -> str:
             f'<div class="tr-side-same">{html.escape(same)}</div></div>')
 
 
+ON_ZEROGPU = ("The side-by-side comparison times three methods in this process, which on ZeroGPU has no GPU: run "
+              "the studio on your own machine to compare them.")
 NEED_QUESTION = "Ask a question first: the comparison answers your last question with both methods."
 BUSY_NOW = ("Other visitors' answers are being written: timing three methods now would slow them, and the figures "
             "would favour none fairly. Try again when the page is quiet.")
@@ -113,6 +117,9 @@ def compare_methods(s: Any, crowd: Callable[[], int], slot: Callable[[], Any], m
         return
     if s.answering or crowd() > 0:
         yield {"status": BUSY_NOW}
+        return
+    if zerogpu.installed():  # each decode there is a GPU call of its own (zerogpu.py); this one runs in-process
+        yield {"status": ON_ZEROGPU}
         return
     engine, warm = s.engine, s.warm_state
     ids = engine.encode_chat([{"role": "user", "content": question}])

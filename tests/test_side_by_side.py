@@ -50,6 +50,14 @@ def test_the_handler_needs_a_question_and_a_quiet_page_and_ends_with_the_panel()
     assert 'class="tr-sides"' in views[-1]["sides"] and "side by side" in views[-1]["status"]
 
 
+def test_on_zerogpu_the_comparison_says_why_it_does_not_run(monkeypatch):
+    from studio import zerogpu
+
+    monkeypatch.setattr(zerogpu, "installed", lambda: True)
+    assert list(sbs.compare_methods(tiny_session(), lambda: 0, contextlib.nullcontext, "")) == [
+        {"status": sbs.ON_ZEROGPU}]
+
+
 def test_a_crowd_arriving_stops_the_comparison_between_runs():
     calls = iter([0, 0, 5])
     views = list(sbs.compare_methods(tiny_session(), lambda: next(calls, 5), contextlib.nullcontext, ""))
