@@ -15,7 +15,7 @@ from typing import Any, Iterator
 from tr_core.events import StepEvent
 from .heatmap import row_is_empty
 from .nodes import node_origin, node_source, place_of
-from .reasons import no_draft_reason, origin_text
+from .reasons import PLACES, no_draft_reason, origin_text
 from .style import visible_token
 from .story import end_words, ended_by
 from tr_core.trace import Trace
@@ -25,7 +25,8 @@ MAX_WRITES_SHOWN = 2  # rows written shown open, before and after
 MAX_READS_LISTED = 24  # rows read listed in all (open and folded); a step of the paper's tree reads about 20-40
 MAX_WRITES_LISTED = 10  # rows written listed in all (a step writes one per node: 81 for the paper's tree)
 MAX_OFFERED = 4  # tokens the draft offered at the first disagreement, quoted one by one
-MAX_COPIED_SHOWN = 16  # tokens copied from the conversation listed one by one; more are counted
+MAX_COPIED_SHOWN = 16  # boxes of copied drafts listed; more are counted
+RUN_MIN = 3  # copied drafts in one run shown as one box ("14 copied in one run from this answer's tokens 84-97")
 TOKEN_CHARS = 12  # longest token label
 BLOCK_TAGS = ("div", "span", "details", "summary")  # the only tags a block may be (the JS renderer checks too)
 
@@ -126,7 +127,7 @@ def _copied(trace: Trace, ev: StepEvent) -> list[dict[str, Any]]:
         if source in ("context", "both"):
             p = ev.parents[i]
             origin = node_origin(ev, i)
-            out.append({"node": i, "token": ev.tokens[i], "text": _text(trace, ev.tokens[i]),
+            out.append({"node": i, "parent": p, "token": ev.tokens[i], "text": _text(trace, ev.tokens[i]),
                         "after": _text(trace, ev.tokens[p]), "origin": origin, "origin_text": origin_text(origin),
                         "also_matrix": source == "both", "accepted": i in ev.accepted})
     return out
@@ -307,16 +308,50 @@ def _read_section(m: dict[str, Any]) -> dict[str, Any]:
     return _b("div", "trm-sec", blocks)
 
 
+def copy_runs(copied: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The copied drafts grouped into runs: a chain of nodes, each the child of the one before, copied from the next
+    token of one place (same `where` and run start, `last` one further); a branch or a new place starts a run."""
+    runs: list[list[dict[str, Any]]] = []
+    ends: dict[int, list[dict[str, Any]]] = {}  # the node a run ends at -> the run
+    for c in copied:
+        run, o = ends.pop(c["parent"], None), c["origin"]
+        prev = run[-1]["origin"] if run else None
+        if not (prev and o and (o["where"], o["first"], o["last"]) == (prev["where"], prev["first"], prev["last"] + 1)):
+            run = []
+            runs.append(run)
+        run.append(c)
+        ends[c["node"]] = run
+    return runs
+
+
+def _run_cell(run: list[dict[str, Any]]) -> dict[str, Any]:
+    """One box for a run of RUN_MIN or more copied drafts ("'␣the' … '␣end': 14 copied in one run from this answer's
+    tokens 84-97, 12 accepted"); a shorter run's drafts get a box each."""
+    first, last, kept = run[0], run[-1], sum(c["accepted"] for c in run)
+    o, p = first["origin"], last["origin"]
+    where = PLACES.get(o["where"], "the context")
+    text = (f"{_q(first['text'])} … {_q(last['text'])} after {_q(first['after'])}: {len(run)} copied in one run from "
+            f"{where}'s tokens {o['last'] + 1}-{p['last'] + 1}, "
+            + ("all accepted ✓" if kept == len(run) else f"{kept} accepted" if kept else "none accepted"))
+    return _b("span", "trm-cell " + ("trm-ok" if kept else "trm-drafted"), text)
+
+
 def _copied_row(copied: list[dict[str, Any]]) -> dict[str, Any]:
-    """The draft tokens copied from the conversation, every one listed (up to MAX_COPIED_SHOWN, then counted)."""
+    """The draft tokens copied from the conversation: a run of RUN_MIN or more in one box, others one by one (up to
+    MAX_COPIED_SHOWN boxes, then counted)."""
     both = sum(1 for c in copied if c["also_matrix"])
     head = f"{len(copied)} drafted from {place_of([c['origin'] for c in copied])}" + (
         f" ({both} of them also a candidate in a matrix row)" if both else ", not from the matrix")
-    cells = [_b("span", "trm-cell " + ("trm-ok" if c["accepted"] else "trm-drafted"),
-                f"{_q(c['text'])} after {_q(c['after'])}" + (f" ({c['origin_text']})" if c["origin_text"] else "")
-                + (" ✓" if c["accepted"] else "")) for c in copied[:MAX_COPIED_SHOWN]]
-    if len(copied) > MAX_COPIED_SHOWN:
-        cells.append(_b("span", "trm-label", f"… and {len(copied) - MAX_COPIED_SHOWN} more"))
+    cells = []
+    for run in copy_runs(copied):
+        if len(run) >= RUN_MIN:
+            cells.append(_run_cell(run))
+            continue
+        cells += [_b("span", "trm-cell " + ("trm-ok" if c["accepted"] else "trm-drafted"),
+                     f"{_q(c['text'])} after {_q(c['after'])}" + (f" ({c['origin_text']})" if c["origin_text"] else "")
+                     + (" ✓" if c["accepted"] else "")) for c in run]
+    if len(cells) > MAX_COPIED_SHOWN:
+        cells = cells[:MAX_COPIED_SHOWN] + [_b("span", "trm-label", f"… and {len(cells) - MAX_COPIED_SHOWN} more")]
     return _b("div", "trm-row", [_b("div", "trm-rowname", head), _b("div", "trm-cells", cells)])
 
 

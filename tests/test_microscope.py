@@ -340,3 +340,26 @@ def test_written_back_counts_are_singular_for_one_row():
     older = json.dumps(microscope_blocks(step_microscope(hand_trace(), 0)))  # rows 8 and 9: written, never read
     assert "2 rows whose earlier candidates this trace does not hold" in older
     assert "Written back: 2 rows, each from" in blocks
+
+
+def test_a_run_of_copied_drafts_is_one_box_and_a_stray_copy_its_own():
+    """Issue 55: fourteen near-identical boxes for one copied run read as a wall; a run of RUN_MIN or more copied
+    drafts (each the child of the one before, from the next token of one place) is one box saying where from and
+    how many were accepted; a copy from elsewhere keeps a box of its own."""
+    from present.microscope import copy_runs
+
+    run = [{"where": "answer", "first": 83, "last": 83 + i, "match": 2} for i in range(5)]
+    other = {"where": "prompt", "first": 2, "last": 2, "match": 1}
+    ev = StepEvent(step=0, position=10, tokens=[5, 7, 9, 1, 2, 4, 6], parents=[-1, 0, 1, 2, 3, 4, 0],
+                   depths=[0, 1, 2, 3, 4, 5, 1], ranks=[-1, -1, -1, -1, -1, -1, -1], accepted=[0, 1, 2, 3],
+                   emitted=[7, 9, 1, 8], bonus=8, timings={}, sources=["root"] + ["context"] * 6,
+                   origins=[None] + run + [other], rows_read=[5], rows_read_values=[[0, 0, 0]],
+                   rows_read_probs=[[0.0, 0.0, 0.0]], matrix_rows=[5], matrix_values=[[7, 1, 2]],
+                   matrix_probs=[[0.7, 0.1, 0.1]], choices=[7, 9, 1, 8, 0, 0, 0])
+    trace = Trace(model="hand", steps=[ev], token_texts=dict(TEXTS))
+    m = step_microscope(trace, 0)
+    assert [len(r) for r in copy_runs(m["copied"])] == [5, 1]
+    text = re.sub(r"<[^>]+>", " ", microscope_view(trace, 0))
+    assert "'seven' … 'four' after 'five': 5 copied in one run from this answer's tokens 84-88, 3 accepted" in text
+    assert "'six' after 'five' (copied from the prompt, its 3rd token (after a 1-token match))" in text
+    assert text.count("copied in one run") == 1
