@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
+from typing import Any
 
 from .glossary import gloss
 
@@ -100,6 +101,11 @@ def parting_text(p: dict) -> str:
         line += f", scored {p['gap']:.3g} apart in {p.get('dtype', '')}{tie}"
     fix = FIXES.get(p.get("fix", ""), "")
     return f"{line}; {fix}" if fix else line
+
+
+def machine_of(trace: Any) -> str:
+    """The machine a trace's speeds were timed on ("" for none, or a trace recorded before the studio kept it)."""
+    return str((trace.settings if trace is not None else {}).get("machine") or "")
 
 
 def machine_line(machine: str | None) -> str:

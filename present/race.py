@@ -18,6 +18,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
+from .meter import machine_of
 from .replay import step_runs
 from tr_core.trace import Trace
 
@@ -159,7 +160,7 @@ def plain_pace(trace: Trace, tr_ms: float, tokens: int) -> tuple[float, str]:
     ratio, error = float(speed["ratio"]), float(speed.get("error") or 0.0)
     over = speed.get("tokens") or 0
     scope = f" over the first {over} of {tokens} tokens" if 0 < over < tokens else ""
-    machine = str(trace.settings.get("machine") or "")
+    machine = machine_of(trace)
     scope += f", on {machine}" if machine else ""
     return (tr_ms * ratio / tokens,
             f"Plain decoding's per-token times are not recorded: it is paced evenly, scaled so that its time "

@@ -14,7 +14,7 @@ import json
 from typing import Any, Callable
 
 from .heatmap import MatrixTracker, heatmap_figure
-from .meter import parting_text
+from .meter import machine_of, parting_text
 from .tree import tree_figure
 from .microscope import CSS as MICROSCOPE_CSS
 from .microscope import explain, known_before, microscope_blocks, values_known
@@ -79,7 +79,7 @@ def summary_line(trace: Trace) -> str:
              f"{n} tokens in {steps} steps ({n / max(steps, 1):.2f} per step)"]
     speed = trace.speed or {}
     if speed.get("trusted") and speed.get("ratio") is not None:
-        machine = trace.settings.get("machine")
+        machine = machine_of(trace)
         parts.append(f"measured {speed['ratio']:.2f}× ± {speed.get('error') or 0.0:.2f} vs plain decoding"
                      + (f" on {machine}" if machine else " (machine not recorded)"))
     if trace.identical or speed.get("identical"):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from present.glossary import gloss
-from present.meter import ratio_class
+from present.meter import machine_of, ratio_class
 from present.reasons import no_draft_reason
 from tr_core.cost import interpolate
 from tr_core.events import StepEvent
@@ -245,7 +245,7 @@ def cost_html(ev: StepEvent | None, curve: CostCurve | None, trace: Trace | None
     if ev is None:
         return f'<div class="tr-cost tr-cost-none">{html.escape(COST_PLACEHOLDER)}</div>'
     speed = trace.speed if trace is not None else None
-    main, cls = cost_text(ev, curve, speed, str(trace.settings.get("machine") or "") if trace is not None else "")
+    main, cls = cost_text(ev, curve, speed, machine_of(trace))
     rule = formula_text(trace.steps if trace is not None else [], curve, speed)  # no trace: the bare formula
     return (f'<div class="tr-cost tr-cost-{cls}"><div class="tr-cost-full"><span class="tr-cost-head">'
             f'Cost of this step:</span> {gloss(main)}<div class="tr-cost-rule">{gloss(rule)}</div></div>'

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from present.meter import machine_of
 from tr_core.config import DecodeConfig
 from tr_core.divergence import explain_at
 from tr_core.engine import Engine
@@ -19,8 +20,8 @@ from .decode_loop import crowd
 from .meter import MAX_PASSES, SpeedEstimate, answer_sizes, interleave
 from .session import DECODE_SLOT, Session, Studio, take_slot
 from .settings import ChatSettings
-from .views import (RENDER_EVERY_S, best_step, cost_html, coverage_note, done_status, left_out_note, machine_of,
-                    measured_meter, race_html)
+from .views import (RENDER_EVERY_S, best_step, cost_html, coverage_note, done_status, left_out_note, measured_meter,
+                    race_html)
 
 
 CROWD_STOP = "other visitors' answers started, so the measurement stopped to leave them the machine"

@@ -15,7 +15,7 @@ from present.chart import accepted_chart_explained
 from present.chat import coloured_markdown, marked_markdown, safe_markdown
 from present.glossary import gloss
 from present.heatmap import MatrixTracker, heatmap_figure
-from present.meter import MeterView, meter_html
+from present.meter import MeterView, machine_of, meter_html
 from present.tree import tree_figure
 from present.microscope import microscope_view
 from present.race import NoRace, race_timeline
@@ -221,10 +221,6 @@ def live_meter(trace: Trace, measured_after: bool = True) -> str:
                                 mean_accepted=n / max(len(trace.steps), 1), note="engine-timed, UI excluded",
                                 machine=machine_of(trace)))
 
-
-def machine_of(trace: Trace | None) -> str:
-    """The machine a trace's speeds were timed on ("" for a trace recorded before the studio kept it)."""
-    return str((trace.settings if trace is not None else {}).get("machine") or "")
 
 
 def coverage_note(covered: int, total: int, why: str = "") -> str:
