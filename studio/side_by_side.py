@@ -12,6 +12,7 @@ from typing import Any
 
 from present.chart import draft_credit
 from present.glossary import gloss
+from present.meter import ratio_class
 from tr_core.config import DecodeConfig
 from tr_core.events import StepEvent, SummaryEvent
 
@@ -90,7 +91,7 @@ def _card(run: MethodRun, plain: MethodRun, exact: bool | None) -> str:
         same = "✓ token-identical to plain decoding"
     else:
         same = "✗ differs from plain decoding" if exact else "≈ identical up to rounding (not exact mode)"
-    cls = "up" if ratio >= 1.05 else "down" if ratio <= 0.95 else "par"
+    cls = ratio_class(ratio)
     return (f'<div class="tr-side tr-side-{cls}"><div class="tr-side-name">{html.escape(run.name)}</div>'
             f'<div class="tr-side-big">{ratio:.2f}×</div><div class="tr-side-lab">plain decoding\'s speed</div>'
             f'<div class="tr-side-row"><b>{run.per_step:.2f}</b> {gloss("tokens per step")} · '
