@@ -325,7 +325,7 @@ def _sides_fn(registry: Registry, ui: dict):
     """The /compare_methods endpoint: the paper's method beside the hybrid on the session's last question."""
     def sides(state, request: gr.Request):
         s = registry.get(state, request)
-        where = s.trace.settings.get("machine", "") if s.trace is not None else ""
+        where = h.precision(s.engine)["machine"] if s.engine is not None else ""  # where it runs, not the trace's
         for view in side_by_side.compare_methods(s, crowd, decode_slot, where):
             yield {**_update(ui, view), ui["state"]: s}
     return sides

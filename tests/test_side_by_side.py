@@ -70,3 +70,17 @@ def test_hostile_names_and_machines_are_escaped():
     results = list(sbs.run_methods(lambda: s.engine.fork(), ids, tokens=4, rounds=1))[-1][2]
     shown = sbs.side_by_side_html(results, "<img src=x onerror=alert(1)>", exact=True)
     assert "<img" not in shown and "&lt;img" in shown
+
+
+def test_the_comparison_names_the_machine_it_runs_on_not_a_loaded_traces(monkeypatch):
+    """A visitor may have loaded a trace recorded elsewhere: the side-by-side runs here, and says so."""
+    from studio import page
+    from studio.handlers import precision
+
+    s = tiny_session()
+    s.trace = SimpleNamespace(settings={"machine": "Somebody's GPU"})
+    seen = []
+    monkeypatch.setattr(sbs, "compare_methods", lambda s, crowd, slot, machine: seen.append(machine) or iter(()))
+    registry = SimpleNamespace(get=lambda state, request: s)
+    list(page._sides_fn(registry, {"state": "state"})(None, None))
+    assert seen == [precision(s.engine)["machine"]] and "Somebody" not in seen[0]
