@@ -26,7 +26,7 @@ def speed_label(device: Any = None) -> str:
     """The machine behind a speed figure, as the page names it: the GPU's name on a CUDA `device`, else the CPU's
     name and the threads torch decodes with (timings follow threads, not cores)."""
     if device is not None and torch.device(device).type == "cuda":
-        return torch.cuda.get_device_name(device)
+        return describe(device)
     threads = torch.get_num_threads()
     name = re.sub(r"\s+", " ", re.sub(r"\((R|TM)\)", "", cpu_name(), flags=re.IGNORECASE)).strip()
     return f"{name}, {threads} thread{'s' if threads != 1 else ''}"
