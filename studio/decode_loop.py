@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tr_core.batch import Batch
+from tr_core.batch import Batch, Joining, prefill_group
 from tr_core.events import SummaryEvent
 
 from .session import DECODE_SLOT
@@ -98,33 +98,42 @@ class DecodeLoop:
                 time.sleep(HANDOFF_S)
 
     def _admit(self) -> None:
-        """Give free rows to waiting answers (a left or stopped one is dropped); each prefills as it joins. The
-        answers that get a row now prefill shortest prompt first, each showing its first token as soon as it has
-        prefilled, for at most ADMIT_S before the rows already decoding take their next step."""
+        """Give free rows to waiting answers (a left or stopped one is dropped); they prefill as they join, several
+        in one forward (tr_core.batch.prefill_group). The answers that get a row now prefill shortest prompt
+        first, each showing its first token as soon as it has prefilled, for at most ADMIT_S before the rows
+        already decoding take their next step."""
         began = time.monotonic()
         while not self.batch.full and (not self.rows or time.monotonic() - began < ADMIT_S):
             with self.wake:
                 if not self.waiting:
                     return
-                ticket = next_to_join(self.waiting, self.batch.max_rows - len(self.batch))
-                self.waiting.remove(ticket)
-            if ticket.gone.is_set() or ticket.stop():
-                ticket.events.put(None)
-                continue
-            with DECODE_SLOT:
-                self._join(ticket)
+                group = next_to_join(self.waiting, self.batch.max_rows - len(self.batch))
+                for ticket in group:
+                    self.waiting.remove(ticket)
+            joining = []
+            for ticket in group:
+                if ticket.gone.is_set() or ticket.stop():
+                    ticket.events.put(None)
+                else:
+                    joining.append(ticket)
+            if joining:
+                with DECODE_SLOT:
+                    self._join(joining)
 
-    def _join(self, ticket: Ticket) -> None:
-        """Prefill an answer into a row and give it its first token at once (it needs no forward of its own)."""
+    def _join(self, tickets: list[Ticket]) -> None:
+        """Prefill answers into rows (one forward) and give each its first token at once where it needs no forward
+        of its own."""
         try:
-            key = self.batch.add(ticket.engine, ticket.prompt_ids, ticket.cfg,
-                                 stop=lambda t=ticket: t.gone.is_set() or t.stop())
-        except Exception as exc:  # noqa: BLE001 - this answer's error, handed to it
-            ticket.events.put(exc)
-            ticket.events.put(None)
-            return
-        with self.wake:
-            self.rows[key] = ticket
+            keys = self.batch.add_together([Joining(t.engine, t.prompt_ids, t.cfg, stop=stopper(t)) for t in tickets])
+        except Exception as exc:  # noqa: BLE001 - the shared prefill failed: these answers get the error
+            keys = [exc] * len(tickets)
+        for ticket, key in zip(tickets, keys):
+            if isinstance(key, Exception):
+                ticket.events.put(key)
+                ticket.events.put(None)
+            else:
+                with self.wake:
+                    self.rows[key] = ticket
         try:
             out = self.batch.first_steps()
         except Exception as exc:  # noqa: BLE001 - as a failed step: every answer in the batch gets the error
@@ -160,9 +169,16 @@ class DecodeLoop:
             self.rows.clear()
 
 
-def next_to_join(waiting: deque[Ticket], free: int) -> Ticket:
-    """The next answer to prefill: of the first `free` in line (those who get a row now), the shortest prompt."""
-    return min(itertools.islice(waiting, max(free, 1)), key=lambda t: len(t.prompt_ids))
+def next_to_join(waiting: deque[Ticket], free: int) -> list[Ticket]:
+    """The next answers to prefill, in one forward: of the first `free` in line (those who get a row now), the
+    shortest prompts, as many as tr_core.batch.prefill_group allows."""
+    line = sorted(itertools.islice(waiting, max(free, 1)), key=lambda t: len(t.prompt_ids))
+    return line[: prefill_group([len(t.prompt_ids) for t in line], free)]
+
+
+def stopper(ticket: Ticket) -> Callable[[], bool]:
+    """Whether the answer of `ticket` should stop: its visitor left, or pressed Stop."""
+    return lambda: ticket.gone.is_set() or ticket.stop()
 
 
 _LOOPS: dict[int, DecodeLoop] = {}  # id(model) -> its loop (a model stays loaded for the process's life)

@@ -6,7 +6,7 @@ import torch
 from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
 
 from tr_core import DecodeConfig, Engine, StepEvent, SummaryEvent
-from tr_core.batch import Batch, generate_batch, tree_width
+from tr_core.batch import Batch, Joining, generate_batch, prefill_group, tree_width
 
 
 def ragged_prompts(n: int, seed: int = 3) -> list[list[int]]:
@@ -198,3 +198,44 @@ def test_answers_joining_one_by_one_fill_spare_rows_without_copying_the_batch():
     full = alone(model, prompts, cfg)
     assert [done[k] for k in keys[:2] + keys[3:]] == full[:2] + full[3:]
     assert full[2][: len(done[keys[2]])] == done[keys[2]]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2"])
+def test_answers_joining_together_prefill_in_one_forward_and_keep_their_tokens(arch):
+    """add_together: several prompts of different lengths prefill in ONE right-padded forward (a bad prompt among
+    them is handed its error, the others join); every answer still gets its tokens alone."""
+    model = tiny_model(arch)
+    prompts, cfg = ragged_prompts(4, seed=9), DecodeConfig(max_new_tokens=24, template="hybrid")
+    base, batch, done = Engine(model, TinyTokenizer(TINY_VOCAB)), Batch(max_rows=8), {}
+    calls = []
+    real = base.runner.prefill_rows
+    base.runner.prefill_rows = lambda rows: calls.append([len(r) for r in rows]) or real(rows)
+    joining = [Joining(base.fork(), p, cfg) for p in prompts[:2]] + [Joining(base.fork(), [TINY_VOCAB + 5], cfg)]
+    keys = batch.add_together(joining + [Joining(base.fork(), p, cfg) for p in prompts[2:]])
+    assert isinstance(keys[2], ValueError) and len(batch) == 4
+    assert len(calls) == 1 and sorted(calls[0]) == sorted(len(p) for p in prompts)  # the last token too: verified
+    keys = keys[:2] + keys[3:]
+    done.update((k, ev.tokens) for k, ev in batch.first_steps() if isinstance(ev, SummaryEvent))
+    while batch:
+        done.update((k, ev.tokens) for k, ev in batch.step() if isinstance(ev, SummaryEvent))
+    assert [done[k] for k in keys] == alone(model, prompts, cfg)
+
+
+def test_a_prefill_group_fills_free_rows_within_its_padded_budget():
+    assert prefill_group([100, 120, 110, 90], free=8, budget=512) == 4  # 4 x 120 = 480
+    assert prefill_group([100, 120, 110, 90, 50], free=8, budget=512) == 4  # a 5th: 5 x 120 = 600
+    assert prefill_group([100, 120, 110], free=2, budget=512) == 2  # only two rows free
+    assert prefill_group([900, 10], free=8, budget=512) == 1  # one longer than the budget goes alone
+    assert prefill_group([], free=8) == 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_exact_bfloat16_batch_with_a_shared_prefill_equals_alone(arch):
+    """In exact mode (row-invariant products and attention, invariant.py) a bfloat16 batch, prompts prefilled
+    together, gives every answer the tokens it gives alone."""
+    model = tiny_model(arch).to(torch.bfloat16)
+    prompts, cfg = ragged_prompts(6, seed=3), DecodeConfig(max_new_tokens=32, template="hybrid")
+    pairs = list(generate_batch(Engine(model, TinyTokenizer(TINY_VOCAB), exact=True), prompts, cfg, max_rows=8))
+    tokens = {i: ev.tokens for i, ev in pairs if isinstance(ev, SummaryEvent)}
+    solo = [list(Engine(model, TinyTokenizer(TINY_VOCAB), exact=True).generate(p, cfg))[-1].tokens for p in prompts]
+    assert [tokens[i] for i in range(len(prompts))] == solo

@@ -79,8 +79,13 @@ def test_a_bad_prompt_fails_that_answer_only():
 
 
 def test_those_who_get_a_row_now_prefill_shortest_first_and_the_line_stays_first_come():
+    """Of those in line who get a row now, the shortest prompts prefill first, together in one forward as far as
+    the padded budget allows (tr_core.batch.prefill_group); one free row: the first in line, alone."""
     line = deque(Ticket(None, [1] * n, None, lambda: False) for n in (9, 3, 7, 2))
-    assert len(next_to_join(line, free=3).prompt_ids) == 3  # the 4th in line (2 tokens) does not get a row yet
-    assert len(next_to_join(line, free=4).prompt_ids) == 2
-    assert len(next_to_join(line, free=1).prompt_ids) == 9  # one row free: the first in line
-    assert len(next_to_join(line, free=0).prompt_ids) == 9
+    lengths = lambda group: [len(t.prompt_ids) for t in group]  # noqa: E731
+    assert lengths(next_to_join(line, free=3)) == [3, 7, 9]  # the 4th in line (2 tokens) does not get a row yet
+    assert lengths(next_to_join(line, free=4)) == [2, 3, 7, 9]
+    assert lengths(next_to_join(line, free=1)) == [9]
+    assert lengths(next_to_join(line, free=0)) == [9]
+    long = deque(Ticket(None, [1] * n, None, lambda: False) for n in (300, 100, 200))
+    assert lengths(next_to_join(long, free=3)) == [100, 200]  # a third row would pad the forward to 3 x 300 tokens

@@ -38,6 +38,8 @@ class DecodeState:
     forward_ms: float = 0.0  # summed over steps
     overhead_ms: float = 0.0  # summed over steps
     prefill_s: float = 0.0
+    opened_at: float = 0.0  # perf_counter when the answer was opened (its prefill time counts from there)
+    prefill_ids: list[int] | None = None  # the prompt's forward still to run (Engine.open_answer(prefill=False))
     decode_start: float = 0.0  # perf_counter when the first step began
 
     @property

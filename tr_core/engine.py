@@ -159,15 +159,18 @@ class Engine(EngineState):
             yield self.close_answer(state)
 
     def open_answer(self, prompt_ids: list[int], cfg: DecodeConfig | None = None, logits_processor: Iterable[Any] = (),
-                    scores_hook: Callable[[torch.Tensor], None] | None = None) -> DecodeState:
+                    scores_hook: Callable[[torch.Tensor], None] | None = None, prefill: bool = True) -> DecodeState:
         """An answer ready for its first step (the prompt checked, seeded and prefilled), for callers that run the
-        steps themselves (batch.py); `generate` is the usual way. The caller installs the timed products."""
+        steps themselves (batch.py); `generate` is the usual way. The caller installs the timed products. With
+        `prefill` False the prompt's forward is left to the caller: `state.prefill_ids` go through the model into
+        `state.cache` (several answers' in one forward: batch.py), then `finish_prefill` takes the last logits."""
         cfg = cfg or DecodeConfig()
         prompt = self.check_prompt(prompt_ids)
-        return self._begin(prompt, cfg, self.drafter_for(cfg), build_processors(cfg, logits_processor), scores_hook)
+        return self._begin(prompt, cfg, self.drafter_for(cfg), build_processors(cfg, logits_processor), scores_hook,
+                           prefill)
 
     def _begin(self, prompt: list[int], cfg: DecodeConfig, drafter: Drafter, processors: list,
-               scores_hook: Callable[[torch.Tensor], None] | None) -> DecodeState:
+               scores_hook: Callable[[torch.Tensor], None] | None, prefill: bool = True) -> DecodeState:
         """Seed the matrix from the prompt if asked, let the drafter prepare and draft the first step, prefill."""
         t_start = time.perf_counter()
         seeding = cfg.prompt_seeding if cfg.prompt_seeding is not None else drafter.seeds_prompt
@@ -188,23 +191,27 @@ class Engine(EngineState):
                             stop_tensor=torch.tensor(stop_ids, dtype=torch.long, device=self.device),
                             past=len(prompt) - 1, budget=budget, context=context, committed=len(prompt),
                             root=torch.tensor([prompt[-1]], dtype=torch.long, device=self.device), out=[],
-                            cfg=cfg, drafter=drafter, processors=processors, scores_hook=scores_hook)
-        state.first = self._prefill(state, prompt, drafter)
-        sync(self.device)
-        state.prefill_s = time.perf_counter() - t_start
-        state.decode_start = time.perf_counter()
-        return state
-
-    def _prefill(self, state: DecodeState, prompt: list[int], drafter: Drafter) -> tuple[Drafter, Draft, Any]:
-        """The first step's draft, then the prompt's forward: the whole prompt when that draft is the root alone
-        (its last row of logits verifies the step; the KV cache then holds what a root-alone step would commit),
-        else all but the last token, the first root, for the tree's own forward."""
+                            cfg=cfg, drafter=drafter, processors=processors, scores_hook=scores_hook, opened_at=t_start)
         active = self._active(state, drafter)
         draft = active.draft(state.root, self.matrix)
-        if draft.size == 1 and self.first_step_from_prompt:
-            return active, draft, self.runner.prefill(prompt, state.cache)
-        self.runner.prefill(prompt[:-1], state.cache)
-        return active, draft, None
+        # the prompt's forward: the whole prompt when the first draft is the root alone (its last logits verify the
+        # step; the cache then holds what that step commits), else all but the last token, for the tree's forward
+        verifies = draft.size == 1 and self.first_step_from_prompt
+        state.first, state.prefill_ids = (active, draft, None), prompt if verifies else prompt[:-1]
+        if prefill:
+            self.finish_prefill(state, self.runner.prefill(state.prefill_ids, state.cache))
+        return state
+
+    def finish_prefill(self, state: DecodeState, last_logits: torch.Tensor | None) -> None:
+        """The prompt's forward has run into `state.cache`: its last row of logits [1, V] verifies the first step
+        when that step drafts the root alone (else it is not needed); the answer's clock starts."""
+        active, draft, _ = state.first
+        verifies = last_logits is not None and len(state.prefill_ids) == state.prompt_len
+        state.first = (active, draft, last_logits if verifies else None)
+        state.prefill_ids = None
+        sync(self.device)
+        state.prefill_s = time.perf_counter() - state.opened_at
+        state.decode_start = time.perf_counter()
 
     def _active(self, state: DecodeState, drafter: Drafter) -> Drafter:
         """The answer's drafter, or plain decoding where its deepest draft would pass the model's context."""

@@ -104,6 +104,14 @@ class _BufferLayer(DynamicLayer):
             buffer[rows, :, : own.length] = part[0]
         self.rows = rows + 1
 
+    def row_view(self, row: int, length: int) -> "_BufferLayer":
+        """Row `row`'s first `length` entries as a layer of its own, sharing this one's buffers (no copy)."""
+        own = _BufferLayer()
+        own.device, own.is_initialized = self.device, True
+        own.keys, own.values = self._k[row : row + 1], self._v[row : row + 1]  # whole buffers: then cut
+        own.length = length
+        return own
+
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep the rows `index` (in that order); the first rows kept in place are not copied."""
         if torch.equal(index, torch.arange(len(index), device=index.device)):
@@ -161,6 +169,17 @@ class TreeKVCache(Cache):
         for layer in self.layers:
             if layer.is_initialized:
                 layer.length = min(layer.length, length)
+
+
+def row_caches(cache: TreeKVCache, lengths: list[int]) -> list[TreeKVCache]:
+    """The rows of a cache prefilled for several answers at once (ModelRunner.prefill_rows) as answers' own caches:
+    row i's first lengths[i] entries, views of the shared buffers (BatchKVCache.add_row copies them)."""
+    solos = []
+    for i, n in enumerate(lengths):
+        solo = TreeKVCache()
+        solo.layers = [layer.row_view(i, n) for layer in cache.layers]
+        solos.append(solo)
+    return solos
 
 
 class BatchKVCache(TreeKVCache):

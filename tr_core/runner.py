@@ -110,6 +110,25 @@ class ModelRunner:
         t = torch.tensor([ids], dtype=torch.long, device=self.device)
         return self.forward(t, torch.arange(len(ids), device=self.device)[None], None, cache, last_only=True)
 
+    def prefill_rows(self, rows: list[list[int]]) -> tuple[torch.Tensor, TreeKVCache]:
+        """Several prompts from position 0 in ONE forward, right-padded: causal attention keeps every real token's
+        view free of padding. Returns each row's last-token logits [B, V] and the cache, whose row i holds valid
+        entries [0, len(rows[i])) (kv_cache.row_caches splits it). Needs `logits_to_keep` (has_logits_to_keep)."""
+        lengths = [len(r) for r in rows]
+        if not lengths or min(lengths) < 1:
+            raise ValueError("every row needs at least one token")
+        ids = torch.zeros(len(rows), max(lengths), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        ids = ids.to(self.device)
+        positions = torch.arange(ids.shape[1], device=self.device)[None].expand(len(rows), -1)
+        keep = sorted({n - 1 for n in lengths})  # the positions whose logits are read, shared by all rows
+        cache = TreeKVCache()
+        logits = self.model(input_ids=ids, position_ids=positions, attention_mask=None, use_cache=True,
+                            logits_to_keep=torch.tensor(keep, device=self.device), **{self.cache_arg: cache}).logits
+        pick = torch.tensor([keep.index(n - 1) for n in lengths], device=self.device)
+        return logits[torch.arange(len(rows), device=self.device), pick], cache
+
     def mask(self, tree_mask: torch.Tensor, depths: torch.Tensor, past: int) -> Any:
         """The additive mask for tree_mask [N, N], depths [N]: one tensor, or one per layer type for mixed sliding
         models; None for a one-token step within any window (the model keeps its fast path)."""
