@@ -19,9 +19,11 @@ from .tree import tree_figure
 from .microscope import CSS as MICROSCOPE_CSS
 from .microscope import explain, known_before, microscope_blocks, values_known
 from .story import ended_by, step_story
+from .tour import TOUR_CSS, TOUR_JS, telling_step, tour_html
 from tr_core.trace import Trace
 
 TokenText = Callable[[int], str]
+TOUR_STEPS = 200  # steps whose guided tour a file holds (about 23 KB each), beside the telling step's
 # No request of any kind: scripts and styles are inline, plotly's heatmaps draw through data: images.
 CSP = ("default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; "
        "img-src data: blob:; font-src data:")
@@ -43,6 +45,9 @@ def replay_steps(trace: Trace, token_text: TokenText) -> list[dict[str, Any]]:
                     "story": step_story(ev, token_text, values_known(known), ended=ended_by(trace, i)),
                     "emitted": len(ev.emitted),
                     "microscope": microscope_blocks(explain(trace, i, known))})
+    telling = telling_step(trace)
+    for i, step in enumerate(out):  # the tour's screens, for the first TOUR_STEPS steps and the telling one
+        step["tour"] = tour_html(trace, i, token_text) if i < TOUR_STEPS or i == telling else ""
     return out
 
 
@@ -108,13 +113,13 @@ def replay_html(trace: Trace, token_text: TokenText | None = None) -> str:
     """One answer as a self-contained HTML page (see the module docstring); `token_text` defaults to the trace's."""
     text_of = token_text or trace.token_text
     runs = step_runs(trace, text_of)
-    data = {"steps": replay_steps(trace, text_of), "config": PLOTLY_CONFIG}
+    data = {"steps": replay_steps(trace, text_of), "config": PLOTLY_CONFIG, "start": telling_step(trace)}
     n = len(trace.steps)
     title = html.escape(f"Token Recycling replay · {trace.model or 'unknown model'}")
     return PAGE.format(
-        csp=CSP, title=title, css=CSS + MICROSCOPE_CSS, summary=html.escape(summary_line(trace)), n=max(n, 1),
+        csp=CSP, title=title, css=CSS + MICROSCOPE_CSS + TOUR_CSS, summary=html.escape(summary_line(trace)), n=max(n, 1),
         messages=messages_html(trace), answer=answer_html(runs), plotly=plotly_js(), data=json_script(data, "tr-data"),
-        script=SCRIPT)
+        script=SCRIPT + TOUR_JS)
 
 
 PAGE = """<!DOCTYPE html>
@@ -129,7 +134,10 @@ PAGE = """<!DOCTYPE html>
 <button id="tr-prev" type="button" title="previous step (←)">◀ Previous</button>
 <input id="tr-step" type="range" min="1" max="{n}" value="1" step="1" aria-label="step">
 <button id="tr-next" type="button" title="next step (→)">Next ▶</button>
-<span id="tr-step-label">Step 1 of {n}</span></nav>
+<span id="tr-step-label">Step 1 of {n}</span>
+<button id="tr-tour-btn" type="button" title="one idea a screen: → or space, Esc to close">▶ Guided tour of this step</button>
+</nav>
+<div id="tr-tour-box"></div>
 <main>
 <section class="text">
 <div id="tr-story" class="story" aria-live="polite"></div>
@@ -258,6 +266,14 @@ SCRIPT = """
     var to = {ArrowLeft: current - 1, ArrowRight: current + 1, Home: 0, End: n - 1}[e.key];
     if (to !== undefined) { e.preventDefault(); show(to); }
   });
-  show(0);
+  var tourBtn = document.getElementById("tr-tour-btn"), tourBox = document.getElementById("tr-tour-box");
+  tourBtn.addEventListener("click", function () {
+    var markup = n ? steps[current].tour : "";
+    if (!markup) { story.textContent = "This file holds no guided tour of this step (only of its first steps)."; return; }
+    tourBox.innerHTML = markup;  // built and escaped by present.tour: no string of the trace is markup
+    window.trTourOpen(tourBox);
+  });
+  tourBtn.disabled = !n;
+  show(n ? Math.min(Math.max(Number(data.start) || 0, 0), n - 1) : 0);  // the telling step (present.tour)
 })();
 """

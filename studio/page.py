@@ -3,11 +3,10 @@
 Handlers (handlers.py, traces.py) take a session and inputs and return a view (a dict keyed by views.KEYS); the
 wrappers here find the visitor's session, call the handler and turn the view into component updates.
 Endpoint names are the documented API: /chat, /stop, /new_chat, /replay, /load_trace, /load_model,
-/reset_matrix, /save_matrix, /load_matrix, /export_html.
+/reset_matrix, /save_matrix, /load_matrix, /export_html, /compare_methods, /tour.
 """
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -17,96 +16,21 @@ import gradio as gr
 
 from present.chat import safe_markdown
 from present.glossary import glossary_html
+from present.tour import TOUR_CSS
 
 from . import handlers as h
 from . import side_by_side, traces
 from .decode_loop import crowd
 from .models import label
 from .session import Session, Studio, decode_slot, new_session
+from .page_js import (DOWNLOAD_JS, MICROSCOPE_JS, PRESENT_FROM_URL_JS, PRESENT_JS, PRESENT_LABELS, RACE_JS,
+                      TOUR_INSTALL_JS, TOUR_OPEN_JS)
 from .settings import parse_settings
+from .texts import DRAFTING, EXAMPLES, HOW_IT_WORKS, PAPER, WHY_NUMBERS
 from .views import KEYS, blank_views, matrix_info
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
-CSS = (ASSETS / "studio.css").read_text(encoding="utf-8")
-
-EXAMPLES = [
-    ("Conversation", "I have a job interview tomorrow. Give me three short tips to stay calm."),
-    ("Code", "Write a Python function that checks whether a string is a palindrome, with a short docstring."),
-    ("Translation", "Translate to French: The weather is nice today, so we are going to the beach."),
-    ("Summarization", "Summarize in two sentences: Token Recycling stores the top-k next-token candidates of every "
-                      "token it has seen in an adjacency matrix. Each step it builds a draft tree from that matrix, "
-                      "verifies the whole tree with one forward pass, accepts the longest correct path and then "
-                      "overwrites the matrix rows with fresh candidates from the same forward pass. It needs no "
-                      "extra model and no training."),
-    ("Math", "A shop sells pencils at 3 for $1. How much do 12 pencils cost? Explain step by step."),
-    ("RAG QA", "Context: The Eiffel Tower was completed in 1889 for the World's Fair in Paris. It is 330 metres tall "
-               "and was the tallest man-made structure until 1930.\n\nQuestion: When was the Eiffel Tower completed "
-               "and how tall is it?"),
-]
-
-PAPER = ("Luo et al., *Turning Trash into Treasure: Accelerating Inference of Large Language Models with Token "
-         "Recycling*, ACL 2025, [arXiv:2408.08696](https://arxiv.org/abs/2408.08696)")
-
-# The drafting switch: (template, label, one sentence). It sets the decoding settings' template (see _wire).
-DRAFTING = (
-    ("adaptive", "Matrix only", "drafts read from the matrix (the paper's method), as many as pay on this machine."),
-    ("hybrid", "Matrix + context", "also copies runs from the conversation or the warm-start answers (squares; "
-                                   "diamonds where the matrix agrees)."),
-)
-
-WHY_NUMBERS = """
-**Expected speedup.** A step verifies N tokens in one forward and gains the accepted drafts plus one bonus token, so
-
-  speedup ≈ tokens per step (accepted drafts + the bonus) ÷ t(N)/t(1),
-
-where t(N)/t(1) is what a step verifying N tokens costs against a plain decoding step. The meter measures both
-sides, Token Recycling and plain decoding timed in turns over the same tokens, and the cost panel works the formula
-out with the meter's timings of each size of step and this answer's accepted tokens, so the two agree (or the panel
-says why they do not). Before the meter has measured, the panel estimates t(N)/t(1) from this machine's cost curve,
-labelled as an estimate. When the cost curve was timed on a busy machine, or the meter found the timings too noisy,
-no estimate is shown.
-
-**Why a big tree pays on a GPU and not on a CPU.** On a GPU a forward is *memory-bound*: reading the weights takes
-the time, so a forward of the paper's 80-token tree costs about as much as a forward of one token, and every
-accepted draft is nearly free. On a CPU a forward is *compute-bound*: each extra token costs arithmetic, t(N) grows
-with N, and an 80-token tree can cost several one-token forwards, more than its 2-3 accepted tokens win back. That is
-why the CPU default is the cost-sized tree (*adaptive*, or *hybrid* with context runs), which drafts only as many
-tokens as this machine's t(N) pays for, and sometimes none.
-
-**Greedy or sampling.** At temperature 0 the answer is exactly plain decoding's; with sampling, the same seed gives
-the same answer as plain decoding. The line under the chat says which one the shown answer used.
-
-**The paper.** """
-
-HOW_IT_WORKS = """
-**Token Recycling** (Luo et al., 2025) speeds up decoding without a draft model:
-
-1. **Adjacency matrix** `M [V, k]`: for every token, the top-k next tokens the model predicted the last time it saw it.
-2. **Draft tree**: starting from the last token, candidates are read from `M` level by level following a fixed
-   template (the paper's *2.2.2* tree has 80 nodes over 6 levels).
-3. **One forward pass** verifies the whole tree with a tree attention mask.
-4. **Accept** the longest path that agrees with the model, plus one **bonus** token the model predicts after it.
-5. **Recycle**: the top-k of every tree node's logits overwrite that token's row of `M`, so the matrix keeps learning.
-
-Greedy (or seeded) output is token-identical to plain decoding; only the number of forward passes drops.
-
-**The speedup meter** re-runs the answer from the state it started in, Token Recycling and plain decoding in
-alternating chunks over the same tokens, so a busy machine slows both alike. It shows the ratio with its standard
-error, or says *too noisy to measure* when the chunks disagree or the ratio is larger than the accepted tokens per
-step allow.
-
-**The cost panel** says why a big tree can be slower: a step's speed ≈ the tokens it gained ÷ what a step of N tokens
-costs against a plain decoding step, t(N)/t(1). Once the meter has measured the answer, t(N)/t(1) is its own timing
-of Token Recycling's steps of that size against plain decoding's (sizes it did not time follow this machine's cost
-curve), so the panel and the meter tell one story; before that, it is an estimate from the cost curve the adaptive
-and hybrid trees measure, labelled so. A curve timed while the machine was busy is not shown, and when the meter
-says *too noisy*, no panel claims a speed.
-
-**⚑ Race** replays a measured answer twice side by side, Token Recycling at its recorded step times and plain
-decoding at the pace the meter measured, in your browser: nothing is decoded again. Without the meter's trusted
-figure there is no race. **Presentation view** (or `?view=present` in the address) lays the meter, the tree, the
-matrix window, the step story and the step controls out for a 1280×720 projector; Microscope opens the step microscope.
-"""
+CSS = (ASSETS / "studio.css").read_text(encoding="utf-8") + TOUR_CSS
 
 
 class Registry:
@@ -219,7 +143,10 @@ def _step_panel(ui: dict, blank: dict[str, Any]) -> None:
             with gr.Row(elem_id="tr-nav-buttons"):
                 ui["prev"] = gr.Button("◀ Previous step", size="sm", elem_id="tr-prev")
                 ui["next"] = gr.Button("Next step ▶", size="sm", elem_id="tr-next")
-                ui["micro_btn"] = gr.Button("Details: microscope", size="sm", elem_id="tr-micro-btn")
+                ui["micro_btn"] = gr.Button("🔬 Microscope", size="sm", elem_id="tr-micro-btn")
+                ui["tour_btn"] = gr.Button("▶ Tour this step", size="sm", variant="primary",
+                                           elem_id="tr-tour-btn")
+        ui["tour"] = gr.HTML("", elem_id="tr-tour-box")  # present/tour.py: an overlay while open
         with gr.Row(elem_id="tr-delay-row"):
             ui["delay"] = gr.Slider(0.0, 3.0, value=0.0, step=0.1, label="Slow motion: pause per step (s)", scale=3)
             ui["colour"] = gr.Checkbox(True, label="Colour accepted runs in the chat", scale=2)
@@ -367,68 +294,6 @@ def _file_path(file: Any) -> str | None:
     return file if isinstance(file, str) or file is None else getattr(file, "name", None)
 
 
-# Click the hidden download button once the replay file is set (it is disabled when there is no file).
-DOWNLOAD_JS = """() => { const el = document.querySelector('#tr-export-html-file');
-  const b = el && (el.tagName === 'BUTTON' ? el : el.querySelector('button'));
-  if (b && !b.disabled) b.click(); }"""
-
-# The race runs in the browser from the timeline in the race panel (present.race): no server time, no decoding.
-# Each frame shows what present.race.race_frame gives at that time: the units (steps, tokens) ended by then.
-RACE_JS = """() => {
-  const box = document.querySelector('#tr-race-box .tr-race');
-  if (!box) return;
-  box.classList.add('tr-race-open');
-  const close = box.querySelector('.tr-race-close');
-  if (close) close.onclick = () => { box.classList.remove('tr-race-open'); window.trRaceRun = (window.trRaceRun || 0) + 1; };
-  box.scrollIntoView({block: 'nearest'});
-  const raw = box.getAttribute('data-timeline');
-  if (!raw) return;
-  const tl = JSON.parse(raw), text = Array.from(tl.text);
-  const run = window.trRaceRun = (window.trRaceRun || 0) + 1;
-  const ended = (times, t) => { let lo = 0, hi = times.length;
-    while (lo < hi) { const mid = (lo + hi) >> 1; if (times[mid] <= t) lo = mid + 1; else hi = mid; } return lo; };
-  const t0 = performance.now();
-  const frame = () => {
-    if (window.trRaceRun !== run || !box.isConnected) return;
-    const t = performance.now() - t0;
-    for (const key of ['tr', 'plain']) {
-      const side = tl[key], k = ended(side.times, t), pane = box.querySelector('#tr-race-' + key);
-      const shown = k ? text.slice(0, side.chars[k - 1]).join('') : '';
-      if (pane.textContent !== shown) { pane.textContent = shown; pane.scrollTop = pane.scrollHeight; }
-      box.querySelector('#tr-race-' + key + '-count').textContent = side.labels[k];
-      box.querySelector('.tr-lane-' + key).classList.toggle('tr-lane-done', k === side.times.length);
-    }
-    box.querySelector('#tr-race-clock').textContent = (Math.min(t, tl.total_ms) / 1000).toFixed(1) + ' s';
-    if (t <= tl.total_ms) setTimeout(frame, 50);  // about 20 frames a second
-  };
-  frame();
-}"""
-
-# Presentation view: a class on the page root (assets/studio.css lays the page out for a 1280x720 projector).
-PRESENT_LABELS = ("▣ Presentation view", "✕ Leave presentation view")
-PRESENT_JS = """(on) => {
-  const root = document.documentElement;
-  on = typeof on === 'boolean' ? on : !root.classList.contains('tr-present');
-  root.classList.toggle('tr-present', on);
-  const url = new URL(window.location.href);
-  if (on) url.searchParams.set('view', 'present'); else url.searchParams.delete('view');
-  window.history.replaceState(null, '', url);
-  const el = document.querySelector('#tr-present');
-  const b = el && (el.tagName === 'BUTTON' ? el : el.querySelector('button'));
-  if (b) b.textContent = on ? %s : %s;
-  window.dispatchEvent(new Event('resize'));  // plotly refits the figures to their new widths
-}""" % tuple(json.dumps(x) for x in reversed(PRESENT_LABELS))
-# The microscope: in the presentation view an overlay over the tree (a class on the page root); else the details
-# (the full step story and cost, and the microscope, scrolled to), shown or hidden again.
-MICROSCOPE_JS = """() => {
-  const root = document.documentElement, box = document.querySelector('#tr-microscope');
-  if (root.classList.contains('tr-present')) { root.classList.toggle('tr-micro'); return; }
-  if (root.classList.toggle('tr-detail') && box) box.scrollIntoView({block: 'nearest'});
-}"""
-PRESENT_FROM_URL_JS = ("() => { if (new URLSearchParams(window.location.search).get('view') === 'present') "
-                       f"({PRESENT_JS})(true); }}")
-
-
 # Answers decode together in a shared batch (studio/decode_loop.py): this many chat requests run at once (each waits
 # for a row there and draws its own figures); further ones wait in Gradio's queue, which shows each their place.
 CHAT_CONCURRENCY = 32
@@ -468,22 +333,32 @@ def _wire(demo: gr.Blocks, studio: Studio, registry: Registry, ui: dict) -> None
                                      outputs=[ui["status"], ui["replay_html"], state], concurrency_limit=1,
                                      concurrency_id="export")  # a few seconds of CPU for a long answer: one at a time
     export.then(None, js=DOWNLOAD_JS, api_visibility="private")
-    ui["race_btn"].click(None, js=RACE_JS, api_visibility="private")
-    ui["present"].click(None, js=PRESENT_JS, api_visibility="private")
-    ui["micro_btn"].click(None, js=MICROSCOPE_JS, api_visibility="private")
+    _wire_views(demo, registry, ui)
     # the drafting switch and the template dropdown show the same choice (`input`: a visitor's change only, no loop)
     ui["drafting"].input(lambda name: name, inputs=ui["drafting"], outputs=ui["template"], queue=False,
                          api_visibility="private")
     names = {name for name, _, _ in DRAFTING}
     ui["template"].input(lambda name: name if name in names else None, inputs=ui["template"],
                          outputs=ui["drafting"], queue=False, api_visibility="private")
-    demo.load(None, js=PRESENT_FROM_URL_JS, api_visibility="private")
     ui["reset"].click(_simple(registry, ui, h.reset_matrix), inputs=state, outputs=outs, api_name="reset_matrix")
     ui["empty"].click(_simple(registry, ui, h.empty_matrix), inputs=state, outputs=outs, api_name="empty_matrix")
     ui["save"].click(_simple(registry, ui, h.save_matrix), inputs=state, outputs=outs, api_name="save_matrix")
     ui["matrix_upload"].upload(_simple(registry, ui, lambda s, f, k: h.load_matrix(studio, s, _file_path(f), k)),
                                inputs=[state, ui["matrix_upload"], ui["k"]], outputs=outs, api_name="load_matrix")
     demo.unload(registry.close)
+
+
+def _wire_views(demo: gr.Blocks, registry: Registry, ui: dict) -> None:
+    """The ways of looking at an answer: the race, the presentation view, the microscope and the guided tour."""
+    ui["race_btn"].click(None, js=RACE_JS, api_visibility="private")
+    ui["present"].click(None, js=PRESENT_JS, api_visibility="private")
+    ui["micro_btn"].click(None, js=MICROSCOPE_JS, api_visibility="private")
+    state = ui["state"]
+    ui["tour_btn"].click(_simple(registry, ui, traces.tour), inputs=[state, ui["replay"]], api_name="tour",
+                         outputs=[ui["tour"], ui["status"], state]).then(None, js=TOUR_OPEN_JS,
+                                                                         api_visibility="private")
+    demo.load(None, js=PRESENT_FROM_URL_JS, api_visibility="private")
+    demo.load(None, js=TOUR_INSTALL_JS, api_visibility="private")
 
 
 def build_demo(studio: Studio) -> gr.Blocks:

@@ -16,15 +16,32 @@ def replay(s: Session, step: Any, colour: bool) -> dict:
     trace = s.trace
     if trace is None or not trace.steps:
         return {"status": "Nothing to replay yet: send a message or load a trace."}
-    try:
-        i = int(float(step or 1)) - 1
-    except (TypeError, ValueError, OverflowError):
-        i = 0
-    i = max(0, min(i, len(trace.steps) - 1))
+    i = slider_step(step, len(trace.steps))
     view = step_views(trace, i, cost_curve(s, trace))
     view.update({"chat": marked_chat(s.display, trace, i, colour, upto=i),
                  "status": f"Replaying step {i + 1} of {len(trace.steps)}"})
     return view
+
+
+def tour(s: Session, step: Any) -> dict:
+    """The guided tour of the step shown on the replay slider (after an answer: the telling step, best_step)."""
+    from present.tour import tour_html
+
+    trace = s.trace
+    if trace is None or not trace.steps:
+        return {"status": "No answer to tour yet: send a message or load a trace.", "tour": ""}
+    i = slider_step(step, len(trace.steps))
+    return {"tour": tour_html(trace, i), "status": f"Guided tour of step {i + 1} of {len(trace.steps)}: "
+                                                   "→ or space for the next screen, Esc to close."}
+
+
+def slider_step(step: Any, n: int) -> int:
+    """The 0-based step a replay slider's value names, within a trace of n steps."""
+    try:
+        i = int(float(step or 1)) - 1
+    except (TypeError, ValueError, OverflowError):
+        i = 0
+    return max(0, min(i, n - 1))
 
 
 def step_by(s: Session, step: Any, delta: int) -> int:

@@ -20,6 +20,7 @@ from present.tree import tree_figure
 from present.microscope import microscope_view
 from present.race import NoRace, race_timeline
 from present.story import ended_by, step_story
+from present.tour import matrix_kept, telling_step
 from tr_core.trace import Trace, boundaries_from_texts
 
 # the cost panel is its own module; tests/test_speed.py also names these from here
@@ -180,8 +181,9 @@ def race_html(trace: Trace | None, wait: str = "") -> str:
 
 
 def best_step(trace: Trace) -> int:
-    """The step to show first: the one that emitted the most tokens (the latest of ties)."""
-    return max(range(len(trace.steps)), key=lambda i: (len(trace.steps[i].emitted), i))
+    """The step to show first, and to tour (present.tour.telling_step): where the most drafts read from the matrix
+    were accepted (the paper's method at work), then the most tokens."""
+    return telling_step(trace)
 
 
 def done_status(notes: list[str], trace: Trace) -> str:
@@ -192,9 +194,10 @@ def done_status(notes: list[str], trace: Trace) -> str:
     if not trace.steps:
         return "✓ Done."
     best = best_step(trace)
-    gained = len(trace.steps[best].emitted)
-    return (f"✓ Done. Showing step {best + 1} of {len(trace.steps)}, the one that gained the most tokens "
-            f"({gained}).{answer_end(trace)}")
+    gained, matrix = len(trace.steps[best].emitted), matrix_kept(trace.steps[best])
+    why = (f"the one with the most matrix drafts accepted ({matrix}; {gained} tokens)" if matrix else
+           f"the one that gained the most tokens ({gained})")
+    return f"✓ Done. Showing step {best + 1} of {len(trace.steps)}, {why}.{answer_end(trace)}"
 
 
 def answer_end(trace: Trace) -> str:

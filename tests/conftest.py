@@ -208,3 +208,37 @@ def unglossed(markup: str) -> str:
     import re
 
     return re.sub(r'<span class="tr-term" tabindex="0" data-tip="[^"]*">(.*?)</span>', r"\1", markup)
+
+
+# In an open guided tour (present/tour.py): the screen shown, the smallest text on it in px as drawn, and every
+# text or shape that sticks out of the 1280x720 stage (cut off), or overlaps the tour's controls.
+TOUR_SCREEN_JS = """() => {
+  const tour = document.querySelector('.tr-tour.tr-tour-open');
+  if (!tour) return null;
+  const stage = tour.querySelector('.tr-tour-stage').getBoundingClientRect();
+  const screen = tour.querySelector('.tr-tour-screen.tr-on');
+  const nav = tour.querySelector('.tr-tour-nav').getBoundingClientRect();
+  const scale = stage.width / 1280;
+  const texts = [...screen.querySelectorAll('h2, p, text'), ...tour.querySelectorAll('.tr-tour-nav *')];
+  const sizes = texts.map(el => parseFloat(getComputedStyle(el).fontSize) * scale);
+  const out = [...screen.querySelectorAll('h2, p, text, rect, circle, polygon, line')].filter(el => {
+    const r = el.getBoundingClientRect();
+    return r.left < stage.left - 1 || r.right > stage.right + 1 || r.top < stage.top - 1 || r.bottom > stage.bottom + 1;
+  }).map(el => el.textContent || el.tagName);
+  const onNav = [...screen.querySelectorAll('h2, p, text')].filter(el => {
+    const r = el.getBoundingClientRect();
+    return r.right > nav.left && r.left < nav.right && r.bottom > nav.top && r.top < nav.bottom;
+  }).map(el => el.textContent);
+  return {title: screen.querySelector('h2').textContent, words: screen.querySelector('p').textContent,
+          smallest: Math.min(...sizes), cut: out, onNav: onNav, count: tour.querySelector('.tr-tour-count').textContent,
+          stage: [stage.width, stage.height]};
+}"""
+
+
+def walk_tour(page, screens: int = 7) -> list[dict]:
+    """Every screen of the open tour, read by TOUR_SCREEN_JS, moving on with the keys (→, then space)."""
+    seen = []
+    for i in range(screens):
+        seen.append(page.evaluate(TOUR_SCREEN_JS))
+        page.keyboard.press("ArrowRight" if i % 2 == 0 else " ")
+    return seen

@@ -742,13 +742,18 @@ def test_message_streams_answer_with_measured_speedup_and_marked_tree(client):
     assert trace.speed is not None and trace.speed["identical"] is True
     assert replay["maximum"] == max(len(trace.steps), 2) and 0 < trace.summary.new_tokens <= 24
     assert f"drafted {shown - 1} tokens" in story and 'class="tr-story"' in story  # the step shown (13th output)
-    best = max(range(len(trace.steps)), key=lambda i: (len(trace.steps[i].emitted), i))
+    from present.tour import matrix_kept, telling_step
+
+    best = telling_step(trace)  # the step where the most matrix drafts were accepted, then the most tokens
+    assert all(matrix_kept(e) <= matrix_kept(trace.steps[best]) for e in trace.steps)
     limit = (f" It stopped at its {trace.summary.new_tokens}-token limit (Max new tokens)."
              if trace.summary.stop_reason == "length" else "")  # why it ends mid-sentence
     if trace.summary.stop_reason == "eos" and len(trace.steps) > 1 and not trace.step_texts[-1].strip():
         limit = f" Step {len(trace.steps)} gave only the end-of-turn token, which the chat does not show."
-    assert status == (f"✓ Done. Showing step {best + 1} of {len(trace.steps)}, the one that gained the most tokens "
-                      f"({len(trace.steps[best].emitted)}).{limit}")  # why the tree shows it, not the answer's last step
+    gained, matrix = len(trace.steps[best].emitted), matrix_kept(trace.steps[best])
+    why = (f"the one with the most matrix drafts accepted ({matrix}; {gained} tokens)" if matrix else
+           f"the one that gained the most tokens ({gained})")
+    assert status == f"✓ Done. Showing step {best + 1} of {len(trace.steps)}, {why}.{limit}"  # why this step
     assert fig["layout"]["title"]["text"].startswith(f"Step {best + 1}:")
     assert "Cost of this step" in cost and f"verified {shown} tokens in one forward" in unglossed(cost)  # 14th: cost
     if trace.speed["trusted"]:  # 15th: the race, from the recorded measurement; or why there is none

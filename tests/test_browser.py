@@ -618,3 +618,48 @@ def test_after_an_answer_the_page_shows_half_the_words_and_the_details_on_demand
         page.wait_for_selector("#tr-microscope", state="hidden", timeout=HUNG_MS)
     finally:
         context.close()
+
+
+def test_the_guided_tour_of_a_live_answer_and_of_a_loaded_trace_at_1280x720(app_browser, tmp_path):
+    """Issue 55: from an answer just written and from a loaded trace, the tour's seven screens at 1280x720, moved
+    with the keys: no text under 20 px, nothing cut off, the step the page shows; Escape gives the page back."""
+    from conftest import walk_tour
+
+    url, browser = app_browser
+    context, page, _, outside = open_page(browser, url)
+    shot = os.environ.get("TR_TOUR_SCREENSHOT")
+    try:
+        page.set_viewport_size({"width": 1280, "height": 720})
+        page.locator("#tr-msg textarea").fill("Name three prime numbers.")
+        page.locator("#tr-msg textarea").press("Enter")
+        wait_meter_final(page, ("measured", "noisy", "off"))
+        wait_idle(page)
+        shown = re.search(r"Showing step (\d+) of (\d+)", status_text(page))
+        for source in ("live", "loaded"):
+            page.locator("#tr-tour-btn").click()
+            page.wait_for_selector(".tr-tour.tr-tour-open", timeout=HUNG_MS)
+            label = page.locator(".tr-tour-open .tr-tour-step").inner_text()
+            if source == "live":
+                assert label == f"Step {shown.group(1)} of {shown.group(2)}", (label, status_text(page))
+            if shot and source == "live":
+                page.keyboard.press("ArrowRight")
+                page.keyboard.press("ArrowRight")
+                page.screenshot(path=shot)
+                page.keyboard.press("Home")
+            screens = walk_tour(page)
+            assert [s["count"] for s in screens] == [f"{i} / 7" for i in range(1, 8)], screens
+            assert screens[0]["title"] == "Plain decoding keeps one token" and screens[-1]["title"] == "What it bought"
+            for s in screens:
+                assert s["smallest"] >= 20 and s["cut"] == [] and s["onNav"] == [] and s["stage"] == [1280, 720], s
+                assert len(s["words"].split()) <= 30, s["words"]
+            page.keyboard.press("Escape")
+            page.wait_for_selector(".tr-tour.tr-tour-open", state="detached", timeout=HUNG_MS)
+            if source == "live":
+                path = tmp_path / "race.json"
+                race_trace().save(path)
+                upload_trace(page, path)
+                wait_status(page, "Loaded a trace")
+        no_error_toast(page)
+        assert outside == []
+    finally:
+        context.close()

@@ -17,6 +17,7 @@ import pytest
 
 from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
 from present.microscope import microscope_blocks, render_blocks, step_microscope
+from present.tour import telling_step, tour_screens
 from present.replay import replay_html
 from present.story import step_story
 from studio.recording import record_live
@@ -230,6 +231,10 @@ def test_replay_steps_offline_in_chromium(tiny_trace, tmp_path, offline_page):
     path = tmp_path / "replay.html"
     path.write_text(replay_html(tiny_trace), encoding="utf-8")
     page, asked, errors = offline_page(path)
+    opened = page.evaluate(SHOWN_JS)  # the telling step first, as the studio shows it (present.tour.telling_step)
+    assert opened["current"] == [str(telling_step(tiny_trace))]
+    page.keyboard.press("Home")
+    page.wait_for_function("() => document.querySelector('#tr-tree .gtitle').textContent.startsWith('Step 1:')")
     first = page.evaluate(SHOWN_JS)
     assert first["current"] == ["0"] and first["label"].startswith("Step 1 of") and first["title"].startswith("Step 1:")
     assert first["story"] == step_story(tiny_trace.steps[0], tiny_trace.token_text, {}) and first["nodes"] >= 2
@@ -285,6 +290,7 @@ def test_hostile_replay_runs_no_script_and_shows_markup_as_text(tiny_trace, tmp_
     story = step_data(path.read_text(encoding="utf-8"))["steps"][3]["story"]
     assert re.search(r"<(img|script|/script|!--|a )", story), story
     page, asked, errors = offline_page(path)
+    page.keyboard.press("Home")  # it opens at the telling step
     for _ in range(3):
         page.click("#tr-next")
         page.mouse.move(640, 300)  # hover the tree: labels are drawn from token text too
@@ -297,4 +303,33 @@ def test_hostile_replay_runs_no_script_and_shows_markup_as_text(tiny_trace, tmp_
     assert re.search(r"<(img|script|/script|!--|a␣)", shown["microscope"]), shown["microscope"]  # so in the microscope
     assert set(shown["microscopeTags"]) <= {"div", "span", "details", "summary"}
     assert "<img src=x" in page.title() and page.locator("details .body").count() == 2
+    page.click("#tr-tour-btn")  # the tour draws every token's text too: as text
+    for _ in range(7):
+        page.keyboard.press("ArrowRight")
+    assert page.evaluate("() => typeof window.__pwned") == "undefined" and page.locator("img, script[src]").count() == 0
+    assert re.search(r"<(img|script|/script|!--|a␣)", page.locator(".tr-tour-open").text_content())  # cut, as text
+    assert errors == [] and asked == [path.resolve().as_uri()], (errors, asked)
+
+
+@browser_only
+def test_the_guided_tour_works_offline_at_1280x720(tiny_trace, tmp_path, offline_page):
+    """From the replay file: the tour of the step shown, seven screens moved with the keys, no text under 20 px,
+    nothing cut off, Escape closes it and the arrow keys step the replay again; another step gets its own tour."""
+    from conftest import walk_tour
+
+    path = tmp_path / "replay.html"
+    path.write_text(replay_html(tiny_trace), encoding="utf-8")
+    page, asked, errors = offline_page(path)
+    page.click("#tr-tour-btn")
+    screens = walk_tour(page)
+    telling = telling_step(tiny_trace)
+    assert [s["title"] for s in screens] == [s.title for s in tour_screens(tiny_trace, telling)]
+    assert [s["count"] for s in screens] == [f"{i} / 7" for i in range(1, 8)]
+    for s in screens:
+        assert s["smallest"] >= 20 and s["cut"] == [] and s["onNav"] == [] and s["stage"] == [1280, 720], s
+    page.keyboard.press("Escape")
+    assert page.evaluate("() => document.querySelector('.tr-tour.tr-tour-open')") is None
+    page.keyboard.press("Home")
+    page.click("#tr-tour-btn")
+    assert page.locator(".tr-tour-open .tr-tour-step").inner_text() == f"Step 1 of {len(tiny_trace.steps)}"
     assert errors == [] and asked == [path.resolve().as_uri()], (errors, asked)

@@ -1,0 +1,228 @@
+"""The tour's pictures (present/tour.py) as SVG: 1200x470, no text under 22 px, every label escaped.
+
+Bars of candidates, rows of chips (the matrix), a chain of chips (the accepted path), figure tiles, and the draft
+tree laid out left to right (depth across, siblings down: a tree is wider than deep on a 16:9 screen).
+"""
+from __future__ import annotations
+
+import html
+from collections import Counter
+from typing import Callable
+
+from tr_core.events import StepEvent
+
+from .nodes import node_group, node_source
+from .style import (ACCEPTED_COLOUR, BONUS_COLOUR, PAST_END_COLOUR, REJECTED_COLOUR, REJECTED_TEXT, ROOT_COLOUR,
+                    visible_token)
+from .tree_layout import tree_layout
+
+W, H = 1200, 470
+SMALL = 22  # px: the smallest text of a picture (the tour's rule is 20)
+INK = "#0f172a"
+DRAFT = "#334155"  # a draft before the verdict
+ROOT_X = 110  # the root's x in a tree picture (its label stands left of it)
+MAX_LEVELS = 7  # tree levels a picture draws (the labels of more would not fit 20 px type across 1200 px)
+SOURCE_WORDS = {"matrix": "from the matrix", "context": "copied from the conversation",
+                "both": "in a matrix row and copied"}  # as the studio's tree legend (present/tree.py)
+
+
+def svg(body: str, height: int = H) -> str:
+    return (f'<svg width="{W}" height="{height}" viewBox="0 0 {W} {height}" '
+            f'role="img" font-family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif">{body}</svg>')
+
+
+def text(x: float, y: float, s: str, size: int = 24, fill: str = INK, anchor: str = "middle", bold: bool = False,
+         halo: bool = False) -> str:
+    """A label; `halo`: a white outline under the glyphs, so lines it sits on do not cross it."""
+    extra = (' font-weight="700"' if bold else "") + (
+        ' stroke="#ffffff" stroke-width="7" stroke-linejoin="round" paint-order="stroke"' if halo else "")
+    return (f'<text x="{x:.0f}" y="{y:.0f}" font-size="{max(size, SMALL)}" fill="{fill}" text-anchor="{anchor}" '
+            f'dominant-baseline="central"{extra}>{html.escape(s)}</text>')
+
+
+def chip(x: float, y: float, w: float, h: float, label: str, fill: str = "#f1f5f9", ink: str = INK,
+         stroke: str = REJECTED_COLOUR, stroke_w: int = 2, size: int = 24) -> str:
+    return (f'<rect x="{x:.0f}" y="{y:.0f}" width="{w:.0f}" height="{h:.0f}" rx="10" fill="{fill}" '
+            f'stroke="{stroke}" stroke-width="{stroke_w}"/>' + text(x + w / 2, y + h / 2, label, size, ink))
+
+
+def bars_svg(rows: list[tuple[str, float | None, bool]]) -> str:
+    """Candidates as bars, best first: (token, probability or None, kept by plain decoding)."""
+    rows = rows[:8]
+    rh = min(56, (H - 20) // max(len(rows), 1))
+    body = []
+    for j, (label, p, kept) in enumerate(rows):
+        y = 10 + j * rh
+        colour = ACCEPTED_COLOUR if kept else REJECTED_COLOUR
+        body.append(chip(0, y + 4, 200, rh - 8, visible_token(label, 10), stroke=colour, stroke_w=3 if kept else 2))
+        width = 760 * (p if p is not None else 1.0)
+        body.append(f'<rect x="220" y="{y + 8}" width="{max(width, 4):.0f}" height="{rh - 16}" rx="6" fill="{colour}"/>')
+        if p is not None:
+            body.append(text(232 + width, y + rh / 2, f"{p:.0%}", 24, INK, "start"))
+        body.append(text(1195, y + rh / 2, "✓ kept" if kept else "✗", 26, ACCEPTED_COLOUR if kept else REJECTED_TEXT,
+                         "end", bold=kept))
+    return svg("".join(body))
+
+
+def rows_svg(rows: list[tuple[str, list[tuple[str, bool]]]], more: int, labels: list[str] | None = None) -> str:
+    """Matrix rows: the row's token, then its candidate chips (outlined: drafted, or new when `labels` are
+    before/after lines of one row); `more` rows not shown are counted below."""
+    line_h = 100 if labels else 95
+    top = max(10, (H - line_h * len(rows) - (40 if more else 0)) // 2)
+    body = []
+    for j, (row, chips) in enumerate(rows):
+        y = top + j * line_h + (26 if labels else 10)
+        if labels:
+            body.append(text(0, y - 16, labels[j], SMALL, REJECTED_TEXT, "start"))
+        body.append(chip(0, y, 190, 64, f"{visible_token(row, 7)} →", ROOT_COLOUR, "white", ROOT_COLOUR))
+        for c, (label, marked) in enumerate(chips[:8]):
+            body.append(chip(206 + c * 124, y, 114, 64, visible_token(label, 7), "#ffffff" if marked else "#f1f5f9",
+                             INK, BONUS_COLOUR if marked else REJECTED_COLOUR, 5 if marked else 2, 24))
+    if more:
+        body.append(text(600, top + line_h * len(rows) + 20, f"+ {more} more rows read", SMALL, REJECTED_TEXT))
+    return svg("".join(body))
+
+
+def chips_svg(chips: list[tuple[str, str, str]], sum_line: str) -> str:
+    """A chain of chips (token, fill, ink), seven a line, and a sum below."""
+    per, w, h, gap = 7, 150, 72, 18
+    lines = [chips[i : i + per] for i in range(0, len(chips), per)] or [[]]
+    top = (H - len(lines) * (h + 30) - 60) // 2
+    body = []
+    for j, line in enumerate(lines):
+        left = (W - len(line) * w - (len(line) - 1) * gap) / 2
+        for c, (label, fill, ink) in enumerate(line):
+            body.append(chip(left + c * (w + gap), top + j * (h + 30), w, h, visible_token(label, 9), fill, ink, fill,
+                             2, 28))
+    body.append(text(W / 2, top + len(lines) * (h + 30) + 36, sum_line, 34, INK, bold=True))
+    return svg("".join(body))
+
+
+def message_svg(message: str) -> str:
+    """One sentence in large type, centred (a picture that says why there is none)."""
+    words, lines, line = message.split(), [], ""
+    for word in words:
+        if len(line) + len(word) + 1 > 48 and line:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    lines.append(line)
+    top = H / 2 - (len(lines) - 1) * 22
+    return svg("".join(text(W / 2, top + i * 44, s, 32, REJECTED_TEXT) for i, s in enumerate(lines)))
+
+
+def tiles_svg(tiles: list[tuple[str, str]], footer: str) -> str:
+    """Figure tiles (big figure, what it is) side by side, and a line below (the machine that timed them)."""
+    w, gap = 370, 45
+    left = (W - len(tiles) * w - (len(tiles) - 1) * gap) / 2
+    body = []
+    for j, (big, small) in enumerate(tiles):
+        x = left + j * (w + gap)
+        body.append(f'<rect x="{x:.0f}" y="30" width="{w}" height="320" rx="16" fill="#f8fafc" '
+                    f'stroke="{REJECTED_COLOUR}" stroke-width="2"/>')
+        body.append(text(x + w / 2, 140, big, min(64, int((w - 40) / (0.62 * max(len(big), 1)))), ROOT_COLOUR,
+                         bold=True))
+        for i, line in enumerate(wrapped(small, 28)[:4]):
+            body.append(text(x + w / 2, 225 + i * 30, line, SMALL, REJECTED_TEXT))
+    body.append(text(W / 2, 410, footer[:90], 24, INK))
+    return svg("".join(body))
+
+
+def wrapped(s: str, width: int) -> list[str]:
+    lines, line = [], ""
+    for word in s.split():
+        if len(line) + len(word) + 1 > width and line:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    return lines + [line] if line else lines
+
+
+def shape(source: str, x: float, y: float, fill: str, r: float = 11) -> str:
+    """A node's marker: circle (the matrix), square (copied), diamond (both); the root a larger circle."""
+    if source == "context":
+        return f'<rect x="{x - r:.0f}" y="{y - r:.0f}" width="{2 * r:.0f}" height="{2 * r:.0f}" fill="{fill}"/>'
+    if source == "both":
+        d = r * 1.35
+        return f'<polygon points="{x:.0f},{y - d:.0f} {x + d:.0f},{y:.0f} {x:.0f},{y + d:.0f} {x - d:.0f},{y:.0f}" ' \
+               f'fill="{fill}"/>'
+    return f'<circle cx="{x:.0f}" cy="{y:.0f}" r="{r + (4 if source == "root" else 0):.0f}" fill="{fill}"/>'
+
+
+def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool) -> str:
+    """The step's draft tree, depth across: markers by source; with `verdict`, the accepted path green, the rest
+    grey, and the bonus token as an amber star after the path. Crowded columns label only the path; levels past
+    MAX_LEVELS are counted at the end of the path, not drawn (a long copied run)."""
+    levels, groups, on_path = min(max(ev.depths, default=0), MAX_LEVELS), node_group(ev), set(ev.accepted)
+    shown = [i for i in range(len(ev.tokens)) if ev.depths[i] <= levels]
+    tail = verdict and (ev.bonus is not None or levels < max(ev.depths, default=0))
+    col = min(380.0, 930.0 / max(levels + tail, 1))
+    chars = max(3, min(12, int((col - 34) / 13)))
+    layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
+    xy = {i: (ROOT_X + ev.depths[i] * col, 30 + layout.x[i] * 370) for i in shown}
+    body = [f'<line x1="{xy[ev.parents[i]][0]:.0f}" y1="{xy[ev.parents[i]][1]:.0f}" x2="{xy[i][0]:.0f}" '
+            f'y2="{xy[i][1]:.0f}" stroke="{ACCEPTED_COLOUR if verdict and i in on_path else REJECTED_COLOUR}" '
+            f'stroke-width="{5 if verdict and i in on_path else 2}"/>' for i in shown if i]
+    body.append(path_end(ev, token_text, xy, col, chars, verdict))
+    body += [shape("root" if i == 0 else node_source(ev, i) or "matrix", *xy[i], node_fill(groups[i], verdict))
+             for i in shown]
+    crowded = {d for d, c in Counter(ev.depths[i] for i in shown).items() if c > 13}
+    for i in shown:
+        if i == 0:  # left of the root, clear of its edges
+            body.append(text(ROOT_X - 24, xy[0][1], visible_token(token_text(ev.tokens[0]), 6), 24, INK, "end", True))
+        elif ev.depths[i] not in crowded or i in on_path:
+            ink = REJECTED_TEXT if verdict and groups[i] == "rejected" else INK
+            body.append(text(xy[i][0] + 18, xy[i][1], visible_token(token_text(ev.tokens[i]), chars), 22, ink,
+                             "start", i in on_path and verdict, True))
+    body.append(tree_legend(ev, verdict and levels == max(ev.depths, default=0), verdict))
+    return svg("".join(body))
+
+
+def path_end(ev: StepEvent, token_text: Callable[[int], str], xy: dict, col: float, chars: int,
+             verdict: bool) -> str:
+    """What follows the drawn tree: before the verdict, how many deeper drafts are not drawn; after it, the
+    accepted drafts past the last drawn level, then the bonus token (an amber star)."""
+    deeper = sum(1 for i in range(len(ev.tokens)) if i not in xy)
+    if not verdict:
+        last_y = max(y for _, y in xy.values())
+        return text(W - 10, min(last_y + 40, 410), f"+ {deeper} deeper drafts, not drawn", SMALL, REJECTED_TEXT,
+                    "end") if deeper else ""
+    last = max((i for i in ev.accepted if i in xy), key=lambda i: ev.depths[i])
+    x, y = xy[last]
+    hidden = sum(1 for i in ev.accepted if i not in xy)
+    if hidden:
+        return (f'<line x1="{x:.0f}" y1="{y:.0f}" x2="{x + col:.0f}" y2="{y:.0f}" stroke="{ACCEPTED_COLOUR}" '
+                f'stroke-width="5" stroke-dasharray="8 6"/>' +
+                text(x + col - 10, y - 30, f"+ {hidden} more accepted", SMALL, ACCEPTED_COLOUR, "end", True, True))
+    if ev.bonus is None:
+        return ""
+    return (f'<line x1="{x:.0f}" y1="{y:.0f}" x2="{x + col:.0f}" y2="{y:.0f}" stroke="{BONUS_COLOUR}" '
+            f'stroke-width="4" stroke-dasharray="8 6"/>' + text(x + col, y, "★", 40, BONUS_COLOUR) +
+            text(x + col + 20, y, visible_token(token_text(ev.bonus), chars), 22, INK, "start", True, True))
+
+
+def node_fill(group: str, verdict: bool) -> str:
+    if group == "root":
+        return ROOT_COLOUR
+    if not verdict:
+        return DRAFT
+    return {"accepted": ACCEPTED_COLOUR, "past end": PAST_END_COLOUR}.get(group, REJECTED_COLOUR)
+
+
+def tree_legend(ev: StepEvent, bonus_drawn: bool, verdict: bool) -> str:
+    """One line under the tree: what the markers mean (sources before the verdict, the verdict's colours after)."""
+    if verdict:
+        items = [("matrix", ACCEPTED_COLOUR, "accepted"), ("matrix", REJECTED_COLOUR, "rejected")]
+        if ev.bonus is not None and bonus_drawn:
+            items.append(("star", BONUS_COLOUR, "bonus: the model's own next token"))
+    else:
+        present = {node_source(ev, i) or "matrix" for i in range(1, len(ev.tokens))}
+        items = [(s, DRAFT, SOURCE_WORDS[s]) for s in ("matrix", "context", "both") if s in present]
+    body, x = [], 20.0
+    for source, fill, words in items:
+        body.append(text(x, 445, "★", 32, fill) if source == "star" else shape(source, x, 445, fill, 10))
+        body.append(text(x + 20, 445, words, SMALL, INK, "start"))
+        x += 60 + len(words) * 11.5
+    return "".join(body)

@@ -1,0 +1,72 @@
+"""The page's browser-side scripts: no server time, no endpoint (downloads, the race, the presentation view, the
+microscope toggle, the guided tour)."""
+from __future__ import annotations
+
+import json
+
+from present.tour import TOUR_JS
+
+# Click the hidden download button once the replay file is set (it is disabled when there is no file).
+DOWNLOAD_JS = """() => { const el = document.querySelector('#tr-export-html-file');
+  const b = el && (el.tagName === 'BUTTON' ? el : el.querySelector('button'));
+  if (b && !b.disabled) b.click(); }"""
+
+# The race runs in the browser from the timeline in the race panel (present.race): no server time, no decoding.
+# Each frame shows what present.race.race_frame gives at that time: the units (steps, tokens) ended by then.
+RACE_JS = """() => {
+  const box = document.querySelector('#tr-race-box .tr-race');
+  if (!box) return;
+  box.classList.add('tr-race-open');
+  const close = box.querySelector('.tr-race-close');
+  if (close) close.onclick = () => { box.classList.remove('tr-race-open'); window.trRaceRun = (window.trRaceRun || 0) + 1; };
+  box.scrollIntoView({block: 'nearest'});
+  const raw = box.getAttribute('data-timeline');
+  if (!raw) return;
+  const tl = JSON.parse(raw), text = Array.from(tl.text);
+  const run = window.trRaceRun = (window.trRaceRun || 0) + 1;
+  const ended = (times, t) => { let lo = 0, hi = times.length;
+    while (lo < hi) { const mid = (lo + hi) >> 1; if (times[mid] <= t) lo = mid + 1; else hi = mid; } return lo; };
+  const t0 = performance.now();
+  const frame = () => {
+    if (window.trRaceRun !== run || !box.isConnected) return;
+    const t = performance.now() - t0;
+    for (const key of ['tr', 'plain']) {
+      const side = tl[key], k = ended(side.times, t), pane = box.querySelector('#tr-race-' + key);
+      const shown = k ? text.slice(0, side.chars[k - 1]).join('') : '';
+      if (pane.textContent !== shown) { pane.textContent = shown; pane.scrollTop = pane.scrollHeight; }
+      box.querySelector('#tr-race-' + key + '-count').textContent = side.labels[k];
+      box.querySelector('.tr-lane-' + key).classList.toggle('tr-lane-done', k === side.times.length);
+    }
+    box.querySelector('#tr-race-clock').textContent = (Math.min(t, tl.total_ms) / 1000).toFixed(1) + ' s';
+    if (t <= tl.total_ms) setTimeout(frame, 50);  // about 20 frames a second
+  };
+  frame();
+}"""
+
+# Presentation view: a class on the page root (assets/studio.css lays the page out for a 1280x720 projector).
+PRESENT_LABELS = ("▣ Presentation view", "✕ Leave presentation view")
+PRESENT_JS = """(on) => {
+  const root = document.documentElement;
+  on = typeof on === 'boolean' ? on : !root.classList.contains('tr-present');
+  root.classList.toggle('tr-present', on);
+  const url = new URL(window.location.href);
+  if (on) url.searchParams.set('view', 'present'); else url.searchParams.delete('view');
+  window.history.replaceState(null, '', url);
+  const el = document.querySelector('#tr-present');
+  const b = el && (el.tagName === 'BUTTON' ? el : el.querySelector('button'));
+  if (b) b.textContent = on ? %s : %s;
+  window.dispatchEvent(new Event('resize'));  // plotly refits the figures to their new widths
+}""" % tuple(json.dumps(x) for x in reversed(PRESENT_LABELS))
+# The microscope: in the presentation view an overlay over the tree (a class on the page root); else the details
+# (the full step story and cost, and the microscope, scrolled to), shown or hidden again.
+MICROSCOPE_JS = """() => {
+  const root = document.documentElement, box = document.querySelector('#tr-microscope');
+  if (root.classList.contains('tr-present')) { root.classList.toggle('tr-micro'); return; }
+  if (root.classList.toggle('tr-detail') && box) box.scrollIntoView({block: 'nearest'});
+}"""
+PRESENT_FROM_URL_JS = ("() => { if (new URLSearchParams(window.location.search).get('view') === 'present') "
+                       f"({PRESENT_JS})(true); }}")
+
+# The guided tour (present/tour.py): its script installs once with the page; a tour button opens the tour just drawn.
+TOUR_INSTALL_JS = "() => {" + TOUR_JS + "}"
+TOUR_OPEN_JS = "() => { if (window.trTourOpen) window.trTourOpen(document.querySelector('#tr-tour-box')); }"

@@ -1,0 +1,130 @@
+"""The guided tour (present/tour.py): seven screens of one idea each, a telling step by default, figures that
+agree with the step, no small text, and a stranger's trace shown as text."""
+from __future__ import annotations
+
+import copy
+import re
+from html.parser import HTMLParser
+
+import pytest
+from conftest import TINY_VOCAB, TinyTokenizer, tiny_model
+
+from present.tour import MAX_WORDS, matrix_kept, telling_step, tour_html, tour_screens
+from studio.recording import record_live
+from tr_core.events import StepEvent
+from tr_core.trace import Trace
+
+TAGS = {"div", "section", "h2", "p", "nav", "span", "button", "svg", "text", "rect", "circle", "line", "polygon"}
+
+
+@pytest.fixture(scope="module")
+def trace() -> Trace:
+    """A trace recorded as the studio records one (provenance on), the paper's tree on a tiny Llama."""
+    from tr_core import DecodeConfig, Engine
+
+    engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB))
+    messages = [{"role": "user", "content": "tell me a story about a story about a story"}]
+    trace = Trace(model="tiny llama", settings={"template": "2.2.2", "k": 8, "machine": "a test CPU, 2 threads"},
+                  messages=messages)
+    cfg = DecodeConfig(max_new_tokens=40, template="2.2.2", provenance=True)
+    for _ in record_live(engine, engine.encode_chat(messages), cfg, trace, every_s=0.05):
+        pass
+    trace.record_texts(engine.token_text)
+    return trace
+
+
+def step(tokens, parents, accepted, emitted, sources=None, bonus=None) -> StepEvent:
+    depths = [0] * len(tokens)
+    for i in range(1, len(tokens)):
+        depths[i] = depths[parents[i]] + 1
+    return StepEvent(step=0, position=5, tokens=tokens, parents=parents, depths=depths,
+                     ranks=[-1] + [0] * (len(tokens) - 1), accepted=accepted, emitted=emitted,
+                     bonus=emitted[-1] if bonus is None else bonus, timings={"total": 10.0, "forward": 8.0},
+                     sources=sources)
+
+
+def test_the_tour_shows_by_default_a_step_whose_matrix_drafts_were_accepted():
+    """A step that gained more tokens from copies alone loses to one whose drafts came from matrix rows; without
+    any such step, the step that gained the most tokens."""
+    copied = step([1, 2, 3, 4], [-1, 0, 1, 2], [0, 1, 2, 3], [2, 3, 4, 9], ["root", "context", "context", "context"])
+    matrix = step([1, 5, 6], [-1, 0, 0], [0, 1], [5, 9], ["root", "matrix", "matrix"])
+    both = step([1, 7, 8], [-1, 0, 1], [0, 1, 2], [7, 8, 9], ["root", "both", "matrix"])
+    assert [matrix_kept(ev) for ev in (copied, matrix, both)] == [0, 1, 1]  # a copy a row agreed with: not counted
+    assert telling_step(Trace(steps=[copied, matrix])) == 1
+    assert telling_step(Trace(steps=[copied, matrix, both])) == 2  # as many matrix drafts, more tokens
+    assert telling_step(Trace(steps=[matrix, copied])) == 0
+    assert telling_step(Trace(steps=[copied, step([1], [-1], [0], [9], ["root"])])) == 0
+    assert telling_step(Trace()) == 0 and tour_screens(Trace(), 0) == [] and tour_html(Trace(), 0) == ""
+
+
+def test_seven_screens_of_one_idea_each_at_most_thirty_words_no_text_under_20px(trace):
+    for i in range(len(trace.steps)):
+        screens = tour_screens(trace, i)
+        assert len(screens) == 7
+        for s in screens:
+            assert len(s.words.split()) <= MAX_WORDS, s.words
+            assert len(s.title.split()) <= 7, s.title
+            assert s.picture.startswith("<svg") and 'width="1200"' in s.picture
+            sizes = [int(x) for x in re.findall(r'font-size="(\d+)"', s.picture)]
+            assert sizes and min(sizes) >= 20, (s.title, sizes)
+
+
+def test_the_screens_agree_with_the_step_and_the_meter(trace):
+    i = telling_step(trace)
+    ev = trace.steps[i]
+    plain, rows, tree, verdict, path, written, bought = tour_screens(trace, i)
+    assert f"{len(ev.tokens) - 1} drafts over {max(ev.depths)} levels: {len(ev.tokens) - 1} from matrix rows." in tree.words
+    assert f"All {len(ev.tokens)} tokens go through the model in ONE forward" in verdict.words
+    assert f"{len(ev.accepted) - 1} draft" in verdict.words
+    kept = len(ev.emitted) - (ev.bonus is not None)
+    assert f"{kept} draft{'s' if kept != 1 else ''} + 1 bonus = {len(ev.emitted)} tokens for one forward" in path.picture
+    assert f"{len(ev.matrix_rows)} rows rewritten here" in written.words
+    assert f"This step read {len(ev.rows_read)};" in rows.words
+    assert "a test CPU, 2 threads" in words_of(bought.picture) and "speed was not measured" in words_of(bought.picture)
+    measured = copy.copy(trace)
+    measured.speed = {"trusted": True, "ratio": 1.62, "error": 0.05, "plain_tps": 40.0}
+    bought = tour_screens(measured, i)[-1]
+    assert "1.62×" in bought.picture  # the meter's ratio, not another figure
+    assert f"{ev.timings['total'] / 25.0:.1f}" in bought.picture  # this step's ms over a plain step's 25 ms
+
+
+def words_of(picture: str) -> str:
+    """The text a picture shows, its lines joined."""
+    return " ".join(re.sub(r"<[^>]+>", " ", picture).split())
+
+
+class Markup(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: set[str] = set()
+        self.handlers: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        self.handlers += [name for name, _ in attrs if name.startswith("on")]
+
+
+def test_a_strangers_trace_is_text_in_the_tour(trace):
+    bad = copy.deepcopy(trace)
+    bad.token_texts = {t: f'<img src=x onerror="alert({t})"></text><script>1</script>' for t in bad.token_texts}
+    markup = tour_html(bad, telling_step(bad))
+    parsed = Markup()
+    parsed.feed(markup)
+    assert parsed.tags <= TAGS and parsed.handlers == [], (parsed.tags, parsed.handlers)
+    assert "&lt;img" in markup and "<img" not in markup and "<script" not in markup
+
+
+def test_a_long_copied_run_is_counted_at_the_end_of_the_drawn_levels():
+    """A path 12 drafts deep: the pictures draw MAX_LEVELS levels and say how many more were accepted; every label
+    stays at 20 px or more."""
+    from present.tour_pictures import MAX_LEVELS
+
+    n = 13
+    deep = step(list(range(1, n + 1)), [-1] + list(range(n - 1)), list(range(n)), list(range(2, n + 2)),
+                ["root"] + ["context"] * (n - 1))
+    trace = Trace(steps=[deep], token_texts={t: f"w{t}" for t in range(n + 3)})
+    tree, verdict = tour_screens(trace, 0)[2:4]
+    assert f"+ {n - 1 - MAX_LEVELS} deeper drafts, not drawn" in words_of(tree.picture)
+    assert f"+ {n - 1 - MAX_LEVELS} more accepted" in words_of(verdict.picture) and "★" not in verdict.picture
+    assert "12 drafts over 12 levels: 12 copied from the conversation." in tree.words
+    assert min(int(x) for x in re.findall(r'font-size="(\d+)"', verdict.picture)) >= 20
