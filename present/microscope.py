@@ -109,13 +109,20 @@ def _reads(trace: Trace, ev: StepEvent) -> list[dict[str, Any]]:
                     made.setdefault(ev.ranks[c], []).append(c)
         empty = row_is_empty(values, probs)
         cands = [{"rank": r, "token": t, "text": _text(trace, t), "prob": probs[r] if probs and not empty else None,
-                  "nodes": made.get(r, []), "accepted": any(c in accepted for c in made.get(r, []))}
+                  "nodes": made.get(r, []), "accepted": any(c in accepted for c in made.get(r, [])),
+                  "seeded": any(_seeded(ev, c) for c in made.get(r, []))}
                  for r, t in enumerate(values)]
         out.append({"row": row, "text": _text(trace, row), "readers": readers,
                     "depths": sorted({ev.depths[p] for p in readers}), "empty": empty,
                     "on_path": any(p in accepted for p in readers),
                     "candidates": cands})
     return out
+
+
+def _seeded(ev: StepEvent, node: int) -> bool:
+    """Whether node's candidate was put in its row by an answer's prompt seeding (stored at a flat prior, not
+    scored by the model): StepEvent.written says step -1 of an answer."""
+    return ev.written is not None and node < len(ev.written) and ev.written[node][0] >= 0 and ev.written[node][1] == -1
 
 
 def _copied(trace: Trace, ev: StepEvent) -> list[dict[str, Any]]:
@@ -268,7 +275,8 @@ def _read_row(r: dict[str, Any]) -> dict[str, Any]:
     cells = []
     for c in r["candidates"]:
         cls = "trm-ok" if c["accepted"] else ("trm-drafted" if c["nodes"] else "trm-unused")
-        cells.append(_cell(c["text"], c["prob"], cls, "✓" if c["accepted"] else ""))
+        mark = " ".join(m for m in ("prompt" if c.get("seeded") else "", "✓" if c["accepted"] else "") if m)
+        cells.append(_cell(c["text"], None if c.get("seeded") else c["prob"], cls, mark))
     return _b("div", "trm-row", [_b("div", "trm-rowname", head), _b("div", "trm-cells", cells)])
 
 
@@ -300,7 +308,8 @@ def _read_section(m: dict[str, Any]) -> dict[str, Any]:
                                             "likeliest to be accepted, as many as pay on this machine: each rated by how often candidates "
                                             "stored with a probability like its own were accepted so far (rows written before this answer "
                                             "have rates of their own), times its parent's rating, so a lower percentage can be drafted before a "
-                                            "higher one. Green ✓: accepted."))
+                                            "higher one. Green ✓: accepted. 'prompt': put first by the prompt's own text (the token "
+                                            "that followed it there), at a flat 50% prior, before the model scored it."))
     blocks += _folded([_read_row(r) for r in reads[:MAX_READS_LISTED]], n, "rows read", MAX_READS_SHOWN)
     if reads and m["copied"] and not any(c["nodes"] for r in reads for c in r["candidates"]):
         place = place_of([c["origin"] for c in m["copied"]])

@@ -19,7 +19,7 @@ from tr_core.trace import Trace
 
 from .meter import machine_of
 from .nodes import node_group, node_source
-from .style import ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, ROOT_COLOUR, visible_token
+from .style import ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, ROOT_COLOUR, symbol_note, visible_token
 from .tour_pictures import bars_svg, chips_svg, message_svg, rows_svg, tiles_svg, tree_svg
 
 TokenText = Callable[[int], str]
@@ -114,9 +114,9 @@ def matrix_screen(ev: StepEvent, text: TokenText, k: int) -> Screen:
     used = drafted_after(ev)
     shown = [(text(row), [(text(t), t in used.get(row, set())) for t in values]) for row, values in rows]
     more = len(ev.rows_read) - len(rows)
-    return Screen(title, rows_svg(shown, more),
-                  f"Token Recycling keeps all {k}: row “t” of the adjacency matrix holds the candidates last seen "
-                  f"after “t”. This step read {len(ev.rows_read)}; outlined ones became drafts.")
+    return Screen(title, rows_svg(shown, more, key="as earlier steps left them · outlined: drafted now"),
+                  f"Token Recycling keeps all {k} in row “t” of the adjacency matrix, for the next time “t” comes. "
+                  f"This step read {len(ev.rows_read)} rows that earlier steps wrote.")
 
 
 def tree_screen(ev: StepEvent, text: TokenText) -> Screen:
@@ -173,11 +173,12 @@ def written_screen(ev: StepEvent, text: TokenText, k: int) -> Screen:
         return Screen(title, message_svg("This step wrote no matrix row."), "Plain steps of sampled answers may "
                       "write nothing back; pick another step.")
     row, before, after = shown
-    lines = [] if before is None else [("before", [(text(t), False) for t in before])]
-    lines.append(("after", [(text(t), before is not None and t not in before) for t in after]))
-    return Screen(title, rows_svg([(text(row), chips) for _, chips in lines], 0, labels=[lab for lab, _ in lines]),
+    lines = [] if before is None else [("before this step", [(text(t), False) for t in before])]
+    lines.append(("after it", [(text(t), before is not None and t not in before) for t in after]))
+    return Screen(title, rows_svg([(text(row), chips) for _, chips in lines], 0, labels=[lab for lab, _ in lines],
+                                  key="outlined: new in the row"),
                   f"The forward scored every node anyway, so each tree token's row gets its fresh top-{k}: "
-                  f"recycled for the next step. {len(ev.matrix_rows)} rows rewritten here.")
+                  f"{len(ev.matrix_rows)} rows, one per distinct token of the {len(ev.tokens)}, recycled for later.")
 
 
 def bought_screen(trace: Trace, ev: StepEvent) -> Screen:
@@ -187,8 +188,13 @@ def bought_screen(trace: Trace, ev: StepEvent) -> Screen:
     plain_tps = speed.get("plain_tps") if speed.get("trusted") else None
     plain_ms = 1000.0 / plain_tps if plain_tps else None
     tiles = [(f"{n} token{'s' if n != 1 else ''}", f"this step, from one forward of {len(ev.tokens)} tokens")]
-    if plain_ms:
-        tiles.append((f"{step_ms / plain_ms:.1f}", "plain steps: what this step cost, measured against plain decoding"))
+    timed = {int(size): (ms, steps) for size, ms, steps in speed.get("step_ms") or ()} if plain_ms else {}
+    if len(ev.tokens) in timed:
+        ms, steps = timed[len(ev.tokens)]
+        tiles.append((f"{ms / plain_ms:.1f}", f"plain steps: what a step of {len(ev.tokens)} tokens cost (the meter's "
+                                              f"mean of {steps})"))
+    elif plain_ms:
+        tiles.append((f"{step_ms / plain_ms:.1f}", "plain steps: what this step cost, timed alone"))
     else:
         tiles.append((f"{step_ms:.0f} ms", "this step's cost (plain decoding was not timed)"))
     tiles.append(answer_tile(trace, speed))
@@ -202,7 +208,8 @@ def answer_tile(trace: Trace, speed: dict[str, Any]) -> tuple[str, str]:
     """The whole answer's figure: the meter's measured ratio, else its tokens per step and why it was not timed."""
     per_step = sum(len(e.emitted) for e in trace.steps) / max(len(trace.steps), 1)
     if speed.get("trusted") and speed.get("ratio") is not None:
-        return f"{speed['ratio']:.2f}×", f"plain decoding's speed: the whole answer, measured ({per_step:.2f} tokens a step)"
+        return f"{speed['ratio']:.2f}×", f"as fast as plain decoding: the whole answer, measured ({per_step:.2f} " \
+                                         "tokens a step)"
     return f"{per_step:.2f}", "tokens a step, the whole answer (its speed was not measured)"
 
 
@@ -225,7 +232,8 @@ def tour_html(trace: Trace, step: int, token_text: TokenText | None = None) -> s
     i = max(0, min(step, len(trace.steps) - 1))
     sections = "".join(
         f'<section class="tr-tour-screen" data-screen="{j}"><h2>{html.escape(s.title)}</h2>'
-        f'<div class="tr-tour-pic">{s.picture}</div><p class="tr-tour-words">{html.escape(s.words)}</p></section>'
+        f'<div class="tr-tour-pic">{s.picture}</div><p class="tr-tour-words">{html.escape(s.words)}</p>'
+        f'<span class="tr-tour-note">{html.escape(symbol_note([s.picture, s.words]))}</span></section>'
         for j, s in enumerate(screens))
     head = html.escape(f"Step {i + 1} of {len(trace.steps)}")
     return (f'<div class="tr-tour" role="dialog" aria-label="Guided tour of one step"><div class="tr-tour-stage">'
@@ -253,6 +261,7 @@ TOUR_CSS = f"""
 .tr-tour-nav button {{font-size: 22px; min-width: 52px; height: 44px; border-radius: 10px; cursor: pointer;
   border: 2px solid {REJECTED_COLOUR}; background: #f8fafc; color: #0f172a}}
 .tr-tour-step, .tr-tour-count {{color: #475569; font-size: 22px}}
+.tr-tour-note {{position: absolute; left: 40px; bottom: 22px; font-size: 22px; color: #475569}}
 """
 
 # One listener for every tour on the page (the studio redraws its tour; the replay makes one per step): clicks on a

@@ -22,7 +22,7 @@ INK = "#0f172a"
 DRAFT = "#334155"  # a draft before the verdict
 ROOT_X = 110  # the root's x in a tree picture (its label stands left of it)
 MAX_LEVELS = 7  # tree levels a picture draws (the labels of more would not fit 20 px type across 1200 px)
-SOURCE_WORDS = {"matrix": "from the matrix", "context": "copied from the conversation",
+SOURCE_WORDS = {"matrix": "from the matrix", "context": "copied from the conversation (the hybrid's, not the paper's)",
                 "both": "in a matrix row and copied"}  # as the studio's tree legend (present/tree.py)
 
 
@@ -64,12 +64,13 @@ def bars_svg(rows: list[tuple[str, float | None, bool]]) -> str:
     return svg("".join(body))
 
 
-def rows_svg(rows: list[tuple[str, list[tuple[str, bool]]]], more: int, labels: list[str] | None = None) -> str:
+def rows_svg(rows: list[tuple[str, list[tuple[str, bool]]]], more: int, labels: list[str] | None = None,
+             key: str = "") -> str:
     """Matrix rows: the row's token, then its candidate chips (outlined: drafted, or new when `labels` are
-    before/after lines of one row); `more` rows not shown are counted below."""
+    before/after lines of one row, as `key` says above them); `more` rows not shown are counted below."""
     line_h = 100 if labels else 95
-    top = max(10, (H - line_h * len(rows) - (40 if more else 0)) // 2)
-    body = []
+    top = max(50, (H - line_h * len(rows) - (40 if more else 0)) // 2)
+    body = [text(0, top - 30, key, SMALL, REJECTED_TEXT, "start")] if key else []
     for j, (row, chips) in enumerate(rows):
         y = top + j * line_h + (26 if labels else 10)
         if labels:

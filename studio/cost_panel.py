@@ -10,6 +10,8 @@ as such, and withheld when the curve was measured on a busy machine or when the 
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import html
 from dataclasses import dataclass
 from typing import Callable
@@ -177,10 +179,23 @@ def step_sizes(steps: list[StepEvent]) -> str:
     lo, hi = min(sizes), max(sizes)
     spread = f", from {lo} to {hi}" if lo != hi else ""
     plain = sum(1 for n in sizes if n == 1)
-    alone = (f" {plain} of them drafted nothing and verified the last token alone (each such step's story says why)."
+    alone = (f" {plain} of them drafted nothing and verified the last token alone ({why_alone(steps)})."
              if plain and len(sizes) > plain else "")
     return (f" Its {len(steps)} steps verified {sum(sizes) / len(sizes):.1f} tokens each on average{spread}: "
             "the divisor in the formula is their mean t(N)/t(1), so one step's own cost can be far from it." + alone)
+
+
+ALONE_WHY = {"first step": "the first, checked by the prompt's own forward",
+             "cost": "a tree would not have paid for its forward on this machine",
+             "empty row": "the matrix had no candidates after the last token yet"}
+
+
+def why_alone(steps: list[StepEvent]) -> str:
+    """Why the answer's steps that drafted nothing drafted nothing, counted by reason (StepEvent.no_draft): a
+    full matrix does not mean every step drafts."""
+    reasons = Counter((e.no_draft or {}).get("why", "") for e in steps if len(e.tokens) == 1)
+    said = [f"{n}: {ALONE_WHY[why]}" for why, n in reasons.most_common() if why in ALONE_WHY]
+    return "; ".join(said) if said else "each such step's story says why"
 
 
 def divisor_text(a: float, ratio: float) -> str:

@@ -363,3 +363,18 @@ def test_a_run_of_copied_drafts_is_one_box_and_a_stray_copy_its_own():
     assert "'seven' … 'four' after 'five': 5 copied in one run from this answer's tokens 84-88, 3 accepted" in text
     assert "'six' after 'five' (copied from the prompt, its 3rd token (after a 1-token match))" in text
     assert text.count("copied in one run") == 1
+
+
+def test_a_candidate_seeded_from_the_prompt_says_so_instead_of_a_flat_fifty_percent():
+    """Issue 55: rows written from the prompt all read '50%', which looked like a placeholder. A drafted candidate
+    that the answer's prompt seeding put in its row (StepEvent.written: step -1) is marked 'prompt', without the
+    prior's percentage; one the model scored keeps its stored probability."""
+    ev = step0()
+    ev.rows_read_probs = [[0.502, 0.2, 0.1], [0.5, 0.3, 0.1]]
+    ev.written = [[-1, -1], [0, -1], [0, 3], [0, 2]]  # node 1 (7 after 5): seeded by answer 0's prompt
+    trace = Trace(model="hand", steps=[ev], token_texts=dict(TEXTS))
+    row5 = step_microscope(trace, 0)["reads"][0]
+    assert [c["seeded"] for c in row5["candidates"]] == [True, False, False]
+    cells = re.findall(r'<span class="trm-cell[^"]*">([^<]*)</span>', render_blocks(microscope_blocks(
+        step_microscope(trace, 0))))
+    assert "seven prompt ✓" in cells and "nine 20%" in cells and not any("50%" in c for c in cells[:3]), cells

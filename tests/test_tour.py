@@ -78,14 +78,17 @@ def test_the_screens_agree_with_the_step_and_the_meter(trace):
     assert f"{len(ev.accepted) - 1} draft" in verdict.words
     kept = len(ev.emitted) - (ev.bonus is not None)
     assert f"{kept} draft{'s' if kept != 1 else ''} + 1 bonus = {len(ev.emitted)} tokens for one forward" in path.picture
-    assert f"{len(ev.matrix_rows)} rows rewritten here" in written.words
-    assert f"This step read {len(ev.rows_read)};" in rows.words
+    assert f"{len(ev.matrix_rows)} rows, one per distinct token of the {len(ev.tokens)}" in written.words
+    assert len(ev.matrix_rows) == len(set(ev.tokens))
+    assert f"This step read {len(ev.rows_read)} rows" in rows.words
     assert "a test CPU, 2 threads" in words_of(bought.picture) and "speed was not measured" in words_of(bought.picture)
     measured = copy.copy(trace)
     measured.speed = {"trusted": True, "ratio": 1.62, "error": 0.05, "plain_tps": 40.0}
     bought = tour_screens(measured, i)[-1]
-    assert "1.62×" in bought.picture  # the meter's ratio, not another figure
-    assert f"{ev.timings['total'] / 25.0:.1f}" in bought.picture  # this step's ms over a plain step's 25 ms
+    assert "1.62× as fast as plain decoding" in words_of(bought.picture)  # the meter's ratio and its words
+    assert f"{ev.timings['total'] / 25.0:.1f} plain steps: what this step cost, timed alone" in words_of(bought.picture)
+    measured.speed["step_ms"] = [[len(ev.tokens), 60.0, 7], [1, 24.0, 3]]  # the meter's mean ms by step size
+    assert "2.4 plain steps: what a step of" in words_of(tour_screens(measured, i)[-1].picture)  # 60 ms / 25 ms
 
 
 def words_of(picture: str) -> str:
