@@ -22,7 +22,7 @@ INK = "#0f172a"
 DRAFT = "#334155"  # a draft before the verdict
 ROOT_X = 110  # the root's x in a tree picture (its label stands left of it)
 MAX_LEVELS = 7  # tree levels a picture draws (the labels of more would not fit 20 px type across 1200 px)
-SOURCE_WORDS = {"matrix": "from the matrix", "context": "copied from the conversation (the hybrid's, not the paper's)",
+SOURCE_WORDS = {"matrix": "from the matrix", "context": "copied from the conversation (hybrid)",
                 "both": "in a matrix row and copied"}  # as the studio's tree legend (present/tree.py)
 
 

@@ -143,7 +143,7 @@ def _step_panel(ui: dict, blank: dict[str, Any]) -> None:
             with gr.Row(elem_id="tr-nav-buttons"):
                 ui["prev"] = gr.Button("◀ Previous step", size="sm", elem_id="tr-prev")
                 ui["next"] = gr.Button("Next step ▶", size="sm", elem_id="tr-next")
-                ui["micro_btn"] = gr.Button("🔬 Microscope", size="sm", elem_id="tr-micro-btn")
+                ui["micro_btn"] = gr.Button("Microscope", size="sm", elem_id="tr-micro-btn")
                 ui["tour_btn"] = gr.Button("▶ Tour this step", size="sm", variant="primary",
                                            elem_id="tr-tour-btn")
         ui["tour"] = gr.HTML("", elem_id="tr-tour-box")  # present/tour.py: an overlay while open
