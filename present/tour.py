@@ -25,8 +25,7 @@ from .tour_pictures import bars_svg, chips_svg, message_svg, rows_svg, tiles_svg
 TokenText = Callable[[int], str]
 MAX_WORDS = 30  # a screen's words: its caption (the picture carries tokens and figures, the title four to six words)
 # where drafts came from, as the tree's legend says it (present/tour_pictures.py SOURCE_WORDS, shorter)
-SOURCES = (("matrix", "from matrix rows"), ("both", "from a matrix row and the conversation"),
-           ("context", "copied from the conversation"))
+SOURCES = (("matrix", "from matrix rows"), ("both", "in a row and copied"), ("context", "copied"))
 ROWS_SHOWN = 4  # matrix rows a screen shows at most (their chips stay readable from the back row)
 
 
@@ -114,9 +113,11 @@ def matrix_screen(ev: StepEvent, text: TokenText, k: int) -> Screen:
     used = drafted_after(ev)
     shown = [(text(row), [(text(t), t in used.get(row, set())) for t in values]) for row, values in rows]
     more = len(ev.rows_read) - len(rows)
+    root = q(text(ev.tokens[0]))
     return Screen(title, rows_svg(shown, more, key="as earlier steps left them · outlined: drafted now"),
-                  f"Token Recycling keeps all {k} in row “t” of the adjacency matrix, for the next time “t” comes. "
-                  f"This step read {len(ev.rows_read)} rows that earlier steps wrote.")
+                  f"Row {root} of the adjacency matrix keeps all {k} that followed {root} last time. This step "
+                  f"read {len(ev.rows_read)} such row{'s' if len(ev.rows_read) != 1 else ''}; its own {k} are "
+                  "written back later.")
 
 
 def tree_screen(ev: StepEvent, text: TokenText) -> Screen:
@@ -134,7 +135,7 @@ def tree_screen(ev: StepEvent, text: TokenText) -> Screen:
 
 def verdict_screen(ev: StepEvent, text: TokenText) -> Screen:
     drafts, kept = len(ev.tokens) - 1, len(ev.accepted) - 1
-    return Screen("One forward checks every branch", tree_svg(ev, text, verdict=True),
+    return Screen("One forward checks every branch", tree_svg(ev, text, verdict=True, mask=True),
                   f"All {drafts + 1} tokens go through the model in ONE forward; each sees only its ancestors. "
                   f"Green: the path the model agrees with, {kept} draft{'s' if kept != 1 else ''} deep.")
 
@@ -192,7 +193,7 @@ def bought_screen(trace: Trace, ev: StepEvent) -> Screen:
     if len(ev.tokens) in timed:
         ms, steps = timed[len(ev.tokens)]
         tiles.append((f"{ms / plain_ms:.1f}", f"plain steps: what a step of {len(ev.tokens)} tokens cost (the meter's "
-                                              f"mean of {steps})"))
+                                              f"mean over {steps} such steps)"))
     elif plain_ms:
         tiles.append((f"{step_ms / plain_ms:.1f}", "plain steps: what this step cost, timed alone"))
     else:

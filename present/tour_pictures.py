@@ -21,6 +21,7 @@ SMALL = 22  # px: the smallest text of a picture (the tour's rule is 20)
 INK = "#0f172a"
 DRAFT = "#334155"  # a draft before the verdict
 ROOT_X = 110  # the root's x in a tree picture (its label stands left of it)
+MASK_NODES = 14  # nodes the attention-mask picture shows at most (a cell of 25 px)
 MAX_LEVELS = 7  # tree levels a picture draws (the labels of more would not fit 20 px type across 1200 px)
 SOURCE_WORDS = {"matrix": "from the matrix", "context": "copied from the conversation (hybrid)",
                 "both": "in a matrix row and copied"}  # as the studio's tree legend (present/tree.py)
@@ -58,7 +59,7 @@ def bars_svg(rows: list[tuple[str, float | None, bool]]) -> str:
         width = 760 * (p if p is not None else 1.0)
         body.append(f'<rect x="220" y="{y + 8}" width="{max(width, 4):.0f}" height="{rh - 16}" rx="6" fill="{colour}"/>')
         if p is not None:
-            body.append(text(232 + width, y + rh / 2, f"{p:.0%}", 24, INK, "start"))
+            body.append(text(232 + width, y + rh / 2, "<1%" if p < 0.005 else f"{p:.0%}", 24, INK, "start"))
         body.append(text(1195, y + rh / 2, "✓ kept" if kept else "✗", 26, ACCEPTED_COLOUR if kept else REJECTED_TEXT,
                          "end", bold=kept))
     return svg("".join(body))
@@ -152,14 +153,44 @@ def shape(source: str, x: float, y: float, fill: str, r: float = 11) -> str:
     return f'<circle cx="{x:.0f}" cy="{y:.0f}" r="{r + (4 if source == "root" else 0):.0f}" fill="{fill}"/>'
 
 
-def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool) -> str:
+def mask_svg(ev: StepEvent, token_text: Callable[[int], str], left: float, width: float = 360) -> str:
+    """The tree attention mask of the step's forward: row i filled where node i sees node j (itself and its
+    ancestors; every node also sees the whole committed context). At most MASK_NODES nodes; rows labelled with
+    their tokens where a row is tall enough for 22 px type."""
+    n = min(len(ev.tokens), MASK_NODES)
+    labelled = (width - 110) / max(n, 1) >= 24
+    grid = left + (110 if labelled else 0)
+    cell = min(26.0, (width - (110 if labelled else 10)) / max(n, 1))
+    top = 70
+    body = [text(left, 24, "attention mask: a row sees", SMALL, INK, "start"),
+            text(left, 50, "the filled columns (its ancestors)", SMALL, INK, "start")]
+    on_path = set(ev.accepted)
+    for i in range(n):
+        seen, j = set(), i
+        while j >= 0:
+            seen.add(j)
+            j = ev.parents[j]
+        if labelled:
+            body.append(text(grid - 8, top + (i + 0.5) * cell, visible_token(token_text(ev.tokens[i]), 6), SMALL,
+                             INK, "end"))
+        for j in range(n):
+            fill = (ACCEPTED_COLOUR if i in on_path else DRAFT) if j in seen else "#f1f5f9"
+            body.append(f'<rect x="{grid + j * cell:.1f}" y="{top + i * cell:.1f}" width="{cell - 1:.1f}" '
+                        f'height="{cell - 1:.1f}" fill="{fill}"/>')
+    if len(ev.tokens) > n:
+        body.append(text(left, top + n * cell + 20, f"first {n} of {len(ev.tokens)} tokens", SMALL, REJECTED_TEXT,
+                         "start"))
+    return "".join(body)
+
+
+def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mask: bool = False) -> str:
     """The step's draft tree, depth across: markers by source; with `verdict`, the accepted path green, the rest
     grey, and the bonus token as an amber star after the path. Crowded columns label only the path; levels past
     MAX_LEVELS are counted at the end of the path, not drawn (a long copied run)."""
     levels, groups, on_path = min(max(ev.depths, default=0), MAX_LEVELS), node_group(ev), set(ev.accepted)
     shown = [i for i in range(len(ev.tokens)) if ev.depths[i] <= levels]
     tail = verdict and (ev.bonus is not None or levels < max(ev.depths, default=0))
-    col = min(380.0, 930.0 / max(levels + tail, 1))
+    col = min(380.0, (540.0 if mask else 930.0) / max(levels + tail, 1))
     chars = max(3, min(12, int((col - 34) / 13)))
     layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
     xy = {i: (ROOT_X + ev.depths[i] * col, 30 + layout.x[i] * 370) for i in shown}
@@ -178,6 +209,8 @@ def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool) -> 
             body.append(text(xy[i][0] + 18, xy[i][1], visible_token(token_text(ev.tokens[i]), chars), 22, ink,
                              "start", i in on_path and verdict, True))
     body.append(tree_legend(ev, verdict and levels == max(ev.depths, default=0), verdict))
+    if mask:
+        body.append(mask_svg(ev, token_text, W - 370))
     return svg("".join(body))
 
 

@@ -62,7 +62,7 @@ def test_seven_screens_of_one_idea_each_at_most_thirty_words_no_text_under_20px(
         screens = tour_screens(trace, i)
         assert len(screens) == 7
         for s in screens:
-            assert len(s.words.split()) <= MAX_WORDS, s.words
+            assert len(s.words.split()) <= MAX_WORDS and len(s.words) <= 150, s.words  # two lines at 28 px
             assert len(s.title.split()) <= 7, s.title
             assert s.picture.startswith("<svg") and 'width="1200"' in s.picture
             sizes = [int(x) for x in re.findall(r'font-size="(\d+)"', s.picture)]
@@ -80,7 +80,8 @@ def test_the_screens_agree_with_the_step_and_the_meter(trace):
     assert f"{kept} draft{'s' if kept != 1 else ''} + 1 bonus = {len(ev.emitted)} tokens for one forward" in path.picture
     assert f"{len(ev.matrix_rows)} rows, one per distinct token of the {len(ev.tokens)}" in written.words
     assert len(ev.matrix_rows) == len(set(ev.tokens))
-    assert f"This step read {len(ev.rows_read)} rows" in rows.words
+    assert f"This step read {len(ev.rows_read)} such rows" in rows.words
+    assert verdict.picture.count("<rect") >= min(len(ev.tokens), 14) ** 2  # the tree attention mask, cell by cell
     assert "a test CPU, 2 threads" in words_of(bought.picture) and "speed was not measured" in words_of(bought.picture)
     measured = copy.copy(trace)
     measured.speed = {"trusted": True, "ratio": 1.62, "error": 0.05, "plain_tps": 40.0}
@@ -129,5 +130,5 @@ def test_a_long_copied_run_is_counted_at_the_end_of_the_drawn_levels():
     tree, verdict = tour_screens(trace, 0)[2:4]
     assert f"+ {n - 1 - MAX_LEVELS} deeper drafts, not drawn" in words_of(tree.picture)
     assert f"+ {n - 1 - MAX_LEVELS} more accepted" in words_of(verdict.picture) and "★" not in verdict.picture
-    assert "12 drafts over 12 levels: 12 copied from the conversation." in tree.words
+    assert "12 drafts over 12 levels: 12 copied." in tree.words
     assert min(int(x) for x in re.findall(r'font-size="(\d+)"', verdict.picture)) >= 20
