@@ -6,6 +6,7 @@ tree laid out left to right (depth across, siblings down: a tree is wider than d
 from __future__ import annotations
 
 import html
+import textwrap
 from collections import Counter
 from typing import Callable
 
@@ -102,14 +103,7 @@ def chips_svg(chips: list[tuple[str, str, str]], sum_line: str) -> str:
 
 def message_svg(message: str) -> str:
     """One sentence in large type, centred (a picture that says why there is none)."""
-    words, lines, line = message.split(), [], ""
-    for word in words:
-        if len(line) + len(word) + 1 > 48 and line:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}".strip()
-    lines.append(line)
+    lines = wrapped(message, 48)
     top = H / 2 - (len(lines) - 1) * 22
     return svg("".join(text(W / 2, top + i * 44, s, 32, REJECTED_TEXT) for i, s in enumerate(lines)))
 
@@ -132,14 +126,8 @@ def tiles_svg(tiles: list[tuple[str, str]], footer: str) -> str:
 
 
 def wrapped(s: str, width: int) -> list[str]:
-    lines, line = [], ""
-    for word in s.split():
-        if len(line) + len(word) + 1 > width and line:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}".strip()
-    return lines + [line] if line else lines
+    """Lines of at most `width` characters, broken between words only."""
+    return textwrap.wrap(s, width, break_long_words=False, break_on_hyphens=False)
 
 
 def shape(source: str, x: float, y: float, fill: str, r: float = 11) -> str:
