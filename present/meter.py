@@ -77,18 +77,27 @@ FIXES = {"exact_mode": "exact mode (row-invariant products) would keep them toge
 NEAR_TIE = 0.1  # a gap between the two best scores below this reads as a near tie
 
 
+IDENTICAL, DIFFERS, ROUNDING = ("✓ token-identical to plain decoding", "✗ differs from plain decoding",
+                                "≈ identical up to rounding")  # the one wording of the outcome (meter, replay, side by side)
+ROUNDING_WHY = "A tree forward rounds a little differently from a one-token forward; at a near tie the best token can flip"
+
+
+def identity_words(identical: bool | None, exact: bool | None) -> str:
+    """Whether Token Recycling gave plain decoding's tokens, in words: ✓; ✗ in exact mode (a promise broken);
+    outside it ≈ (rounding may part them); "" when not compared."""
+    if identical is None:
+        return ""
+    return IDENTICAL if identical else DIFFERS if exact else ROUNDING
+
+
 def identity_flag(v: MeterView) -> str:
-    """Whether Token Recycling gave plain decoding's tokens: ✓; outside exact mode, where rounding may part them,
-    'identical up to rounding'; in exact mode ✗; with where they parted and why."""
-    if v.identical is None:
+    """identity_words as the meter's flag, with where the outputs parted and why."""
+    words = identity_words(v.identical, v.exact)
+    if not words:
         return '<span class="tr-flag tr-flag-none">outputs not compared</span>'
-    if v.identical:
-        return '<span class="tr-flag tr-flag-ok">✓ token-identical to plain decoding</span>'
-    if v.exact:
-        flag = '<span class="tr-flag tr-flag-bad">✗ outputs differ from plain decoding</span>'
-    else:
-        flag = ('<span class="tr-flag tr-flag-near" title="A tree forward rounds a little differently from a '
-                'one-token forward; at a near tie the best token can flip">≈ identical up to rounding</span>')
+    kind = {IDENTICAL: "ok", DIFFERS: "bad", ROUNDING: "near"}[words]
+    title = f' title="{ROUNDING_WHY}"' if words == ROUNDING else ""
+    flag = f'<span class="tr-flag tr-flag-{kind}"{title}>{words}</span>'
     return flag + (f'<div class="tr-parted">{html.escape(parting_text(v.parted))}</div>' if v.parted else "")
 
 

@@ -14,7 +14,7 @@ import json
 from typing import Any, Callable
 
 from .heatmap import MatrixTracker, heatmap_figure
-from .meter import machine_of, parting_text
+from .meter import identity_words, machine_of, parting_text
 from .tree import tree_figure
 from .microscope import CSS as MICROSCOPE_CSS
 from .microscope import explain, known_before, microscope_blocks, values_known
@@ -87,11 +87,9 @@ def summary_line(trace: Trace) -> str:
         machine = machine_of(trace)
         parts.append(f"measured {speed['ratio']:.2f}× ± {speed.get('error') or 0.0:.2f} vs plain decoding"
                      + (f" on {machine}" if machine else " (machine not recorded)"))
-    if trace.identical or speed.get("identical"):
-        parts.append("✓ token-identical to plain decoding")
-    elif speed.get("identical") is False:
-        parts.append(("✗ differs from plain decoding" if speed.get("exact") else "≈ identical up to rounding")
-                     + (f" ({parting_text(speed['parted'])})" if speed.get("parted") else ""))
+    identical = True if trace.identical or speed.get("identical") else speed.get("identical")
+    if words := identity_words(identical, speed.get("exact")):
+        parts.append(words + (f" ({parting_text(speed['parted'])})" if speed.get("parted") and not identical else ""))
     return " · ".join(str(p) for p in parts)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from present.chart import draft_credit
 from present.glossary import gloss
-from present.meter import ratio_class
+from present.meter import identity_words, ratio_class
 from tr_core.config import DecodeConfig
 from tr_core.events import StepEvent, SummaryEvent
 
@@ -89,10 +89,7 @@ def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool |
 
 def _card(run: MethodRun, plain: MethodRun, exact: bool | None) -> str:
     ratio = run.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else 0.0
-    if run.tokens == plain.tokens:
-        same = "✓ token-identical to plain decoding"
-    else:
-        same = "✗ differs from plain decoding" if exact else "≈ identical up to rounding (not exact mode)"
+    same = identity_words(run.tokens == plain.tokens, exact)
     cls = ratio_class(ratio)
     return (f'<div class="tr-side tr-side-{cls}"><div class="tr-side-name">{html.escape(run.name)}</div>'
             f'<div class="tr-side-big">{ratio:.2f}×</div><div class="tr-side-lab">plain decoding\'s speed</div>'

@@ -123,11 +123,10 @@ def decoding_text(settings: dict[str, Any] | None) -> str:
 
 
 def greedy_text(dtype: Any, exact: Any) -> str:
-    """The greedy line (one line of the presentation view): token for token plain decoding's answer in exact mode
-    (or where the mode was not recorded), else up to rounding; `precision_note` says why, on hover."""
-    if exact is False:
-        return "Greedy decoding: plain decoding's tokens, up to rounding"
-    return "Greedy decoding: token for token what plain decoding gives"
+    """The greedy line (one line of the presentation view): the setting, never the outcome (the meter's flag says
+    whether the tokens matched); `precision_note` says what the dtype and mode promise, on hover."""
+    mode = ", exact mode" if exact is True else ""
+    return f"Greedy decoding (the model's top token every step{mode})"
 
 
 def precision_note(settings: dict[str, Any] | None) -> str:
