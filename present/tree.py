@@ -21,7 +21,7 @@ SOURCE_SYMBOLS = {"root": "circle", "matrix": "circle", "context": "square", "bo
 SOURCE_NAMES = {"matrix": "from the matrix", "context": "copied from the context",
                 "both": "in a matrix row and copied"}  # the legend draws each with its marker symbol in front; not
 # "matrix + context", the name of the drafting setting whose trees hold all three
-SHAPE_LEGEND = "#1e293b"  # the outlined shapes of the source legend (where a draft came from)
+SHAPE_LEGEND = "#64748b"  # the filled shapes of the source legend (where a draft came from), as the nodes are filled
 NODE_GROUPS = {  # the tree's node traces, drawn in this order (accepted on top); size: marker px, font: label px
     "rejected": dict(color=REJECTED_COLOUR, size=12, font=MIN_FONT, text=REJECTED_TEXT, name="rejected drafts"),
     "root": dict(color=ROOT_COLOUR, size=24, font=MIN_FONT, text=ROOT_COLOUR, name="root (last committed token)"),
@@ -50,6 +50,7 @@ MIN_MARKER = 9  # px: the smallest marker of a deep tree's nodes
 BEAD_GAP_PX = 8  # px left between the markers of two levels, where the edge joining them shows
 STAR_GAP_PX = 6  # px between the bonus star and the last accepted node, where the dotted edge shows
 BONUS_DROP = 0.55  # levels from the end of the accepted path down to the bonus star
+DRAWN_LEVELS = 8  # levels drawn at least; deeper ones only down to one under the accepted path (drawn_depth)
 
 
 def marker_px(group: str, level_px: float) -> float:
@@ -91,7 +92,7 @@ def bonus_xy(ev: StepEvent, layout: TreeLayout, level_px: float, last_side: str 
     label (`last_side`), rather than onto a draft below."""
     last = ev.accepted[-1] if ev.accepted else 0
     x, y, drop = layout.x[last], layout.y[last], bonus_drop(level_px)
-    if drop == BONUS_DROP or ev.depths[last] == max(ev.depths):
+    if drop == BONUS_DROP or ev.depths[last] >= drawn_depth(ev):
         return x, y - drop
     aside = star_clear_px(level_px) * (X_RANGE[1] - X_RANGE[0]) / (TREE_WIDTH - 20)
     return x + (-aside if last_side == "middle right" else aside), y - BONUS_DROP
@@ -158,20 +159,47 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = TREE_
     texts = tree_labels(ev, token_text)
     note = symbol_note(list(texts.values()))
     bottom = legend_px(ev, note)
-    level, y_range = tree_levels(max(ev.depths), height - TITLE_PX - bottom)
+    depth = drawn_depth(ev)
+    level, y_range = tree_levels(depth, height - TITLE_PX - bottom)
     positions, star = label_positions(ev, layout, level)
     labels = {node: (texts[node], side) for node, side in positions.items()}
-    _add_edges(fig, ev, layout)
+    _add_edges(fig, ev, layout, depth)
     retrieved = has_retrieved(ev)
     for group, nodes in node_groups(ev).items():
+        nodes = [i for i in nodes if ev.depths[i] <= depth]
         if nodes:  # a group without nodes has no legend entry either (tree_legend_names)
             _add_nodes(fig, ev, layout, level, token_text, group, nodes, labels, legend_only_by_source=retrieved)
+    _add_cut_runs(fig, ev, layout, depth)
     if retrieved:
         _add_source_legend(fig, ev)
     if ev.bonus is not None:
         _add_bonus(fig, ev, layout, star, level, token_text, labels[BONUS_NODE], legend_proxy=retrieved)
     _frame_tree(fig, y_range, bottom, note)
     return fig.title(_tree_title(ev))
+
+
+def drawn_depth(ev: StepEvent) -> int:
+    """The deepest level drawn: every level down to DRAWN_LEVELS, or one under the accepted path's end where that
+    is deeper; a long copied run past it is cut and counted (_add_cut_runs), so that its beads do not squeeze the
+    levels that carry the labels."""
+    path_end = ev.depths[ev.accepted[-1]] if ev.accepted else 0
+    return min(max(ev.depths), max(DRAWN_LEVELS, path_end + 1))
+
+
+def _add_cut_runs(fig: Figure, ev: StepEvent, layout: TreeLayout, depth: int) -> None:
+    """Under each drawn node whose drafts go deeper than `depth`: '⋮ +k deeper', k the drafts not drawn."""
+    hidden: dict[int, int] = {}
+    for i in range(1, len(ev.tokens)):
+        if ev.depths[i] > depth:
+            top = i
+            while ev.depths[top] > depth:
+                top = ev.parents[top]
+            hidden[top] = hidden.get(top, 0) + 1
+    if hidden:
+        fig.add(type="scatter", x=[layout.x[i] for i in hidden], y=[layout.y[i] - 0.5 for i in hidden],
+                mode="text", text=[f"⋮ +{k} deeper" for k in hidden.values()], textposition="bottom center",
+                cliponaxis=False, showlegend=False, hoverinfo="skip",
+                textfont=dict(size=MIN_FONT, color=REJECTED_TEXT))
 
 
 def _tree_title(ev: StepEvent) -> str:
@@ -195,15 +223,15 @@ def _frame_tree(fig: Figure, y_range: tuple[float, float], bottom: int, note: st
         fig.layout["legend"]["title"] = dict(text=note, side="top", font=dict(size=MIN_FONT, color=REJECTED_TEXT))
 
 
-def _add_edges(fig: Figure, ev: StepEvent, layout: TreeLayout) -> None:
+def _add_edges(fig: Figure, ev: StepEvent, layout: TreeLayout, depth: int) -> None:
     """Edges by the group of the node they lead to: muted, the accepted path, the path past the answer's end (one
-    trace each, None separating segments; none for a group without edges)."""
+    trace each, None separating segments; none for a group without edges), down to level `depth`."""
     groups = node_group(ev)
     for group, (colour, width) in EDGE_STYLES.items():
         ex: list[float | None] = []
         ey: list[float | None] = []
         for i in range(1, len(ev.tokens)):
-            if groups[i] == group:
+            if groups[i] == group and ev.depths[i] <= depth:
                 p = ev.parents[i]
                 ex += [layout.x[p], layout.x[i], None]
                 ey += [layout.y[p], layout.y[i], None]
@@ -243,14 +271,13 @@ def _add_nodes(fig: Figure, ev: StepEvent, layout: TreeLayout, level_px: float, 
 
 
 def _add_source_legend(fig: Figure, ev: StepEvent) -> None:
-    """Legend entries for the marker symbols of the sources this step's draft tokens came from: outlines in dark
-    slate, so that they read as shapes, not as one more colour beside the light grey of rejected drafts."""
+    """Legend entries for the marker symbols of the sources this step's draft tokens came from: filled, as the
+    tree's nodes are, in a mid slate that is neither the green of accepted drafts nor the light grey of rejected."""
     present = set(ev.sources[1:])
     for source, name in SOURCE_NAMES.items():
         if source in present:
             fig.add(type="scatter", x=[None], y=[None], mode="markers", name=name, hoverinfo="skip", legendgroup=source,
-                    marker=dict(color=SHAPE_LEGEND, size=12, symbol=f"{SOURCE_SYMBOLS[source]}-open",
-                                line=dict(color=SHAPE_LEGEND, width=2)))
+                    marker=dict(color=SHAPE_LEGEND, size=12, symbol=SOURCE_SYMBOLS[source]))
 
 
 def _add_bonus(fig: Figure, ev: StepEvent, layout: TreeLayout, star: tuple[float, float], level_px: float,

@@ -15,7 +15,7 @@ from present.chat import coloured_markdown
 from present.heatmap import MatrixTracker, heatmap_figure, unique_labels
 from present.meter import MeterView, meter_html
 from present.style import ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, display_token, symbol_note
-from present.tree import BONUS_NODE, tree_figure, tree_legend_names
+from present.tree import BONUS_NODE, SOURCE_NAMES, tree_figure, tree_legend_names
 from present.tree_layout import tree_layout
 from tr_core.trace import TextAssembler, Trace, TraceError, boundaries_from_texts
 
@@ -177,10 +177,13 @@ def test_tree_figure_shows_where_each_draft_token_came_from():
                  "rejected drafts", "root (last committed token)", "bonus token"):
         assert names.count(name) == 1, name
     keys = {t["name"]: t["marker"]["symbol"] for t in fig.traces if t.get("mode") == "markers"}
-    # shape keys are outlines (not one more grey beside the rejected drafts'), colour keys strokes of no shape
-    # (a reader took the green circle of "accepted drafts" for a shape the accepted squares lacked)
-    assert keys["from the matrix"] == "circle-open" and keys["copied from the context"] == "square-open"
-    assert keys["in a matrix row and copied"] == "diamond-open" and keys["root (last committed token)"] == "circle"
+    # shape keys are filled as the nodes are (a reader found hollow keys for filled nodes), in a slate that is
+    # neither node colour; colour keys are strokes of no shape (a reader took the green circle of "accepted
+    # drafts" for a shape the accepted squares lacked)
+    assert keys["from the matrix"] == "circle" and keys["copied from the context"] == "square"
+    assert keys["in a matrix row and copied"] == "diamond" and keys["root (last committed token)"] == "circle"
+    shapes = {t["marker"]["color"] for t in fig.traces if t.get("name") in SOURCE_NAMES.values()}
+    assert shapes.isdisjoint({ACCEPTED_COLOUR, REJECTED_COLOUR}) and len(shapes) == 1
     strokes = {t["name"]: t["line"]["color"] for t in fig.traces if t.get("mode") == "lines" and "name" in t}
     assert strokes == {"accepted drafts": ACCEPTED_COLOUR, "rejected drafts": REJECTED_COLOUR}
     assert "from the matrix: candidate #1 after &#x27;&lt;root&gt;&#x27;" in hovers[2]  # parent text, escaped
@@ -376,6 +379,26 @@ def test_a_deep_copied_run_draws_beads_and_its_star_clear_of_the_last_node(depth
     assert all(labels[a][1] != labels[b][1] for a, b in zip(run, run[1:]))  # alternate sides down the run
     assert fig.layout["legend"]["orientation"] == "h"  # the legend under the plot, placed by plotly
     fig.to_plotly()
+
+
+def test_a_deep_rejected_run_under_a_short_path_is_cut_and_counted():
+    # The README's screenshot: 2 drafts accepted, a rejected copied run 18 levels deep squeezed every level into
+    # 10 px and the accepted path's labels into each other
+    from present.tree import DRAWN_LEVELS
+
+    ev = deep_run_event(18)
+    ev.accepted = ev.accepted[:3]  # the run's first copied token accepted, the rest rejected
+    ev.emitted = [ev.tokens[i] for i in ev.accepted[1:]] + [99]
+    fig = tree_figure(ev, words_of)
+    drawn = [y for t in node_traces(fig).values() for y in t["y"] if y is not None]
+    assert min(drawn) == -DRAWN_LEVELS and set(drawn_labels(fig)) == labelled_nodes(ev)
+    cut = [t for t in fig.traces if t.get("mode") == "text"]
+    assert len(cut) == 1 and cut[0]["text"] == [f"⋮ +{18 - DRAWN_LEVELS} deeper"]
+    assert cut[0]["x"] == [tree_layout(tuple(ev.parents), tuple(ev.ranks)).x[ev.accepted[-1]]]
+    edges = [y for t in fig.traces if t.get("mode") == "lines" for y in t["y"] if y is not None]
+    assert min(edges) == -DRAWN_LEVELS
+    whole = deep_run_event(18)  # accepted all the way down: every level drawn, nothing counted
+    assert not [t for t in tree_figure(whole, words_of).traces if t.get("mode") == "text"]
 
 
 def test_the_bonus_star_keeps_off_the_drafts_under_the_paths_end_and_labels_away_from_it():

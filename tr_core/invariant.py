@@ -23,11 +23,13 @@ import torch.nn.functional as F
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)  # the dtypes exact mode is on in by default (near ties are common)
 NAME = "tr_row_invariant"  # the attention implementation registered with transformers while exact mode runs
-RAGGED, PADDED = "ragged", "padded"  # chunks of any count up to width (one row as two), or padded to width
+# chunks of any count up to width (ANY: one row as it is; RAGGED: one row as two, off the matrix-vector path), or
+# padded to width
+ANY, RAGGED, PADDED = "any", "ragged", "padded"
 MM, ONEDNN = "mm", "onednn"  # W @ c^T by torch.mm, or oneDNN on weights packed once (kernels.py supplies it)
 # tried in this order, the first row-invariant on every layer shape is used: oneDNN is the fastest tree product on
 # CPUs that have it; fixed widths (padded) are the batch-invariant fallback for BLAS whose rows depend on the count
-CANDIDATES = ((ONEDNN, RAGGED, 32), (MM, RAGGED, 64), (MM, RAGGED, 32), (MM, RAGGED, 16), (MM, PADDED, 32),
+CANDIDATES = ((ONEDNN, ANY, 32), (ONEDNN, RAGGED, 32), (MM, RAGGED, 64), (MM, RAGGED, 32), (MM, RAGGED, 16), (MM, PADDED, 32),
               (MM, PADDED, 16), (MM, PADDED, 8))
 Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (chunk [n, d], weight [out, d]) -> [n, out]
 
@@ -41,7 +43,7 @@ class Chunking:
     product: str = MM
 
     def describe(self) -> str:
-        how = "any count" if self.kind == RAGGED else "padded to"
+        how = {ANY: "any count up to", RAGGED: "any count (one row as two) up to"}.get(self.kind, "padded to")
         return f"row-invariant products: {self.product}, chunks of {how} {self.width} rows (probed on this device)"
 
 
@@ -53,22 +55,26 @@ def chunked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
                    chunking: Chunking, product: Product = mm_product) -> torch.Tensor:
     """F.linear of x [..., d] (`rows` rows) by `product` over chunks of the rows, each as `chunking` says."""
     flat = x.reshape(rows, x.shape[-1])
-    outs = [_chunk_product(flat[i:i + chunking.width], weight, chunking, product)
-            for i in range(0, rows, chunking.width)]
-    out = outs[0].contiguous() if len(outs) == 1 else torch.cat(outs)
+    if rows <= chunking.width:  # one chunk (every tree on a CPU, and each plain step): no list, no cat
+        out = _chunk_product(flat, weight, chunking, product).contiguous()
+    else:
+        out = torch.cat([_chunk_product(flat[i:i + chunking.width], weight, chunking, product)
+                         for i in range(0, rows, chunking.width)])
     if bias is not None:
         out = out + bias
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
 def _chunk_product(chunk: torch.Tensor, weight: torch.Tensor, chunking: Chunking, product: Product) -> torch.Tensor:
-    """One chunk's product: one row as two (a one-row product takes the matrix-vector path), or padded to the
-    width."""
+    """One chunk's product: as it is (ANY), one row as two (RAGGED: a one-row product would take the
+    matrix-vector path), or padded to the width (PADDED)."""
     n = chunk.shape[0]
     if chunking.kind == PADDED and n < chunking.width:
         chunk = torch.cat((chunk, chunk.new_zeros(chunking.width - n, chunk.shape[1])))
-    elif n == 1:
+    elif n == 1 and chunking.kind == RAGGED:
         chunk = chunk.expand(2, -1) if product is mm_product else torch.cat((chunk, chunk))
+    else:
+        return product(chunk, weight)
     return product(chunk, weight)[:n]
 
 
