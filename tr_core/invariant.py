@@ -29,7 +29,8 @@ ANY, RAGGED, PADDED = "any", "ragged", "padded"
 MM, ONEDNN = "mm", "onednn"  # W @ c^T by torch.mm, or oneDNN on weights packed once (kernels.py supplies it)
 # tried in this order, the first row-invariant on every layer shape is used: oneDNN is the fastest tree product on
 # CPUs that have it; fixed widths (padded) are the batch-invariant fallback for BLAS whose rows depend on the count
-CANDIDATES = ((ONEDNN, ANY, 32), (ONEDNN, RAGGED, 32), (MM, RAGGED, 64), (MM, RAGGED, 32), (MM, RAGGED, 16), (MM, PADDED, 32),
+CANDIDATES = ((ONEDNN, ANY, 32), (ONEDNN, RAGGED, 32), (MM, RAGGED, 64), (MM, RAGGED, 32), (MM, RAGGED, 16),
+              (MM, PADDED, 32),
               (MM, PADDED, 16), (MM, PADDED, 8))
 Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (chunk [n, d], weight [out, d]) -> [n, out]
 
@@ -119,18 +120,11 @@ def _probe(layouts: tuple, products: dict[str, Product]) -> Chunking | None:
 def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
               softcap: float | None = None, **_: Any) -> tuple[torch.Tensor, None]:
-    """Attention in float64: query [B, H, N, d], key and value [B, Hkv, L, d], an additive or boolean mask
-    [B, 1, N, >=L]; returns [B, N, H, d] in query's dtype. torch's fused attention where it applies (no softcap:
-    a third cheaper on a CPU), else transformers' eager steps; both in float64, where a sum's order is lost in the
-    rounding back."""
+    """Attention as transformers' eager one computes it, in float64: query [B, H, N, d], key and value
+    [B, Hkv, L, d], an additive or boolean mask [B, 1, N, >=L]; returns [B, N, H, d] in query's dtype. (torch's
+    fused attention in float64 was no faster inside the model, measured 2026-12-06.)"""
     b, heads, n, d = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
-    if not softcap:
-        mask = None if attention_mask is None else attention_mask[..., :length]
-        mask = mask if mask is None or mask.dtype == torch.bool else mask.double()
-        out = F.scaled_dot_product_attention(query.double(), key.double(), value.double(), attn_mask=mask,
-                                             scale=scaling, enable_gqa=heads != kv_heads).to(query.dtype)
-        return out.transpose(1, 2).contiguous(), None
     groups = heads // kv_heads  # grouped heads share a key: their queries are rows of one product with it
     q = query.double().reshape(b, kv_heads, groups * n, d)
     scores = torch.matmul(q, key.double().transpose(2, 3)).view(b, kv_heads, groups, n, length)
