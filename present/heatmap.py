@@ -107,7 +107,8 @@ def heatmap_figure(tracker: MatrixTracker, ev: StepEvent | None, token_text: Tok
     fig.add(type="heatmap", z=z[::-1], x=[f"#{j}" for j in range(k)], y=labels[::-1], text=text[::-1],
             texttemplate="%{text}", textfont=dict(size=MIN_FONT), hovertext=hover[::-1], hoverinfo="text",
             colorscale=PROB_SCALE, zmin=0.0, zmax=1.0, xgap=2, ygap=2,
-            colorbar=dict(title=dict(text="probability", side="right"), thickness=12, len=0.8))
+            colorbar=dict(title=dict(text="p", side="top"), thickness=12, len=0.8))  # "p" over the bar: the
+    # cells get the width a sideways "probability" took (the presentation view's 8 columns of 16 px text)
     fig.layout["margin"] = dict(l=10, r=10, t=64, b=40)
     fig.layout["xaxis"] = dict(visible=True, showgrid=False, side="bottom", tickfont=dict(size=MIN_FONT), ticks="",
                                type="category", automargin=True,  # the title below the rank labels, never on them
