@@ -26,6 +26,7 @@ class MeterView:
     parted: dict | None = None  # where the outputs parted (trace_schema PARTED), when they did
     note: str = ""  # one line under the figures: where the numbers come from, or why there is no ratio
     machine: str | None = None  # the machine the speeds were timed on ("": not recorded; None: no figures yet)
+    method: str = "Token Recycling"  # what drafted (method_name): the figures are that drafting's, not another's
 
 
 PARITY = 0.05  # ratios within 5% of 1 (or whose error bar crosses 1) are shown as parity, not as a speedup
@@ -112,6 +113,15 @@ def parting_text(p: dict) -> str:
     return f"{line}; {fix}" if fix else line
 
 
+METHOD_NAMES = {"adaptive": "Matrix only", "hybrid": "Matrix + context", "2.2.2": "Paper's 80-node tree"}
+
+
+def method_name(trace: Any) -> str:
+    """The drafting a trace's speeds belong to, named as the drafting switch names it (else "Token Recycling")."""
+    template = str((trace.settings if trace is not None else {}).get("template") or "")
+    return METHOD_NAMES.get(template, "Token Recycling")
+
+
 def machine_of(trace: Any) -> str:
     """The machine a trace's speeds were timed on ("" for none, or a trace recorded before the studio kept it)."""
     return str((trace.settings if trace is not None else {}).get("machine") or "")
@@ -142,7 +152,7 @@ def meter_html(v: MeterView) -> str:
         f'<div class="tr-big"><span class="tr-ratio tr-ratio-{cls}" id="tr-ratio">{html.escape(ratio_text)}</span>'
         f'<span class="tr-biglabel">{gloss(label)}{live}</span></div>'
         '<div class="tr-cells">'
-        f'<div class="tr-cell"><span class="tr-val" id="tr-tps">{num(v.tr_tps, tps)}</span><span class="tr-lab">Token Recycling tok/s</span></div>'
+        f'<div class="tr-cell"><span class="tr-val" id="tr-tps">{num(v.tr_tps, tps)}</span><span class="tr-lab">{html.escape(v.method)} tok/s</span></div>'
         f'<div class="tr-cell"><span class="tr-val" id="tr-plain">{num(plain, tps)}</span><span class="tr-lab">plain tok/s, same tokens</span></div>'
         f'<div class="tr-cell"><span class="tr-val" id="tr-mat">{num(v.mean_accepted, "{:.2f}")}</span><span class="tr-lab">tokens per step</span></div>'
         f'</div>{flag}{note}</div>'

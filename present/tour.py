@@ -52,12 +52,13 @@ def matrix_kept(ev: StepEvent) -> int:
 
 def telling_step(trace: Trace) -> int:
     """The step a tour shows unless told otherwise: one whose kept drafts came from matrix rows (the paper's method
-    at work), the most of them, then the most tokens, then the biggest tree (its verdict rejects some), the latest;
-    0 for a trace without steps."""
+    at work), the most of them, then one whose verdict turned a draft down (a chain the model took whole shows no
+    verdict), then the most tokens, the biggest tree, the latest; 0 for a trace without steps."""
     if not trace.steps:
         return 0
     steps = trace.steps
-    return max(range(len(steps)), key=lambda i: (matrix_kept(steps[i]), len(steps[i].emitted), len(steps[i].tokens), i))
+    return max(range(len(steps)), key=lambda i: (matrix_kept(steps[i]), len(steps[i].tokens) > len(steps[i].accepted),
+                                                 len(steps[i].emitted), len(steps[i].tokens), i))
 
 
 def root_candidates(ev: StepEvent) -> list[tuple[int, float | None]]:
@@ -81,11 +82,9 @@ def plain_screen(ev: StepEvent, text: TokenText) -> Screen:
     cands = root_candidates(ev)
     pick = model_pick(ev)
     rows = [(text(t), p, t == pick) for t, p in cands]
-    others = len(cands) - 1
-    rest = f"throws the other {others} candidates away" if others > 0 else "throws the rest away"
     return Screen("Plain decoding keeps one token", bars_svg(rows),
-                  f"After {q(text(ev.tokens[0]))} the model scored every next token. Plain decoding keeps "
-                  f"{q(text(pick))} and {rest}.")
+                  f"After {q(text(ev.tokens[0]))} the model scored every token of its vocabulary (its top "
+                  f"{len(cands)} here). Plain decoding keeps {q(text(pick))} and throws all the others away.")
 
 
 def read_rows(ev: StepEvent) -> list[tuple[int, list[int]]]:

@@ -235,16 +235,22 @@ def node_fill(group: str, verdict: bool) -> str:
 
 def tree_legend(ev: StepEvent, bonus_drawn: bool, verdict: bool) -> str:
     """One line under the tree: what the markers mean (sources before the verdict, the verdict's colours after)."""
+    present = {node_source(ev, i) or "matrix" for i in range(1, len(ev.tokens))}
+    items = [("matrix", ROOT_COLOUR, "root")]
     if verdict:
-        items = [("matrix", ACCEPTED_COLOUR, "accepted"), ("matrix", REJECTED_COLOUR, "rejected")]
+        items += [("matrix", ACCEPTED_COLOUR, "accepted"), ("matrix", REJECTED_COLOUR, "rejected")]
         if ev.bonus is not None and bonus_drawn:
             items.append(("star", BONUS_COLOUR, "bonus: the model's own next token"))
+        if present - {"matrix"}:  # squares and diamonds still say where a draft came from
+            items.append(("", "", "shapes: as on screen 3"))
     else:
-        present = {node_source(ev, i) or "matrix" for i in range(1, len(ev.tokens))}
-        items = [(s, DRAFT, SOURCE_WORDS[s]) for s in ("matrix", "context", "both") if s in present]
+        items += [(s, DRAFT, SOURCE_WORDS[s]) for s in ("matrix", "context", "both") if s in present]
     body, x = [], 20.0
     for source, fill, words in items:
-        body.append(text(x, 445, "★", 32, fill) if source == "star" else shape(source, x, 445, fill, 10))
+        if source:
+            body.append(text(x, 445, "★", 32, fill) if source == "star" else shape(source, x, 445, fill, 10))
+        else:
+            x -= 20  # words alone: no marker in front
         body.append(text(x + 20, 445, words, SMALL, INK, "start"))
-        x += 60 + len(words) * 11.5
+        x += 48 + len(words) * 11.5
     return "".join(body)

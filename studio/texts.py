@@ -21,7 +21,8 @@ PAPER = ("Luo et al., *Turning Trash into Treasure: Accelerating Inference of La
 
 # The drafting switch: (template, label, one sentence). It sets the decoding settings' template (see _wire).
 DRAFTING = (
-    ("adaptive", "Matrix only", "drafts read from the matrix alone, as the paper does, in a tree sized to pay on this machine."),
+    ("adaptive", "Matrix only", "drafts read from the matrix alone, as in the paper, but in a tree sized for this "
+                                "machine, not the paper's fixed 80 nodes (the button below runs the paper's)."),
     ("hybrid", "Matrix + context", "also copies runs from the conversation or the warm-start answers (squares; "
                                    "diamonds where the matrix agrees)."),
 )

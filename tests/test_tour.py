@@ -51,7 +51,10 @@ def test_the_tour_shows_by_default_a_step_whose_matrix_drafts_were_accepted():
     both = step([1, 7, 8], [-1, 0, 1], [0, 1, 2], [7, 8, 9], ["root", "both", "matrix"])
     assert [matrix_kept(ev) for ev in (copied, matrix, both)] == [0, 1, 1]  # a copy a row agreed with: not counted
     assert telling_step(Trace(steps=[copied, matrix])) == 1
-    assert telling_step(Trace(steps=[copied, matrix, both])) == 2  # as many matrix drafts, more tokens
+    # as many matrix drafts: one the model turned a draft down in (a verdict to show) before more tokens
+    assert telling_step(Trace(steps=[copied, matrix, both])) == 1
+    wider = step([1, 7, 8, 4], [-1, 0, 1, 0], [0, 1, 2], [7, 8, 9], ["root", "both", "matrix", "matrix"])
+    assert telling_step(Trace(steps=[copied, matrix, wider])) == 2  # both turned one down: more tokens
     assert telling_step(Trace(steps=[matrix, copied])) == 0
     assert telling_step(Trace(steps=[copied, step([1], [-1], [0], [9], ["root"])])) == 0
     assert telling_step(Trace()) == 0 and tour_screens(Trace(), 0) == [] and tour_html(Trace(), 0) == ""
