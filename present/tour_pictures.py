@@ -141,6 +141,16 @@ def shape(source: str, x: float, y: float, fill: str, r: float = 11) -> str:
     return f'<circle cx="{x:.0f}" cy="{y:.0f}" r="{r + (4 if source == "root" else 0):.0f}" fill="{fill}"/>'
 
 
+def mask_labels(texts: list[str]) -> list[str]:
+    """A mask row's label: its token, numbered where the same token stands on several rows ("↵·1", "↵·2")."""
+    counts, seen = Counter(texts), Counter()
+    out = []
+    for t in texts:
+        seen[t] += 1
+        out.append(f"{visible_token(t, 4)}·{seen[t]}" if counts[t] > 1 else visible_token(t, 6))
+    return out
+
+
 def mask_svg(ev: StepEvent, token_text: Callable[[int], str], left: float, width: float = 360) -> str:
     """The tree attention mask of the step's forward: row i filled where node i sees node j (itself and its
     ancestors; every node also sees the whole committed context). At most MASK_NODES nodes; rows labelled with
@@ -152,15 +162,14 @@ def mask_svg(ev: StepEvent, token_text: Callable[[int], str], left: float, width
     top = 70
     body = [text(left, 24, "attention mask: a row sees", SMALL, INK, "start"),
             text(left, 50, "the filled columns (its ancestors)", SMALL, INK, "start")]
-    on_path = set(ev.accepted)
+    on_path, labels = set(ev.accepted), mask_labels([token_text(t) for t in ev.tokens[:n]])
     for i in range(n):
         seen, j = set(), i
         while j >= 0:
             seen.add(j)
             j = ev.parents[j]
         if labelled:
-            body.append(text(grid - 8, top + (i + 0.5) * cell, visible_token(token_text(ev.tokens[i]), 6), SMALL,
-                             INK, "end"))
+            body.append(text(grid - 8, top + (i + 0.5) * cell, labels[i], SMALL, INK, "end"))
         for j in range(n):
             fill = (ACCEPTED_COLOUR if i in on_path else DRAFT) if j in seen else "#f1f5f9"
             body.append(f'<rect x="{grid + j * cell:.1f}" y="{top + i * cell:.1f}" width="{cell - 1:.1f}" '

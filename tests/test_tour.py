@@ -135,3 +135,11 @@ def test_a_long_copied_run_is_counted_at_the_end_of_the_drawn_levels():
     assert f"+ {n - 1 - MAX_LEVELS} more accepted" in words_of(verdict.picture) and "★" not in verdict.picture
     assert "12 drafts over 12 levels: 12 copied." in tree.words
     assert min(int(x) for x in re.findall(r'font-size="(\d+)"', verdict.picture)) >= 20
+
+
+def test_the_mask_numbers_the_rows_of_a_token_that_stands_on_several():
+    # a cold reader met mask rows "↵, ↵, ```" with nothing to tell the two "↵" apart
+    from present.tour_pictures import mask_labels
+
+    assert mask_labels(["```", "\n", "python", "\n"]) == ["```", "↵·1", "python", "↵·2"]
+    assert mask_labels([" a", " b"]) == ["␣a", "␣b"]
