@@ -114,7 +114,7 @@ def matrix_screen(ev: StepEvent, text: TokenText, k: int) -> Screen:
     more = len(ev.rows_read) - len(rows)
     root = q(text(ev.tokens[0]))
     return Screen(title, rows_svg(shown, more, key="as earlier steps left them · outlined: drafted now"),
-                  f"Row {root} of the adjacency matrix keeps the {k} tokens that followed {root} last time. This "
+                  f"Row {root} holds the model's top {k} after {root}, from the last forward that scored it. This "
                   f"step read {len(ev.rows_read)} such row{'s' if len(ev.rows_read) != 1 else ''}; screen 6 "
                   "rewrites them.")
 

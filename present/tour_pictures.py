@@ -250,16 +250,13 @@ def tree_legend(ev: StepEvent, bonus_drawn: bool, verdict: bool) -> str:
         items += [("matrix", ACCEPTED_COLOUR, "accepted"), ("matrix", REJECTED_COLOUR, "rejected")]
         if ev.bonus is not None and bonus_drawn:
             items.append(("star", BONUS_COLOUR, "bonus: the model's own next token"))
-        if present - {"matrix"}:  # squares and diamonds still say where a draft came from
-            items.append(("", "", "shapes: as on screen 3"))
+        short = {"context": "copied", "both": "matrix+copied"}  # squares and diamonds still say where from
+        items += [(src, REJECTED_COLOUR, words) for src, words in short.items() if src in present]
     else:
         items += [(s, DRAFT, SOURCE_WORDS[s]) for s in ("matrix", "context", "both") if s in present]
     body, x = [], 20.0
     for source, fill, words in items:
-        if source:
-            body.append(text(x, 445, "★", 32, fill) if source == "star" else shape(source, x, 445, fill, 10))
-        else:
-            x -= 20  # words alone: no marker in front
+        body.append(text(x, 445, "★", 32, fill) if source == "star" else shape(source, x, 445, fill, 10))
         body.append(text(x + 20, 445, words, SMALL, INK, "start"))
         x += 48 + len(words) * 11.5
     return "".join(body)

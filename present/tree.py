@@ -21,7 +21,7 @@ SOURCE_SYMBOLS = {"root": "circle", "matrix": "circle", "context": "square", "bo
 SOURCE_NAMES = {"matrix": "from the matrix", "context": "copied from the context",
                 "both": "in a matrix row and copied"}  # the legend draws each with its marker symbol in front; not
 # "matrix + context", the name of the drafting setting whose trees hold all three
-SHAPE_LEGEND = "#64748b"  # the filled shapes of the source legend (where a draft came from), as the nodes are filled
+SHAPE_LEGEND = "#64748b"  # the outline of the source legend's shapes, filled as most nodes are (rejected grey)
 NODE_GROUPS = {  # the tree's node traces, drawn in this order (accepted on top); size: marker px, font: label px
     "rejected": dict(color=REJECTED_COLOUR, size=12, font=MIN_FONT, text=REJECTED_TEXT, name="rejected drafts"),
     "root": dict(color=ROOT_COLOUR, size=24, font=MIN_FONT, text=ROOT_COLOUR, name="root (last committed token)"),
@@ -271,13 +271,15 @@ def _add_nodes(fig: Figure, ev: StepEvent, layout: TreeLayout, level_px: float, 
 
 
 def _add_source_legend(fig: Figure, ev: StepEvent) -> None:
-    """Legend entries for the marker symbols of the sources this step's draft tokens came from: filled, as the
-    tree's nodes are, in a mid slate that is neither the green of accepted drafts nor the light grey of rejected."""
+    """Legend entries for the marker symbols of the sources this step's draft tokens came from: filled as most of
+    the tree's nodes are (a reader found hollow keys for filled nodes, then dark keys for light ones), outlined in
+    slate so that they read as shapes beside the rejected drafts' grey stroke."""
     present = set(ev.sources[1:])
     for source, name in SOURCE_NAMES.items():
         if source in present:
             fig.add(type="scatter", x=[None], y=[None], mode="markers", name=name, hoverinfo="skip", legendgroup=source,
-                    marker=dict(color=SHAPE_LEGEND, size=12, symbol=SOURCE_SYMBOLS[source]))
+                    marker=dict(color=REJECTED_COLOUR, size=12, symbol=SOURCE_SYMBOLS[source],
+                                line=dict(color=SHAPE_LEGEND, width=1.5)))
 
 
 def _add_bonus(fig: Figure, ev: StepEvent, layout: TreeLayout, star: tuple[float, float], level_px: float,

@@ -95,7 +95,7 @@ def _card(run: MethodRun, plain: MethodRun, exact: bool | None) -> str:
             f'<div class="tr-side-big">{ratio:.2f}×</div><div class="tr-side-lab">plain decoding\'s speed</div>'
             f'<div class="tr-side-row"><b>{run.per_step:.2f}</b> {gloss("tokens per step")} · '
             f'<b>{run.tokens_per_s:.1f}</b> tok/s</div>'
-            f'<div class="tr-side-row">one step took <b>{run.step_ms:.0f} ms</b> (plain decoding: '
+            f'<div class="tr-side-row">a step took <b>{run.step_ms:.0f} ms</b> on average (plain decoding: '
             f'{plain.step_ms:.0f} ms)</div>'
             f'<div class="tr-side-credit">{gloss(draft_credit(run.steps))}</div>'
             f'<div class="tr-side-same">{html.escape(same)}</div></div>')

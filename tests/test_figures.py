@@ -177,13 +177,13 @@ def test_tree_figure_shows_where_each_draft_token_came_from():
                  "rejected drafts", "root (last committed token)", "bonus token"):
         assert names.count(name) == 1, name
     keys = {t["name"]: t["marker"]["symbol"] for t in fig.traces if t.get("mode") == "markers"}
-    # shape keys are filled as the nodes are (a reader found hollow keys for filled nodes), in a slate that is
-    # neither node colour; colour keys are strokes of no shape (a reader took the green circle of "accepted
-    # drafts" for a shape the accepted squares lacked)
+    # shape keys are filled as most nodes are (readers found hollow keys for filled nodes, then dark keys for light
+    # ones), outlined; colour keys are strokes of no shape (a reader took the green circle of "accepted drafts" for
+    # a shape the accepted squares lacked)
     assert keys["from the matrix"] == "circle" and keys["copied from the context"] == "square"
     assert keys["in a matrix row and copied"] == "diamond" and keys["root (last committed token)"] == "circle"
-    shapes = {t["marker"]["color"] for t in fig.traces if t.get("name") in SOURCE_NAMES.values()}
-    assert shapes.isdisjoint({ACCEPTED_COLOUR, REJECTED_COLOUR}) and len(shapes) == 1
+    shapes = [t["marker"] for t in fig.traces if t.get("name") in SOURCE_NAMES.values()]
+    assert {m["color"] for m in shapes} == {REJECTED_COLOUR} and all(m["line"]["width"] > 0 for m in shapes)
     strokes = {t["name"]: t["line"]["color"] for t in fig.traces if t.get("mode") == "lines" and "name" in t}
     assert strokes == {"accepted drafts": ACCEPTED_COLOUR, "rejected drafts": REJECTED_COLOUR}
     assert "from the matrix: candidate #1 after &#x27;&lt;root&gt;&#x27;" in hovers[2]  # parent text, escaped
