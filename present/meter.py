@@ -27,6 +27,7 @@ class MeterView:
     note: str = ""  # one line under the figures: where the numbers come from, or why there is no ratio
     machine: str | None = None  # the machine the speeds were timed on ("": not recorded; None: no figures yet)
     method: str = "Token Recycling"  # what drafted (method_name): the figures are that drafting's, not another's
+    model: str = ""  # the model the figures are of ("": not recorded)
 
 
 PARITY = 0.05  # ratios within 5% of 1 (or whose error bar crosses 1) are shown as parity, not as a speedup
@@ -78,9 +79,11 @@ FIXES = {"exact_mode": "exact mode (row-invariant products) would keep them toge
 NEAR_TIE = 0.1  # a gap between the two best scores below this reads as a near tie
 
 
+# the one wording of the outcome (meter, replay, side by side)
 IDENTICAL, DIFFERS, ROUNDING = ("✓ token-identical to plain decoding", "✗ differs from plain decoding",
-                                "≈ identical up to rounding")  # the one wording of the outcome (meter, replay, side by side)
-ROUNDING_WHY = "A tree forward rounds a little differently from a one-token forward; at a near tie the best token can flip"
+                                "≈ identical up to rounding")
+ROUNDING_WHY = ("A tree forward rounds a little differently from a one-token forward; at a near tie the best token "
+                "can flip")
 
 
 def identity_words(identical: bool | None, exact: bool | None) -> str:
@@ -127,11 +130,12 @@ def machine_of(trace: Any) -> str:
     return str((trace.settings if trace is not None else {}).get("machine") or "")
 
 
-def machine_line(machine: str | None) -> str:
-    """The machine the meter's speeds were timed on, under its figures ("" before there are any)."""
+def machine_line(machine: str | None, model: str = "") -> str:
+    """The model and the machine the meter's speeds were timed on, under its figures ("" before there are any)."""
     if machine is None:
         return ""
     text = f"timed on {machine}" if machine else "the machine these speeds were timed on was not recorded"
+    text = f"{model[:60]}, {text}" if model else text
     return f'<div class="tr-machine" id="tr-machine">{html.escape(text)}</div>'
 
 
@@ -146,7 +150,7 @@ def meter_html(v: MeterView) -> str:
     flag = identity_flag(v)
     live = ' <span class="tr-live">live</span>' if v.state == "live" else ""
     note = f'<div class="tr-note" title="{html.escape(v.note)}">{gloss(v.note)}</div>' if v.note else ""
-    note = machine_line(v.machine) + note
+    note = machine_line(v.machine, v.model) + note
     return (
         f'<div class="tr-meter tr-meter-{cls}" id="tr-meter" data-state="{html.escape(v.state)}">'
         f'<div class="tr-big"><span class="tr-ratio tr-ratio-{cls}" id="tr-ratio">{html.escape(ratio_text)}</span>'

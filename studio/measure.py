@@ -45,7 +45,7 @@ def measure_speed(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: De
             if not more:
                 break
             yield {"meter": measured_meter(est, done=False, answer_mean=answer_mean, machine=machine_of(trace),
-                                                 method=method_name(trace)),
+                                                 method=method_name(trace), model=trace.model),
                    "status": measuring_status(est, trace.summary.new_tokens)}
     finally:
         rounds.close()
@@ -59,7 +59,7 @@ def measure_speed(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: De
     trace.speed = dataclasses.asdict(est)
     note = measure_note(est, trace.summary.new_tokens, stopped=stop.is_set())
     view = {"meter": measured_meter(est, note=note, answer_mean=answer_mean, answer_tokens=trace.summary.new_tokens,
-                                    machine=machine_of(trace), method=method_name(trace)),
+                                    machine=machine_of(trace), method=method_name(trace), model=trace.model),
             "status": done_status(notes, trace),
             "race": race_html(trace), "trace_file": str(trace.save(s.files() / "trace.json")),
             # the cost panel's estimate follows the meter: withheld once it says "too noisy"

@@ -907,3 +907,18 @@ def test_a_step_that_drafted_nothing_shows_the_tree_it_would_have_drafted_as_not
     assert all(t.get("marker", {}).get("color") != ACCEPTED_COLOUR for t in fig.traces)  # nothing accepted
     ev.unverified = {"tokens": [5, 1], "parents": [-1, 3]}  # malformed (from a file): the plain step's figure
     assert "NOT VERIFIED" not in json.dumps(tree_figure(ev, text_of))
+
+
+def test_the_meter_names_the_drafting_model_and_machine_its_figures_belong_to():
+    """Cold readers took the hybrid's figures for the paper's method's, and could not tell which model ran."""
+    from present.meter import method_name
+
+    shown = meter_html(MeterView(state="measured", tr_tps=20.0, plain_tps=13.0, ratio=1.5, error=0.02,
+                                 method="Matrix + context", model="embedded (SmolLM2-135M-Instruct)",
+                                 machine="Intel Xeon Processor, 2 threads"))
+    assert "Matrix + context tok/s" in shown and "Token Recycling tok/s" not in shown
+    assert "embedded (SmolLM2-135M-Instruct), timed on Intel Xeon Processor, 2 threads" in shown
+    assert "Token Recycling tok/s" in meter_html(MeterView(state="measured", tr_tps=20.0))  # a drafting not named
+    names = {t: method_name(Trace(settings={"template": t})) for t in ("hybrid", "adaptive", "2.2.2", "3-wide")}
+    assert names == {"hybrid": "Matrix + context", "adaptive": "Matrix only", "2.2.2": "Paper's 80-node tree",
+                     "3-wide": "Token Recycling"}
