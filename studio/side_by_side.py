@@ -84,7 +84,20 @@ def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool |
             "would answer (the hybrid's copies come from the warm-start answers), so its figures differ from your "
             "answer's.")
     return (f'<div class="tr-sides"><div class="tr-sides-cards">{cards}</div>'
-            f'<div class="tr-sides-foot">{html.escape(verdict)} {gloss(foot)}</div></div>')
+            f'<div class="tr-sides-foot">{html.escape(verdict)} {gloss(foot)}{why_paper_slower(results)}</div></div>')
+
+
+def why_paper_slower(results: dict[str, MethodRun]) -> str:
+    """Where the paper's tree lost to plain decoding here, one sentence on why, from the measured step times ("" where
+    it did not lose): a CPU's forward costs grow with its tokens; the paper's GPUs verify 80 tokens for little more."""
+    paper, plain = results[PAPER], results["plain"]
+    if paper.tokens_per_s >= plain.tokens_per_s or plain.step_ms <= 0:
+        return ""
+    nodes = max((len(e.tokens) for e in paper.steps), default=0)
+    return html.escape(f" Why the paper's tree is slower here: on this machine its step, a forward of up to {nodes} "
+                       f"tokens, took {round(paper.step_ms) / max(round(plain.step_ms), 1):.1f} plain steps on "
+                       "average; on the paper's GPUs "
+                       "such a forward costs little more than one, and it measured about 2×.")
 
 
 def _card(run: MethodRun, plain: MethodRun, exact: bool | None) -> str:
