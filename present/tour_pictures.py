@@ -22,7 +22,8 @@ SMALL = 22  # px: the smallest text of a picture (the tour's rule is 20)
 INK = "#0f172a"
 DRAFT = "#334155"  # a draft before the verdict
 ROOT_X = 110  # the root's x in a tree picture (its label stands left of it)
-MASK_NODES = 14  # nodes the attention-mask picture shows at most (a cell of 25 px)
+MASK_NODES = 14  # nodes the attention-mask picture shows at most (a cell of 24 px)
+MASK_W = 450  # px of the mask picture: 14 rows of 24 px, each labelled with its token in 22 px type
 MAX_LEVELS = 7  # tree levels a picture draws (the labels of more would not fit 20 px type across 1200 px)
 SOURCE_WORDS = {"matrix": "from the matrix", "context": "copied from the conversation (hybrid)",
                 "both": "in a matrix row and copied"}  # as the studio's tree legend (present/tree.py)
@@ -187,7 +188,7 @@ def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mas
     levels, groups, on_path = min(max(ev.depths, default=0), MAX_LEVELS), node_group(ev), set(ev.accepted)
     shown = [i for i in range(len(ev.tokens)) if ev.depths[i] <= levels]
     tail = verdict and (ev.bonus is not None or levels < max(ev.depths, default=0))
-    col = min(380.0, (540.0 if mask else 930.0) / max(levels + tail, 1))
+    col = min(380.0, (480.0 if mask else 930.0) / max(levels + tail, 1))
     chars = max(3, min(12, int((col - 34) / 13)))
     layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
     xy = {i: (ROOT_X + ev.depths[i] * col, 30 + layout.x[i] * 370) for i in shown}
@@ -207,7 +208,7 @@ def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mas
                              "start", i in on_path and verdict, True))
     body.append(tree_legend(ev, verdict and levels == max(ev.depths, default=0), verdict))
     if mask:
-        body.append(mask_svg(ev, token_text, W - 370))
+        body.append(mask_svg(ev, token_text, W - MASK_W - 10, MASK_W))
     return svg("".join(body))
 
 

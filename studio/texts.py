@@ -3,8 +3,8 @@ from __future__ import annotations
 
 EXAMPLES = [
     ("Conversation", "I have a job interview tomorrow. Give me three short tips to stay calm."),
-    ("Code", "Write a Python function that checks whether a string is a palindrome, with a short docstring."),
-    ("Translation", "Translate to French: The weather is nice today, so we are going to the beach."),
+    ("Code", "Write a Python function that checks whether two words are anagrams, with a short docstring."),
+    ("Translation", "Translate to French: My brother forgot his umbrella, so he came home soaking wet."),
     ("Summarization", "Summarize in two sentences: Token Recycling stores the top-k next-token candidates of every "
                       "token it has seen in an adjacency matrix. Each step it builds a draft tree from that matrix, "
                       "verifies the whole tree with one forward pass, accepts the longest correct path and then "

@@ -512,3 +512,25 @@ def test_prompt_seeding_puts_the_prompt_successor_first():
     assert probs[1] == pytest.approx(0.5 * torch.softmax(torch.tensor([0.0] * 5 + [3.0, 2.0, 1.0, 0.0, 0.0]), 0)[5].item(), abs=0.01)
     m.seed_from_text([4, 5])  # a candidate already in the row moves to the front instead of repeating
     assert m.table[4].tolist() == [5, 8, 6]
+
+
+def test_no_example_question_is_one_the_warm_start_already_answered():
+    """The warm start's library holds its corpus answers, which the hybrid copies from: an example close to a corpus
+    prompt (the Code example once was, word for word but its last clause) would show a speedup no new question gets.
+    Word sets of each example against every corpus prompt: Jaccard similarity under 0.5."""
+    import json
+    import re
+    from pathlib import Path
+
+    from studio.texts import EXAMPLES
+
+    root = Path(__file__).resolve().parents[1]
+    corpus = [json.loads(line)["prompt"] for line in (root / "tr_core/warm_start/corpus.jsonl").open()]
+
+    def words(text: str) -> set[str]:
+        return set(re.findall(r"[a-z]+", text.lower()))
+
+    for name, question in EXAMPLES:
+        for prompt in corpus:
+            a, b = words(question), words(prompt)
+            assert len(a & b) / len(a | b) < 0.5, (name, prompt)
