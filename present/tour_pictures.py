@@ -188,7 +188,7 @@ def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mas
     levels, groups, on_path = min(max(ev.depths, default=0), MAX_LEVELS), node_group(ev), set(ev.accepted)
     shown = [i for i in range(len(ev.tokens)) if ev.depths[i] <= levels]
     tail = verdict and (ev.bonus is not None or levels < max(ev.depths, default=0))
-    col = min(380.0, (480.0 if mask else 930.0) / max(levels + tail, 1))
+    col = min(380.0, (540.0 if mask else 930.0) / max(levels + tail, 1))
     chars = max(3, min(12, int((col - 34) / 13)))
     layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
     xy = {i: (ROOT_X + ev.depths[i] * col, 30 + layout.x[i] * 370) for i in shown}
