@@ -102,7 +102,7 @@ def drafted_after(ev: StepEvent) -> dict[int, set[int]]:
 
 def matrix_screen(ev: StepEvent, text: TokenText, k: int) -> Screen:
     rows = read_rows(ev)
-    title = "The matrix keeps them all"
+    title = "The matrix kept earlier candidates"
     if not rows:
         why = ("its drafts were all copied from the conversation" if any(
             node_source(ev, i) == "context" for i in range(1, len(ev.tokens))) else "it drafted nothing")
@@ -135,8 +135,8 @@ def tree_screen(ev: StepEvent, text: TokenText) -> Screen:
 def verdict_screen(ev: StepEvent, text: TokenText) -> Screen:
     drafts, kept = len(ev.tokens) - 1, len(ev.accepted) - 1
     return Screen("One forward checks every branch", tree_svg(ev, text, verdict=True, mask=True),
-                  f"All {drafts + 1} tokens go through the model in ONE forward; each sees only its ancestors. "
-                  f"Green: the path the model agrees with, {kept} draft{'s' if kept != 1 else ''} deep.")
+                  f"All {drafts + 1} tokens go through the model in ONE forward; each sees the cached prefix and its "
+                  f"ancestors. Green: the path it agrees with, {kept} draft{'s' if kept != 1 else ''} deep.")
 
 
 def accepted_screen(ev: StepEvent, text: TokenText) -> Screen:

@@ -153,9 +153,10 @@ def mask_labels(texts: list[str]) -> list[str]:
 
 
 def mask_svg(ev: StepEvent, token_text: Callable[[int], str], left: float, width: float = 360) -> str:
-    """The tree attention mask of the step's forward: row i filled where node i sees node j (itself and its
-    ancestors; every node also sees the whole committed context). At most MASK_NODES nodes; rows labelled with
-    their tokens where a row is tall enough for 22 px type."""
+    """The tree attention mask of the step's forward: a row filled where its node sees the column's (itself and its
+    ancestors; every node also sees the whole committed context). Rows and columns level by level, top to bottom
+    within a level as the tree picture draws them; at most MASK_NODES; rows labelled with their tokens where a row
+    is tall enough for 22 px type."""
     n = min(len(ev.tokens), MASK_NODES)
     labelled = (width - 110) / max(n, 1) >= 24
     grid = left + (110 if labelled else 0)
@@ -163,17 +164,19 @@ def mask_svg(ev: StepEvent, token_text: Callable[[int], str], left: float, width
     top = 70
     body = [text(left, 24, "attention mask: a row sees", SMALL, INK, "start"),
             text(left, 50, "the filled columns (its ancestors)", SMALL, INK, "start")]
-    on_path, labels = set(ev.accepted), mask_labels([token_text(t) for t in ev.tokens[:n]])
-    for i in range(n):
+    x = tree_layout(tuple(ev.parents), tuple(ev.ranks)).x  # rows level by level, each level as the tree draws it
+    order = sorted(range(len(ev.tokens)), key=lambda i: (ev.depths[i], x[i]))[:n]
+    on_path, labels = set(ev.accepted), mask_labels([token_text(ev.tokens[i]) for i in order])
+    for r, i in enumerate(order):
         seen, j = set(), i
         while j >= 0:
             seen.add(j)
             j = ev.parents[j]
         if labelled:
-            body.append(text(grid - 8, top + (i + 0.5) * cell, labels[i], SMALL, INK, "end"))
-        for j in range(n):
+            body.append(text(grid - 8, top + (r + 0.5) * cell, labels[r], SMALL, INK, "end"))
+        for c, j in enumerate(order):
             fill = (ACCEPTED_COLOUR if i in on_path else DRAFT) if j in seen else "#f1f5f9"
-            body.append(f'<rect x="{grid + j * cell:.1f}" y="{top + i * cell:.1f}" width="{cell - 1:.1f}" '
+            body.append(f'<rect x="{grid + c * cell:.1f}" y="{top + r * cell:.1f}" width="{cell - 1:.1f}" '
                         f'height="{cell - 1:.1f}" fill="{fill}"/>')
     if len(ev.tokens) > n:
         body.append(text(left, top + n * cell + 20, f"first {n} of {len(ev.tokens)} tokens", SMALL, REJECTED_TEXT,

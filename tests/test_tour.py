@@ -143,3 +143,16 @@ def test_the_mask_numbers_the_rows_of_a_token_that_stands_on_several():
 
     assert mask_labels(["```", "\n", "python", "\n"]) == ["```", "↵·1", "python", "↵·2"]
     assert mask_labels([" a", " b"]) == ["␣a", "␣b"]
+
+
+def test_the_mask_lists_its_rows_level_by_level_as_the_tree_draws_them():
+    """A reader found the mask's rows in neither BFS nor the picture's order (node indices: a hybrid tree appends
+    its copies after the matrix's candidates)."""
+    from present.tour_pictures import mask_svg
+
+    ev = StepEvent(step=0, position=5, tokens=[10, 11, 12, 13], parents=[-1, 0, 0, 1], depths=[0, 1, 1, 2],
+                   ranks=[-1, 1, 0, 0], accepted=[0, 1], emitted=[11, 9], bonus=9, timings={},
+                   sources=["root", "matrix", "matrix", "matrix"])
+    picture = mask_svg(ev, lambda t: f"t{t}", 0, 450)
+    labels = re.findall(r">(t\d+)</text>", picture)
+    assert labels == ["t10", "t12", "t11", "t13"]  # the root, then rank 0 (drawn above) before rank 1, then depth 2
