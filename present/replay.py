@@ -140,7 +140,7 @@ PAGE = """<!DOCTYPE html>
 <section class="text">
 <div id="tr-story" class="story" aria-live="polite"></div>
 <div id="tr-microscope" class="microscope"></div>
-<h2>Answer <small>each step's accepted run has its own colour; the shown step is outlined
+<h2>Answer <small>green and blue take turns: one step's tokens each; the shown step is outlined
 (click a run to go there)</small></h2>
 <div id="tr-answer" class="answer">{answer}</div>
 <details><summary>Prompt</summary>{messages}</details>
@@ -182,8 +182,8 @@ main {display: grid; grid-template-columns: minmax(320px, 5fr) 7fr; gap: 16px; p
 .answer {white-space: pre-wrap; overflow-wrap: anywhere; font-size: 1.05rem; line-height: 1.6; background: white; border: 1px solid #e2e8f0;
          border-radius: 10px; padding: 10px 12px; max-height: 46vh; overflow-y: auto}
 .run {border-radius: 3px; cursor: pointer}
-.run-a {background: #dcfce7}
-.run-b {background: #dbeafe}
+.run-a {background: #bbf7d0}
+.run-b {background: #bfdbfe}
 .run.future {background: none; color: #94a3b8}
 .run.current {outline: 3px solid #f59e0b; background: #fef3c7}
 .fig {background: white; border: 1px solid #e2e8f0; border-radius: 10px; margin-bottom: 12px; min-height: 430px}
