@@ -140,7 +140,7 @@ PAGE = """<!DOCTYPE html>
 <section class="text">
 <div id="tr-story" class="story" aria-live="polite"></div>
 <div id="tr-microscope" class="microscope"></div>
-<h2>Answer <small>green and blue take turns: one step's tokens each; the shown step is outlined
+<h2>Answer <small>colours take turns, one per step; the shown step is outlined
 (click a run to go there)</small></h2>
 <div id="tr-answer" class="answer">{answer}</div>
 <details><summary>Prompt</summary>{messages}</details>

@@ -110,7 +110,7 @@ def _update(ui: dict[str, Any], view: dict[str, Any]) -> dict:
 
 
 def _chat_panel(ui: dict, template: str) -> None:
-    ui["chat"] = gr.Chatbot(label="Chat (green and blue take turns: one step's tokens each)", height=430, elem_id="tr-chat",
+    ui["chat"] = gr.Chatbot(label="Chat (colours take turns: one per step)", height=430, elem_id="tr-chat",
                             buttons=["copy"], feedback_options=None, placeholder="Ask something, or click an example.",
                             latex_delimiters=[])  # "$$...$$" from a visitor, a model or a trace stays text
     with gr.Row(elem_id="tr-input-row"):

@@ -21,8 +21,8 @@ PAPER = ("Luo et al., *Turning Trash into Treasure: Accelerating Inference of La
 
 # The drafting switch: (template, label, one sentence). It sets the decoding settings' template (see _wire).
 DRAFTING = (
-    ("adaptive", "Matrix only", "drafts read from the matrix alone, as in the paper, but in a tree sized for this "
-                                "machine, not the paper's fixed 80 nodes (the button below runs the paper's)."),
+    ("adaptive", "Matrix only", "drafts from the matrix alone, as in the paper, in a tree sized for this machine "
+                                "(the paper's: a fixed 80 nodes)."),
     ("hybrid", "Matrix + context", "also copies runs from the conversation or the warm-start answers (squares; "
                                    "diamonds where the matrix agrees)."),
 )
