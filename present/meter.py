@@ -130,6 +130,12 @@ def machine_of(trace: Any) -> str:
     return str((trace.settings if trace is not None else {}).get("machine") or "")
 
 
+def figures_of(trace: Any) -> dict[str, str]:
+    """Whose figures a trace's meter shows: the machine they were timed on, the drafting, the model (MeterView)."""
+    return {"machine": machine_of(trace), "method": method_name(trace),
+            "model": str(getattr(trace, "model", "") or "")}
+
+
 def machine_line(machine: str | None, model: str = "") -> str:
     """The model and the machine the meter's speeds were timed on, under its figures ("" before there are any)."""
     if machine is None:

@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Callable
 
 from tr_core.events import StepEvent
+from tr_core.verify import path_to
 
 from .nodes import node_group, node_source
 from .style import (ACCEPTED_COLOUR, BONUS_COLOUR, PAST_END_COLOUR, REJECTED_COLOUR, REJECTED_TEXT, ROOT_COLOUR,
@@ -168,10 +169,7 @@ def mask_svg(ev: StepEvent, token_text: Callable[[int], str], left: float, width
     order = sorted(range(len(ev.tokens)), key=lambda i: (ev.depths[i], x[i]))[:n]
     on_path, labels = set(ev.accepted), mask_labels([token_text(ev.tokens[i]) for i in order])
     for r, i in enumerate(order):
-        seen, j = set(), i
-        while j >= 0:
-            seen.add(j)
-            j = ev.parents[j]
+        seen = set(path_to(ev.parents, i))  # itself and its ancestors
         if labelled:
             body.append(text(grid - 8, top + (r + 0.5) * cell, labels[r], SMALL, INK, "end"))
         for c, j in enumerate(order):

@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from present.meter import machine_of, method_name
 from tr_core.config import DecodeConfig
 from tr_core.divergence import explain_at
 from tr_core.engine import Engine
@@ -44,8 +43,7 @@ def measure_speed(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: De
                     DECODE_SLOT.release()
             if not more:
                 break
-            yield {"meter": measured_meter(est, done=False, answer_mean=answer_mean, machine=machine_of(trace),
-                                                 method=method_name(trace), model=trace.model),
+            yield {"meter": measured_meter(est, done=False, answer_mean=answer_mean, trace=trace),
                    "status": measuring_status(est, trace.summary.new_tokens)}
     finally:
         rounds.close()
@@ -59,7 +57,7 @@ def measure_speed(studio: Studio, s: Session, twin: Any, ids: list[int], cfg: De
     trace.speed = dataclasses.asdict(est)
     note = measure_note(est, trace.summary.new_tokens, stopped=stop.is_set())
     view = {"meter": measured_meter(est, note=note, answer_mean=answer_mean, answer_tokens=trace.summary.new_tokens,
-                                    machine=machine_of(trace), method=method_name(trace), model=trace.model),
+                                    trace=trace),
             "status": done_status(notes, trace),
             "race": race_html(trace), "trace_file": str(trace.save(s.files() / "trace.json")),
             # the cost panel's estimate follows the meter: withheld once it says "too noisy"

@@ -1,6 +1,8 @@
 """The page's words: example questions, the paper, the drafting switch's choices, and the accordions' texts."""
 from __future__ import annotations
 
+from present.meter import METHOD_NAMES
+
 EXAMPLES = [
     ("Conversation", "I have a job interview tomorrow. Give me three short tips to stay calm."),
     ("Code", "Write a Python function that checks whether two words are anagrams, with a short docstring."),
@@ -19,12 +21,14 @@ EXAMPLES = [
 PAPER = ("Luo et al., *Turning Trash into Treasure: Accelerating Inference of Large Language Models with Token "
          "Recycling*, ACL 2025, [arXiv:2408.08696](https://arxiv.org/abs/2408.08696)")
 
-# The drafting switch: (template, label, one sentence). It sets the decoding settings' template (see _wire).
+# The drafting switch: (template, label, one sentence). It sets the decoding settings' template (see _wire). Its
+# labels are the names the meter gives each drafting's figures (present.meter.METHOD_NAMES).
 DRAFTING = (
-    ("adaptive", "Matrix only", "drafts from the matrix alone, as in the paper, in a tree sized for this machine "
-                                "(the paper's: a fixed 80 nodes)."),
-    ("hybrid", "Matrix + context", "also copies runs from the conversation or the warm-start answers (squares; "
-                                   "diamonds where the matrix agrees)."),
+    ("adaptive", METHOD_NAMES["adaptive"],
+     "drafts from the matrix alone, as in the paper, in a tree sized for this machine "
+     "(the paper's: a fixed 80 nodes)."),
+    ("hybrid", METHOD_NAMES["hybrid"],
+     "also copies runs from the conversation or the warm-start answers (squares; diamonds where the matrix agrees)."),
 )
 
 WHY_NUMBERS = """

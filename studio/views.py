@@ -15,7 +15,7 @@ from present.chart import accepted_chart_explained
 from present.chat import coloured_markdown, marked_markdown, safe_markdown
 from present.glossary import gloss
 from present.heatmap import MatrixTracker, heatmap_figure
-from present.meter import MeterView, machine_of, meter_html, method_name
+from present.meter import MeterView, figures_of, meter_html
 from present.tree import tree_figure
 from present.microscope import microscope_view
 from present.race import NoRace, race_timeline
@@ -221,7 +221,7 @@ def live_meter(trace: Trace, measured_after: bool = True) -> str:
     n = sum(len(e.emitted) for e in trace.steps)
     return meter_html(MeterView(state="live" if measured_after else "live-off", tr_tps=n / ms * 1000 if ms else None,
                                 mean_accepted=n / max(len(trace.steps), 1), note="engine-timed, UI excluded",
-                                machine=machine_of(trace), method=method_name(trace), model=trace.model))
+                                **figures_of(trace)))
 
 
 
@@ -252,19 +252,19 @@ def measured_span(est: SpeedEstimate, answer_tokens: int | None) -> str:
 
 
 def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer_mean: float | None = None,
-                   answer_tokens: int | None = None, machine: str = "", method: str = "Token Recycling",
-                   model: str = "") -> str:
+                   answer_tokens: int | None = None, trace: Any = None) -> str:
     """The meter from an interleaved measurement: a ratio ± error, or 'too noisy to measure' and why.
 
     `answer_mean`: the answer's own mean accepted tokens per step, shown instead of the measured chunks' (which
     cover only part of the answer when the measurement was cut), so that it agrees with the chart beside it.
-    `answer_tokens`: the answer's length (None: unknown), for what the figure covers (`measured_span`)."""
+    `answer_tokens`: the answer's length (None: unknown), for what the figure covers (`measured_span`).
+    `trace`: the answer measured, for whose figures they are (figures_of: machine, drafting, model)."""
     if answer_mean is not None:
         est = dataclasses.replace(est, mean_accepted=answer_mean)
     if not done:
         return meter_html(MeterView(state="measuring", tr_tps=est.tr_tps, plain_tps=est.plain_tps,
                                     mean_accepted=est.mean_accepted, identical=est.identical, exact=est.exact,
-                                    parted=est.parted, machine=machine, method=method, model=model,
+                                    parted=est.parted, **figures_of(trace),
                                     note=f"timing both methods in turns over the same tokens… {est.covered} so far"
                                     + (f" (pass {est.passes})" if est.passes > 1 else "")))
     state = "measured" if est.trusted else "noisy"
@@ -279,8 +279,7 @@ def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer
     return meter_html(MeterView(state=state, tr_tps=est.tr_tps, plain_tps=est.plain_tps if est.trusted else None,
                                 mean_accepted=est.mean_accepted, ratio=est.ratio if est.trusted else None,
                                 error=est.error, identical=est.identical, exact=est.exact, parted=est.parted,
-                                machine=machine, method=method, model=model,
-                                note="; ".join(x for x in (why, note) if x)))
+                                **figures_of(trace), note="; ".join(x for x in (why, note) if x)))
 
 
 MEASURE_HINT = "turn on “Measure the speedup” in the decoding settings to measure it"
@@ -307,15 +306,18 @@ def trace_meter(trace: Trace, note: str = MEASURE_HINT, loaded: bool = False) ->
         notes.append(left_out_note(est.left_out))
         return measured_meter(est, note="; ".join(n for n in notes if n), answer_tokens=total,
                               answer_mean=trace.summary.mean_accepted if trace.summary else None,
-                              machine=machine_of(trace), method=method_name(trace), model=trace.model)
+                              trace=trace)
     s = trace.summary
     if loaded:
         note = "no speed measurement is recorded in this trace"
     if trace.plain is not None:  # an older trace, timed one method after the other: its ratio is not trusted
         note = "this trace was timed one method after the other (older studio): no ratio is shown"
+    figures = figures_of(trace)
+    if s is None:
+        figures["machine"] = None  # no figures: no line saying where they were timed
     return meter_html(MeterView(state="off", tr_tps=s.tokens_per_s if s else None,
                                 mean_accepted=s.mean_accepted if s else None, identical=trace.identical, note=note,
-                                machine=machine_of(trace) if s else None, method=method_name(trace), model=trace.model))
+                                **figures))
 
 
 def matrix_info(engine: Any, k: int) -> str:
