@@ -95,13 +95,15 @@ def _draft_sentence(ev: StepEvent, token_text: TokenText, brief: bool = False) -
         if not copied and not both:
             where = f"{_count(len(rows), 'row')} of the adjacency matrix" + (f" (written by {writers})" if writers else "")
             return f"{head}, read from {where}."
-        alone = f"{len(from_matrix)} read from the adjacency matrix alone"  # "both" nodes are not counted here
-        parts.append(alone if brief else f"{alone} ({_rows_of(ev, rows, writers)})")
+        if brief:
+            parts.append(f"{len(from_matrix)} from the matrix")  # "both" nodes are not counted here
+        else:
+            parts.append(f"{len(from_matrix)} read from the adjacency matrix alone ({_rows_of(ev, rows, writers)})")
     if copied:
         parts.append(f"{copied} copied from {copy_place(ev, copies)}")
     if both:
         found = copy_place(ev, [i for i in nodes if source[i] == "both"])
-        parts.append(f"{both} found both in a matrix row and in {found}")
+        parts.append(f"{both} in both" if brief else f"{both} found both in a matrix row and in {found}")
     return f"{head}: {_listed(parts)}."
 
 
@@ -172,7 +174,8 @@ def _write_sentence(ev: StepEvent, token_text: TokenText, before: dict[int, list
         return "It wrote nothing back into the adjacency matrix."
     j = rows.index(ev.tokens[0]) if ev.tokens and ev.tokens[0] in rows else 0
     row, values = rows[j], ev.matrix_values[j] if j < len(ev.matrix_values) else []
-    head = f"It wrote {_count(len(rows), 'row')} of the matrix back from this forward's candidates"
+    head = (f"It wrote {_count(len(rows), 'matrix row')} back" if brief
+            else f"It wrote {_count(len(rows), 'row')} of the matrix back from this forward's candidates")
     notes = []
     if len(rows) == len(set(ev.tokens)) < len(ev.tokens):  # "25 tokens verified, 23 rows written": none lost
         notes.append(f"one per distinct token of its {len(ev.tokens)}")  # a token drafted at several nodes: one row
@@ -185,10 +188,11 @@ def _write_sentence(ev: StepEvent, token_text: TokenText, before: dict[int, list
         head += f" ({', '.join(notes)})"
     if not values:
         return head + "."
-    example = f"the row of {quoted(token_text(row))} now starts with {quoted(token_text(values[0]))}"
+    example = f"{'row' if brief else 'the row of'} {quoted(token_text(row))} now starts with {quoted(token_text(values[0]))}"
     old = before.get(row) if before is not None else None
     if old and old[0] != values[0]:
-        example += f" (it started with {quoted(token_text(old[0]))} before)"
+        was = quoted(token_text(old[0]))
+        example += f" (was {was})" if brief else f" (it started with {was} before)"
     elif old:
         example += " (as before)"
     return f"{head}; {example}."

@@ -26,7 +26,7 @@ from .session import Session, Studio, decode_slot, new_session
 from .page_js import (DOWNLOAD_JS, MICROSCOPE_JS, PRESENT_FROM_URL_JS, PRESENT_JS, PRESENT_LABELS, RACE_JS,
                       TOUR_INSTALL_JS, TOUR_OPEN_JS)
 from .settings import parse_settings
-from .texts import DRAFTING, EXAMPLES, HOW_IT_WORKS, PAPER, WHY_NUMBERS
+from .texts import DRAFTING, EXAMPLES, HOW_IT_WORKS, PAPER, PAPER_SHORT, WHY_NUMBERS
 from .views import KEYS, blank_views, matrix_info
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
@@ -218,9 +218,8 @@ def _layout(studio: Studio) -> dict[str, Any]:
     blank = blank_views()  # the panels before any answer (New chat shows them again)
     with gr.Row(equal_height=False, elem_id="tr-head"):
         with gr.Column(scale=8, elem_id="tr-title-col"):
-            gr.Markdown("# ♻ Token Recycling Studio\nChat with a small LLM decoded by **Token Recycling** speculative "
-                        "decoding and watch each step: the draft tree, what was accepted, and the adjacency matrix it "
-                        f"recycles. From {PAPER}.", elem_id="tr-title", latex_delimiters=[])
+            gr.Markdown("# ♻ Token Recycling Studio\nWatch **Token Recycling** speculative decoding draft, check and "
+                        f"recycle, step by step. {PAPER_SHORT}.", elem_id="tr-title", latex_delimiters=[])
         with gr.Column(scale=1, min_width=210):
             ui["present"] = gr.Button(PRESENT_LABELS[0], size="sm", elem_id="tr-present")
     with gr.Row(equal_height=False, elem_id="tr-top"):

@@ -18,6 +18,7 @@ EXAMPLES = [
                "and how tall is it?"),
 ]
 
+PAPER_SHORT = "Luo et al., *Turning Trash into Treasure*, ACL 2025, [arXiv:2408.08696](https://arxiv.org/abs/2408.08696)"
 PAPER = ("Luo et al., *Turning Trash into Treasure: Accelerating Inference of Large Language Models with Token "
          "Recycling*, ACL 2025, [arXiv:2408.08696](https://arxiv.org/abs/2408.08696)")
 
@@ -25,10 +26,9 @@ PAPER = ("Luo et al., *Turning Trash into Treasure: Accelerating Inference of La
 # labels are the names the meter gives each drafting's figures (present.meter.METHOD_NAMES).
 DRAFTING = (
     ("adaptive", METHOD_NAMES["adaptive"],
-     "drafts from the matrix alone, as in the paper, in a tree sized for this machine "
-     "(the paper's: a fixed 80 nodes)."),
+     "the paper's method (its tree sized for this machine)."),
     ("hybrid", METHOD_NAMES["hybrid"],
-     "also copies runs from the conversation or the warm-start answers (squares; diamonds where the matrix agrees)."),
+     "also copies runs of earlier text (squares; diamonds: both)."),
 )
 
 WHY_NUMBERS = """

@@ -193,7 +193,7 @@ def test_the_brief_story_keeps_the_step_and_drops_the_details_the_microscope_has
     assert "written by" not in brief and "new)" not in brief and " rows it read" not in brief
     assert brief.startswith("Step 123 drafted 24 tokens after '␣longtok000': ")
     assert "The model agreed with 23 ('␣longtok002', '␣longtok003' and 21 more)" in brief
-    assert "(it started with '␣longtok005' before)" in brief  # the recycling itself stays (row 0 as read)
+    assert "row '␣longtok000' now starts with '␣longtok007' (was '␣longtok005')" in brief  # the recycling itself stays (row 0 as read)
     assert len(brief) <= 560, (len(brief), brief)
     plain = make_event(4)
     assert step_story(plain, text_of, brief=True).startswith(step_story(plain, text_of)[:60])
