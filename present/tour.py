@@ -20,7 +20,7 @@ from tr_core.trace import Trace
 from .meter import machine_of
 from .nodes import node_group, node_source
 from .style import ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, ROOT_COLOUR, symbol_note, visible_token
-from .tour_pictures import bars_svg, chips_svg, message_svg, rows_svg, tiles_svg, tree_svg
+from .tour_pictures import bars_svg, chips_svg, cost_chart_svg, message_svg, rows_svg, tiles_svg, tree_svg
 
 TokenText = Callable[[int], str]
 MAX_WORDS = 30  # a screen's words: its caption (the picture carries tokens and figures, the title four to six words)
@@ -182,24 +182,28 @@ def written_screen(ev: StepEvent, text: TokenText, k: int) -> Screen:
 
 
 def bought_screen(trace: Trace, ev: StepEvent) -> Screen:
-    n = len(ev.emitted)
-    step_ms = ev.timings.get("total", 0.0)
+    """What the step gained against what it cost: over the meter's cost curve where the meter timed the answer's
+    steps by size, else in tiles (this step's tokens, its own time, the answer's figure)."""
+    n, step_ms = len(ev.emitted), ev.timings.get("total", 0.0)
     speed = trace.speed or {}
     plain_tps = speed.get("plain_tps") if speed.get("trusted") else None
     plain_ms = 1000.0 / plain_tps if plain_tps else None
+    machine = machine_of(trace)
+    footer = f"Timed on {machine}" if machine else "Machine not recorded"
+    timed = {int(size): ms for size, ms, _ in speed.get("step_ms") or ()} if plain_ms else {}
+    if timed:  # the meter's cost curve, this step's tokens over its cost, and the answer's figure
+        costs = {1: 1.0, **{size: ms / plain_ms for size, ms in timed.items() if size > 1}}  # t(1): plain's step
+        return Screen("What it bought", cost_chart_svg(sorted(costs.items()), (len(ev.tokens), n),
+                                                       answer_tile(trace, speed), footer),
+                      "A step pays when its tokens (green) stand above its cost in plain steps (grey), as the meter "
+                      "timed both over this answer.")
     tiles = [(f"{n} token{'s' if n != 1 else ''}", f"this step, from one forward of {len(ev.tokens)} tokens")]
-    timed = {int(size): (ms, steps) for size, ms, steps in speed.get("step_ms") or ()} if plain_ms else {}
-    if len(ev.tokens) in timed:
-        ms, steps = timed[len(ev.tokens)]
-        tiles.append((f"{ms / plain_ms:.1f}", f"plain steps: what a step of {len(ev.tokens)} tokens cost (the meter's "
-                                              f"mean over {steps} such steps)"))
-    elif plain_ms:
+    if plain_ms:
         tiles.append((f"{step_ms / plain_ms:.1f}", "plain steps: what this step cost, timed alone"))
     else:
         tiles.append((f"{step_ms:.0f} ms", "this step's cost (plain decoding was not timed)"))
     tiles.append(answer_tile(trace, speed))
-    machine = machine_of(trace)
-    return Screen("What it bought", tiles_svg(tiles, f"Timed on {machine}" if machine else "Machine not recorded"),
+    return Screen("What it bought", tiles_svg(tiles, footer),
                   "A step pays when its tokens outnumber its cost in plain steps. The meter times both methods over "
                   "the same tokens, on the machine named above.")
 

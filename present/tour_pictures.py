@@ -6,6 +6,7 @@ tree laid out left to right (depth across, siblings down: a tree is wider than d
 from __future__ import annotations
 
 import html
+import math
 import textwrap
 from collections import Counter
 from typing import Callable
@@ -116,15 +117,70 @@ def tiles_svg(tiles: list[tuple[str, str]], footer: str) -> str:
     left = (W - len(tiles) * w - (len(tiles) - 1) * gap) / 2
     body = []
     for j, (big, small) in enumerate(tiles):
-        x = left + j * (w + gap)
-        body.append(f'<rect x="{x:.0f}" y="30" width="{w}" height="320" rx="16" fill="#f8fafc" '
-                    f'stroke="{REJECTED_COLOUR}" stroke-width="2"/>')
-        body.append(text(x + w / 2, 140, big, min(64, int((w - 40) / (0.62 * max(len(big), 1)))), ROOT_COLOUR,
-                         bold=True))
-        for i, line in enumerate(wrapped(small, 28)[:4]):
-            body.append(text(x + w / 2, 225 + i * 30, line, SMALL, REJECTED_TEXT))
+        body.append(_tile(left + j * (w + gap), 30, w, 320, big, small))
     body.append(text(W / 2, 410, footer[:90], 24, INK))
     return svg("".join(body))
+
+
+CHART = (90, 40, 700, 360)  # the cost chart's plot area: left, top, right, bottom (px)
+
+
+def nice_step(span: float, ticks: int = 5) -> float:
+    """A round tick spacing (1, 2 or 5 times a power of ten) giving about `ticks` ticks over `span`."""
+    raw = max(span, 1e-9) / ticks
+    power = 10 ** math.floor(math.log10(raw))
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+
+
+def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: tuple[str, str], footer: str) -> str:
+    """A step's cost against its size, and what one step gained, beside the answer's figure (a tile).
+
+    `costs`: (tokens in one forward N, its cost in plain steps t(N)/t(1)), as the meter timed them, plain decoding's
+    own step (1, 1.0) among them; `step`: (this step's N, the tokens it gained), drawn as a green bar from its
+    cost up to its tokens: the step pays where the bar stands above the grey curve."""
+    left, top, right, bottom = CHART
+    n_max = max([n for n, _ in costs] + [step[0], 2])
+    y_max = max([c for _, c in costs] + [step[1], 2.0]) * 1.12
+    x_of = lambda n: left + (right - left) * (n - 1) / max(n_max - 1, 1)  # noqa: E731
+    y_of = lambda v: bottom - (bottom - top) * v / y_max  # noqa: E731
+    body = [f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="{INK}" stroke-width="2"/>',
+            f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="{INK}" stroke-width="2"/>']
+    dy = nice_step(y_max, 4)
+    for j in range(int(y_max / dy) + 1):
+        y = y_of(j * dy)
+        body.append(f'<line x1="{left}" y1="{y:.0f}" x2="{right}" y2="{y:.0f}" stroke="#e2e8f0" stroke-width="1"/>')
+        body.append(text(left - 12, y, f"{j * dy:g}", SMALL, REJECTED_TEXT, "end"))
+    dx = max(1, int(nice_step(n_max - 1, 6)))
+    for n in [1, *range(dx, n_max + 1, dx)]:
+        body.append(text(x_of(n), bottom + 22, str(n), SMALL, REJECTED_TEXT))
+    body.append(text((left + right) / 2, bottom + 58, "tokens checked in one forward (N)", SMALL, INK))
+    points = sorted(costs)
+    body.append('<polyline fill="none" stroke="#64748b" stroke-width="3" points="'
+                + " ".join(f"{x_of(n):.0f},{y_of(c):.0f}" for n, c in points) + '"/>')
+    body += [f'<circle cx="{x_of(n):.0f}" cy="{y_of(c):.0f}" r="5" fill="#64748b"/>' for n, c in points]
+    n, gained = step
+    cost = dict(points).get(n)
+    x = x_of(n)
+    if cost is not None:
+        body.append(f'<line x1="{x:.0f}" y1="{y_of(cost):.0f}" x2="{x:.0f}" y2="{y_of(gained):.0f}" '
+                    f'stroke="{ACCEPTED_COLOUR}" stroke-width="6"/>')
+        body.append(text(x + 14, y_of(cost) + 16, f"cost {cost:.1f}", SMALL, "#475569", "start", halo=True))
+    body.append(f'<circle cx="{x:.0f}" cy="{y_of(gained):.0f}" r="11" fill="{ACCEPTED_COLOUR}"/>')
+    body.append(text(x + 18, y_of(gained) - 4, f"this step: {gained} token{'s' if gained != 1 else ''}", 24,
+                     ACCEPTED_COLOUR, "start", bold=True, halo=True))
+    body.append(text(left + 8, top - 22, "grey: a step's cost in plain steps, t(N)/t(1)", SMALL, "#475569", "start"))
+    body.append(_tile(790, 40, 370, 320, *tile))
+    body.append(text(W - 10, 452, footer[:60], SMALL, INK, "end"))
+    return svg("".join(body))
+
+
+def _tile(x: float, y: float, w: float, h: float, big: str, small: str) -> str:
+    """A figure tile: a big figure and what it is, wrapped below it."""
+    parts = [f'<rect x="{x:.0f}" y="{y:.0f}" width="{w:.0f}" height="{h:.0f}" rx="16" fill="#f8fafc" '
+             f'stroke="{REJECTED_COLOUR}" stroke-width="2"/>',
+             text(x + w / 2, y + 110, big, min(64, int((w - 40) / (0.62 * max(len(big), 1)))), ROOT_COLOUR, bold=True)]
+    parts += [text(x + w / 2, y + 195 + i * 30, line, SMALL, REJECTED_TEXT) for i, line in enumerate(wrapped(small, 28)[:4])]
+    return "".join(parts)
 
 
 def wrapped(s: str, width: int) -> list[str]:

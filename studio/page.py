@@ -16,7 +16,9 @@ import gradio as gr
 
 from present.chat import safe_markdown
 from present.glossary import glossary_html
+from present.tasks import caption_of, task_runs, task_speedup_figure, task_speedups
 from present.tour import TOUR_CSS
+from tr_core.machine import speed_label
 
 from . import handlers as h
 from . import side_by_side, traces
@@ -30,6 +32,7 @@ from .texts import DRAFTING, EXAMPLES, HOW_IT_WORKS, PAPER, PAPER_SHORT, WHY_NUM
 from .views import KEYS, blank_views, matrix_info
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
+RESULTS = ASSETS.parent / "bench" / "results"  # the benchmark's result files (bench/README.md)
 CSS = (ASSETS / "studio.css").read_text(encoding="utf-8") + TOUR_CSS
 
 
@@ -240,8 +243,18 @@ def _layout(studio: Studio) -> dict[str, Any]:
         gr.HTML(glossary_html())  # the same sentences the page shows on hover or tap (present/glossary.py)
     with gr.Accordion("Why these numbers: the speedup formula, CPU against GPU, the paper", open=False,
                       elem_id="tr-why"):
+        _task_panel()
         gr.Markdown(WHY_NUMBERS + PAPER + ".", latex_delimiters=[])
     return ui
+
+
+def _task_panel() -> None:
+    """Per-task speedups from the project's own benchmark files, beside the paper's ~2x (present/tasks.py): those
+    of this machine's CPU where the repository holds some, else the newest; the caption says whose they are."""
+    runs = task_runs(RESULTS, speed_label())
+    gr.Markdown("**Per task, on this project's benchmark** (not this page's answers)")
+    gr.Plot(task_speedup_figure(task_speedups(runs)), show_label=False, elem_id="tr-tasks")
+    gr.Markdown(caption_of(runs) or "No benchmark results were found in bench/results.", elem_classes="tr-caption")
 
 
 # -------------------------------------------------------------------------------------------- wiring

@@ -119,10 +119,10 @@ def test_trees_shrink_as_the_batch_grows():
     """tree_width: the nodes per row that maximise the batch's expected tokens per ms. With a forward that costs
     10 ms plus 1 ms a token, one row drafts 3 nodes, 8 rows 2 each, and 32 rows decode plainly."""
     curve = [0.0, 0.8, 1.4, 1.8, 1.9]
-    cost = lambda n: 10.0 + n  # noqa: E731
+    cost = lambda rows, width: 10.0 + rows * width  # noqa: E731
     assert [tree_width([curve] * rows, rows, cost) for rows in (1, 8, 32)] == [3, 2, 0]
     assert tree_width([[0.0], [0.0, 0.9]], 2, cost) == 1  # a row with no tree still pays its place in the forward
-    assert tree_width([curve], 1, lambda n: 10.0 * n) == 0  # where every token costs a full forward: plain
+    assert tree_width([curve], 1, lambda rows, width: 10.0 * width) == 0  # every token a full forward: plain
 
 
 def test_a_batch_caps_its_rows_trees_and_frees_them_after():
@@ -239,3 +239,41 @@ def test_exact_bfloat16_batch_with_a_shared_prefill_equals_alone(arch):
     tokens = {i: ev.tokens for i, ev in pairs if isinstance(ev, SummaryEvent)}
     solo = [list(Engine(model, TinyTokenizer(TINY_VOCAB), exact=True).generate(p, cfg))[-1].tokens for p in prompts]
     assert [tokens[i] for i in range(len(prompts))] == solo
+
+
+def test_the_batch_cost_is_learned_per_rows_and_width_and_shared_by_a_models_batches():
+    """batch_cost.BatchCost: a (rows, width) timed costs what it was timed (later timings blended in); one never
+    timed follows the alone curve's shape from this row count's one-token forward, or the width's timed ratio at
+    the nearest row count; never below a narrower width timed for the same rows. One per model, shared."""
+    from tr_core.batch_cost import ALPHA, BatchCost, shared_cost
+
+    alone = lambda n: 40.0 + n  # noqa: E731  (one row of n tokens: nearly flat)
+    cost = BatchCost(alone)
+    assert cost(8, 2) == pytest.approx(48.0 * 56.0 / 48.0)  # nothing timed: the alone curve's t(16)
+    cost.observe(8, 1, 52.0)
+    assert cost(8, 1) == 52.0 and cost(8, 2) == pytest.approx(52.0 * 56.0 / 48.0)
+    cost.observe(8, 2, 79.0)
+    assert cost(8, 2) == 79.0 and cost(8, 3) == 79.0  # the alone shape says 52 * 64 / 48 = 69: not below w=2's
+    cost.observe(8, 2, 89.0)
+    assert cost(8, 2) == pytest.approx((1 - ALPHA) * 79.0 + ALPHA * 89.0)
+    cost.observe(4, 1, 45.0)
+    assert cost(4, 2) == pytest.approx(45.0 * cost(8, 2) / 52.0)  # the width's ratio where it was timed (8 rows)
+    first, other = tiny_model("llama"), tiny_model("llama")
+    assert shared_cost(first, alone) is shared_cost(first, lambda n: 1.0) and shared_cost(other, alone) is not \
+        shared_cost(first, alone)
+
+
+def test_a_batch_learns_that_drafting_loses_and_decodes_plainly():
+    """Where a shared forward's every extra token costs as much as a row's plain step, trees do not pay: after a
+    few forwards the batch's steps are plain (width 1), whatever the rows' alone curves promised."""
+    from tr_core.batch_cost import BatchCost
+
+    curve = [0.0, 0.6, 1.0, 1.2]
+    cost = BatchCost(lambda n: 50.0 + 0.1 * n)  # alone: extra tokens nearly free, so drafting looks good at first
+    truth = lambda rows, width: 50.0 * width  # noqa: E731  (in the batch: every width costs a whole forward more)
+    widths = []
+    for _ in range(6):
+        m = tree_width([curve] * 8, 8, cost)
+        widths.append(m + 1)
+        cost.observe(8, m + 1, truth(8, m + 1))
+    assert widths[0] > 1 and widths[-3:] == [1, 1, 1], widths

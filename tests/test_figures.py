@@ -922,3 +922,47 @@ def test_the_meter_names_the_drafting_model_and_machine_its_figures_belong_to():
     names = {t: method_name(Trace(settings={"template": t})) for t in ("hybrid", "adaptive", "2.2.2", "3-wide")}
     assert names == {"hybrid": "Matrix + context", "adaptive": "Matrix only", "2.2.2": "Paper's 80-node tree",
                      "3-wide": "Token Recycling"}
+
+
+def _bench_run(machine: str, date: str, seconds: dict[str, dict[str, float]], kind: str = "dev") -> dict:
+    """A benchmark result file's shape (tr_core.bench): per method, per task, seconds over 2 answers."""
+    return {"machine": machine, "date": date, "threads": 2, "model": "tiny", "methods": {
+        method: {"per_category": {task: {"seconds": s, "answers": 2} for task, s in by_task.items()}}
+        for method, by_task in seconds.items()}}
+
+
+def test_per_task_speedups_come_from_the_benchmark_files_of_this_machine(tmp_path):
+    """The 'Why these numbers' panel: each task's speedup is plain decoding's seconds over the method's, summed
+    over this machine's development and harder files; another machine's files, other kinds of result and broken
+    files are left out; an unknown machine gets the newest machine's, and the caption names it."""
+    from present.tasks import caption_of, task_runs, task_speedup_figure, task_speedups
+
+    plain, hybrid, matrix = "vanilla", "recycling[hybrid]", "recycling[adaptive]"
+    files = {
+        "epyc-2t-dev.json": _bench_run("AMD EPYC, 2 cores", "2026-12-02", {plain: {"qa": 4.0, "code": 3.0},
+                                                                         hybrid: {"qa": 2.0, "code": 3.0},
+                                                                         matrix: {"qa": 4.0, "code": 2.0}}),
+        "epyc-2t-harder.json": _bench_run("AMD EPYC, 2 cores", "2026-12-04", {plain: {"qa": 2.0},
+                                                                            hybrid: {"qa": 2.0}, matrix: {"qa": 1.0}}),
+        "xeon-2t-dev.json": _bench_run("Intel(R) Xeon(R) Processor, 2 cores", "2026-12-01",
+                                       {plain: {"qa": 9.0}, hybrid: {"qa": 1.0}}),
+        "epyc-2t-dev-80-nodes.json": _bench_run("AMD EPYC, 2 cores", "2026-12-05", {plain: {"qa": 99.0}, hybrid: {"qa": 1.0}}),
+        "epyc-1t-dev.json": _bench_run("AMD EPYC, 2 cores", "2026-12-05", {plain: {"qa": 99.0}, hybrid: {"qa": 1.0}}),
+    }
+    for name, run in files.items():
+        (tmp_path / name).write_text(json.dumps(run))
+    (tmp_path / "broken-2t-dev.json").write_text("{not json")
+    runs = task_runs(tmp_path, "AMD EPYC, 2 threads")
+    assert len(runs) == 2
+    speedups = task_speedups(runs)
+    assert speedups["qa"][hybrid] == pytest.approx(6.0 / 4.0) and speedups["qa"][matrix] == pytest.approx(6.0 / 5.0)
+    assert speedups["code"] == {hybrid: pytest.approx(1.0), matrix: pytest.approx(1.5)}
+    assert "AMD EPYC, 2 cores, 2 threads, 3 answers a task, 2026-12-02 and 2026-12-04" in caption_of(runs)
+    xeon = task_runs(tmp_path, "Intel Xeon Processor, 2 threads")
+    assert [r["date"] for r in xeon] == ["2026-12-01"] and task_speedups(xeon)["qa"] == {hybrid: pytest.approx(9.0)}
+    assert {r["date"] for r in task_runs(tmp_path, "Apple M2")} == {"2026-12-02", "2026-12-04"}  # newest machine
+    fig = task_speedup_figure(speedups).to_plotly()
+    assert [t.name for t in fig.data] == ["Matrix only (the paper's drafting)", "Matrix + context"]
+    assert list(fig.data[1].x) == [pytest.approx(1.0), pytest.approx(1.5)]  # least first
+    assert task_runs(tmp_path / "none", "AMD EPYC") == [] and caption_of([]) == ""
+    assert "No benchmark results" in json.dumps(task_speedup_figure({}))

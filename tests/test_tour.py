@@ -92,7 +92,9 @@ def test_the_screens_agree_with_the_step_and_the_meter(trace):
     assert "1.62× as fast as plain decoding" in words_of(bought.picture)  # the meter's ratio and its words
     assert f"{ev.timings['total'] / 25.0:.1f} plain steps: what this step cost, timed alone" in words_of(bought.picture)
     measured.speed["step_ms"] = [[len(ev.tokens), 60.0, 7], [1, 24.0, 3]]  # the meter's mean ms by step size
-    assert "2.4 plain steps: what a step of" in words_of(tour_screens(measured, i)[-1].picture)  # 60 ms / 25 ms
+    chart = tour_screens(measured, i)[-1].picture  # the meter's cost curve: 60 ms / 25 ms, and this step's tokens
+    assert "cost 2.4" in words_of(chart) and f"this step: {len(ev.emitted)} tokens" in words_of(chart)
+    assert "1.62× as fast as plain decoding" in words_of(chart) and "t(N)/t(1)" in words_of(chart)
 
 
 def words_of(picture: str) -> str:

@@ -13,7 +13,6 @@ padding of short trees is masked out. Answers join and leave between steps.
 from __future__ import annotations
 
 import contextlib
-import copy
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -24,7 +23,8 @@ import torch
 
 from .adaptive import DRAFT_MARGIN
 from .config import DecodeConfig
-from .cost import ForwardCost, sync
+from .batch_cost import BatchCost, shared_cost
+from .cost import sync
 from .decode_state import DecodeState, Drafted
 from .engine import Engine
 from .events import StepEvent, SummaryEvent
@@ -59,7 +59,7 @@ class Batch:
         self.cache = BatchKVCache()
         self._keys = itertools.count()
         self._kernels = contextlib.ExitStack()
-        self.cost: ForwardCost | None = None  # t(n) of a batched forward of n tokens in all, learned online
+        self.cost: BatchCost | None = None  # t(rows, width) of a batched forward, learned online (batch_cost.py)
         self.cap: int | None = None  # the draft nodes per row of the last sized step (None: not sized)
 
     def __len__(self) -> int:
@@ -202,7 +202,7 @@ class Batch:
             d.timer.forward_ends()
         if self.cost is not None:
             sync(device)
-            self.cost.observe(len(self.rows) * width, (time.perf_counter() - began) * 1e3)
+            self.cost.observe(len(self.rows), width, (time.perf_counter() - began) * 1e3)
         return logits
 
     def _size_trees(self) -> None:
@@ -217,8 +217,8 @@ class Batch:
         self.cap = None
         if len(self.rows) < 2 or not sized:
             return
-        if self.cost is None:  # starts from the first sized row's curve, measured alone, then learns the batch's
-            self.cost = copy.deepcopy(sized[0][0].cost)
+        if self.cost is None:  # what this model's batches timed, shaped by the first sized row's alone curve
+            self.cost = shared_cost(self.rows[0].engine.runner.model, sized[0][0].cost)
         self.cap = tree_width([curve for _, curve in sized], len(self.rows), self.cost)
         for drafter, _ in sized:
             drafter.cap = self.cap
@@ -281,14 +281,14 @@ def prefill_together(opened: list[tuple[Engine, DecodeState]]) -> None:
             engine.finish_prefill(state, None)
 
 
-def tree_width(curves: list[list[float]], rows: int, cost: Callable[[int], float]) -> int:
+def tree_width(curves: list[list[float]], rows: int, cost: Callable[[int, int], float]) -> int:
     """The draft nodes per row that maximise the batch's expected tokens per ms: a shared forward of `rows` trees
-    costs cost(rows * (m + 1)) (short trees are padded to the widest), and each sized row gains its curve up to m
+    costs cost(rows, m + 1) (short trees are padded to the widest), and each sized row gains its curve up to m
     (`curves`: expected accepted tokens of each row's best m nodes; every row emits one token more). 0: a plain
     step, unless drafting beats it by DRAFT_MARGIN, as alone."""
-    best, best_rate = 0, DRAFT_MARGIN * rows / cost(rows)
+    best, best_rate = 0, DRAFT_MARGIN * rows / cost(rows, 1)
     for m in range(1, max(len(c) for c in curves)):
-        rate = (rows + sum(c[min(m, len(c) - 1)] for c in curves)) / cost(rows * (m + 1))
+        rate = (rows + sum(c[min(m, len(c) - 1)] for c in curves)) / cost(rows, m + 1)
         if rate > best_rate:
             best, best_rate = m, rate
     return best
