@@ -106,5 +106,6 @@ def task_speedup_figure(speedups: dict[str, dict[str, float]], height: int = 340
                                title=dict(text="speedup over plain decoding, same tokens", font=dict(size=12)))
     fig.layout["yaxis"] = dict(visible=True, automargin=True)
     fig.layout["barmode"] = "group"
-    fig.layout["margin"] = dict(l=10, r=10, t=30, b=60)
+    fig.layout["legend"] = dict(orientation="h", yanchor="bottom", y=1.06, x=0.0, traceorder="reversed")
+    fig.layout["margin"] = dict(l=10, r=10, t=50, b=50)
     return fig
