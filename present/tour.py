@@ -27,6 +27,7 @@ MAX_WORDS = 30  # a screen's words: its caption (the picture carries tokens and 
 # where drafts came from, as the tree's legend says it (present/tour_pictures.py SOURCE_WORDS, shorter)
 SOURCES = (("matrix", "from matrix rows"), ("both", "in a row and copied"), ("context", "copied"))
 ROWS_SHOWN = 4  # matrix rows a screen shows at most (their chips stay readable from the back row)
+MIN_STEPS = 3  # the cost curve's sizes: those the meter timed at least this often (one or two steps are noise)
 
 
 @dataclass(frozen=True)
@@ -190,9 +191,10 @@ def bought_screen(trace: Trace, ev: StepEvent) -> Screen:
     plain_ms = 1000.0 / plain_tps if plain_tps else None
     machine = machine_of(trace)
     footer = f"Timed on {machine}" if machine else "Machine not recorded"
-    timed = {int(size): ms for size, ms, _ in speed.get("step_ms") or ()} if plain_ms else {}
+    timed = {int(size): (ms, steps) for size, ms, steps in speed.get("step_ms") or ()} if plain_ms else {}
     if timed:  # the meter's cost curve, this step's tokens over its cost, and the answer's figure
-        costs = {1: 1.0, **{size: ms / plain_ms for size, ms in timed.items() if size > 1}}  # t(1): plain's step
+        costs = {1: 1.0, **{size: ms / plain_ms for size, (ms, steps) in timed.items()  # t(1): plain's own step
+                            if size > 1 and (steps >= MIN_STEPS or size == len(ev.tokens))}}
         return Screen("What it bought", cost_chart_svg(sorted(costs.items()), (len(ev.tokens), n),
                                                        answer_tile(trace, speed), footer),
                       "A step pays when its tokens (green) stand above its cost in plain steps (grey), as the meter "

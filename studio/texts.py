@@ -26,9 +26,9 @@ PAPER = ("Luo et al., *Turning Trash into Treasure: Accelerating Inference of La
 # labels are the names the meter gives each drafting's figures (present.meter.METHOD_NAMES).
 DRAFTING = (
     ("adaptive", METHOD_NAMES["adaptive"],
-     "the paper's method (its tree sized for this machine)."),
+     "the paper's drafting, in a tree sized for this machine."),
     ("hybrid", METHOD_NAMES["hybrid"],
-     "also copies runs of earlier text (squares; diamonds: both)."),
+     "not in the paper: also copies runs of earlier text (squares; diamonds: both)."),
 )
 
 WHY_NUMBERS = """

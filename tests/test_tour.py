@@ -95,6 +95,10 @@ def test_the_screens_agree_with_the_step_and_the_meter(trace):
     chart = tour_screens(measured, i)[-1].picture  # the meter's cost curve: 60 ms / 25 ms, and this step's tokens
     assert "cost 2.4" in words_of(chart) and f"this step: {len(ev.emitted)} tokens" in words_of(chart)
     assert "1.62× as fast as plain decoding" in words_of(chart) and "t(N)/t(1)" in words_of(chart)
+    other = len(ev.tokens) + 1  # a size the meter timed once: noise, left off the curve; this step's own stays
+    measured.speed["step_ms"] = [[len(ev.tokens), 60.0, 1], [other, 90.0, 1], [other + 1, 75.0, 3]]
+    points = re.search(r'<polyline[^>]*points="([^"]+)"', tour_screens(measured, i)[-1].picture)[1].split()
+    assert len(points) == 3  # plain decoding's own step (1, 1.0), this step's size and the size timed 3 times
 
 
 def words_of(picture: str) -> str:
