@@ -172,7 +172,7 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
                      "start" if room_right else "end", bold=True, halo=True))
     body.append(text(left + 8, top - 22, "grey: a step's cost in plain steps, t(N)/t(1)", SMALL, "#475569", "start"))
     if any(c < 1.0 for n, c in points if n > 1):  # true on CPUs whose one-row product is slower than a few rows'
-        body.append(text(left + 8, bottom + 92, "under 1: a forward of a few tokens ran faster than one of 1 here",
+        body.append(text(left + 8, bottom + 92, "under 1: a step of a few tokens took less time than a plain step here",
                          SMALL, "#475569", "start"))
     body.append(_tile(790, 40, 370, 320, *tile))
     body += [text(975, 388 + 28 * i, line, SMALL, INK) for i, line in enumerate(wrapped(footer, 30)[:2])]
