@@ -53,20 +53,28 @@ def matrix_kept(ev: StepEvent) -> int:
 
 def telling_step(trace: Trace) -> int:
     """The step a tour shows unless told otherwise: one whose kept drafts came from matrix rows (the paper's method
-    at work), the most of them, then one whose verdict turned a draft down (a chain the model took whole shows no
+    at work), the most of them, then one whose first screen can show the root's own top 8 (`root_row_is_its_own`),
+    then one whose verdict turned a draft down (a chain the model took whole shows no
     verdict), then the most tokens, the biggest tree, the latest; 0 for a trace without steps."""
     if not trace.steps:
         return 0
     steps = trace.steps
-    return max(range(len(steps)), key=lambda i: (matrix_kept(steps[i]), len(steps[i].tokens) > len(steps[i].accepted),
+    return max(range(len(steps)), key=lambda i: (matrix_kept(steps[i]), root_row_is_its_own(steps[i]),
+                                                 len(steps[i].tokens) > len(steps[i].accepted),
                                                  len(steps[i].emitted), len(steps[i].tokens), i))
+
+
+def root_row_is_its_own(ev: StepEvent) -> bool:
+    """Whether the row the step wrote for the root's token holds the root's own candidates: it does unless the
+    token stands at another node of the tree too (a row is written once per distinct token, by one of its nodes)."""
+    return ev.tokens[0] in ev.matrix_rows and ev.tokens[0] not in ev.tokens[1:]
 
 
 def root_candidates(ev: StepEvent) -> list[tuple[int, float | None]]:
     """The root's candidates from this step's forward, best first (the root token's row as the step wrote it);
-    the model's own pick alone when the step wrote no row for it."""
+    the model's own pick alone when the step wrote no row for it, or the row may be another node's."""
     root = ev.tokens[0]
-    if root in ev.matrix_rows:
+    if root_row_is_its_own(ev):
         j = ev.matrix_rows.index(root)
         probs = ev.matrix_probs[j] if j < len(ev.matrix_probs) else [None] * len(ev.matrix_values[j])
         return [(t, p) for t, p in zip(ev.matrix_values[j], probs)]

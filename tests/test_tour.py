@@ -162,3 +162,21 @@ def test_the_mask_lists_its_rows_level_by_level_as_the_tree_draws_them():
     picture = mask_svg(ev, lambda t: f"t{t}", 0, 450)
     labels = re.findall(r">(t\d+)</text>", picture)
     assert labels == ["t10", "t12", "t11", "t13"]  # the root, then rank 0 (drawn above) before rank 1, then depth 2
+
+
+def test_the_first_screen_shows_the_roots_own_candidates_or_only_the_models_pick():
+    """A row is written once per distinct token: when the root's token stands at another node too (". ↵↵ 3 ." with
+    '.' at the root and at the end of the path), the row written for it may be that node's, so the first screen
+    shows the model's pick alone rather than another node's candidates; a tour prefers a step without that doubt."""
+    from present.tour import plain_screen, root_row_is_its_own
+
+    text = lambda t: f"t{t}"  # noqa: E731
+    own = step([1, 2, 3], [-1, 0, 1], [0, 1, 2], [2, 3, 9], ["root", "matrix", "matrix"])
+    own.matrix_rows, own.matrix_values, own.matrix_probs = [1, 2, 3], [[2, 5, 6], [3], [9]], [[0.5, 0.2, 0.1], [1.0], [1.0]]
+    twice = step([1, 2, 1], [-1, 0, 1], [0, 1, 2], [2, 1, 7], ["root", "matrix", "matrix"])
+    twice.matrix_rows, twice.matrix_values, twice.matrix_probs = [1, 2], [[7, 8], [1]], [[0.6, 0.1], [1.0]]
+    assert root_row_is_its_own(own) and not root_row_is_its_own(twice)
+    assert "t5" in plain_screen(own, text).picture and "t6" in plain_screen(own, text).picture
+    shown = plain_screen(twice, text)
+    assert "t7" not in shown.picture and "t2" in shown.picture and "its top 1 here" in shown.words
+    assert telling_step(Trace(steps=[twice, own])) == 1 and telling_step(Trace(steps=[own, twice])) == 0
