@@ -6,7 +6,6 @@ tree laid out left to right (depth across, siblings down: a tree is wider than d
 from __future__ import annotations
 
 import html
-import math
 import textwrap
 from collections import Counter
 from typing import Callable
@@ -14,6 +13,7 @@ from typing import Callable
 from tr_core.events import StepEvent
 from tr_core.verify import path_to
 
+from .chart import tick_step
 from .nodes import node_group, node_source
 from .style import (ACCEPTED_COLOUR, BONUS_COLOUR, PAST_END_COLOUR, REJECTED_COLOUR, REJECTED_TEXT, ROOT_COLOUR,
                     visible_token)
@@ -125,13 +125,6 @@ def tiles_svg(tiles: list[tuple[str, str]], footer: str) -> str:
 CHART = (90, 40, 700, 360)  # the cost chart's plot area: left, top, right, bottom (px)
 
 
-def nice_step(span: float, ticks: int = 5) -> float:
-    """A round tick spacing (1, 2 or 5 times a power of ten) giving about `ticks` ticks over `span`."""
-    raw = max(span, 1e-9) / ticks
-    power = 10 ** math.floor(math.log10(raw))
-    return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
-
-
 def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: tuple[str, str], footer: str) -> str:
     """A step's cost against its size, and what one step gained, beside the answer's figure (a tile).
 
@@ -145,12 +138,12 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
     y_of = lambda v: bottom - (bottom - top) * v / y_max  # noqa: E731
     body = [f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="{INK}" stroke-width="2"/>',
             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="{INK}" stroke-width="2"/>']
-    dy = nice_step(y_max, 4)
+    dy = tick_step(y_max, 4)
     for j in range(int(y_max / dy) + 1):
         y = y_of(j * dy)
         body.append(f'<line x1="{left}" y1="{y:.0f}" x2="{right}" y2="{y:.0f}" stroke="#e2e8f0" stroke-width="1"/>')
         body.append(text(left - 12, y, f"{j * dy:g}", SMALL, REJECTED_TEXT, "end"))
-    dx = max(1, int(nice_step(n_max - 1, 6)))
+    dx = tick_step(n_max - 1, 6)
     for n in [1, *range(dx, n_max + 1, dx)]:
         body.append(text(x_of(n), bottom + 22, str(n), SMALL, REJECTED_TEXT))
     body.append(text((left + right) / 2, bottom + 52, "tokens checked in one forward (N)", SMALL, INK))
@@ -166,7 +159,7 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
                     f'stroke="{ACCEPTED_COLOUR}" stroke-width="6"/>')
         body.append(text(x - 14, y_of(cost) + 16, f"cost {cost:.1f}", SMALL, "#475569", "end", halo=True))
     body.append(f'<circle cx="{x:.0f}" cy="{y_of(gained):.0f}" r="11" fill="{ACCEPTED_COLOUR}"/>')
-    room_right = x + 260 < CHART[2] + 60  # the label stands right of the dot where it fits before the tile
+    room_right = x + 260 < right + 60  # the label stands right of the dot where it fits before the tile
     body.append(text(x + 18 if room_right else x - 18, y_of(gained) - 4,
                      f"this step: {gained} token{'s' if gained != 1 else ''}", 24, ACCEPTED_COLOUR,
                      "start" if room_right else "end", bold=True, halo=True))
