@@ -125,6 +125,15 @@ def method_name(trace: Any) -> str:
     return METHOD_NAMES.get(template, "Token Recycling")
 
 
+def drafting_words(trace: Any) -> str:
+    """Which drafting made a trace's answer and whether it is the paper's: "Matrix only (the paper's)" (the matrix
+    alone, in any tree: 2.2.2, adaptive) or "Matrix + context (not in the paper)"; "" when the trace does not say."""
+    template = str((trace.settings if trace is not None else {}).get("template") or "")
+    if template.startswith("hybrid"):
+        return f"{METHOD_NAMES['hybrid']} (not in the paper)"
+    return f"{METHOD_NAMES['adaptive']} (the paper's)" if template else ""
+
+
 def machine_of(trace: Any) -> str:
     """The machine a trace's speeds were timed on ("" for none, or a trace recorded before the studio kept it)."""
     return str((trace.settings if trace is not None else {}).get("machine") or "")

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from tr_core.events import StepEvent
 from tr_core.trace import Trace
 
-from .meter import machine_of
+from .meter import drafting_words, machine_of
 from .nodes import node_group, node_source
 from .style import ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, ROOT_COLOUR, symbol_note, visible_token
 from .tour_pictures import bars_svg, chips_svg, cost_chart_svg, message_svg, rows_svg, tiles_svg, tree_svg
@@ -219,12 +219,23 @@ def bought_screen(trace: Trace, ev: StepEvent) -> Screen:
 
 
 def answer_tile(trace: Trace, speed: dict[str, Any]) -> tuple[str, str]:
-    """The whole answer's figure: the meter's measured ratio, else its tokens per step and why it was not timed."""
+    """The whole answer's figure: the meter's measured ratio and how tokens a step and a step's time make it (a
+    speedup above tokens a step is a step faster than a plain one), else its tokens per step and why it was not
+    timed."""
     per_step = sum(len(e.emitted) for e in trace.steps) / max(len(trace.steps), 1)
-    if speed.get("trusted") and speed.get("ratio") is not None:
-        return f"{speed['ratio']:.2f}×", f"as fast as plain decoding: the whole answer, measured ({per_step:.2f} " \
-                                         "tokens a step)"
+    if speed.get("trusted") and speed.get("ratio") and trace.steps:
+        ratio, cost = speed["ratio"], step_cost(per_step, speed["ratio"])
+        return f"{ratio:.2f}×", (f"as fast as plain decoding, measured: {per_step:.2f} tokens a step ÷ {cost} = "
+                                 f"{ratio:.2f}×, as a step took on average {cost} of a plain step's time")
     return f"{per_step:.2f}", "tokens a step, the whole answer (its speed was not measured)"
+
+
+def step_cost(per_step: float, ratio: float) -> str:
+    """A step's mean time in plain steps, derived from the two measured figures (tokens a step ÷ the speedup), as
+    the tile writes it: two decimals, or three where two would not give the shown speedup back."""
+    cost = per_step / ratio
+    two = f"{cost:.2f}"
+    return two if float(two) and round(round(per_step, 2) / float(two), 2) == round(ratio, 2) else f"{cost:.3f}"
 
 
 def tour_screens(trace: Trace, step: int, token_text: TokenText | None = None) -> list[Screen]:
@@ -238,6 +249,11 @@ def tour_screens(trace: Trace, step: int, token_text: TokenText | None = None) -
             accepted_screen(ev, text), written_screen(ev, text, k), bought_screen(trace, ev)]
 
 
+def footer_note(trace: Trace, screen: Screen) -> str:
+    """A screen's footer: which drafting made the answer (the paper's or not), then what its symbols mean."""
+    return " · ".join(x for x in (drafting_words(trace), symbol_note([screen.picture, screen.words])) if x)
+
+
 def tour_html(trace: Trace, step: int, token_text: TokenText | None = None) -> str:
     """The tour of step `step` as one overlay (closed: TOUR_JS opens it), or '' for a trace without steps."""
     screens = tour_screens(trace, step, token_text)
@@ -247,7 +263,7 @@ def tour_html(trace: Trace, step: int, token_text: TokenText | None = None) -> s
     sections = "".join(
         f'<section class="tr-tour-screen" data-screen="{j}"><h2>{html.escape(s.title)}</h2>'
         f'<div class="tr-tour-pic">{s.picture}</div><p class="tr-tour-words">{html.escape(s.words)}</p>'
-        f'<span class="tr-tour-note">{html.escape(symbol_note([s.picture, s.words]))}</span></section>'
+        f'<span class="tr-tour-note">{html.escape(footer_note(trace, s))}</span></section>'
         for j, s in enumerate(screens))
     head = html.escape(f"Step {i + 1} of {len(trace.steps)}")
     return (f'<div class="tr-tour" role="dialog" aria-label="Guided tour of one step"><div class="tr-tour-stage">'
@@ -275,7 +291,8 @@ TOUR_CSS = f"""
 .tr-tour-nav button {{font-size: 22px; min-width: 52px; height: 44px; border-radius: 10px; cursor: pointer;
   border: 2px solid {REJECTED_COLOUR}; background: #f8fafc; color: #0f172a}}
 .tr-tour-step, .tr-tour-count {{color: #475569; font-size: 22px}}
-.tr-tour-note {{position: absolute; left: 40px; bottom: 22px; font-size: 22px; color: #475569}}
+.tr-tour-note {{position: absolute; left: 40px; bottom: 20px; max-width: 760px; font-size: 22px; line-height: 25px;
+  color: #475569}}  /* the drafting, then the symbols: a second line grows upward, clear of the controls */
 """
 
 # One listener for every tour on the page (the studio redraws its tour; the replay makes one per step): clicks on a

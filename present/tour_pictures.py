@@ -173,11 +173,14 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
 
 
 def _tile(x: float, y: float, w: float, h: float, big: str, small: str) -> str:
-    """A figure tile: a big figure and what it is, wrapped below it."""
+    """A figure tile: a big figure and what it is, wrapped below it (up to six lines: the figure moves up for
+    more than four)."""
+    lines = wrapped(small, 28)[:6]
+    big_y, gap = (y + 110, 30) if len(lines) <= 4 else (y + 72, 27)
     parts = [f'<rect x="{x:.0f}" y="{y:.0f}" width="{w:.0f}" height="{h:.0f}" rx="16" fill="#f8fafc" '
              f'stroke="{REJECTED_COLOUR}" stroke-width="2"/>',
-             text(x + w / 2, y + 110, big, min(64, int((w - 40) / (0.62 * max(len(big), 1)))), ROOT_COLOUR, bold=True)]
-    parts += [text(x + w / 2, y + 195 + i * 30, line, SMALL, REJECTED_TEXT) for i, line in enumerate(wrapped(small, 28)[:4])]
+             text(x + w / 2, big_y, big, min(64, int((w - 40) / (0.62 * max(len(big), 1)))), ROOT_COLOUR, bold=True)]
+    parts += [text(x + w / 2, big_y + 85 + i * gap, line, SMALL, REJECTED_TEXT) for i, line in enumerate(lines)]
     return "".join(parts)
 
 

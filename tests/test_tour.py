@@ -3,6 +3,7 @@ agree with the step, no small text, and a stranger's trace shown as text."""
 from __future__ import annotations
 
 import copy
+import html
 import re
 from html.parser import HTMLParser
 
@@ -180,3 +181,35 @@ def test_the_first_screen_shows_the_roots_own_candidates_or_only_the_models_pick
     shown = plain_screen(twice, text)
     assert "t7" not in shown.picture and "t2" in shown.picture and "its top 1 here" in shown.words
     assert telling_step(Trace(steps=[twice, own])) == 1 and telling_step(Trace(steps=[own, twice])) == 0
+
+
+def test_the_tile_works_out_a_speedup_above_tokens_a_step_from_the_two_measured_figures(trace):
+    """A reader asked how 1.83× can exceed 1.80 tokens a step: the tile divides the measured tokens a step by a
+    step's time in plain steps (derived: tokens a step ÷ the measured speedup), and says so only when measured."""
+    from present.tour import step_cost
+
+    i = telling_step(trace)
+    per_step = sum(len(e.emitted) for e in trace.steps) / len(trace.steps)
+    measured = copy.copy(trace)
+    measured.speed = {"trusted": True, "ratio": 1.83, "error": 0.04, "plain_tps": 40.0}
+    shown = html.unescape(words_of(tour_screens(measured, i)[-1].picture))
+    cost = step_cost(per_step, 1.83)
+    assert f"{per_step:.2f} tokens a step ÷ {cost} = 1.83×" in shown, shown
+    assert f"a step took on average {cost} of a plain step's time" in shown, shown
+    assert round(round(per_step, 2) / float(cost), 2) == 1.83  # the arithmetic as shown checks out
+    assert step_cost(1.80, 1.83) == "0.984" and step_cost(1.49, 1.51) == "0.99"  # 1.80 ÷ 0.98 would give 1.84
+    assert "÷" not in words_of(tour_screens(trace, i)[-1].picture)  # not measured: no arithmetic
+    noisy = copy.copy(trace)
+    noisy.speed = {"trusted": False, "ratio": 1.83, "plain_tps": 40.0}
+    assert "÷" not in words_of(tour_screens(noisy, i)[-1].picture)
+
+
+def test_every_screen_names_the_drafting_and_whether_it_is_the_papers(trace):
+    paper = html.unescape(tour_html(trace, telling_step(trace)))
+    assert paper.count("Matrix only (the paper's)") == 7 and "not in the paper" not in paper
+    hybrid = copy.copy(trace)
+    hybrid.settings = {**trace.settings, "template": "hybrid"}
+    assert html.unescape(tour_html(hybrid, 0)).count("Matrix + context (not in the paper)") == 7
+    unknown = copy.copy(trace)
+    unknown.settings = {}
+    assert "paper" not in re.sub(r"<svg.*?</svg>", "", tour_html(unknown, 0))
