@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from tr_core.events import StepEvent
 from .figure import Figure
 from .nodes import node_source
-from .style import MIN_FONT, REJECTED_TEXT, TokenText, display_token, symbol_note
+from .style import MIN_FONT, REJECTED_TEXT, TokenText, fit_token, symbol_note
 
 # Candidate probability, light to dark blue (explicit: plotly.js and plotly.py disagree on "Blues").
 PROB_SCALE = [[0.0, "#f7fbff"], [0.2, "#deebf7"], [0.4, "#9ecae1"], [0.6, "#4292c6"], [0.8, "#2171b5"], [1.0, "#08306b"]]
@@ -66,14 +66,16 @@ class MatrixTracker:
         return rows
 
 
-def unique_labels(rows: list[int], token_text: TokenText, max_len: int = 12) -> list[str]:
-    """Row labels from token strings, made unique by appending the token id where two look the same."""
-    shown = [display_token(token_text(r), max_len) for r in rows]
+ROW_EM = 6.6  # a row label's width in em at most (its monospaced 16 px type: 11 characters)
+CELL_EM = 3.0  # a cell label's width in em at most: 8 columns of MIN_FONT text fit a 600 px plot
+
+
+def unique_labels(rows: list[int], token_text: TokenText, max_em: float = ROW_EM) -> list[str]:
+    """Row labels from token strings (a special token as its short sign, a long one cut to `max_em`), made unique by
+    appending the token id where two look the same; HTML-escaped (plotly renders a subset of HTML)."""
+    shown = [html.escape(fit_token(token_text(r), max_em, mono=True), quote=False) for r in rows]
     counts = Counter(shown)
     return [f"{s} #{r}" if counts[s] > 1 else s for s, r in zip(shown, rows)]
-
-
-HEAT_CELL_LEN = 6  # characters of a candidate shown in its cell: 8 columns of MIN_FONT text fit a 600 px plot
 
 
 def heatmap_figure(tracker: MatrixTracker, ev: StepEvent | None, token_text: TokenText,
@@ -97,7 +99,8 @@ def heatmap_figure(tracker: MatrixTracker, ev: StepEvent | None, token_text: Tok
         vals = tracker.values[r] + [None] * (k - len(tracker.values[r]))
         probs = tracker.probs.get(r, [])
         z.append([probs[j] if j < len(probs) else None for j in range(k)])
-        text.append([display_token(token_text(v), HEAT_CELL_LEN) if v is not None else "" for v in vals])
+        text.append([html.escape(fit_token(token_text(v), CELL_EM), quote=False) if v is not None else ""
+                     for v in vals])
         hover.append([
             (f"row {html.escape(repr(token_text(r)))} (id {r}) → rank {j}: {html.escape(repr(token_text(v)))} (id {v})"
              + (f"<br>p = {probs[j]:.3f}" if j < len(probs) else "")

@@ -6,6 +6,7 @@ than MIN_FONT, so that the back row of a lecture hall can read it.
 from __future__ import annotations
 
 import html
+import re
 from typing import Callable
 
 from tr_core.token_text import BYTES_CLOSE, BYTES_OPEN
@@ -31,6 +32,35 @@ def visible_token(text: str, max_len: int = 10) -> str:
     if shown == "":
         shown = "∅"
     return shown if len(shown) <= max_len else shown[: max_len - 1] + "…"
+
+
+SPECIAL = re.compile(r"<\|?(/?)(?:[A-Za-z0-9]+_)*([A-Za-z0-9]+)\|?>")  # a tokenizer's marker: <|im_end|>, </s>
+# a character's width in em in a sans-serif face (the heatmap's 16 px cells): narrow, wide and capital letters apart
+NARROW, WIDE = set("iljtfrI.,:;'|!()[]{} "), set("mwMW@%…—")
+
+
+def short_special(text: str) -> str:
+    """A special token as a short sign ("<|im_end|>" -> "‹end›", "</s>" -> "‹/s›"); any other text unchanged."""
+    m = SPECIAL.fullmatch(text)
+    return f"‹{m[1]}{m[2]}›" if m else text
+
+
+def text_em(text: str) -> float:
+    """About how wide `text` is in em, in a sans-serif face (a cell's label must fit its cell)."""
+    return sum(0.3 if c in NARROW else 0.9 if c in WIDE else 0.75 if c in "↵⇥" else 0.66 if c.isupper() else 0.54
+               for c in text)
+
+
+def fit_token(text: str, max_em: float, mono: bool = False) -> str:
+    """A token as a cell or row label shows it (not HTML-escaped yet): visible_token of its short sign, cut with '…'
+    where it is wider than `max_em` (`mono`: in a monospaced face, 0.6 em a character); hover has the whole token."""
+    shown = visible_token(short_special(text), 99)
+    width = (lambda t: 0.6 * len(t)) if mono else text_em  # noqa: E731
+    if width(shown) <= max_em:
+        return shown
+    while len(shown) > 1 and width(shown + "…") > max_em:
+        shown = shown[:-1]
+    return shown + "…"
 
 
 def node_label(text: str, max_len: int) -> str:

@@ -567,10 +567,35 @@ def test_heatmap_labels_are_unique_and_rows_touched_this_step_come_first():
     labels = heat["y"][::-1]
     fig.to_plotly()
     assert len(labels) == len(set(labels)) == 4
-    assert labels[0] == "● &lt;root&gt;" and labels[1] == "● ␣the"  # accepted path rows first: root, " the", " cat"
+    assert labels[0] == "● ‹root›" and labels[1] == "● ␣the"  # accepted path rows first: root, " the", " cat"
     assert heat["z"][::-1][0] == [0.7, 0.2]
     assert unique_labels([1, 5, 1], lambda t: "x") == ["x #1", "x #5", "x #1"]
     assert tracker.hits[0] == 1 and tracker.hits[1] == 1  # root row's rank-0 candidate and " the" row's accepted
+
+
+def test_heatmap_labels_fit_their_cells_and_hover_has_the_whole_token():
+    """A cold reader met "<|im_...<|end..." running over two cells: a special token is its short sign, a long token
+    is cut with '…' to its cell's width, in the cells and the row labels; hover has the whole token."""
+    from present.heatmap import CELL_EM, ROW_EM
+    from present.style import fit_token, short_special, text_em
+
+    words = {0: "<|im_end|>", 1: " determined", 2: "<|im_start|>", 3: "\n\n\n\n\n", 4: " a", 5: "<b>"}
+    ev = StepEvent(step=0, position=5, tokens=[0, 1], parents=[-1, 0], depths=[0, 1], ranks=[-1, 0], accepted=[0],
+                   emitted=[2], bonus=2, timings={}, matrix_rows=[0, 1], matrix_values=[[2, 1, 3, 4], [0, 5, 4, 3]],
+                   matrix_probs=[[0.4, 0.3, 0.2, 0.1]] * 2)
+    tracker = MatrixTracker()
+    tracker.update(ev)
+    heat = heatmap_figure(tracker, ev, words.__getitem__).traces[0]
+    cells = [html.unescape(t) for row in heat["text"] for t in row]
+    assert "‹end›" in cells and "‹start›" not in cells and "‹sta…" in cells and "␣determined" not in cells
+    assert all(text_em(t) <= CELL_EM for t in cells), cells
+    assert not any("<|" in t for t in cells + heat["y"])
+    assert "● ‹end›" in heat["y"] and "● ␣determined" in heat["y"]  # 11 monospaced characters: the label fits
+    assert all(len(lab) - 2 <= ROW_EM / 0.6 for lab in heat["y"])
+    hover = " ".join(h for row in heat["hovertext"] for h in row)
+    assert "&#x27;&lt;|im_end|&gt;&#x27;" in hover or "'&lt;|im_end|&gt;'" in hover, hover
+    assert short_special("</s>") == "‹/s›" and short_special("a<|b|>") == "a<|b|>" and fit_token(" a", 3) == "␣a"
+    assert fit_token(" determined", 6.6, mono=True) == "␣determined" and fit_token(" determined!", 6.6, True) == "␣determine…"
 
 
 def test_heatmap_keeps_most_hit_rows_from_earlier_steps():
