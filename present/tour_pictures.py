@@ -27,8 +27,8 @@ ROOT_X = 110  # the root's x in a tree picture (its label stands left of it)
 MASK_NODES = 14  # nodes the attention-mask picture shows at most (a cell of 24 px)
 MASK_W = 450  # px of the mask picture: 14 rows of 24 px, each labelled with its token in 22 px type
 MAX_LEVELS = 7  # tree levels a picture draws (the labels of more would not fit 20 px type across 1200 px)
-SOURCE_WORDS = {"matrix": "from the matrix", "context": "copied from the conversation (hybrid)",
-                "both": "in a matrix row and copied"}  # as the studio's tree legend (present/tree.py)
+SOURCE_WORDS = {"matrix": "from the matrix", "context": "copied", "both": "both"}  # the studio's tree legend's
+# words (present/tree.py SOURCE_NAMES), short: a legend line holds them beside the verdict's colours
 
 
 def svg(body: str, height: int = H) -> str:
@@ -189,15 +189,22 @@ def wrapped(s: str, width: int) -> list[str]:
     return textwrap.wrap(s, width, break_long_words=False, break_on_hyphens=False)
 
 
-def shape(source: str, x: float, y: float, fill: str, r: float = 11) -> str:
-    """A node's marker: circle (the matrix), square (copied), diamond (both); the root a larger circle."""
+def shape(source: str, x: float, y: float, fill: str, r: float = 11, outline: bool = False) -> str:
+    """A node's marker: circle (the matrix), square (copied), diamond (both); the root a larger circle. `outline`:
+    unfilled, stroked in `fill` (the legend's shapes: a shape says where from, a colour the verdict)."""
+    paint = f'fill="#ffffff" stroke="{fill}" stroke-width="2.5"' if outline else f'fill="{fill}"'
     if source == "context":
-        return f'<rect x="{x - r:.0f}" y="{y - r:.0f}" width="{2 * r:.0f}" height="{2 * r:.0f}" fill="{fill}"/>'
+        return f'<rect x="{x - r:.0f}" y="{y - r:.0f}" width="{2 * r:.0f}" height="{2 * r:.0f}" {paint}/>'
     if source == "both":
         d = r * 1.35
         return f'<polygon points="{x:.0f},{y - d:.0f} {x + d:.0f},{y:.0f} {x:.0f},{y + d:.0f} {x - d:.0f},{y:.0f}" ' \
-               f'fill="{fill}"/>'
-    return f'<circle cx="{x:.0f}" cy="{y:.0f}" r="{r + (4 if source == "root" else 0):.0f}" fill="{fill}"/>'
+               f'{paint}/>'
+    return f'<circle cx="{x:.0f}" cy="{y:.0f}" r="{r + (4 if source == "root" else 0):.0f}" {paint}/>'
+
+
+def swatch(x: float, y: float, fill: str) -> str:
+    """A colour's legend key: a short thick stroke of no shape (a colour says the verdict, never where from)."""
+    return f'<rect x="{x - 13:.0f}" y="{y - 6:.0f}" width="26" height="12" rx="4" fill="{fill}"/>'
 
 
 def mask_labels(texts: list[str]) -> list[str]:
@@ -302,20 +309,21 @@ def node_fill(group: str, verdict: bool) -> str:
 
 
 def tree_legend(ev: StepEvent, bonus_drawn: bool, verdict: bool) -> str:
-    """One line under the tree: what the markers mean (sources before the verdict, the verdict's colours after)."""
+    """One line under the tree, one rule: colour = the verdict (swatches: root, accepted, rejected; drafts not yet
+    checked before the verdict; the amber star, the bonus), shape = where a draft came from (outlined, unfilled)."""
     present = {node_source(ev, i) or "matrix" for i in range(1, len(ev.tokens))}
-    items = [("matrix", ROOT_COLOUR, "root")]
+    items = [("swatch", ROOT_COLOUR, "root")]
     if verdict:
-        items += [("matrix", ACCEPTED_COLOUR, "accepted"), ("matrix", REJECTED_COLOUR, "rejected")]
+        items += [("swatch", ACCEPTED_COLOUR, "accepted"), ("swatch", REJECTED_COLOUR, "rejected")]
         if ev.bonus is not None and bonus_drawn:
-            items.append(("star", BONUS_COLOUR, "bonus: the model's own next token"))
-        short = {"context": "copied", "both": "matrix+copied"}  # squares and diamonds still say where from
-        items += [(src, REJECTED_COLOUR, words) for src, words in short.items() if src in present]
-    else:
-        items += [(s, DRAFT, SOURCE_WORDS[s]) for s in ("matrix", "context", "both") if s in present]
+            items.append(("star", BONUS_COLOUR, "bonus token"))
+    elif len(ev.tokens) > 1:
+        items.append(("swatch", DRAFT, "not checked yet"))
+    items += [(s, DRAFT, SOURCE_WORDS[s]) for s in ("matrix", "context", "both") if s in present]
     body, x = [], 20.0
-    for source, fill, words in items:
-        body.append(text(x, 445, "★", 32, fill) if source == "star" else shape(source, x, 445, fill, 10))
-        body.append(text(x + 20, 445, words, SMALL, INK, "start"))
-        x += 48 + len(words) * 11.5
+    for key, fill, words in items:
+        body.append(text(x, 445, "★", 32, fill) if key == "star" else swatch(x, 445, fill) if key == "swatch"
+                    else shape(key, x, 445, fill, 10, outline=True))
+        body.append(text(x + 22, 445, words, SMALL, INK, "start"))
+        x += 50 + len(words) * 11.5
     return "".join(body)

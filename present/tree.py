@@ -1,8 +1,9 @@
 """The draft tree of one step (paper Sec. 3.2): the accepted path green, the bonus token an amber star, the rejected
 drafts muted; marker shapes say where a hybrid tree's drafts came from.
 
-Only the root, the accepted path and the bonus token carry a label, beside their marker at a fixed side; every
-node's token shows on hover. The figure is a pure function of the step's event and a `token_text(id)` lookup.
+The root, the accepted path and the bonus token carry a label, beside their marker at a fixed side; a rejected
+draft carries one where room allows (rejected_labels); every node's token shows on hover. One rule for the marks,
+as in the tour: shape = where a draft came from, colour = the verdict (the legend: outlined shapes, colour swatches). The figure is a pure function of the step's event and a `token_text(id)` lookup.
 """
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import html
 
 from tr_core.events import StepEvent
 from .figure import Figure
-from .nodes import has_retrieved, node_group, node_groups, node_hover, node_source
+from .nodes import node_group, node_groups, node_hover, node_source
 from .reasons import no_draft_reason
 from .style import (ACCEPTED_COLOUR, BONUS_COLOUR, EDGE_COLOUR, MIN_FONT, PAST_END_COLOUR, REJECTED_COLOUR,
-                    REJECTED_TEXT, ROOT_COLOUR, TokenText, display_token, node_label, symbol_note)
+                    REJECTED_TEXT, ROOT_COLOUR, TokenText, display_token, node_label, symbol_note, text_em)
 from .tree_layout import TreeLayout, tree_layout
 
 # Where a draft token came from (StepEvent.sources), shown as the marker's symbol; colour keeps accepted/rejected.
@@ -21,7 +22,9 @@ SOURCE_SYMBOLS = {"root": "circle", "matrix": "circle", "context": "square", "bo
 SOURCE_NAMES = {"matrix": "from the matrix", "context": "copied from the context",
                 "both": "in a matrix row and copied"}  # the legend draws each with its marker symbol in front; not
 # "matrix + context", the name of the drafting setting whose trees hold all three
-SHAPE_LEGEND = "#64748b"  # the outline of the source legend's shapes, filled as most nodes are (rejected grey)
+SHAPE_LEGEND = "#475569"  # the source legend's shapes: outlined in slate, unfilled (a shape says where from, never
+# the verdict: a reader took a filled grey circle "from the matrix" for the tour's grey "rejected")
+LEGEND_GROUPS = ("root", "accepted", "past end", "rejected")  # the colour legend's order: a swatch each
 NODE_GROUPS = {  # the tree's node traces, drawn in this order (accepted on top); size: marker px, font: label px
     "rejected": dict(color=REJECTED_COLOUR, size=12, font=MIN_FONT, text=REJECTED_TEXT, name="rejected drafts"),
     "root": dict(color=ROOT_COLOUR, size=24, font=MIN_FONT, text=ROOT_COLOUR, name="root (last committed token)"),
@@ -51,6 +54,9 @@ BEAD_GAP_PX = 8  # px left between the markers of two levels, where the edge joi
 STAR_GAP_PX = 6  # px between the bonus star and the last accepted node, where the dotted edge shows
 BONUS_DROP = 0.55  # levels from the end of the accepted path down to the bonus star
 DRAWN_LEVELS = 8  # levels drawn at least; deeper ones only down to one under the accepted path (drawn_depth)
+REJECTED_LABEL_LEN = 6  # characters of a rejected draft's label, which stands only where room allows
+LABEL_GAP_PX = 4  # px between a marker and its label (plotly's), and kept clear between a label and its neighbours
+TEXT_LINE_PX = 22  # a label's height: a rejected draft's label needs levels this far from a star's label
 
 
 def marker_px(group: str, level_px: float) -> float:
@@ -134,12 +140,78 @@ def tree_labels(ev: StepEvent, token_text: TokenText) -> dict[int, str]:
     return {node: html.escape(node_label(token_text(t), LABEL_LEN), quote=False) for node, t in zip(nodes, tokens)}
 
 
+def _label_span(x: float, r: float, width: float, side: str) -> tuple[float, float]:
+    """(left, right) px of a label `width` px wide beside a marker of radius `r` at `x` px, on `side`."""
+    if side == "middle right":
+        return x + r + LABEL_GAP_PX, x + r + LABEL_GAP_PX + width
+    if side == "middle left":
+        return x - r - LABEL_GAP_PX - width, x - r - LABEL_GAP_PX
+    return x - width / 2, x + width / 2
+
+
+def _taken_spans(ev: StepEvent, layout: TreeLayout, level_px: float, depth: int, labels: dict[int, tuple[str, str]],
+                 star: tuple[float, float], scale: float) -> dict[int, list[tuple[float, float, int]]]:
+    """Per level: the px spans (left, right, node) of every drawn marker and of the path's labels; the star and its
+    label on each level they stand within a line of text of."""
+    groups, spans = node_group(ev), {}
+    for i in range(len(ev.tokens)):
+        if ev.depths[i] <= depth:
+            r = marker_px(groups[i], level_px) / 2
+            spans.setdefault(ev.depths[i], []).append((layout.x[i] * scale - r, layout.x[i] * scale + r, i))
+    for node, (text, side) in labels.items():
+        if node not in (0, BONUS_NODE):
+            r = marker_px(groups[node], level_px) / 2
+            left, right = _label_span(layout.x[node] * scale, r, text_em(html.unescape(text)) * MIN_FONT, side)
+            spans[ev.depths[node]].append((left, right, node))
+    if BONUS_NODE in labels:
+        text, side = labels[BONUS_NODE]
+        r = marker_px("bonus", level_px) / 2
+        left, right = _label_span(star[0] * scale, r, text_em(html.unescape(text)) * MIN_FONT, side)
+        for d in spans:
+            if abs(star[1] + d) * level_px < TEXT_LINE_PX:
+                spans[d] += [(min(left, star[0] * scale - r), max(right, star[0] * scale + r), BONUS_NODE)]
+    return spans
+
+
+def rejected_labels(ev: StepEvent, layout: TreeLayout, level_px: float, depth: int,
+                    labels: dict[int, tuple[str, str]], star: tuple[float, float],
+                    token_text: TokenText) -> dict[int, tuple[str, str]]:
+    """Labels for the rejected drafts where room allows: beside the marker, right or else left, where the label
+    clears every marker and label of its level and the plot's edges (at TREE_WIDTH, the narrowest the tree is drawn);
+    none where levels are closer than two lines of text. Node -> (its label, HTML-escaped; plotly textposition)."""
+    if level_px < 1.5 * CLOSE_LEVEL_PX:
+        return {}
+    scale = (TREE_WIDTH - 20) / (X_RANGE[1] - X_RANGE[0])  # px per unit of the layout's x
+    spans, out = _taken_spans(ev, layout, level_px, depth, labels, star, scale), {}
+    r = marker_px("rejected", level_px) / 2
+    groups = node_group(ev)
+    for i in sorted(range(1, len(ev.tokens)), key=lambda n: (ev.depths[n], layout.x[n])):
+        if groups[i] != "rejected" or ev.depths[i] > depth:
+            continue
+        text = html.escape(node_label(token_text(ev.tokens[i]), REJECTED_LABEL_LEN), quote=False)
+        for side in ("middle right", "middle left"):
+            a, b = _label_span(layout.x[i] * scale, r, text_em(html.unescape(text)) * MIN_FONT, side)
+            clear = all(b + LABEL_GAP_PX <= c or d + LABEL_GAP_PX <= a for c, d, n in spans[ev.depths[i]] if n != i)
+            if clear and X_RANGE[0] * scale <= a and b <= X_RANGE[1] * scale:
+                spans[ev.depths[i]].append((a, b, i))
+                out[i] = (text, side)
+                break
+    return out
+
+
 def tree_legend_names(ev: StepEvent) -> list[str]:
-    """The legend entries tree_figure shows for a step, in order."""
-    names = [NODE_GROUPS[g]["name"] for g, nodes in node_groups(ev).items() if nodes]  # none for a kind not shown
-    if has_retrieved(ev):
-        names += [name for source, name in SOURCE_NAMES.items() if source in set(ev.sources[1:])]
-    return names + ([NODE_GROUPS["bonus"]["name"]] if ev.bonus is not None else [])
+    """The legend entries tree_figure shows for a step, in order: the colours (the verdict), then the shapes (where
+    the drafts came from)."""
+    groups = node_groups(ev)
+    names = [NODE_GROUPS[g]["name"] for g in LEGEND_GROUPS if groups[g]]  # none for a kind not shown
+    names += [NODE_GROUPS["bonus"]["name"]] if ev.bonus is not None else []
+    return names + [SOURCE_NAMES[source] for source in draft_sources(ev)]
+
+
+def draft_sources(ev: StepEvent) -> list[str]:
+    """Where this step's drafts came from, in SOURCE_NAMES' order (a step that does not say: the matrix)."""
+    present = {node_source(ev, i) or "matrix" for i in range(1, len(ev.tokens))}
+    return [source for source in SOURCE_NAMES if source in present]
 
 
 def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = TREE_HEIGHT) -> Figure:
@@ -147,8 +219,9 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = TREE_
 
     Hover shows every node's token, id, depth and candidate rank, or (hybrid trees) where the token came from: the
     adjacency matrix (circle), the context (square) or both (diamond). The layout depends only on the tree's shape.
-    The root, the accepted path and the bonus are labelled (tree_labels, label_positions); plotly places the legend
-    under the plot, headed by '␣ = space' when a label shows a ␣.
+    The root, the accepted path and the bonus are labelled (tree_labels, label_positions), rejected drafts where room
+    allows (rejected_labels); plotly places the legend (_add_legend) under the plot, headed by '␣ = space' when a
+    label shows a ␣.
     """
     fig = Figure.empty(height)
     if ev is None or not ev.tokens:
@@ -157,23 +230,23 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = TREE_
         return unverified_figure(ev, token_text, height)
     layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
     texts = tree_labels(ev, token_text)
-    note = symbol_note(list(texts.values()))
+    note = symbol_note(list(texts.values()) + [node_label(token_text(ev.tokens[i]), REJECTED_LABEL_LEN)  # labels
+                                              for i in range(1, len(ev.tokens)) if i not in texts])  # that may show
     bottom = legend_px(ev, note)
     depth = drawn_depth(ev)
     level, y_range = tree_levels(depth, height - TITLE_PX - bottom)
     positions, star = label_positions(ev, layout, level)
     labels = {node: (texts[node], side) for node, side in positions.items()}
+    labels.update(rejected_labels(ev, layout, level, depth, labels, star, token_text))
     _add_edges(fig, ev, layout, depth)
-    retrieved = has_retrieved(ev)
     for group, nodes in node_groups(ev).items():
         nodes = [i for i in nodes if ev.depths[i] <= depth]
-        if nodes:  # a group without nodes has no legend entry either (tree_legend_names)
-            _add_nodes(fig, ev, layout, level, token_text, group, nodes, labels, legend_only_by_source=retrieved)
+        if nodes:
+            _add_nodes(fig, ev, layout, level, token_text, group, nodes, labels)
     _add_cut_runs(fig, ev, layout, depth)
-    if retrieved:
-        _add_source_legend(fig, ev)
     if ev.bonus is not None:
-        _add_bonus(fig, ev, layout, star, level, token_text, labels[BONUS_NODE], legend_proxy=retrieved)
+        _add_bonus(fig, ev, layout, star, level, token_text, labels[BONUS_NODE])
+    _add_legend(fig, ev)
     _frame_tree(fig, y_range, bottom, note)
     return fig.title(_tree_title(ev))
 
@@ -241,65 +314,56 @@ def _add_edges(fig: Figure, ev: StepEvent, layout: TreeLayout, depth: int) -> No
 
 
 def _add_nodes(fig: Figure, ev: StepEvent, layout: TreeLayout, level_px: float, token_text: TokenText, group: str,
-               nodes: list[int], labels: dict[int, tuple[str, str]], legend_only_by_source: bool = False) -> None:
+               nodes: list[int], labels: dict[int, tuple[str, str]]) -> None:
     """One node trace (rejected, root, accepted or past end): colour by the group, symbol by where each token came
-    from; the labelled nodes' text beside them (tree_labels), every node's token on hover.
-
-    With retrieved tokens the trace's own legend icon would take its first node's symbol, so a stroke of the group's
-    colour stands in for it in the legend (a circle for the root; same legend group: clicking it still hides the
-    nodes): colour says accepted or not, the source legend's shapes where from.
-    """
+    from; the labelled nodes' text beside them (tree_labels, rejected_labels), every node's token on hover. Its
+    legend entry is _add_legend's swatch (same legend group: clicking it still hides the nodes)."""
     style = NODE_GROUPS[group]
     symbol: str | list[str] = "circle"
     if ev.sources is not None:
         symbol = [SOURCE_SYMBOLS.get(node_source(ev, i) or "matrix", "circle") for i in nodes]
-    texts = [labels.get(i, ("", "middle right")) for i in nodes]  # a rejected draft's: none
+    texts = [labels.get(i, ("", "middle right")) for i in nodes]  # a rejected draft without room: none
+    colour = [REJECTED_TEXT if group == "rejected" else style["text"]] * len(nodes)
     fig.add(type="scatter", x=[layout.x[i] for i in nodes], y=[layout.y[i] for i in nodes], name=style["name"],
             mode="markers+text", text=[t for t, _ in texts], textposition=[p for _, p in texts], cliponaxis=False,
-            textfont=dict(size=style["font"], color=style["text"], shadow="auto"), legendgroup=group,
+            textfont=dict(size=style["font"], color=colour, shadow="auto"), legendgroup=group, showlegend=False,
             marker=dict(color=style["color"], size=marker_px(group, level_px), symbol=symbol,
                         line=dict(color="white", width=1.5)),
             hovertext=[node_hover(ev, i, token_text) for i in nodes], hoverinfo="text", customdata=nodes)
-    if legend_only_by_source:
-        fig.traces[-1].update(showlegend=False)
-        if group == "root":  # always a circle
-            fig.add(type="scatter", x=[None], y=[None], mode="markers", name=style["name"], legendgroup=group,
-                    hoverinfo="skip", marker=dict(color=style["color"], size=12, symbol="circle"))
-        else:  # a stroke of the colour, no shape: the shapes below say where a draft came from
-            fig.add(type="scatter", x=[None], y=[None], mode="lines", name=style["name"], legendgroup=group,
-                    hoverinfo="skip", line=dict(color=style["color"], width=8))
 
 
-def _add_source_legend(fig: Figure, ev: StepEvent) -> None:
-    """Legend entries for the marker symbols of the sources this step's draft tokens came from: filled as most of
-    the tree's nodes are (a reader found hollow keys for filled nodes, then dark keys for light ones), outlined in
-    slate so that they read as shapes beside the rejected drafts' grey stroke."""
-    present = set(ev.sources[1:])
-    for source, name in SOURCE_NAMES.items():
-        if source in present:
-            fig.add(type="scatter", x=[None], y=[None], mode="markers", name=name, hoverinfo="skip", legendgroup=source,
-                    marker=dict(color=REJECTED_COLOUR, size=12, symbol=SOURCE_SYMBOLS[source],
-                                line=dict(color=SHAPE_LEGEND, width=1.5)))
+def _add_legend(fig: Figure, ev: StepEvent) -> None:
+    """The legend, one rule: colour = the verdict, a swatch (a stroke of no shape) for each group shown and the
+    amber star for the bonus; shape = where a draft came from, outlined and unfilled, for each source present."""
+    groups = node_groups(ev)
+    for group in LEGEND_GROUPS:
+        if groups[group]:
+            fig.add(type="scatter", x=[None], y=[None], mode="lines", name=NODE_GROUPS[group]["name"],
+                    legendgroup=group, hoverinfo="skip", line=dict(color=NODE_GROUPS[group]["color"], width=8))
+    if ev.bonus is not None:
+        fig.add(type="scatter", x=[None], y=[None], mode="markers", name=NODE_GROUPS["bonus"]["name"],
+                legendgroup="bonus", hoverinfo="skip", marker=dict(color=BONUS_COLOUR, size=16, symbol="star"))
+    for source in draft_sources(ev):
+        fig.add(type="scatter", x=[None], y=[None], mode="markers", name=SOURCE_NAMES[source], hoverinfo="skip",
+                legendgroup=source, marker=dict(color=SHAPE_LEGEND, size=12, symbol=SOURCE_SYMBOLS[source] + "-open",
+                                                line=dict(color=SHAPE_LEGEND, width=2)))
 
 
 def _add_bonus(fig: Figure, ev: StepEvent, layout: TreeLayout, star: tuple[float, float], level_px: float,
-               token_text: TokenText, label: tuple[str, str], legend_proxy: bool = False) -> None:
+               token_text: TokenText, label: tuple[str, str]) -> None:
     """The bonus token: an amber star at `star` (bonus_xy) under the end of the accepted path, joined by a dotted
-    edge, its label (text, textposition) beside it. With `legend_proxy` (a hybrid tree, whose legend shows stand-ins:
-    _add_nodes) a star of fixed size stands for it in the legend: a deep tree's star is smaller."""
+    edge, its label (text, textposition) beside it; its legend entry is _add_legend's star of fixed size (a deep
+    tree's star is smaller)."""
     last = ev.accepted[-1] if ev.accepted else 0
     (bx, by), style = star, NODE_GROUPS["bonus"]
     fig.add(type="scatter", x=[layout.x[last], bx], y=[layout.y[last], by], mode="lines", hoverinfo="skip",
             showlegend=False, line=dict(color=BONUS_COLOUR, width=3, dash="dot"))
     fig.add(type="scatter", x=[bx], y=[by], mode="markers+text", name=style["name"], text=[label[0]],
-            showlegend=not legend_proxy, legendgroup="bonus", cliponaxis=False,
+            showlegend=False, legendgroup="bonus", cliponaxis=False,
             textposition=label[1], textfont=dict(size=style["font"], color=style["text"], shadow="auto"),
             marker=dict(color=style["color"], size=marker_px("bonus", level_px), symbol="star",
                         line=dict(color="white", width=1)),
             hovertext=[f"<b>bonus</b> {html.escape(repr(token_text(ev.bonus)))}<br>id {ev.bonus}"], hoverinfo="text")
-    if legend_proxy:
-        fig.add(type="scatter", x=[None], y=[None], mode="markers", name=style["name"], legendgroup="bonus",
-                hoverinfo="skip", marker=dict(color=style["color"], size=16, symbol="star"))
 
 
 UNVERIFIED_COLOUR = "#94a3b8"

@@ -14,8 +14,8 @@ from present.chart import accepted_chart
 from present.chat import coloured_markdown
 from present.heatmap import MatrixTracker, heatmap_figure, unique_labels
 from present.meter import MeterView, meter_html
-from present.style import ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, display_token, symbol_note
-from present.tree import BONUS_NODE, SOURCE_NAMES, tree_figure, tree_legend_names
+from present.style import ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, ROOT_COLOUR, display_token, symbol_note
+from present.tree import BONUS_NODE, SHAPE_LEGEND, SOURCE_NAMES, tree_figure, tree_legend_names
 from present.tree_layout import tree_layout
 from tr_core.trace import TextAssembler, Trace, TraceError, boundaries_from_texts
 
@@ -55,7 +55,8 @@ def test_tree_figure_has_every_node_and_marks_the_accepted_path():
     bonus = nodes["bonus token"]
     assert bonus["marker"]["color"] == BONUS_COLOUR and bonus["text"] == ["␣mat"]
     # the accepted edges (root->1, 1->3) are drawn in the accepted colour, thicker
-    path_edges = [t for t in fig.traces if t["mode"] == "lines" and t["line"]["color"] == ACCEPTED_COLOUR]
+    path_edges = [t for t in fig.traces if t["mode"] == "lines" and t["line"]["color"] == ACCEPTED_COLOUR
+                  and t["x"] != [None]]  # not the legend's swatch
     assert len(path_edges) == 1 and len([v for v in path_edges[0]["x"] if v is None]) == 2
     assert "6 draft tokens → 2 accepted + 1 bonus" in fig.layout["title"]["text"]
     fig.to_plotly()  # valid plotly: every attribute name and value passes plotly's validation
@@ -129,7 +130,7 @@ def test_tree_figure_handles_any_tree_shape_and_missing_event():
     fig = tree_figure(ev, text_of)
     assert "rejected drafts" in node_traces(fig) and "bonus token" not in node_traces(fig)
     assert "accepted drafts" not in node_traces(fig) and "accepted drafts" not in legend_names(fig)  # none to show
-    assert tree_legend_names(ev) == ["rejected drafts", "root (last committed token)"]
+    assert tree_legend_names(ev) == ["root (last committed token)", "rejected drafts", "from the matrix"]
     ev.accepted = [0, 1]
     assert "rejected drafts" not in legend_names(tree_figure(ev, text_of))  # a lone accepted chain: no grey entry
     assert len(tree_figure(None, text_of).traces) == 0
@@ -177,15 +178,16 @@ def test_tree_figure_shows_where_each_draft_token_came_from():
                  "rejected drafts", "root (last committed token)", "bonus token"):
         assert names.count(name) == 1, name
     keys = {t["name"]: t["marker"]["symbol"] for t in fig.traces if t.get("mode") == "markers"}
-    # shape keys are filled as most nodes are (readers found hollow keys for filled nodes, then dark keys for light
-    # ones), outlined; colour keys are strokes of no shape (a reader took the green circle of "accepted drafts" for
-    # a shape the accepted squares lacked)
-    assert keys["from the matrix"] == "circle" and keys["copied from the context"] == "square"
-    assert keys["in a matrix row and copied"] == "diamond" and keys["root (last committed token)"] == "circle"
+    # one rule (a reader took the page's filled grey "from the matrix" circle for the tour's grey "rejected"):
+    # shape = where from, its key outlined and unfilled in one neutral colour; colour = the verdict, its key a
+    # stroke of no shape; the bonus an amber star
+    assert keys == {"from the matrix": "circle-open", "copied from the context": "square-open",
+                    "in a matrix row and copied": "diamond-open", "bonus token": "star"}
     shapes = [t["marker"] for t in fig.traces if t.get("name") in SOURCE_NAMES.values()]
-    assert {m["color"] for m in shapes} == {REJECTED_COLOUR} and all(m["line"]["width"] > 0 for m in shapes)
+    assert {m["color"] for m in shapes} == {SHAPE_LEGEND} and all(m["line"]["width"] > 0 for m in shapes)
     strokes = {t["name"]: t["line"]["color"] for t in fig.traces if t.get("mode") == "lines" and "name" in t}
-    assert strokes == {"accepted drafts": ACCEPTED_COLOUR, "rejected drafts": REJECTED_COLOUR}
+    assert strokes == {"accepted drafts": ACCEPTED_COLOUR, "rejected drafts": REJECTED_COLOUR,
+                       "root (last committed token)": ROOT_COLOUR}
     assert "from the matrix: candidate #1 after &#x27;&lt;root&gt;&#x27;" in hovers[2]  # parent text, escaped
     assert "from the matrix: candidate #1 after &#x27; the&#x27;" in hovers[4]
     assert "copied from the prompt, its 4th token, in a run from its 3rd (after a 2-token match)" in hovers[3]
@@ -205,14 +207,16 @@ def test_tree_figure_without_context_drafts_keeps_its_legend():
     symbols, hovers = node_markers(fig)
     assert set(symbols.values()) == {"circle"} and "from the matrix: candidate #2 after" in hovers[3]
     assert not any(n.startswith(("●", "■", "◆")) for n in legend_names(fig))
-    assert not any(t["x"] == [None] for t in fig.traces)  # no stand-in entries: no shapes to explain
+    shapes = [t["marker"]["symbol"] for t in fig.traces if t.get("name") in SOURCE_NAMES.values()]
+    assert shapes == ["circle-open"]  # the one shape drawn, explained: the same rule as a hybrid tree's
     plain = tree_figure(make_event(), text_of)  # no sources: as before, rank in the hover, one symbol per trace
     assert [t["marker"]["symbol"] for t in node_traces(plain).values()] == ["circle"] * 3 + ["star"]
     assert not any("from the matrix" in h for h in node_markers(plain)[1].values())
-    assert len(plain.traces) == 7  # edges, nodes, the bonus's edge and star
+    assert len(plain.traces) == 12  # edges, nodes, the bonus's edge and star, the legend's 3 swatches, star, circle
     # each legend entry its own legend group: plotly.js then packs the legend's rows entry by entry
     groups = [t["legendgroup"] for t in plain.traces if t.get("showlegend", True) and "name" in t]
-    assert len(groups) == len(set(groups)) == 4
+    assert len(groups) == len(set(groups)) == 5
+    assert legend_names(plain) == tree_legend_names(make_event())
 
 
 # ------------------------------------------------------------------------- labels of the 80-node tree
@@ -442,7 +446,8 @@ def test_accepted_drafts_past_the_answers_end_are_drawn_apart_from_those_it_kept
     assert past["marker"]["color"] == PAST_END_COLOUR and past["customdata"] == path[1:]
     assert all(text for text in past["text"])  # labelled, as the kept path is
     assert nodes["accepted drafts"]["customdata"] == path[:1]
-    edges = [t for t in fig.traces if t.get("mode") == "lines" and t["line"]["color"] == PAST_END_COLOUR]
+    edges = [t for t in fig.traces if t.get("mode") == "lines" and t["line"]["color"] == PAST_END_COLOUR
+             and t["x"] != [None]]
     assert len(edges) == 1 and edges[0]["x"].count(None) == len(path) - 1  # the edge into each dropped draft
     assert "accepted, past the answer's end (not kept)" in tree_legend_names(ev)
     ev.emitted, ev.bonus = [ev.tokens[i] for i in path] + [9], 9  # nothing cut: no such group, edge or entry
@@ -452,11 +457,12 @@ def test_accepted_drafts_past_the_answers_end_are_drawn_apart_from_those_it_kept
 
 def test_hostile_token_text_is_escaped_in_labels_and_hovers():
     ev = paper_tree_event()
-    hostile = {ev.tokens[i] for i in ev.accepted} | {ev.bonus, ev.tokens[5]}  # node 5 is rejected: hover only
+    hostile = {ev.tokens[i] for i in ev.accepted} | {ev.bonus, ev.tokens[5]}  # node 5 is rejected
     text = lambda t: "<b>x" if t in hostile else words_of(t)  # noqa: E731
     fig = tree_figure(ev, text)
-    labels = [label for label, _ in drawn_labels(fig).values()]
-    assert labels and all(label == "&lt;b&gt;x" for label in labels)
+    labels = drawn_labels(fig)
+    assert all(labels[n][0] == "&lt;b&gt;x" for n in labelled_nodes(ev))
+    assert not any("<" in label for label, _ in labels.values())
     _, hovers = node_markers(fig)
     assert "&lt;b&gt;x" in hovers[5] and all(h.count("<b>") == 1 for h in hovers.values())  # the token in bold
     assert "<b>x" not in json.dumps(fig) and "&lt;b&gt;x" in node_traces(fig)["bonus token"]["hovertext"][0]
@@ -486,7 +492,7 @@ def test_a_small_tree_labels_its_path_too_and_its_drafts_on_hover():
     ev.tokens, ev.accepted, ev.bonus = [1, 2, 3, 4, 5], [0, 1, 2], 6
     ev.parents, ev.depths, ev.ranks = list(tree.parents_list), list(tree.depths_list), list(tree.ranks_list)
     fig = tree_figure(ev, text_of)
-    assert set(drawn_labels(fig)) == {0, 1, 2, BONUS_NODE}
+    assert set(drawn_labels(fig)) == {0, 1, 2, 3, 4, BONUS_NODE}  # a chain has room for its rejected drafts' too
     _, hovers = node_markers(fig)
     assert html.escape(repr(text_of(4))) in hovers[3] and html.escape(repr(text_of(5))) in hovers[4]
 
@@ -510,7 +516,8 @@ def test_tree_explains_its_symbols_only_when_a_label_shows_them():
     assert fig.layout["legend"]["title"]["font"]["size"] >= 16
     fig = tree_figure(make_event(), lambda t: "\n" if t == 2 else text_of(t))  # and node 3 as "↵"
     assert note(fig) == "␣ = space · ↵ = new line"
-    assert note(tree_figure(make_event(), lambda t: "\n" if t == 4 else text_of(t))) == "␣ = space"  # 4: rejected
+    rejected = tree_figure(make_event(), lambda t: "\n" if t == 4 else text_of(t))  # 4: rejected, labelled (room)
+    assert note(rejected) == "␣ = space · ↵ = new line" and "↵" in node_traces(rejected)["rejected drafts"]["text"]
     assert note(tree_figure(make_event(), lambda t: f"w{t}")) == ""
     assert symbol_note(["a", "b"]) == "" and symbol_note(["x\u2423", "∅"]) == "␣ = space · ∅ = empty token"
     hybrid = make_hybrid_event()
@@ -991,3 +998,31 @@ def test_per_task_speedups_come_from_the_benchmark_files_of_this_machine(tmp_pat
     assert list(fig.data[1].x) == [pytest.approx(1.0), pytest.approx(1.5)]  # least first
     assert task_runs(tmp_path / "none", "AMD EPYC") == [] and caption_of([]) == ""
     assert "No benchmark results" in json.dumps(task_speedup_figure({}))
+
+
+def test_rejected_drafts_are_labelled_where_room_allows_and_no_two_labels_of_a_level_meet():
+    """The presentation view's tree left its rejected drafts unlabelled: they get their token, in grey, where the
+    label clears the markers and labels of its level; a crowded level (the paper's 80-node tree) keeps hover only."""
+    from present.style import REJECTED_TEXT, text_em
+    from present.tree import TREE_WIDTH, X_RANGE
+
+    ev = make_hybrid_event()
+    fig = tree_figure(ev, text_of)
+    labels = drawn_labels(fig)
+    rejected = node_traces(fig)["rejected drafts"]
+    assert set(rejected["customdata"]) <= set(labels), labels  # a small tree: room for every one
+    assert set(rejected["textfont"]["color"]) == {REJECTED_TEXT}
+    layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
+    scale = (TREE_WIDTH - 20) / (X_RANGE[1] - X_RANGE[0])
+    spans = {}
+    for node, (text, side) in labels.items():
+        if node in (0, BONUS_NODE):
+            continue
+        x, w = layout.x[node] * scale, text_em(html.unescape(text)) * 16
+        span = (x, x + w + 10) if side == "middle right" else (x - w - 10, x)
+        assert X_RANGE[0] * scale <= span[0] and span[1] <= X_RANGE[1] * scale, (node, span)
+        for other in spans.get(ev.depths[node], []):
+            assert span[1] <= other[0] or other[1] <= span[0], (node, span, other)
+        spans.setdefault(ev.depths[node], []).append(span)
+    crowded = paper_tree_event((0, 1, 0), 17)
+    assert not any(node_traces(tree_figure(crowded, words_of))["rejected drafts"]["text"])
