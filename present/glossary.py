@@ -36,8 +36,9 @@ TERMS = (
          "gets exactly 1."),
     Term("t(N)/t(1)", r"t\(N\)/t\(1\)", "What a forward of N tokens costs against a forward of one token, timed on "
          "this machine."),
-    Term("warm start", r"warm[- ]start(?:ed)?", "A matrix learned beforehand on the project's own questions, so the "
-         "first answer has candidates to draft from."),
+    Term("learned beforehand", r"(?:sample answers?|answers to (?:the project's )?sample questions)(?: learned "
+         r"beforehand)?|learned beforehand", "The model's own answers to the project's sample questions, decoded "
+         "before any visitor: the matrix starts from them and the hybrid copies runs of them."),
     Term("hybrid (matrix + context)", r"hybrid|matrix \+ context", "The paper's matrix tree plus runs of tokens "
          "copied from earlier in the conversation where they continue what was just written."),
     Term("context-free guess", r"context-free|guess after the token alone", "A row filled from one forward of the "
@@ -46,8 +47,8 @@ TERMS = (
          "Token Recycling's answer equals plain decoding's bit for bit."),
     Term("near tie", r"near tie", "Two tokens the model scored almost alike, where rounding alone can pick the "
          "other one."),
-    Term("chunk pairs", r"chunk pairs?", "The meter times Token Recycling and plain decoding in turns, a short "
-         "stretch of each, so a change of load hits both alike."),
+    Term("short turns", r"short turns?|pairs of (?:short )?turns", "The meter times Token Recycling and plain "
+         "decoding taking turns, a short stretch of the same tokens each, so a change of load hits both alike."),
     Term("standard error", r"standard error", "How far the measured speedup would likely move if measured again: "
          "the ± after it."),
 )

@@ -126,7 +126,7 @@ def _seeded(ev: StepEvent, node: int) -> bool:
 
 
 def _copied(trace: Trace, ev: StepEvent) -> list[dict[str, Any]]:
-    """The draft tokens copied from the conversation or the warm-start answers (hybrid trees), with where they were
+    """The draft tokens copied from the conversation or the sample answers learned beforehand (hybrid trees), with where they were
     found."""
     out = []
     for i in range(1, len(ev.tokens)):

@@ -44,8 +44,8 @@ def node_source(ev: StepEvent, i: int) -> str | None:
 
 
 def copy_place(ev: StepEvent, nodes) -> str:
-    """Where these copied nodes were found, in words: "the conversation", "the warm-start answers" (a run of the
-    answers the warm start was learned on, tr_core.warm) or both."""
+    """Where these copied nodes were found, in words: "the conversation", LEARNED (a run of the answers the matrix
+    was learned on beforehand, tr_core.warm) or both."""
     return place_of([node_origin(ev, i) for i in nodes])
 
 
@@ -59,7 +59,11 @@ def place_of(origins: list[dict[str, Any] | None]) -> str:
     shipped = [origin is not None and origin["where"] == LIBRARY for origin in origins]
     if not any(shipped):
         return "the conversation"
-    return "the warm-start answers" if all(shipped) else "the conversation and the warm-start answers"
+    return LEARNED if all(shipped) else f"the conversation and {LEARNED}"
+
+
+LEARNED = "the sample answers learned beforehand"  # the answers the matrix starts from (tr_core.warm), in plain
+# words (present/glossary.py explains them)
 
 
 def has_retrieved(ev: StepEvent) -> bool:

@@ -27,7 +27,7 @@ def no_draft_reason(ev: StepEvent, token_text: Callable[[int], str] | None = Non
 
 
 # where a copied run was found (tr_core.context.PLACES), as a phrase
-PLACES = {"context": "the context", "prompt": "the prompt", "answer": "this answer", "warm_start": "a warm-start answer",
+PLACES = {"context": "the context", "prompt": "the prompt", "answer": "this answer", "warm_start": "a sample answer learned beforehand",
           "earlier_prompt": "an earlier prompt", "earlier_answer": "an earlier answer"}
 
 

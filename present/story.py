@@ -77,7 +77,7 @@ def _plain_sentence(ev: StepEvent, token_text: TokenText) -> str:
 
 def _draft_sentence(ev: StepEvent, token_text: TokenText, brief: bool = False) -> str:
     """How many tokens were drafted after the root and where each came from: read from the adjacency matrix (from
-    how many rows, written by which steps), copied from the conversation or the warm-start answers, or found in
+    how many rows, written by which steps), copied from the conversation or the sample answers learned beforehand, or found in
     both."""
     nodes = range(1, len(ev.tokens))
     source = {i: node_source(ev, i) for i in nodes}

@@ -34,7 +34,7 @@ from .views import RENDER_EVERY_S, blank_views, coloured_answer, matrix_info, me
 
 # ------------------------------------------------------------------------------------- the session's engine
 
-NO_WARM = "The matrix starts empty (no warm start is available for this model)."
+NO_WARM = "The matrix starts empty (nothing was learned beforehand for this model)."
 _WARM_STARTS: "weakref.WeakKeyDictionary[Any, WarmStart]" = weakref.WeakKeyDictionary()
 
 
@@ -73,14 +73,19 @@ def warm_up(engine: Any, model_name: str, learn: bool,
         info = warm_start(engine, model_name, learn=learn, progress=progress, budget_s=FIRST_ANSWER_BUDGET_S,
                           between=lend)
     except WarmStartError as exc:  # a shipped file that does not fit this model: the session still works, cold
-        return WarmStart(None, f"Cold start: the matrix starts empty (the warm-start file cannot be used: {exc})")
+        return WarmStart(None, f"Cold start: the matrix starts empty (the file it learned beforehand cannot be used: {exc})")
     if info.source == "none":
-        return WarmStart(None, info.describe() or NO_WARM, reusable=True)
+        return WarmStart(None, plain_note(info.describe()) or NO_WARM, reusable=True)
     if info.partial and learn:
         model, tokenizer, k = engine.model, engine.tokenizer, engine.matrix.k
         learn_in_background(lambda: Engine(model, tokenizer, topk_candidates=k), model_name, hold=decode_slot,
                             between=lambda: lend(polite=True))
-    return WarmStart(engine.snapshot(), info.describe(), reusable=not info.partial)
+    return WarmStart(engine.snapshot(), plain_note(info.describe()), reusable=not info.partial)
+
+
+def plain_note(note: str) -> str:
+    """tr_core.warm's line for the page in the page's plain words: "warm start" is jargon a lecturer met cold."""
+    return note.replace("a partial warm start", "learned in part").replace("Warm start:", "Learned beforehand:")
 
 
 def new_engine(studio: Studio, model_name: str, k: int, should_stop: Callable[[], bool] | None = None,
@@ -152,7 +157,7 @@ def ensure_engine(studio: Studio, s: Session, k: int, notes: list[str],
     """The session's engine, created on first use or when k changed (a new k needs a new matrix)."""
     engine = engine_for(studio, s, k, should_stop)
     adopt_engine(s, engine, notes, f"Candidates per row changed to k = {k}: the adjacency matrix starts again "
-                                   "from its warm start.")
+                                   "from what it learned beforehand.")
     return engine
 
 
@@ -205,7 +210,7 @@ def _prepare(studio: Studio, s: Session, text: str, settings: ChatSettings, note
 
 
 PRELOAD_WAIT_S = 300.0  # an answer waits this long at most for the preload before it loads the model itself
-WARMING = "Learning a warm start for this model from the project's own questions (once; then cached): {} of {}…"
+WARMING = "Learning from answers to the project's sample questions for this model (once; then cached): {} of {}…"
 
 
 def _set_up(studio: Studio, s: Session, k: int, notes: list[str], stop: threading.Event) -> Iterator[dict]:
@@ -235,7 +240,7 @@ def _set_up(studio: Studio, s: Session, k: int, notes: list[str], stop: threadin
     if "error" in out:
         raise out["error"]
     adopt_engine(s, out["engine"], notes, f"Candidates per row changed to k = {k}: the adjacency matrix starts "
-                                          "again from its warm start.")
+                                          "again from what it learned beforehand.")
     yield {"warm": s.warm_note, "matrix": matrix_info(s.engine, s.k)}
 
 
@@ -384,9 +389,9 @@ def reset_matrix(s: Session) -> dict:
                 _restore_keeping_costs(s.engine, s.warm_state)
         info = matrix_info(s.engine, s.k)
         warm = s.warm_state is not None
-    status = ("Adjacency matrix returned to its warm start (what this tab's answers taught is forgotten); context "
+    status = ("Adjacency matrix returned to what it learned beforehand (what this tab's answers taught is forgotten); context "
               "index cleared." if warm else
-              "Adjacency matrix and context index cleared (this model has no warm start).")
+              "Adjacency matrix and context index cleared (nothing was learned beforehand for this model).")
     return {"status": status, "matrix": info, "warm": s.warm_note if warm else NO_WARM}
 
 
@@ -404,7 +409,7 @@ def empty_matrix(s: Session) -> dict:
         if s.engine is not None:
             s.engine.forget()
         info = matrix_info(s.engine, s.k)
-    return {"status": "Adjacency matrix emptied (no warm start) and context index cleared: it learns from nothing "
+    return {"status": "Adjacency matrix emptied (nothing learned beforehand either) and context index cleared: it learns from nothing "
                       "from the next answer on.", "matrix": info, "warm": "The matrix was emptied on request."}
 
 
@@ -445,5 +450,5 @@ def load_matrix(studio: Studio, s: Session, path: str | None, k: Any) -> dict:
         engine.matrix.copy_from(loaded)
         adopt_engine(s, engine, notes, f"Candidates per row changed to k = {engine.matrix.k}.")
         info = matrix_info(s.engine, s.k)
-    return {"status": "  \n".join(notes + ["Matrix loaded (Reset returns to this model's warm start)."]),
+    return {"status": "  \n".join(notes + ["Matrix loaded (Reset returns to what this model learned beforehand)."]),
             "matrix": info}

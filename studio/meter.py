@@ -149,7 +149,7 @@ def _distrust(pairs: list[ChunkPair], ratio: float, error: float, median_ratio: 
         return ("the timings make Token Recycling faster than its accepted tokens per step allow (a tree forward "
                 "never costs less than a one-token forward): the machine's load changed while measuring")
     if error > MAX_REL_ERROR * ratio or abs(ratio - median_ratio) > 2 * error:
-        return f"the timings varied by ±{error / ratio:.0%} between chunks: the machine was busy while measuring"
+        return f"the timings varied by ±{error / ratio:.0%} between turns: the machine was busy while measuring"
     return ""
 
 

@@ -193,7 +193,7 @@ def _settings_panel(ui: dict, studio: Studio) -> None:
                                          label="Draft tree template",
                                          info="2.2.2 = the paper's 80-node tree (GPU); adaptive = grown by probability, "
                                               "sized to this device; adaptive-fixed = the same tree at the full 80-node budget; "
-                                              "hybrid(-fixed) = the same, plus runs copied from the conversation or the warm-start answers (squares in the tree)")
+                                              "hybrid(-fixed) = the same, plus runs copied from the conversation or the sample answers learned beforehand (squares in the tree; diamonds: both)")
             ui["k"] = gr.Slider(1, 16, value=8, step=1, label="Candidates per matrix row (k)")
             ui["compare"] = gr.Checkbox(True, label="Measure the speedup against plain decoding after each answer")
 
@@ -208,7 +208,7 @@ def _model_panel(ui: dict, studio: Studio) -> None:
                                       allow_custom_value=True, label="Model", info=info, elem_id="tr-model")
             ui["load"] = gr.Button("Load model", scale=1)
         with gr.Row():
-            ui["reset"] = gr.Button("Reset matrix to its warm start")
+            ui["reset"] = gr.Button("Reset matrix to what it learned beforehand")
             ui["empty"] = gr.Button("Empty matrix")
             ui["save"] = gr.Button("Save matrix")
             ui["matrix_upload"] = gr.UploadButton("Load matrix", file_types=[".pt", ".pth", ".bin"])

@@ -80,9 +80,9 @@ def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool |
     verdict = ("✓ Both answers are plain decoding's, token for token." if same else
                "Not every answer is plain decoding's token for token: see the cards.")
     foot = (f"Plain decoding: {plain.tokens_per_s:.1f} tok/s. Fastest of {ROUNDS} runs each, in turns, "
-            f"{len(plain.tokens)} tokens, on {machine or 'this machine'}; each from the warm start, as a new tab "
-            "would answer (the hybrid's copies come from the warm-start answers), so its figures differ from your "
-            "answer's.")
+            f"{len(plain.tokens)} tokens, on {machine or 'this machine'}; each from the matrix learned beforehand, as "
+            "a new tab would answer (the hybrid's copies come from the sample answers learned beforehand), so its "
+            "figures differ from your answer's.")
     return (f'<div class="tr-sides"><div class="tr-sides-cards">{cards}</div>'
             f'<div class="tr-sides-foot">{html.escape(verdict)} {gloss(foot)}{why_paper_slower(results)}</div></div>')
 

@@ -68,8 +68,8 @@ HOW_IT_WORKS = """
 Greedy (or seeded) output is token-identical to plain decoding; only the number of forward passes drops.
 
 **The speedup meter** re-runs the answer from the state it started in, Token Recycling and plain decoding in
-alternating chunks over the same tokens, so a busy machine slows both alike. It shows the ratio with its standard
-error, or says *too noisy to measure* when the chunks disagree or the ratio is larger than the accepted tokens per
+short turns over the same tokens, so a busy machine slows both alike. It shows the ratio with its standard
+error, or says *too noisy to measure* when the turns disagree or the ratio is larger than the accepted tokens per
 step allow.
 
 **The cost panel** says why a big tree can be slower: a step's speed ≈ the tokens it gained ÷ what a step of N tokens

@@ -231,17 +231,17 @@ def coverage_note(covered: int, total: int, why: str = "") -> str:
 
 
 def left_out_note(left_out: int) -> str:
-    """The chunk pairs a measurement left out as disturbed, in words ("" for none)."""
+    """The pairs of short turns a measurement left out as disturbed, in words ("" for none)."""
     if left_out <= 0:
         return ""
-    pairs = ("1 chunk pair", "its") if left_out == 1 else (f"{left_out} chunk pairs", "their")
-    return f"{pairs[0]} left out: the load changed between {pairs[1]} halves"
+    pairs = ("1 pair of short turns", "its") if left_out == 1 else (f"{left_out} pairs of short turns", "their")
+    return f"{pairs[0]} left out: the load changed between {pairs[1]} two turns"
 
 
 def measured_span(est: SpeedEstimate, answer_tokens: int | None) -> str:
     """What a trusted measurement covers, in words that agree with the answer's length: "the whole answer" only when
     both methods decoded all of it (else the measure note says how far they got), and how many tokens the figure is
-    over when disturbed chunk pairs were left out."""
+    over when disturbed pairs of turns were left out."""
     if answer_tokens is None or est.covered < answer_tokens:
         return "this answer"
     if est.passes > 1:
@@ -271,8 +271,8 @@ def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer
     why = est.reason
     if est.trusted:
         timed = est.pairs + est.left_out  # the pairs left out as disturbed were timed too: "12 of them kept"
-        pairs = "1 alternating chunk pair" if timed == 1 else f"{timed} alternating chunk pairs"
-        pairs += f", {est.pairs} of them kept" if est.left_out else ""
+        pairs = f"{timed} short turn{'s' if timed != 1 else ''} each"  # a pair: one turn of each method
+        pairs += f", {est.pairs} pairs of them kept" if est.left_out else ""
         why = (f"{measured_span(est, answer_tokens)}, both methods timed in {pairs}"
                + ("; ±: one standard error" if est.error is not None else ""))
     # too noisy: plain decoding's tokens/s is left out too, since beside Token Recycling's it would imply the ratio

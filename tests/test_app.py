@@ -761,7 +761,7 @@ def test_message_streams_answer_with_measured_speedup_and_marked_tree(client):
     else:
         assert "No race for this answer" in race and "could not measure" in race
     assert "Greedy" in decoding and "under the microscope" in microscope  # 16th and 17th
-    assert "Warm start" in warm  # 18th: where the session's matrix came from
+    assert "Learned beforehand" in warm and "arm start" not in warm  # 18th: where the session's matrix came from
 
 
 def test_replay_bad_inputs_and_a_missing_model_keep_the_session_working(client):
@@ -787,10 +787,10 @@ def test_trace_round_trip_and_matrix_save_reset_load(client, tmp_path):
     filled = int(re.search(r"([\d,]+) rows filled", saved[2]).group(1).replace(",", ""))
     assert filled > 0
     out = client.predict(api_name="/reset_matrix")  # back to the warm start: the answer's rows are forgotten
-    assert "warm start" in out[2] or "cleared" in out[2]
+    assert "learned beforehand" in out[2] or "cleared" in out[2]
     reset = torch.load(file_of(client.predict(api_name="/save_matrix")[10]), weights_only=True)["table"]
     assert not torch.equal(reset, torch.load(file_of(saved[10]), weights_only=True)["table"])
-    if "warm start" in out[2]:  # the shipped warm start's rows, exactly (it fills every row: the count stays)
+    if "learned beforehand" in out[2]:  # the shipped warm start's rows, exactly (it fills every row: the count stays)
         shipped = safetensors.torch.load_file(str(warm.SHIPPED))
         assert torch.equal(reset[shipped["matrix.rows"]], shipped["matrix.table"].to(reset.dtype))
     out = client.predict(gradio_client.handle_file(file_of(saved[10])), 8, api_name="/load_matrix")

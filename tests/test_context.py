@@ -267,7 +267,7 @@ def test_a_library_continues_the_conversations_suffix_within_one_answer():
     assert [(m.tokens, m.match_len, m.contested) for m in found] == [((7,), 3, False), ((4, 5), 2, True)]
     assert found[0].where == LIBRARY == "warm_start" and found[0].origin(1) == \
         {"where": LIBRARY, "first": 3, "last": 3, "match": 3}
-    assert origin_text(found[0].origin(1)) == "copied from a warm-start answer, its 4th token (after a 3-token match)"
+    assert origin_text(found[0].origin(1)) == "copied from a sample answer learned beforehand, its 4th token (after a 3-token match)"
     assert [m.tokens for m in lib.continuations([8, 2, 3], 3, 16, {7})] == [(4, 5)]  # a first token found already
     assert lib.continuations([8, 3], 3, 16, set()) == []  # 1-token matches are not used (min_n = 2)
     assert [m.tokens for m in lib.continuations([8, 3], 3, 16, set(), min_n=1)] == [(7,), (4, 5)]

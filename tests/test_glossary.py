@@ -18,7 +18,8 @@ def test_every_term_is_one_short_sentence():
 
 def test_the_jargon_a_lecturer_met_cold_is_explained_where_it_is_used():
     """The terms the cold reading found unexplained (issue 55) each get their sentence on hover or tap."""
-    for words in ("bonus token", "forward", "depth", "top-8", "k = 8", "warm start", "hybrid", "chunk pairs",
+    for words in ("bonus token", "forward", "depth", "top-8", "k = 8", "sample answers learned beforehand",
+                  "learned beforehand", "hybrid", "short turns",
                   "one standard error", "tokens per step", "matrix + context", "exact mode", "near tie"):
         marks = MARK.findall(gloss(f"Here {words} is used."))
         assert marks and words.split()[-1] in marks[0][1] and marks[0][0], words
@@ -43,3 +44,17 @@ def test_the_glossary_panel_lists_every_term_with_the_same_sentence():
     panel = glossary_html()
     for term in TERMS:
         assert f"<dt>{html.escape(term.name)}</dt><dd>{html.escape(term.sentence)}</dd>" in panel
+
+
+def test_the_jargon_a_lecturer_met_cold_is_gone_from_the_glossary_and_its_plain_words_are_in_it():
+    """Issue 55 again: "warm start" and "chunk pairs" gave way to plain words; the glossary explains those words
+    and no longer the jargon, so a page that still said it would show it unexplained (and a test would see it)."""
+    names = " ".join(t.name for t in TERMS).lower()
+    assert "warm" not in names and "chunk" not in names
+    for jargon in ("warm start", "warm-start answers", "chunk pairs"):
+        assert not MARK.findall(gloss(f"Here {jargon} is used.")), jargon
+    from present.nodes import LEARNED
+    from studio.views import left_out_note
+
+    assert MARK.findall(gloss(f"3 copied from {LEARNED}."))  # the words the story uses are the glossary's
+    assert MARK.findall(gloss(left_out_note(2))) and MARK.findall(gloss("timed in 21 short turns each"))

@@ -80,10 +80,10 @@ def test_the_race_is_the_same_every_time_and_after_a_save(tmp_path):
 
 
 def test_too_noisy_gives_no_race_since_its_gap_would_be_unmeasured():
-    trace = make_trace(speed=speed(trusted=False, reason="the timings varied by ±20% between chunks",
+    trace = make_trace(speed=speed(trusted=False, reason="the timings varied by ±20% between turns",
                                    plain_tps=50.0))
     reason = no_race_reason(trace)
-    assert "could not measure the speedup (the timings varied by ±20% between chunks)" in reason
+    assert "could not measure the speedup (the timings varied by ±20% between turns)" in reason
     assert "a gap nobody measured" in reason
     with pytest.raises(NoRace, match="could not measure"):
         race_timeline(trace)

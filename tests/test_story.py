@@ -63,15 +63,15 @@ def test_story_counts_distinct_rows_and_context_copies():
 
     shipped = {"where": LIBRARY, "first": 2, "last": 2, "match": 2}  # from the warm start's answers
     ev.origins[2] = shipped
-    assert ("1 copied from the warm-start answers and 1 found both in a matrix row and in the conversation"
+    assert ("1 copied from the sample answers learned beforehand and 1 found both in a matrix row and in the conversation"
             in step_story(ev, text_of))
     ev.origins[4] = shipped
-    assert "1 found both in a matrix row and in the warm-start answers" in step_story(ev, text_of)
+    assert "1 found both in a matrix row and in the sample answers learned beforehand" in step_story(ev, text_of)
     only_context.origins[1] = shipped
-    assert "all copied from the warm-start answers." in step_story(only_context, text_of)
+    assert "all copied from the sample answers learned beforehand." in step_story(only_context, text_of)
     blocks = json.dumps(microscope_blocks(step_microscope(Trace(steps=[ev]), 0)))
-    assert "2 drafted from the warm-start answers" in blocks
-    assert "copied from a warm-start answer, its 3rd token (after a 2-token match)" in blocks
+    assert "2 drafted from the sample answers learned beforehand" in blocks
+    assert "copied from a sample answer learned beforehand, its 3rd token (after a 2-token match)" in blocks
 
 
 def test_story_of_a_rejected_draft_a_plain_step_and_a_stop():
