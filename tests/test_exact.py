@@ -102,10 +102,11 @@ def test_the_probe_rejects_a_product_whose_rows_depend_on_the_count(monkeypatch)
     assert not Engine(raw("llama", torch.bfloat16), TinyTokenizer(TINY_VOCAB), exact=True).exact
 
 
+@pytest.mark.parametrize("softcap", [None, 30.0])
 @pytest.mark.parametrize("masked", ["none", "additive", "bool"])
-def test_float64_attention_agrees_with_eager_attention(masked):
-    """Grouped heads, a tree-shaped mask (additive or boolean) and soft-capping: what transformers' eager attention
-    computes, to float rounding."""
+def test_float64_attention_agrees_with_eager_attention(masked, softcap):
+    """Grouped heads, a tree-shaped mask (additive or boolean), with soft-capping (the eager steps) and without (the
+    fused kernel): what transformers' eager attention computes, to float rounding."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, h, n, 16, generator=g) for h, n in ((4, 5), (2, 9), (2, 9)))
     allowed = torch.ones(5, 9, dtype=torch.bool)
@@ -113,9 +114,10 @@ def test_float64_attention_agrees_with_eager_attention(masked):
     allowed[:, 4:].fill_diagonal_(True)
     mask = {"none": None, "bool": allowed[None, None],
             "additive": torch.where(allowed, 0.0, torch.finfo(torch.float32).min)[None, None]}[masked]
-    out, _ = invariant.attention(None, q, k, v, mask, scaling=0.25, softcap=30.0)
+    out, _ = invariant.attention(None, q, k, v, mask, scaling=0.25, softcap=softcap)
     kr, vr = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
-    scores = torch.tanh(q @ kr.transpose(2, 3) * 0.25 / 30.0) * 30.0
+    scores = q @ kr.transpose(2, 3) * 0.25
+    scores = torch.tanh(scores / softcap) * softcap if softcap else scores
     if mask is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     want = (torch.softmax(scores, -1) @ vr).transpose(1, 2)
