@@ -410,6 +410,21 @@ CUT_JS = ("(s) => { const el = document.querySelector(s);"
           " return [el.scrollHeight - el.clientHeight, el.scrollWidth - el.clientWidth]; }")
 
 
+# The presentation view's question: whole (no fading mask over it or its boxes), the answer's box under it (no line
+# of the answer slides beneath it) and clipping its own overflow, the answer's last run inside the chat.
+QUESTION_WHOLE_JS = """() => {
+  const q = document.querySelector('#tr-chat .message-row.user-row'), a = document.querySelector('#tr-chat .bot-row');
+  const masked = [];
+  for (let el = q; el && el.id !== 'tr-chat'; el = el.parentElement) {
+    const m = getComputedStyle(el).maskImage || getComputedStyle(el).webkitMaskImage;
+    if (m && m !== 'none') masked.push(el.className);
+  }
+  const runs = a.querySelectorAll('.tr-run-a, .tr-run-b');
+  return {masked, questionBottom: q.getBoundingClientRect().bottom, answerTop: a.getBoundingClientRect().top,
+          answerOverflow: getComputedStyle(a).overflowY,
+          lastRun: runs.length ? runs[runs.length - 1].getBoundingClientRect().bottom : 0}; }"""
+
+
 def check_projector_screen(page) -> None:
     """Every panel lies inside the 1280x720 screen by its computed geometry, no two overlap, text panels hold all
     their text, and no text in them is under 16 px. It first waits for the layout to settle: a redrawn plot is
@@ -482,6 +497,11 @@ def test_presentation_view_carries_a_lecture_on_one_projector_screen(app_browser
         chat = page.evaluate(RECT_JS, "#tr-chat")
         assert chat["top"] <= question["top"] and question["bottom"] <= chat["bottom"], (question, chat)
         assert "Translate to French" in page.locator("#tr-chat .message-row.user-row").last.inner_text()
+        whole = page.evaluate(QUESTION_WHOLE_JS)  # a cold reader saw its bubble cut, and answer lines under it
+        assert whole["masked"] == [] and whole["answerTop"] >= whole["questionBottom"] - 0.5, whole
+        assert whole["answerOverflow"] == "hidden" and whole["lastRun"] <= chat["bottom"] + 0.5, whole
+        small = [f for f in page.evaluate(FONT_SIZES_JS, ["#tr-chat", "#tr-head"]) if f[3] < 16]
+        assert not small, small  # the chat and the leave button read from the back row too
         page.mouse.move(640, 715)  # no hover label or plotly toolbar in the picture
         shot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shot))  # the projector's screen, as the room sees it
