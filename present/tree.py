@@ -26,9 +26,9 @@ SHAPE_LEGEND = "#475569"  # the source legend's shapes: outlined in slate, unfil
 # the verdict: a reader took a filled grey circle "from the matrix" for the tour's grey "rejected")
 LEGEND_GROUPS = ("root", "accepted", "past end", "rejected")  # the colour legend's order: a swatch each
 NODE_GROUPS = {  # the tree's node traces, drawn in this order (accepted on top); size: marker px, font: label px
-    "rejected": dict(color=REJECTED_COLOUR, size=12, font=MIN_FONT, text=REJECTED_TEXT, name="rejected drafts"),
+    "rejected": dict(color=REJECTED_COLOUR, size=12, font=MIN_FONT, text=REJECTED_TEXT, name="rejected"),
     "root": dict(color=ROOT_COLOUR, size=24, font=MIN_FONT, text=ROOT_COLOUR, name="root (last committed token)"),
-    "accepted": dict(color=ACCEPTED_COLOUR, size=22, font=MIN_FONT, text="#14532d", name="accepted drafts"),
+    "accepted": dict(color=ACCEPTED_COLOUR, size=22, font=MIN_FONT, text="#14532d", name="accepted"),
     "past end": dict(color=PAST_END_COLOUR, size=22, font=MIN_FONT, text="#15803d",
                      name="accepted, past the answer's end (not kept)"),
     "bonus": dict(color=BONUS_COLOUR, size=24, font=MIN_FONT, text="#92400e", name="bonus token"),

@@ -234,7 +234,7 @@ def left_out_note(left_out: int) -> str:
     """The pairs of short turns a measurement left out as disturbed, in words ("" for none)."""
     if left_out <= 0:
         return ""
-    pairs = ("1 pair of short turns", "its") if left_out == 1 else (f"{left_out} pairs of short turns", "their")
+    pairs = ("1 pair", "its") if left_out == 1 else (f"{left_out} pairs", "their")  # of short turns (said before)
     return f"{pairs[0]} left out: the load changed between {pairs[1]} two turns"
 
 
@@ -272,7 +272,7 @@ def measured_meter(est: SpeedEstimate, done: bool = True, note: str = "", answer
     if est.trusted:
         timed = est.pairs + est.left_out  # the pairs left out as disturbed were timed too: "12 of them kept"
         pairs = f"{timed} short turn{'s' if timed != 1 else ''} each"  # a pair: one turn of each method
-        pairs += f", {est.pairs} pairs of them kept" if est.left_out else ""
+        pairs += f", {est.pairs} of them kept" if est.left_out else ""
         why = (f"{measured_span(est, answer_tokens)}, both methods timed in {pairs}"
                + ("; ±: one standard error" if est.error is not None else ""))
     # too noisy: plain decoding's tokens/s is left out too, since beside Token Recycling's it would imply the ratio

@@ -47,11 +47,11 @@ def test_tree_figure_has_every_node_and_marks_the_accepted_path():
     fig = tree_figure(ev, text_of)
     nodes = node_traces(fig)
     assert sum(len(t["x"]) for n, t in nodes.items() if not n.startswith("bonus")) == len(ev.tokens)
-    accepted = nodes["accepted drafts"]
+    accepted = nodes["accepted"]
     assert accepted["customdata"] == [1, 3]
     assert accepted["marker"]["color"] == ACCEPTED_COLOUR
-    assert nodes["rejected drafts"]["marker"]["color"] == REJECTED_COLOUR
-    assert sorted(nodes["rejected drafts"]["customdata"]) == [2, 4, 5, 6]
+    assert nodes["rejected"]["marker"]["color"] == REJECTED_COLOUR
+    assert sorted(nodes["rejected"]["customdata"]) == [2, 4, 5, 6]
     bonus = nodes["bonus token"]
     assert bonus["marker"]["color"] == BONUS_COLOUR and bonus["text"] == ["␣mat"]
     # the accepted edges (root->1, 1->3) are drawn in the accepted colour, thicker
@@ -70,7 +70,7 @@ def test_tree_figure_root_on_top_and_hover_has_id_depth_rank():
     fig = tree_figure(ev, text_of)
     layout = tree_layout(tuple(ev.parents))
     assert layout.y[0] == 0 and all(layout.y[i] == -ev.depths[i] for i in range(len(ev.tokens)))
-    hover = " ".join(node_traces(fig)["rejected drafts"]["hovertext"])
+    hover = " ".join(node_traces(fig)["rejected"]["hovertext"])
     assert "id 4 · depth 1 · rank 1" in hover
 
 
@@ -128,11 +128,11 @@ def test_tree_figure_handles_any_tree_shape_and_missing_event():
     ev.tokens, ev.parents, ev.depths, ev.ranks, ev.accepted = [0, 1], [-1, 0], [0, 1], [-1, 0], [0]
     ev.bonus, ev.node_probs = None, [1.0, 0.4]
     fig = tree_figure(ev, text_of)
-    assert "rejected drafts" in node_traces(fig) and "bonus token" not in node_traces(fig)
-    assert "accepted drafts" not in node_traces(fig) and "accepted drafts" not in legend_names(fig)  # none to show
-    assert tree_legend_names(ev) == ["root (last committed token)", "rejected drafts", "from the matrix"]
+    assert "rejected" in node_traces(fig) and "bonus token" not in node_traces(fig)
+    assert "accepted" not in node_traces(fig) and "accepted" not in legend_names(fig)  # none to show
+    assert tree_legend_names(ev) == ["root (last committed token)", "rejected", "from the matrix"]
     ev.accepted = [0, 1]
-    assert "rejected drafts" not in legend_names(tree_figure(ev, text_of))  # a lone accepted chain: no grey entry
+    assert "rejected" not in legend_names(tree_figure(ev, text_of))  # a lone accepted chain: no grey entry
     assert len(tree_figure(None, text_of).traces) == 0
 
 
@@ -170,12 +170,12 @@ def test_tree_figure_shows_where_each_draft_token_came_from():
     symbols, hovers = node_markers(fig)
     assert symbols == {0: "circle", 1: "diamond", 2: "circle", 3: "square", 4: "circle", 5: "square", 6: "square"}
     nodes = node_traces(fig)  # colour still says accepted or rejected
-    assert nodes["accepted drafts"]["marker"]["color"] == ACCEPTED_COLOUR
-    assert nodes["accepted drafts"]["customdata"] == [1, 3]
-    assert nodes["rejected drafts"]["marker"]["color"] == REJECTED_COLOUR
+    assert nodes["accepted"]["marker"]["color"] == ACCEPTED_COLOUR
+    assert nodes["accepted"]["customdata"] == [1, 3]
+    assert nodes["rejected"]["marker"]["color"] == REJECTED_COLOUR
     names = legend_names(fig)
-    for name in ("from the matrix", "copied from the context", "in a matrix row and copied", "accepted drafts",
-                 "rejected drafts", "root (last committed token)", "bonus token"):
+    for name in ("from the matrix", "copied from the context", "in a matrix row and copied", "accepted",
+                 "rejected", "root (last committed token)", "bonus token"):
         assert names.count(name) == 1, name
     keys = {t["name"]: t["marker"]["symbol"] for t in fig.traces if t.get("mode") == "markers"}
     # one rule (a reader took the page's filled grey "from the matrix" circle for the tour's grey "rejected"):
@@ -186,7 +186,7 @@ def test_tree_figure_shows_where_each_draft_token_came_from():
     shapes = [t["marker"] for t in fig.traces if t.get("name") in SOURCE_NAMES.values()]
     assert {m["color"] for m in shapes} == {SHAPE_LEGEND} and all(m["line"]["width"] > 0 for m in shapes)
     strokes = {t["name"]: t["line"]["color"] for t in fig.traces if t.get("mode") == "lines" and "name" in t}
-    assert strokes == {"accepted drafts": ACCEPTED_COLOUR, "rejected drafts": REJECTED_COLOUR,
+    assert strokes == {"accepted": ACCEPTED_COLOUR, "rejected": REJECTED_COLOUR,
                        "root (last committed token)": ROOT_COLOUR}
     assert "from the matrix: candidate #1 after &#x27;&lt;root&gt;&#x27;" in hovers[2]  # parent text, escaped
     assert "from the matrix: candidate #1 after &#x27; the&#x27;" in hovers[4]
@@ -286,7 +286,7 @@ def test_the_80_node_tree_labels_its_root_accepted_path_and_bonus_and_every_node
     assert sorted(hovers) == list(range(81))  # every node's token on hover, labelled or not
     for i, hover in hovers.items():
         assert f"<b>{html.escape(repr(words_of(ev.tokens[i])))}</b>" in hover
-    rejected = node_traces(fig)["rejected drafts"]
+    rejected = node_traces(fig)["rejected"]
     assert not any(rejected["text"]) and len(rejected["text"]) == 81 - len(ev.accepted)  # hover only
     fig.to_plotly()
 
@@ -370,12 +370,12 @@ def test_a_deep_copied_run_draws_beads_and_its_star_clear_of_the_last_node(depth
     margin, (bottom, top) = fig.layout["margin"], fig.layout["yaxis"]["range"]
     level = (fig.layout["height"] - margin["t"] - margin["b"]) / (top - bottom)  # px between depths, as drawn
     sizes = {t["name"]: t["marker"]["size"] for t in node_traces(fig).values()}
-    assert MIN_MARKER <= sizes["accepted drafts"] <= level  # beads, not one bar: two levels' markers do not overlap
-    assert depth < 16 or sizes["accepted drafts"] < 22
+    assert MIN_MARKER <= sizes["accepted"] <= level  # beads, not one bar: two levels' markers do not overlap
+    assert depth < 16 or sizes["accepted"] < 22
     star = node_traces(fig)["bonus token"]
     last = ev.accepted[-1]
     drop_px = (-ev.depths[last] - star["y"][0]) * level
-    assert drop_px + 1e-9 >= star_clear_px(level) >= (marker_px("bonus", level) + sizes["accepted drafts"]) / 2
+    assert drop_px + 1e-9 >= star_clear_px(level) >= (marker_px("bonus", level) + sizes["accepted"]) / 2
     assert bottom <= star["y"][0] - 0.3 and top > 0  # the star and the root's label inside the y range
     labels = drawn_labels(fig)
     assert set(labels) == labelled_nodes(ev)
@@ -445,7 +445,7 @@ def test_accepted_drafts_past_the_answers_end_are_drawn_apart_from_those_it_kept
     past = nodes["accepted, past the answer's end (not kept)"]
     assert past["marker"]["color"] == PAST_END_COLOUR and past["customdata"] == path[1:]
     assert all(text for text in past["text"])  # labelled, as the kept path is
-    assert nodes["accepted drafts"]["customdata"] == path[:1]
+    assert nodes["accepted"]["customdata"] == path[:1]
     edges = [t for t in fig.traces if t.get("mode") == "lines" and t["line"]["color"] == PAST_END_COLOUR
              and t["x"] != [None]]
     assert len(edges) == 1 and edges[0]["x"].count(None) == len(path) - 1  # the edge into each dropped draft
@@ -517,7 +517,7 @@ def test_tree_explains_its_symbols_only_when_a_label_shows_them():
     fig = tree_figure(make_event(), lambda t: "\n" if t == 2 else text_of(t))  # and node 3 as "↵"
     assert note(fig) == "␣ = space · ↵ = new line"
     rejected = tree_figure(make_event(), lambda t: "\n" if t == 4 else text_of(t))  # 4: rejected, labelled (room)
-    assert note(rejected) == "␣ = space · ↵ = new line" and "↵" in node_traces(rejected)["rejected drafts"]["text"]
+    assert note(rejected) == "␣ = space · ↵ = new line" and "↵" in node_traces(rejected)["rejected"]["text"]
     assert note(tree_figure(make_event(), lambda t: f"w{t}")) == ""
     assert symbol_note(["a", "b"]) == "" and symbol_note(["x\u2423", "∅"]) == "␣ = space · ∅ = empty token"
     hybrid = make_hybrid_event()
@@ -856,7 +856,7 @@ def test_redrawing_an_80_node_step_reuses_the_layout():
             assert fig.to_json()
     info = tree_layout.cache_info()
     assert info.misses == 1 and info.hits == 9, info  # one layout for ten redraws of the same shape
-    assert len(node_traces(tree_figure(ev, text_of))["rejected drafts"]["x"]) == n - 3
+    assert len(node_traces(tree_figure(ev, text_of))["rejected"]["x"]) == n - 3
 
 
 class ScriptedEngine:
@@ -1009,7 +1009,7 @@ def test_rejected_drafts_are_labelled_where_room_allows_and_no_two_labels_of_a_l
     ev = make_hybrid_event()
     fig = tree_figure(ev, text_of)
     labels = drawn_labels(fig)
-    rejected = node_traces(fig)["rejected drafts"]
+    rejected = node_traces(fig)["rejected"]
     assert set(rejected["customdata"]) <= set(labels), labels  # a small tree: room for every one
     assert set(rejected["textfont"]["color"]) == {REJECTED_TEXT}
     layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
@@ -1025,4 +1025,4 @@ def test_rejected_drafts_are_labelled_where_room_allows_and_no_two_labels_of_a_l
             assert span[1] <= other[0] or other[1] <= span[0], (node, span, other)
         spans.setdefault(ev.depths[node], []).append(span)
     crowded = paper_tree_event((0, 1, 0), 17)
-    assert not any(node_traces(tree_figure(crowded, words_of))["rejected drafts"]["text"])
+    assert not any(node_traces(tree_figure(crowded, words_of))["rejected"]["text"])

@@ -67,8 +67,8 @@ def test_a_load_change_between_the_runs_cannot_fake_a_speedup():
     note = measure_note(est, 150)
     assert "first 120 of 150 tokens (time cap)" in note and "left out" in note
     left = est.left_out
-    assert (f"{left} pairs of short turns left out: the load changed between their two turns" if left > 1 else
-            "1 pair of short turns left out: the load changed between its two turns") in note
+    assert (f"{left} pairs left out: the load changed between their two turns" if left > 1 else
+            "1 pair left out: the load changed between its two turns") in note
     assert "(s)" not in note
     assert "first 120 of 150 tokens (stopped)" in measure_note(est, 150, stopped=True)  # the visitor's Stop, not the cap
     assert measure_note(estimate([ChunkPair(10, 100.0, 5, 150.0)] * 4), 40) == ""
@@ -475,7 +475,7 @@ def test_the_meter_says_the_whole_answer_only_when_both_methods_decoded_all_of_i
     assert measured_span(est, None) == "this answer"
     meter = measured_meter(est, answer_tokens=42)
     # 5 pairs timed, 1 left out (a cold reader asked whether "timed in 4 pairs" counted the one "left out")
-    assert "the figure over the 28 kept, both methods timed in 5 short turns each, 4 pairs of them kept" in meter
+    assert "the figure over the 28 kept, both methods timed in 5 short turns each, 4 of them kept" in meter
 
 
 def test_a_replayed_trace_measured_over_part_of_its_answer_says_so():
@@ -492,7 +492,7 @@ def test_a_replayed_trace_measured_over_part_of_its_answer_says_so():
     trace.summary = dataclasses.replace(trace.summary, new_tokens=5, tokens=list(range(5)))
     assert "the whole answer (5 tokens)" in trace_meter(trace) and "left out" not in trace_meter(trace)
     trace.speed = dict(trace.speed, left_out=1)  # the live note's pairs left out, said again on replay
-    assert "1 pair of short turns left out: the load changed between its two turns" in trace_meter(trace)
+    assert "1 pair left out: the load changed between its two turns" in trace_meter(trace)
 
 
 def sized_run(clock: Clock, tokens: int, sizes=(1, 4, 8), gains=(1, 2, 3)):
