@@ -325,5 +325,5 @@ def tree_legend(ev: StepEvent, bonus_drawn: bool, verdict: bool) -> str:
         body.append(text(x, 445, "★", 32, fill) if key == "star" else swatch(x, 445, fill) if key == "swatch"
                     else shape(key, x, 445, fill, 10, outline=True))
         body.append(text(x + 22, 445, words, SMALL, INK, "start"))
-        x += 50 + len(words) * 11.5
+        x += 58 + len(words) * 11.5
     return "".join(body)
