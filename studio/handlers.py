@@ -75,17 +75,12 @@ def warm_up(engine: Any, model_name: str, learn: bool,
     except WarmStartError as exc:  # a shipped file that does not fit this model: the session still works, cold
         return WarmStart(None, f"Cold start: the matrix starts empty (the file it learned beforehand cannot be used: {exc})")
     if info.source == "none":
-        return WarmStart(None, plain_note(info.describe()) or NO_WARM, reusable=True)
+        return WarmStart(None, info.describe() or NO_WARM, reusable=True)
     if info.partial and learn:
         model, tokenizer, k = engine.model, engine.tokenizer, engine.matrix.k
         learn_in_background(lambda: Engine(model, tokenizer, topk_candidates=k), model_name, hold=decode_slot,
                             between=lambda: lend(polite=True))
-    return WarmStart(engine.snapshot(), plain_note(info.describe()), reusable=not info.partial)
-
-
-def plain_note(note: str) -> str:
-    """tr_core.warm's line for the page in the page's plain words: "warm start" is jargon a lecturer met cold."""
-    return note.replace("a partial warm start", "learned in part").replace("Warm start:", "Learned beforehand:")
+    return WarmStart(engine.snapshot(), info.describe(), reusable=not info.partial)
 
 
 def new_engine(studio: Studio, model_name: str, k: int, should_stop: Callable[[], bool] | None = None,

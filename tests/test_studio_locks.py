@@ -202,14 +202,14 @@ def test_a_new_engine_starts_warm_reset_returns_there_and_empty_empties(monkeypa
     settings = h.parse_settings(studio, dict(max_new_tokens=6, template="2.2.2", compare=False, k=8), [])
     for view in h.respond(studio, session, "hello", settings, []):
         views.append(view)
-        if view.get("status", "").startswith("Learning a warm start"):
+        if view.get("status", "").startswith("Learning from answers"):
             go.set()
     assert any(v.get("status") == h.WARMING.format(1, 2) for v in views)
     assert merged(views)["warm"] == "Warm start: test rows" == session.warm_note
     learned = session.engine.matrix.rows_filled
     assert learned > 1  # the answer taught it more rows
     view = h.reset_matrix(session)
-    assert "warm start" in view["status"] and session.engine.matrix.rows_filled == 1
+    assert "learned beforehand" in view["status"] and session.engine.matrix.rows_filled == 1
     assert int(session.engine.matrix.table[5, 0]) == 6
     view = h.empty_matrix(session)
     assert "emptied" in view["status"] and session.engine.matrix.rows_filled == 0

@@ -534,7 +534,7 @@ def test_a_budget_stops_learning_early_the_partial_start_is_applied_and_a_full_l
     assert info.source == "learned" and info.partial and (info.answers, info.of, info.seconds) == (3, 5, 30.0)
     assert len(decoded) == 3 and engine.warm == info and engine.matrix.rows_filled == info.rows_filled > 0
     assert info.context_free > 0  # the context-free rows came first, within their share
-    assert "from 3 of 5 generated answers in 30 s, a partial warm start" in info.describe()
+    assert "from 3 of 5 generated answers in 30 s, learned in part" in info.describe()
     manifest = warm.read(info.path, engine).manifest
     assert manifest["partial"] is True and manifest["corpus_answers"] == 5 and manifest["budget_s"] == 40.0
     # with a budget, the cached partial one is taken at once

@@ -47,19 +47,19 @@ class WarmStartInfo:
     seconds: float = 0.0  # how long learning it took (0: not recorded)
 
     def describe(self) -> str:
-        """One plain-English line for the page."""
+        """One plain-English line for the page (its words, not the jargon "warm start")."""
         if self.source not in ("shipped", "cached", "file", "learned"):
             return f"Cold start: the matrix starts empty{f' ({self.note})' if self.note else ''}"
-        learned = (f"from {self.answers} of {self.of} generated answers in {self.seconds:.0f} s, a partial warm start "
+        learned = (f"from {self.answers} of {self.of} generated answers in {self.seconds:.0f} s, learned in part "
                    if self.partial else f"on {self.answers} generated answers ")
         learned += f"({self.rows_filled - self.context_free:,} rows"
         learned += (f"; {self.context_free:,} more rows hold the model's guess after the token alone)"
                     if self.context_free else ")")
         copies = "; the matrix + context (hybrid) tree also copies runs from those answers" if self.library else ""
-        return {"shipped": f"Warm start: the matrix was pre-learned {learned} shipped with the app{copies}",
-                "cached": f"Warm start: learned once for this model {learned}, kept in {self.path}{copies}",
-                "file": f"Warm start: from {self.path}, learned {learned}{copies}",
-                "learned": f"Warm start: learned just now for this model {learned}, kept in {self.path} for "
+        return {"shipped": f"Learned beforehand: the matrix was pre-learned {learned} shipped with the app{copies}",
+                "cached": f"Learned beforehand: learned once for this model {learned}, kept in {self.path}{copies}",
+                "file": f"Learned beforehand: from {self.path}, learned {learned}{copies}",
+                "learned": f"Learned beforehand: learned just now for this model {learned}, kept in {self.path} for "
                            f"next time{copies}"}[self.source]
 
 def is_embedded(model_name: str | None) -> bool:
