@@ -125,7 +125,7 @@ def matrix_screen(ev: StepEvent, text: TokenText, k: int) -> Screen:
     return Screen(title, rows_svg(shown, more, key="as earlier steps left them · outlined: drafted now"),
                   f"Row {root} holds the model's top {k} after {root}, from the last forward that scored it. This "
                   f"step read {len(ev.rows_read)} such row{'s' if len(ev.rows_read) != 1 else ''}; screen 6 "
-                  "shows the rows it writes.")
+                  "shows one it writes back.")
 
 
 def tree_screen(ev: StepEvent, text: TokenText) -> Screen:

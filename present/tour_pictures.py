@@ -157,7 +157,7 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
     if cost is not None:
         body.append(f'<line x1="{x:.0f}" y1="{y_of(cost):.0f}" x2="{x:.0f}" y2="{y_of(gained):.0f}" '
                     f'stroke="{ACCEPTED_COLOUR}" stroke-width="6"/>')
-        body.append(text(x - 14, y_of(cost) + 16, f"cost {cost:.1f}", SMALL, "#475569", "end", halo=True))
+        body.append(text(x - 14, y_of(cost) + 16, f"cost {cost:.2f}", SMALL, "#475569", "end", halo=True))
     body.append(f'<circle cx="{x:.0f}" cy="{y_of(gained):.0f}" r="11" fill="{ACCEPTED_COLOUR}"/>')
     room_right = x + 260 < right + 60  # the label stands right of the dot where it fits before the tile
     body.append(text(x + 18 if room_right else x - 18, y_of(gained) - 4,
@@ -219,7 +219,8 @@ def mask_labels(texts: list[str]) -> list[str]:
 
 def mask_svg(ev: StepEvent, token_text: Callable[[int], str], left: float, width: float = 360) -> str:
     """The tree attention mask of the step's forward: a row filled where its node sees the column's (itself and its
-    ancestors; every node also sees the whole committed context). Rows and columns level by level, top to bottom
+    ancestors; every node also sees the whole committed context), in its node's verdict colour (green: on the
+    accepted path, grey: rejected, as the tree beside it). Rows and columns level by level, top to bottom
     within a level as the tree picture draws them; at most MASK_NODES; rows labelled with their tokens where a row
     is tall enough for 22 px type."""
     n = min(len(ev.tokens), MASK_NODES)
@@ -227,8 +228,8 @@ def mask_svg(ev: StepEvent, token_text: Callable[[int], str], left: float, width
     grid = left + (110 if labelled else 0)
     cell = min(26.0, (width - (110 if labelled else 10)) / max(n, 1))
     top = 70
-    body = [text(left, 24, "attention mask: a row sees", SMALL, INK, "start"),
-            text(left, 50, "the filled columns (its ancestors)", SMALL, INK, "start")]
+    body = [text(left, 24, "attention mask: a row sees itself", SMALL, INK, "start"),
+            text(left, 50, "and its ancestors (filled)", SMALL, INK, "start")]
     x = tree_layout(tuple(ev.parents), tuple(ev.ranks)).x  # rows level by level, each level as the tree draws it
     order = sorted(range(len(ev.tokens)), key=lambda i: (ev.depths[i], x[i]))[:n]
     on_path, labels = set(ev.accepted), mask_labels([token_text(ev.tokens[i]) for i in order])
@@ -237,9 +238,9 @@ def mask_svg(ev: StepEvent, token_text: Callable[[int], str], left: float, width
         if labelled:
             body.append(text(grid - 8, top + (r + 0.5) * cell, labels[r], SMALL, INK, "end"))
         for c, j in enumerate(order):
-            fill = (ACCEPTED_COLOUR if i in on_path else DRAFT) if j in seen else "#f1f5f9"
+            fill = (ACCEPTED_COLOUR if i in on_path else REJECTED_COLOUR) if j in seen else "#ffffff"
             body.append(f'<rect x="{grid + c * cell:.1f}" y="{top + r * cell:.1f}" width="{cell - 1:.1f}" '
-                        f'height="{cell - 1:.1f}" fill="{fill}"/>')
+                        f'height="{cell - 1:.1f}" fill="{fill}" stroke="#e2e8f0"/>')
     if len(ev.tokens) > n:
         body.append(text(left, top + n * cell + 20, f"first {n} of {len(ev.tokens)} tokens", SMALL, REJECTED_TEXT,
                          "start"))

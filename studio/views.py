@@ -321,11 +321,15 @@ def trace_meter(trace: Trace, note: str = MEASURE_HINT, loaded: bool = False) ->
 
 
 def matrix_info(engine: Any, k: int) -> str:
-    """One line about the session's whole matrix: rows filled, size."""
+    """One line about the session's whole matrix: rows filled (how many this conversation wrote, when others were
+    learned beforehand: a reader met every row filled after one short answer), size."""
     if engine is None:
         return "**Adjacency matrix**: not created yet (the first message creates it)."
     m = engine.matrix
-    return (f"**Adjacency matrix** · {m.rows_filled:,} / {m.vocab_size:,} rows filled · k = {k} · "
+    filled, written = m.rows_filled, int((m.stamps >= 0).sum())  # a row loaded or learned beforehand: stamp -1
+    whose = "" if filled <= written else " (all learned beforehand)" if not written else \
+        f" ({written:,} written by this conversation, the rest learned beforehand)"
+    return (f"**Adjacency matrix** · {filled:,} / {m.vocab_size:,} rows filled{whose} · k = {k} · "
             f"{m.size_mb:.1f} MB · persists over this conversation")
 
 

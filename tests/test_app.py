@@ -866,3 +866,21 @@ def test_in_a_crowd_the_meter_says_why_it_did_not_measure(monkeypatch):
     session.engine = FakeEngine(steps=200, step_s=0.002)
     merged(run(studio, session, "then alone", compare=True, max_new_tokens=400))
     assert session.trace.speed is not None and session.trace.speed["reason"] == measure.CROWD_STOP
+
+
+def test_the_matrix_line_says_how_many_rows_this_conversation_wrote_when_others_came_beforehand():
+    """A reader met '49,152 / 49,152 rows filled' after one short answer: rows filled beforehand (a load, the
+    learned-beforehand matrix: stamp -1) are told apart from the rows this conversation's steps wrote."""
+    from studio.views import matrix_info
+    from tr_core.matrix import AdjacencyMatrix
+
+    m = AdjacencyMatrix(50, k=4)
+    engine = SimpleNamespace(matrix=m)
+    m.filled[:40] = True  # learned beforehand
+    assert "40 / 50 rows filled (all learned beforehand) ·" in matrix_info(engine, 4)  # before the first answer
+    m.update(torch.tensor([3, 45]), torch.randn(2, 50), stamp=7)
+    line = matrix_info(engine, 4)
+    assert "41 / 50 rows filled (2 written by this conversation, the rest learned beforehand)" in line
+    m.filled[:], m.stamps[:] = False, -1
+    m.update(torch.tensor([1]), torch.randn(1, 50), stamp=0)
+    assert "1 / 50 rows filled ·" in matrix_info(engine, 4)  # all its own: no note

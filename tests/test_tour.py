@@ -165,6 +165,21 @@ def test_the_mask_lists_its_rows_level_by_level_as_the_tree_draws_them():
     assert labels == ["t10", "t12", "t11", "t13"]  # the root, then rank 0 (drawn above) before rank 1, then depth 2
 
 
+def test_the_mask_colours_a_row_by_its_nodes_verdict_as_the_tree_does():
+    """A cold reader found the rejected rows of the mask dark, the root's colour, beside a tree whose rejected drafts
+    are light grey: a row's filled cells are green on the accepted path, the tree's grey elsewhere."""
+    from present.style import ACCEPTED_COLOUR, REJECTED_COLOUR
+    from present.tour_pictures import DRAFT, mask_svg
+
+    ev = StepEvent(step=0, position=5, tokens=[10, 11, 12, 13], parents=[-1, 0, 0, 1], depths=[0, 1, 1, 2],
+                   ranks=[-1, 1, 0, 0], accepted=[0, 1], emitted=[11, 9], bonus=9, timings={},
+                   sources=["root", "matrix", "matrix", "matrix"])
+    fills = re.findall(r'<rect [^>]*fill="([^"]+)"', mask_svg(ev, lambda t: f"t{t}", 0, 450))
+    # rows t10 (root), t12 (rejected), t11 (accepted), t13 (rejected): itself and its ancestors filled
+    assert fills.count(ACCEPTED_COLOUR) == 1 + 2 and fills.count(REJECTED_COLOUR) == 2 + 3
+    assert DRAFT not in fills and "itself" in mask_svg(ev, lambda t: f"t{t}", 0, 450)
+
+
 def test_the_first_screen_shows_the_roots_own_candidates_or_only_the_models_pick():
     """A row is written once per distinct token: when the root's token stands at another node too (". ↵↵ 3 ." with
     '.' at the root and at the end of the path), the row written for it may be that node's, so the first screen
