@@ -19,7 +19,7 @@ from tr_core.events import StepEvent, SummaryEvent
 from . import zerogpu
 
 PAPER, HYBRID = "2.2.2", "hybrid"  # the paper's static tree (the matrix alone, 80 nodes), and the studio's default
-METHODS = (("plain", "Plain decoding"), (PAPER, "The paper's method: the matrix alone, its 80-node tree"),
+METHODS = (("plain", "Plain decoding"), (PAPER, "The paper's method as published: the matrix alone, its 80-node tree"),
            (HYBRID, "Hybrid: matrix + context"))
 ROUNDS = 2  # each method decodes the question this many times, in turns; its fastest run is shown
 TOKENS = 64  # new tokens per answer (greedy)
@@ -79,10 +79,10 @@ def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool |
     same = all(results[t].tokens == plain.tokens for t, _ in METHODS[1:])
     verdict = ("✓ Both answers are plain decoding's, token for token." if same else
                "Not every answer is plain decoding's token for token: see the cards.")
-    foot = (f"Plain decoding: {plain.tokens_per_s:.1f} tok/s. Fastest of {ROUNDS} runs each, in turns, "
-            f"{len(plain.tokens)} tokens, on {machine or 'this machine'}; each from the matrix learned beforehand, as "
-            "a new tab would answer (the hybrid's copies come from the sample answers learned beforehand), so its "
-            "figures differ from your answer's.")
+    foot = (f"Plain decoding: {plain.tokens_per_s:.1f} tok/s. Your last question, {len(plain.tokens)} tokens each, "
+            f"fastest of {ROUNDS} runs in turns, on {machine or 'this machine'}. Each starts as a new tab would: the "
+            "matrix learned beforehand, and the hybrid copying from the question and the sample answers, not from "
+            "your conversation; so the figures differ from your answer's.")
     return (f'<div class="tr-sides"><div class="tr-sides-cards">{cards}</div>'
             f'<div class="tr-sides-foot">{html.escape(verdict)} {gloss(foot)}{why_paper_slower(results)}</div></div>')
 

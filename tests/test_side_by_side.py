@@ -35,9 +35,9 @@ def test_every_method_answers_from_the_same_start_and_the_drafts_are_plain_decod
     for template in (sbs.PAPER, sbs.HYBRID):
         assert results[template].tokens == plain.tokens and len(results[template].steps) <= len(plain.steps)
     shown = unglossed(sbs.side_by_side_html(results, "Test CPU, 2 threads", exact=False))
-    assert "The paper&#x27;s method: the matrix alone, its 80-node tree" in shown and "Hybrid: matrix + context" in shown
+    assert "The paper&#x27;s method as published: the matrix alone, its 80-node tree" in shown and "Hybrid: matrix + context" in shown
     assert shown.count("✓ token-identical to plain decoding") == 2 and "✓ Both answers are plain decoding" in shown
-    assert "on Test CPU, 2 threads" in shown and "24 tokens = " in shown  # the drafts' credit, as the chart's
+    assert "on Test CPU, 2 threads" in shown and "24 tokens = " in shown and "Your last question, 24 tokens each" in shown  # the drafts' credit, as the chart's
     assert f"(plain decoding: {plain.step_ms:.0f} ms)" in shown  # why fewer steps need not be faster
 
 

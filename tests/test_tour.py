@@ -244,3 +244,14 @@ def test_the_tree_legends_keep_one_rule_shape_is_where_from_colour_is_the_verdic
         shown = words_of(picture.picture)
         for w in (*words, "from the matrix", "copied", "both"):
             assert w in shown, (w, shown)
+
+
+def test_the_cost_chart_explains_a_cost_under_1_only_where_one_is_drawn_visibly_under_it():
+    """A reader met 'under 1: a step of a few tokens took less time…' beside a curve at 0.99, nowhere visibly under
+    1; the note stands where a cost is drawn visibly under one plain step."""
+    from present.tour_pictures import cost_chart_svg
+
+    tile = ("1.50×", "as fast as plain decoding")
+    near = cost_chart_svg([(1, 1.0), (2, 1.18), (6, 0.99), (8, 1.11)], (8, 3), tile, "")
+    under = cost_chart_svg([(1, 1.0), (4, 0.85), (8, 1.11)], (8, 3), tile, "")
+    assert "under 1:" not in near and "under 1:" in under
