@@ -43,6 +43,17 @@ def node_source(ev: StepEvent, i: int) -> str | None:
     return ev.sources[i] if ev.sources is not None and i < len(ev.sources) else None
 
 
+def draft_sources(ev: StepEvent) -> list[str]:
+    """Where this step's drafts came from, of "matrix", "context", "both" in that order (a step that does not
+    say: the matrix)."""
+    present = {node_source(ev, i) or "matrix" for i in range(1, len(ev.tokens))}
+    return [source for source in ("matrix", "context", "both") if source in present]
+
+
+LEARNED = "the sample answers learned beforehand"  # the answers the matrix starts from (tr_core.warm), in plain
+# words (present/glossary.py explains them)
+
+
 def copy_place(ev: StepEvent, nodes) -> str:
     """Where these copied nodes were found, in words: "the conversation", LEARNED (a run of the answers the matrix
     was learned on beforehand, tr_core.warm) or both."""
@@ -60,10 +71,6 @@ def place_of(origins: list[dict[str, Any] | None]) -> str:
     if not any(shipped):
         return "the conversation"
     return LEARNED if all(shipped) else f"the conversation and {LEARNED}"
-
-
-LEARNED = "the sample answers learned beforehand"  # the answers the matrix starts from (tr_core.warm), in plain
-# words (present/glossary.py explains them)
 
 
 def has_retrieved(ev: StepEvent) -> bool:

@@ -14,7 +14,7 @@ from tr_core.events import StepEvent
 from tr_core.verify import path_to
 
 from .chart import tick_step
-from .nodes import node_group, node_source
+from .nodes import draft_sources, node_group, node_source
 from .style import (ACCEPTED_COLOUR, BONUS_COLOUR, PAST_END_COLOUR, REJECTED_COLOUR, REJECTED_TEXT, ROOT_COLOUR,
                     visible_token)
 from .tree_layout import tree_layout
@@ -314,7 +314,6 @@ def node_fill(group: str, verdict: bool) -> str:
 def tree_legend(ev: StepEvent, bonus_drawn: bool, verdict: bool) -> str:
     """One line under the tree, one rule: colour = the verdict (swatches: root, accepted, rejected; drafts not yet
     checked before the verdict; the amber star, the bonus), shape = where a draft came from (outlined, unfilled)."""
-    present = {node_source(ev, i) or "matrix" for i in range(1, len(ev.tokens))}
     items = [("swatch", ROOT_COLOUR, "root")]
     if verdict:
         items += [("swatch", ACCEPTED_COLOUR, "accepted"), ("swatch", REJECTED_COLOUR, "rejected")]
@@ -322,7 +321,7 @@ def tree_legend(ev: StepEvent, bonus_drawn: bool, verdict: bool) -> str:
             items.append(("star", BONUS_COLOUR, "bonus token"))
     elif len(ev.tokens) > 1:
         items.append(("swatch", DRAFT, "not checked yet"))
-    items += [(s, DRAFT, SOURCE_WORDS[s]) for s in ("matrix", "context", "both") if s in present]
+    items += [(s, DRAFT, SOURCE_WORDS[s]) for s in draft_sources(ev)]
     body, x = [], 20.0
     for key, fill, words in items:
         body.append(text(x, 445, "★", 32, fill) if key == "star" else swatch(x, 445, fill) if key == "swatch"

@@ -3,7 +3,8 @@ drafts muted; marker shapes say where a hybrid tree's drafts came from.
 
 The root, the accepted path and the bonus token carry a label, beside their marker at a fixed side; a rejected
 draft carries one where room allows (rejected_labels); every node's token shows on hover. One rule for the marks,
-as in the tour: shape = where a draft came from, colour = the verdict (the legend: outlined shapes, colour swatches). The figure is a pure function of the step's event and a `token_text(id)` lookup.
+as in the tour: shape = where a draft came from, colour = the verdict (the legend: outlined shapes, colour
+swatches). The figure is a pure function of the step's event and a `token_text(id)` lookup.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import html
 
 from tr_core.events import StepEvent
 from .figure import Figure
-from .nodes import node_group, node_groups, node_hover, node_source
+from .nodes import draft_sources, node_group, node_groups, node_hover, node_source
 from .reasons import no_draft_reason
 from .style import (ACCEPTED_COLOUR, BONUS_COLOUR, EDGE_COLOUR, MIN_FONT, PAST_END_COLOUR, REJECTED_COLOUR,
                     REJECTED_TEXT, ROOT_COLOUR, TokenText, display_token, node_label, symbol_note, text_em)
@@ -140,6 +141,11 @@ def tree_labels(ev: StepEvent, token_text: TokenText) -> dict[int, str]:
     return {node: html.escape(node_label(token_text(t), LABEL_LEN), quote=False) for node, t in zip(nodes, tokens)}
 
 
+def label_px(text: str) -> float:
+    """About how many px a label (HTML-escaped, as the figure holds it) takes in MIN_FONT type."""
+    return text_em(html.unescape(text)) * MIN_FONT
+
+
 def _label_span(x: float, r: float, width: float, side: str) -> tuple[float, float]:
     """(left, right) px of a label `width` px wide beside a marker of radius `r` at `x` px, on `side`."""
     if side == "middle right":
@@ -161,12 +167,12 @@ def _taken_spans(ev: StepEvent, layout: TreeLayout, level_px: float, depth: int,
     for node, (text, side) in labels.items():
         if node not in (0, BONUS_NODE):
             r = marker_px(groups[node], level_px) / 2
-            left, right = _label_span(layout.x[node] * scale, r, text_em(html.unescape(text)) * MIN_FONT, side)
+            left, right = _label_span(layout.x[node] * scale, r, label_px(text), side)
             spans[ev.depths[node]].append((left, right, node))
     if BONUS_NODE in labels:
         text, side = labels[BONUS_NODE]
         r = marker_px("bonus", level_px) / 2
-        left, right = _label_span(star[0] * scale, r, text_em(html.unescape(text)) * MIN_FONT, side)
+        left, right = _label_span(star[0] * scale, r, label_px(text), side)
         for d in spans:
             if abs(star[1] + d) * level_px < TEXT_LINE_PX:
                 spans[d] += [(min(left, star[0] * scale - r), max(right, star[0] * scale + r), BONUS_NODE)]
@@ -190,7 +196,7 @@ def rejected_labels(ev: StepEvent, layout: TreeLayout, level_px: float, depth: i
             continue
         text = html.escape(node_label(token_text(ev.tokens[i]), REJECTED_LABEL_LEN), quote=False)
         for side in ("middle right", "middle left"):
-            a, b = _label_span(layout.x[i] * scale, r, text_em(html.unescape(text)) * MIN_FONT, side)
+            a, b = _label_span(layout.x[i] * scale, r, label_px(text), side)
             clear = all(b + LABEL_GAP_PX <= c or d + LABEL_GAP_PX <= a for c, d, n in spans[ev.depths[i]] if n != i)
             if clear and X_RANGE[0] * scale <= a and b <= X_RANGE[1] * scale:
                 spans[ev.depths[i]].append((a, b, i))
@@ -206,12 +212,6 @@ def tree_legend_names(ev: StepEvent) -> list[str]:
     names = [NODE_GROUPS[g]["name"] for g in LEGEND_GROUPS if groups[g]]  # none for a kind not shown
     names += [NODE_GROUPS["bonus"]["name"]] if ev.bonus is not None else []
     return names + [SOURCE_NAMES[source] for source in draft_sources(ev)]
-
-
-def draft_sources(ev: StepEvent) -> list[str]:
-    """Where this step's drafts came from, in SOURCE_NAMES' order (a step that does not say: the matrix)."""
-    present = {node_source(ev, i) or "matrix" for i in range(1, len(ev.tokens))}
-    return [source for source in SOURCE_NAMES if source in present]
 
 
 def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = TREE_HEIGHT) -> Figure:
@@ -323,10 +323,9 @@ def _add_nodes(fig: Figure, ev: StepEvent, layout: TreeLayout, level_px: float, 
     if ev.sources is not None:
         symbol = [SOURCE_SYMBOLS.get(node_source(ev, i) or "matrix", "circle") for i in nodes]
     texts = [labels.get(i, ("", "middle right")) for i in nodes]  # a rejected draft without room: none
-    colour = [REJECTED_TEXT if group == "rejected" else style["text"]] * len(nodes)
     fig.add(type="scatter", x=[layout.x[i] for i in nodes], y=[layout.y[i] for i in nodes], name=style["name"],
             mode="markers+text", text=[t for t, _ in texts], textposition=[p for _, p in texts], cliponaxis=False,
-            textfont=dict(size=style["font"], color=colour, shadow="auto"), legendgroup=group, showlegend=False,
+            textfont=dict(size=style["font"], color=style["text"], shadow="auto"), legendgroup=group, showlegend=False,
             marker=dict(color=style["color"], size=marker_px(group, level_px), symbol=symbol,
                         line=dict(color="white", width=1.5)),
             hovertext=[node_hover(ev, i, token_text) for i in nodes], hoverinfo="text", customdata=nodes)

@@ -326,9 +326,7 @@ def matrix_info(engine: Any, k: int) -> str:
     if engine is None:
         return "**Adjacency matrix**: not created yet (the first message creates it)."
     m = engine.matrix
-    stamps = getattr(m, "stamps", None)  # a row loaded or learned beforehand: stamp -1 (None: a matrix without)
-    filled = m.rows_filled
-    written = filled if stamps is None else int((stamps >= 0).sum())
+    filled, written = m.rows_filled, int((m.stamps >= 0).sum())  # a row loaded or learned beforehand: stamp -1
     whose = "" if filled <= written else " (all learned beforehand)" if not written else \
         f" ({written:,} written by this conversation, the rest learned beforehand)"
     return (f"**Adjacency matrix** · {filled:,} / {m.vocab_size:,} rows filled{whose} · k = {k} · "

@@ -38,6 +38,7 @@ class FakeMatrix:
 
     def __init__(self):
         self.resets = 0
+        self.stamps = torch.tensor([0, 1, 2] + [-1] * 97)  # its 3 rows, written by this conversation
 
     def reset(self):
         self.resets += 1

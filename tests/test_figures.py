@@ -1011,7 +1011,7 @@ def test_rejected_drafts_are_labelled_where_room_allows_and_no_two_labels_of_a_l
     labels = drawn_labels(fig)
     rejected = node_traces(fig)["rejected"]
     assert set(rejected["customdata"]) <= set(labels), labels  # a small tree: room for every one
-    assert set(rejected["textfont"]["color"]) == {REJECTED_TEXT}
+    assert rejected["textfont"]["color"] == REJECTED_TEXT
     layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
     scale = (TREE_WIDTH - 20) / (X_RANGE[1] - X_RANGE[0])
     spans = {}
