@@ -18,7 +18,7 @@ from tr_core.trace import Trace
 
 from . import zerogpu
 from .costs import cost_curve
-from .decode_loop import ROWS, BatchedEngine, crowd
+from .decode_loop import ROWS, BatchedEngine, crowd, newcomers
 from .recording import record_live
 from .session import PausingEngine, Session, Studio
 from .settings import ChatSettings
@@ -68,8 +68,8 @@ def stream_answer(studio: Studio, s: Session, engine: Any, ids: list[int], cfg: 
             shown = coloured_answer(trace, colour=settings.colour)
             view = {"chat": pending[:-1] + [{"role": "assistant", "content": shown + " ▌"}],
                     "status": note_md or f"Step {last.step + 1} · {sum(len(e.emitted) for e in trace.steps)} tokens"}
-            if len(trace.steps) > len(new_steps) or crowd() <= 1 or settings.delay > 0:  # in a crowd, the first
-                view |= live_figures(trace, last, text_of, tracker, before, curve, settings)  # text goes alone
+            if draws_figures(trace, new_steps, settings):
+                view |= live_figures(trace, last, text_of, tracker, before, curve, settings)
             yield view
     except Exception as exc:  # noqa: BLE001 - shown in the page; the session goes on
         traceback.print_exception(exc)
@@ -77,6 +77,15 @@ def stream_answer(studio: Studio, s: Session, engine: Any, ids: list[int], cfg: 
     finally:
         live.close()  # the decode belongs to this request: stop the engine thread and join it
     return None
+
+
+def draws_figures(trace: Trace, new_steps: list[StepEvent], settings: ChatSettings) -> bool:
+    """Whether this update of a live answer redraws its figures. Alone, or in slow motion, always. In a crowd
+    the first words go first: an answer's first update is its text alone, and nobody's figures are drawn while
+    other answers still wait for their first token (drawing would take the cores their prefill needs)."""
+    if settings.delay > 0 or crowd() <= 1:
+        return True
+    return len(trace.steps) > len(new_steps) and newcomers() == 0
 
 
 def live_figures(trace: Trace, last: StepEvent, text_of: Any, tracker: MatrixTracker, before: Any, curve: Any,

@@ -61,6 +61,7 @@ class DecodeLoop:
         self.batch = Batch(max_rows=rows)
         self.waiting: deque[Ticket] = deque()
         self.rows: dict[int, Ticket] = {}  # batch key -> ticket
+        self.joining = 0  # answers being prefilled now (out of line, not yet in a row)
         self.wake = threading.Condition()
         self.thread = threading.Thread(target=self._run, daemon=True, name="tr-decode-loop")
         self.thread.start()
@@ -86,6 +87,11 @@ class DecodeLoop:
         with self.wake:
             return len(self.rows) + len(self.waiting)
 
+    def admitting(self) -> int:
+        """Answers still waiting for their first token: in line for a row, or being prefilled."""
+        with self.wake:
+            return len(self.waiting) + self.joining
+
     def _run(self) -> None:
         while True:
             with self.wake:
@@ -110,15 +116,20 @@ class DecodeLoop:
                 group = next_to_join(self.waiting, self.batch.max_rows - len(self.batch))
                 for ticket in group:
                     self.waiting.remove(ticket)
+                self.joining = len(group)
             joining = []
             for ticket in group:
                 if ticket.gone.is_set() or ticket.stop():
                     ticket.events.put(None)
                 else:
                     joining.append(ticket)
-            if joining:
-                with DECODE_SLOT:
-                    self._join(joining)
+            try:
+                if joining:
+                    with DECODE_SLOT:
+                        self._join(joining)
+            finally:
+                with self.wake:
+                    self.joining = 0
 
     def _join(self, tickets: list[Ticket]) -> None:
         """Prefill answers into rows (one forward) and give each its first token at once where it needs no forward
@@ -198,6 +209,13 @@ def crowd() -> int:
     with _LOOPS_LOCK:
         loops = list(_LOOPS.values())
     return sum(loop.load() for loop in loops)
+
+
+def newcomers() -> int:
+    """Answers waiting for their first token, over every model (their prefill goes before anyone's figures)."""
+    with _LOOPS_LOCK:
+        loops = list(_LOOPS.values())
+    return sum(loop.admitting() for loop in loops)
 
 
 class BatchedEngine:

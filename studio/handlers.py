@@ -208,15 +208,29 @@ PRELOAD_WAIT_S = 300.0  # an answer waits this long at most for the preload befo
 WARMING = "Learning from answers to the project's sample questions for this model (once; then cached): {} of {}…"
 
 
+def with_first(views: Iterator[dict], extra: dict) -> Iterator[dict]:
+    """`views` with `extra` shown in its first view, or alone where there is none; returns what `views` returns."""
+    try:
+        view = next(views)
+    except StopIteration as end:
+        if extra:
+            yield extra
+        return end.value
+    yield extra | view
+    return (yield from views)
+
+
 def _set_up(studio: Studio, s: Session, k: int, notes: list[str], stop: threading.Event) -> Iterator[dict]:
     """Wait for the preload (at most PRELOAD_WAIT_S), then create the session's engine when it has none for k,
-    yielding what the preload does and the warm start's progress while one is learned (once per model and machine)."""
+    yielding what the preload does and the warm start's progress while one is learned (once per model and machine).
+    Returns the warm-start note and matrix line to show (with the answer's first view: in a crowd, every update
+    an answer waits for before it joins the batch delays its first words)."""
     waited_until = time.monotonic() + PRELOAD_WAIT_S
     while not studio.warm.wait(RENDER_EVERY_S) and time.monotonic() < waited_until and not stop.is_set():
         if studio.preparing:
             yield {"status": studio.preparing}
     if s.engine is not None and k == s.k:
-        return
+        return {}
     done: list[int] = [0, 0]
     out: dict[str, Any] = {}
 
@@ -236,7 +250,7 @@ def _set_up(studio: Studio, s: Session, k: int, notes: list[str], stop: threadin
         raise out["error"]
     adopt_engine(s, out["engine"], notes, f"Candidates per row changed to k = {k}: the adjacency matrix starts "
                                           "again from what it learned beforehand.")
-    yield {"warm": s.warm_note, "matrix": matrix_info(s.engine, s.k)}
+    return {"warm": s.warm_note, "matrix": matrix_info(s.engine, s.k)}
 
 
 # the decode slot may be held by the app's start-up, another visitor's answer or speed measurement, or this tab's own
@@ -275,7 +289,7 @@ def _answer(studio: Studio, s: Session, text: str, settings: ChatSettings, notes
     yield {"chat": pending, "msg": "", "status": "Loading the model…" if s.engine is None else "Drafting…",
            "race": race_html(None, wait=ANSWERING)}
     try:
-        yield from _set_up(studio, s, settings.k, notes, stop)
+        shown_later = yield from _set_up(studio, s, settings.k, notes, stop)
         engine, ids, messages, cfg = _prepare(studio, s, text, settings, notes)
         share_costs(studio, s.model, engine, before_answer=True)  # any engine, model or tree: the costs timed here
         probing = engine.times_forwards_first(cfg)
@@ -288,8 +302,8 @@ def _answer(studio: Studio, s: Session, text: str, settings: ChatSettings, notes
     trace = Trace(model=label(s.model), messages=messages, settings=dict(dataclasses.asdict(cfg), k=settings.k,
                                                                          **precision(engine)))
     try:
-        error = yield from stream_answer(studio, s, engine, ids, cfg, trace, settings, stop, conversation, pending,
-                                         notes)
+        error = yield from with_first(stream_answer(studio, s, engine, ids, cfg, trace, settings, stop, conversation,
+                                                    pending, notes), shown_later)
     finally:  # a probe this answer ran serves every later engine, even when the visitor left mid-answer
         share_costs(studio, s.model, engine)
     finish_trace(trace, engine, ids, cfg, settings, error, notes)

@@ -280,12 +280,11 @@ def _chat_fn(studio: Studio, registry: Registry, ui: dict):
                                                  top_k=top_k, seed=seed, template=template, compare=compare, k=k,
                                                  delay=delay, colour=colour, repetition_penalty=repetition_penalty),
                                    notes)
-        yield {ui["state"]: s}
         conversation = s.conversation
         shown: dict[str, Any] = {}
-        for view in h.respond(studio, s, message, settings, notes):
+        for i, view in enumerate(h.respond(studio, s, message, settings, notes)):
             shown.update(view)
-            yield _update(ui, view)
+            yield _update(ui, view) | ({ui["state"]: s} if i == 0 else {})  # the session, with the first view
         shown.pop("msg", None)  # the box holds what the visitor typed meanwhile
         if shown and s.conversation == conversation:  # the last update carries every output, so an API caller's
             yield _update(ui, shown)                   # result is complete (not after New chat: it is all gone)
