@@ -209,7 +209,7 @@ def test_answers_joining_together_prefill_in_one_forward_and_keep_their_tokens(a
     base, batch, done = Engine(model, TinyTokenizer(TINY_VOCAB)), Batch(max_rows=8), {}
     calls = []
     real = base.runner.prefill_rows
-    base.runner.prefill_rows = lambda rows: calls.append([len(r) for r in rows]) or real(rows)
+    base.runner.prefill_rows = lambda rows, *past: calls.append([len(r) for r in rows]) or real(rows, *past)
     joining = [Joining(base.fork(), p, cfg) for p in prompts[:2]] + [Joining(base.fork(), [TINY_VOCAB + 5], cfg)]
     keys = batch.add_together(joining + [Joining(base.fork(), p, cfg) for p in prompts[2:]])
     assert isinstance(keys[2], ValueError) and len(batch) == 4
@@ -219,6 +219,46 @@ def test_answers_joining_together_prefill_in_one_forward_and_keep_their_tokens(a
     while batch:
         done.update((k, ev.tokens) for k, ev in batch.step() if isinstance(ev, SummaryEvent))
     assert [done[k] for k in keys] == alone(model, prompts, cfg)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_prompts_that_start_alike_prefill_their_shared_tokens_once_and_keep_their_tokens(arch):
+    """prefix.SharedPrefix: prompts joining together that start with the same tokens (a chat template's system
+    turn) prefill those once; one joining later starts from them too; every answer gets its tokens alone."""
+    model = tiny_model(arch)
+    head = torch.randint(2, TINY_VOCAB, (12,), generator=torch.Generator().manual_seed(4)).tolist()
+    prompts = [head + [7 + i] + p for i, p in enumerate(ragged_prompts(4, seed=9))]  # they part at token 12
+    cfg = DecodeConfig(max_new_tokens=24, template="hybrid")
+    base, batch, done, calls = Engine(model, TinyTokenizer(TINY_VOCAB)), Batch(max_rows=8), {}, []
+    real_rows, real_prefill = base.runner.prefill_rows, base.runner.prefill
+    base.runner.prefill_rows = lambda rows, past=None, start=0: (calls.append((start, [len(r) for r in rows]))
+                                                                 or real_rows(rows, past, start))
+    base.runner.prefill = lambda ids, cache: calls.append(("alone", len(ids))) or real_prefill(ids, cache)  # (the
+    # engine times its forwards on the first prompt too)
+    keys = batch.add_together([Joining(base.fork(), p, cfg) for p in prompts[:3]])
+    keys += batch.add_together([Joining(base.fork(), prompts[3], cfg)])
+    assert calls[-3:] == [("alone", 12), (12, [4, 9, 14]), (12, [19])] and batch.prefix.tokens == head
+    done.update((k, ev.tokens) for k, ev in batch.first_steps() if isinstance(ev, SummaryEvent))
+    while batch:
+        done.update((k, ev.tokens) for k, ev in batch.step() if isinstance(ev, SummaryEvent))
+    assert [done[k] for k in keys] == alone(model, prompts, cfg)
+
+
+def test_a_shared_prefix_is_what_every_prompt_starts_with_and_leaves_each_a_token():
+    """SharedPrefix.take: the tokens held serve prompts that start with enough of them; prompts sharing fewer
+    than MIN_SHARED, or a prompt alone with nothing held, start from nothing."""
+    from tr_core.prefix import MIN_SHARED, SharedPrefix, common_length
+
+    assert common_length([[1, 2, 3, 4], [1, 2, 9], [1, 2, 3]]) == 2 and common_length([[5], [6]]) == 0
+    runner = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB)).runner
+    head = list(range(2, 2 + MIN_SHARED + 2))
+    prefix = SharedPrefix()
+    assert prefix.take(runner, [head + [40]]) == (None, 0)  # alone, nothing held: no one to share with
+    assert prefix.take(runner, [head[:MIN_SHARED - 1] + [40], head[:MIN_SHARED - 1] + [41]]) == (None, 0)
+    cache, n = prefix.take(runner, [head + [40], head + [41, 42]])
+    assert n == len(head) and cache.layers[0].length == len(head)
+    assert prefix.take(runner, [head[:MIN_SHARED] + [50]]) == (cache, MIN_SHARED)  # the held one serves a prefix
+    assert prefix.take(runner, [head]) == (cache, len(head) - 1)  # a token of its own is left for its logits
 
 
 def test_a_prefill_group_fills_free_rows_within_its_padded_budget():
@@ -232,9 +272,12 @@ def test_a_prefill_group_fills_free_rows_within_its_padded_budget():
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_exact_bfloat16_batch_with_a_shared_prefill_equals_alone(arch):
     """In exact mode (row-invariant products and attention, invariant.py) a bfloat16 batch, prompts prefilled
-    together, gives every answer the tokens it gives alone."""
+    together after the tokens they share (prefilled once where the model has no sliding window: prefix.py), gives
+    every answer the tokens it gives alone."""
     model = tiny_model(arch).to(torch.bfloat16)
-    prompts, cfg = ragged_prompts(6, seed=3), DecodeConfig(max_new_tokens=32, template="hybrid")
+    head = torch.randint(2, TINY_VOCAB, (10,), generator=torch.Generator().manual_seed(4)).tolist()
+    prompts = [head + [7 + i] + p for i, p in enumerate(ragged_prompts(6, seed=3))]
+    cfg = DecodeConfig(max_new_tokens=32, template="hybrid")
     pairs = list(generate_batch(Engine(model, TinyTokenizer(TINY_VOCAB), exact=True), prompts, cfg, max_rows=8))
     tokens = {i: ev.tokens for i, ev in pairs if isinstance(ev, SummaryEvent)}
     solo = [list(Engine(model, TinyTokenizer(TINY_VOCAB), exact=True).generate(p, cfg))[-1].tokens for p in prompts]

@@ -30,6 +30,7 @@ from .engine import Engine
 from .events import StepEvent, SummaryEvent
 from .kernels import installed
 from .kv_cache import BatchKVCache, BatchRow, row_caches
+from .prefix import SharedPrefix
 from .tree import attention_bias
 
 Event = StepEvent | SummaryEvent
@@ -61,6 +62,7 @@ class Batch:
         self._kernels = contextlib.ExitStack()
         self.cost: BatchCost | None = None  # t(rows, width) of a batched forward, learned online (batch_cost.py)
         self.cap: int | None = None  # the draft nodes per row of the last sized step (None: not sized)
+        self.prefix = SharedPrefix()  # the first tokens joining prompts share, prefilled once (prefix.py)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -99,7 +101,7 @@ class Batch:
             except Exception as exc:  # noqa: BLE001 - this answer's error, handed back to its caller
                 results.append(exc)
         try:
-            prefill_together([(o.engine, state) for o, state in opened])
+            prefill_together([(o.engine, state) for o, state in opened], self.prefix)
             keys = iter([self._take_row(o.engine, state, o.stop) for o, state in opened])
         finally:
             self._release_if_empty()
@@ -262,15 +264,17 @@ def prefill_group(lengths: list[int], free: int, budget: int = PREFILL_TOKENS) -
     return max(count, 1) if lengths else 0
 
 
-def prefill_together(opened: list[tuple[Engine, DecodeState]]) -> None:
+def prefill_together(opened: list[tuple[Engine, DecodeState]], prefix: SharedPrefix | None = None) -> None:
     """Run the prompts of answers opened without their prefill (Engine.open_answer(prefill=False)): in ONE forward
-    when there are several and the model can keep only the logits read, else one by one."""
+    when the model can keep only the logits read, after the first tokens they share with each other or with what
+    `prefix` holds (run once: prefix.py), else one by one."""
     todo = [(engine, state) for engine, state in opened if state.prefill_ids]
     runner = opened[0][0].runner if opened else None
-    if len(todo) > 1 and runner.has_logits_to_keep:
-        logits, shared = runner.prefill_rows([state.prefill_ids for _, state in todo])
-        for i, (solo, (engine, state)) in enumerate(zip(row_caches(shared, [len(s.prefill_ids) for _, s in todo]),
-                                                        todo)):
+    ids = [state.prefill_ids for _, state in todo]
+    past, start = prefix.take(runner, ids) if prefix is not None and todo and shares_prefix(runner) else (None, 0)
+    if (len(todo) > 1 or past is not None) and runner.has_logits_to_keep:
+        logits, shared = runner.prefill_rows([p[start:] for p in ids], past, start)
+        for i, (solo, (engine, state)) in enumerate(zip(row_caches(shared, [len(p) for p in ids]), todo)):
             state.cache = solo
             engine.finish_prefill(state, logits[i : i + 1])
     else:
@@ -279,6 +283,12 @@ def prefill_together(opened: list[tuple[Engine, DecodeState]]) -> None:
     for engine, state in opened:
         if state.prefill_ids is not None:  # nothing to run (a one-token prompt whose first step drafts a tree)
             engine.finish_prefill(state, None)
+
+
+def shares_prefix(runner: Any) -> bool:
+    """Whether prompts may start from a shared prefix's cache: a model that keeps only the logits read, and no
+    sliding window (whose masks would need the prefix's positions counted per layer kind)."""
+    return runner.has_logits_to_keep and runner.window is None
 
 
 def tree_width(curves: list[list[float]], rows: int, cost: Callable[[int, int], float]) -> int:

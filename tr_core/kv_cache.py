@@ -104,6 +104,18 @@ class _BufferLayer(DynamicLayer):
             buffer[rows, :, : own.length] = part[0]
         self.rows = rows + 1
 
+    def repeated(self, count: int, length: int, capacity: int) -> "_BufferLayer":
+        """A layer of `count` rows, each starting with this layer's first `length` entries (of its first row), with
+        room for `capacity` entries a row."""
+        out = _BufferLayer()
+        out.device, out.is_initialized, out.length = self.device, True, length
+        for name in ("_k", "_v"):
+            old = getattr(self, name)
+            new = old.new_empty(count, old.shape[1], max(capacity, length), old.shape[3])
+            new[:, :, :length] = old[:1, :, :length]
+            setattr(out, name, new)
+        return out
+
     def row_view(self, row: int, length: int) -> "_BufferLayer":
         """Row `row`'s first `length` entries as a layer of its own, sharing this one's buffers (no copy)."""
         own = _BufferLayer()
@@ -169,6 +181,14 @@ class TreeKVCache(Cache):
         for layer in self.layers:
             if layer.is_initialized:
                 layer.length = min(layer.length, length)
+
+
+def repeated_cache(cache: TreeKVCache, count: int, length: int, capacity: int) -> TreeKVCache:
+    """A cache of `count` rows, each starting with `cache`'s first `length` entries (ModelRunner.prefill_rows
+    after a shared prefix), with room for `capacity` entries a row."""
+    out = TreeKVCache()
+    out.layers = [layer.repeated(count, length, capacity) for layer in cache.layers]
+    return out
 
 
 def row_caches(cache: TreeKVCache, lengths: list[int]) -> list[TreeKVCache]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .kv_cache import TreeKVCache
+from .kv_cache import TreeKVCache, repeated_cache
 from .tree import attention_bias
 
 GQA_SWITCH = "TRANSFORMERS_SDPA_FORCE_GQA"  # transformers: "1" = SDPA shares grouped key/value heads even with a mask
@@ -110,10 +110,13 @@ class ModelRunner:
         t = torch.tensor([ids], dtype=torch.long, device=self.device)
         return self.forward(t, torch.arange(len(ids), device=self.device)[None], None, cache, last_only=True)
 
-    def prefill_rows(self, rows: list[list[int]]) -> tuple[torch.Tensor, TreeKVCache]:
-        """Several prompts from position 0 in ONE forward, right-padded: causal attention keeps every real token's
-        view free of padding. Returns each row's last-token logits [B, V] and the cache, whose row i holds valid
-        entries [0, len(rows[i])) (kv_cache.row_caches splits it). Needs `logits_to_keep` (has_logits_to_keep)."""
+    def prefill_rows(self, rows: list[list[int]], past: TreeKVCache | None = None,
+                     start: int = 0) -> tuple[torch.Tensor, TreeKVCache]:
+        """Several prompts in ONE forward, right-padded: causal attention keeps every real token's view free of
+        padding. With `past`, a one-row cache of the `start` tokens that every prompt begins with (prefix.py), the
+        rows hold only what follows them, from position `start`. Returns each row's last-token logits [B, V] and
+        the cache, whose row i holds valid entries [0, start + len(rows[i])) (kv_cache.row_caches splits it).
+        Needs `logits_to_keep` (has_logits_to_keep)."""
         lengths = [len(r) for r in rows]
         if not lengths or min(lengths) < 1:
             raise ValueError("every row needs at least one token")
@@ -121,9 +124,9 @@ class ModelRunner:
         for i, r in enumerate(rows):
             ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         ids = ids.to(self.device)
-        positions = torch.arange(ids.shape[1], device=self.device)[None].expand(len(rows), -1)
+        positions = torch.arange(start, start + ids.shape[1], device=self.device)[None].expand(len(rows), -1)
         keep = sorted({n - 1 for n in lengths})  # the positions whose logits are read, shared by all rows
-        cache = TreeKVCache()
+        cache = TreeKVCache() if past is None else repeated_cache(past, len(rows), start, start + ids.shape[1])
         logits = self.model(input_ids=ids, position_ids=positions, attention_mask=None, use_cache=True,
                             logits_to_keep=torch.tensor(keep, device=self.device), **{self.cache_arg: cache}).logits
         pick = torch.tensor([keep.index(n - 1) for n in lengths], device=self.device)
