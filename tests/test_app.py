@@ -257,7 +257,7 @@ def test_the_chat_endpoint_leaves_the_typed_message_alone_and_sends_nothing_back
         return chat(text, 10, 0.0, 1.0, 0, 0, "2.2.2", False, 8, 0.0, True, 1.0, session, None)
 
     out = list(ask("hello"))
-    assert [i for i, u in enumerate(out) if ui["msg"] in u] == [1] and out[1][ui["msg"]] == ""  # cleared once, at
+    assert [i for i, u in enumerate(out) if ui["msg"] in u] == [0] and out[0][ui["msg"]] == ""  # cleared once, at
     assert {ui["chat"], ui["meter"], ui["tree"], ui["status"]} <= set(out[-1])  # the start; the last update is complete
     gen = ask("a second question")
     for update in gen:
@@ -885,3 +885,19 @@ def test_the_matrix_line_says_how_many_rows_this_conversation_wrote_when_others_
     m.filled[:], m.stamps[:] = False, -1
     m.update(torch.tensor([1]), torch.randn(1, 50), stamp=0)
     assert "1 / 50 rows filled ·" in matrix_info(engine, 4)  # all its own: no note
+
+
+def test_the_first_view_carries_what_set_up_left_to_show_and_the_return_value_passes():
+    """handlers.with_first: set-up's note joins the answer's first view (no update of its own to wait on), or
+    goes alone when the answer shows nothing; what the answer returns comes through."""
+    def views(items, value):
+        yield from items
+        return value
+
+    out = h.with_first(views([{"status": "a"}, {"status": "b"}], "done"), {"warm": "w", "status": "old"})
+    assert next(out) == {"warm": "w", "status": "a"} and next(out) == {"status": "b"}
+    with pytest.raises(StopIteration) as end:
+        next(out)
+    assert end.value.value == "done"
+    assert list(h.with_first(views([], None), {"warm": "w"})) == [{"warm": "w"}]
+    assert list(h.with_first(views([], None), {})) == []

@@ -59,10 +59,11 @@ def test_a_visitor_who_leaves_frees_their_row_and_the_line_moves():
             break
         threading.Event().wait(0.01)
     assert second.place() == 1 and not result  # next in line, nothing decoded yet
+    assert loop.admitting() == 1  # waiting for a first token: the studio draws nobody's figures meanwhile
     running.close()  # the first visitor leaves mid-answer: their row is freed after the current step
     thread.join(timeout=120)
     assert isinstance(result[-1], SummaryEvent) and len(result[-1].tokens) == 5
-    assert loop.load() == 0 and second.place() == 0
+    assert loop.load() == 0 and second.place() == 0 and loop.admitting() == 0
 
 
 def test_a_bad_prompt_fails_that_answer_only():
@@ -89,3 +90,20 @@ def test_those_who_get_a_row_now_prefill_shortest_first_and_the_line_stays_first
     assert lengths(next_to_join(line, free=0)) == [9]
     long = deque(Ticket(None, [1] * n, None, lambda: False) for n in (300, 100, 200))
     assert lengths(next_to_join(long, free=3)) == [100, 200]  # a third row would pad the forward to 3 x 300 tokens
+
+
+def test_in_a_crowd_first_words_go_before_anyones_figures(monkeypatch):
+    """studio.answer.draws_figures: alone or in slow motion every update draws; in a crowd an answer's first
+    update is its text alone, and nobody's figures are drawn while others wait for their first token."""
+    from studio import answer
+    from studio.settings import ChatSettings
+
+    steps = [object(), object()]
+    trace = type("T", (), {"steps": steps})()
+    settings, slow = ChatSettings(), ChatSettings(delay=0.5)
+    for crowd, newcomers, new_steps, draws in [(1, 0, steps, True), (1, 0, steps[1:], True), (30, 0, steps, False),
+                                               (30, 0, steps[1:], True), (30, 3, steps[1:], False)]:
+        monkeypatch.setattr(answer, "crowd", lambda: crowd)
+        monkeypatch.setattr(answer, "newcomers", lambda: newcomers)
+        assert answer.draws_figures(trace, new_steps, settings) is draws
+        assert answer.draws_figures(trace, new_steps, slow)
