@@ -12,7 +12,8 @@
 #                                      # and off) and custom_generate against stock generate, bfloat16, float16 and
 #                                      # float32, PER_TASK questions a task (scripts/exactness.py)
 #   bash scripts/gpu_check.sh crowd    # many prompts at once (tr_core.batch): 8 and 32 rows, Token Recycling batched
-#                                      # against one after another and plain batched, tokens checked identical
+#                                      # against one after another and plain batched, tokens checked identical; then
+#                                      # the studio with 30 visitors at once (scripts/crowd.py)
 # Each writes JSON and text under $OUT (default /tmp/gpu_check). Settings: MODEL (default the embedded model), DEVICE,
 # PER_TASK, MAX_NEW, MINUTES (start no new question after that long), THREADS. A quick try on a CPU:
 #   DEVICE=cpu PER_TASK=1 MAX_NEW=16 bash scripts/gpu_check.sh bench
@@ -71,6 +72,10 @@ crowd() {
       --template adaptive,hybrid,2.2.2 --concurrency "$n" --no-progress ${THREADS:+--threads "$THREADS"} \
       --json "$OUT/gpu_crowd_$n.json" 2>&1 | tee "$OUT/gpu_crowd_$n.txt"
   done
+  # the studio itself: VISITORS (default 30) gradio_client visitors ask at once through the page, each answer then
+  # compared with its question answered alone (the app and the comparison both take the GPU's default dtype)
+  python3 scripts/crowd.py --visitors "${VISITORS:-30}" --tokens 64 --json "$OUT/gpu_studio_crowd.json" 2>&1 \
+    | tail -n 24 | tee "$OUT/gpu_studio_crowd.txt"
 }
 
 case "${1:-}" in
