@@ -5,7 +5,7 @@ from __future__ import annotations
 from tr_core.events import StepEvent
 from .figure import Figure
 from .nodes import node_source
-from .style import ACCEPTED_COLOUR, BONUS_COLOUR, ROOT_COLOUR
+from .style import ACCEPTED_COLOUR, CURRENT_COLOUR, ROOT_COLOUR
 
 
 def tick_step(top: float, most: int = 6) -> int:
@@ -23,7 +23,7 @@ def accepted_chart(events: list[StepEvent], current: int | None = None, height: 
     lengths = [len(e.emitted) for e in events]
     if not lengths:
         return fig.note("Tokens per step")
-    colours = [BONUS_COLOUR if current is not None and i == current else ACCEPTED_COLOUR for i in range(len(lengths))]
+    colours = [CURRENT_COLOUR if current is not None and i == current else ACCEPTED_COLOUR for i in range(len(lengths))]
     fig.add(type="bar", x=list(range(1, len(lengths) + 1)), y=lengths, marker=dict(color=colours), showlegend=False,
             hovertemplate="step %{x}: %{y} tokens<extra></extra>")
     mean = sum(lengths) / len(lengths)
@@ -32,10 +32,12 @@ def accepted_chart(events: list[StepEvent], current: int | None = None, height: 
     # the mean's label in the right margin, at the end of its line: over the bars it hid some of them
     fig.layout["annotations"] = [dict(text=f"mean<br>{mean:.2f}", xref="paper", x=1.0, y=mean, yanchor="middle",
                                       xanchor="left", xshift=4, showarrow=False, align="left",
-                                      font=dict(size=13, color=ROOT_COLOUR))]
-    fig.layout["xaxis"] = dict(visible=True, showgrid=False, title=dict(text="step", font=dict(size=12)))
+                                      font=dict(size=14, color=ROOT_COLOUR))]
+    fig.layout["xaxis"] = dict(visible=True, showgrid=False, title=dict(text="step", font=dict(size=14)),
+                               tickfont=dict(size=14))
     fig.layout["yaxis"] = dict(visible=True, showgrid=True, gridcolor="#eef2f7", rangemode="tozero",
-                               dtick=tick_step(max(lengths)), title=dict(text="tokens", font=dict(size=12)))
+                               dtick=tick_step(max(lengths)), title=dict(text="tokens", font=dict(size=14)),
+                               tickfont=dict(size=14))
     fig.layout["margin"] = dict(l=50, r=48, t=16, b=40)
     fig.layout["bargap"] = 0.15
     return fig
@@ -45,19 +47,19 @@ CREDIT_PX = 34  # the chart's two more caption lines under its axis: the answer'
 
 
 def accepted_chart_explained(events: list[StepEvent], current: int | None = None, height: int = 240) -> Figure:
-    """`accepted_chart` with a legend for its colours: green bars = tokens each step gained, amber = the step shown;
+    """`accepted_chart` with a legend for its colours: green bars = tokens each step gained, pink = the step shown;
     under the axis, the answer's tokens credited to their sources on two lines (on one, it ran past the chart)."""
     fig = accepted_chart(events, current, height + CREDIT_PX if events else height)
     if not events:
         return fig
     entries = [(ACCEPTED_COLOUR, "tokens a step gained (the accepted drafts it kept + bonus)")]
     if current is not None and 0 <= current < len(events):
-        entries.append((BONUS_COLOUR, f"step {current + 1}: the step shown in the tree"))
+        entries.append((CURRENT_COLOUR, f"step {current + 1}: the step shown in the tree"))
     for colour, name in entries:  # legend-only markers: the bars themselves stay one trace without a legend
         fig.add(type="scatter", mode="markers", x=[None], y=[None], name=name, showlegend=True, hoverinfo="skip",
                 marker=dict(symbol="square", size=12, color=colour))
     fig.layout["showlegend"] = True
-    fig.layout["legend"] = dict(orientation="h", x=0.0, xanchor="left", y=1.0, yanchor="bottom", font=dict(size=12))
+    fig.layout["legend"] = dict(orientation="h", x=0.0, xanchor="left", y=1.0, yanchor="bottom", font=dict(size=14))
     fig.layout["margin"]["t"] = 34
     fig.layout["xaxis"]["title"]["text"] = "step<br>" + draft_credit(events).replace(" + ", "<br>+ ", 1)
     fig.layout["margin"]["b"] += CREDIT_PX

@@ -185,7 +185,7 @@ main {display: grid; grid-template-columns: minmax(320px, 5fr) 7fr; gap: 16px; p
 .run-a {background: #bbf7d0}
 .run-b {background: #bfdbfe}
 .run.future {background: none; color: #94a3b8}
-.run.current {outline: 3px solid #f59e0b; background: #fef3c7}
+.run.current {outline: 3px solid #db2777; background: #fce7f3}
 .fig {background: white; border: 1px solid #e2e8f0; border-radius: 10px; margin-bottom: 12px; min-height: 430px}
 details {margin-top: 10px}
 .msg {margin: 6px 0}

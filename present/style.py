@@ -15,7 +15,9 @@ TokenText = Callable[[int], str]  # a token id -> its text (Trace.token_text, a 
 
 ROOT_COLOUR = "#1e3a8a"
 ACCEPTED_COLOUR = "#16a34a"
-BONUS_COLOUR = "#f59e0b"
+BONUS_COLOUR = "#f59e0b"  # orange means the bonus token, nothing else
+CURRENT_COLOUR = "#db2777"  # the step shown: its bar in the chart, its run in the chat (CSS: studio.css, replay.py)
+MARK_COLOUR = "#7c3aed"  # a candidate new in its matrix row (the tour; the microscope's .trm-new)
 REJECTED_COLOUR = "#cbd5e1"
 PAST_END_COLOUR = "#86efac"  # accepted drafts the answer did not keep: its end (a stop token, the limit) came first
 REJECTED_TEXT = "#64748b"  # grey text: notes, captions, rejected drafts

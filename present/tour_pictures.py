@@ -15,7 +15,7 @@ from tr_core.verify import path_to
 
 from .chart import tick_step
 from .nodes import draft_sources, node_group, node_source
-from .style import (ACCEPTED_COLOUR, BONUS_COLOUR, PAST_END_COLOUR, REJECTED_COLOUR, REJECTED_TEXT, ROOT_COLOUR,
+from .style import (ACCEPTED_COLOUR, BONUS_COLOUR, MARK_COLOUR, PAST_END_COLOUR, REJECTED_COLOUR, REJECTED_TEXT, ROOT_COLOUR,
                     visible_token)
 from .tree_layout import tree_layout
 
@@ -85,7 +85,8 @@ def rows_svg(rows: list[tuple[str, list[tuple[str, bool]]]], more: int, labels: 
         body.append(chip(0, y, 190, 64, f"{visible_token(row, 7)} →", ROOT_COLOUR, "white", ROOT_COLOUR))
         for c, (label, marked) in enumerate(chips[:8]):
             body.append(chip(206 + c * 124, y, 114, 64, visible_token(label, 7), "#ffffff" if marked else "#f1f5f9",
-                             INK, BONUS_COLOUR if marked else REJECTED_COLOUR, 5 if marked else 2, 24))
+                             INK, (MARK_COLOUR if labels else ROOT_COLOUR) if marked else REJECTED_COLOUR,
+                             5 if marked else 2, 24))
     if more:
         body.append(text(600, top + line_h * len(rows) + 20, f"+ {more} more rows read", SMALL, REJECTED_TEXT))
     return svg("".join(body))

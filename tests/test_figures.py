@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import html
+import inspect
 import json
 import random
 import re
@@ -14,7 +15,7 @@ from present.chart import accepted_chart
 from present.chat import coloured_markdown
 from present.heatmap import MatrixTracker, heatmap_figure, unique_labels
 from present.meter import MeterView, meter_html
-from present.style import ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, ROOT_COLOUR, display_token, symbol_note
+from present.style import ACCEPTED_COLOUR, BONUS_COLOUR, CURRENT_COLOUR, REJECTED_COLOUR, ROOT_COLOUR, display_token, symbol_note
 from present.tree import BONUS_NODE, SHAPE_LEGEND, SOURCE_NAMES, tree_figure, tree_legend_names
 from present.tree_layout import tree_layout
 from tr_core.trace import TextAssembler, Trace, TraceError, boundaries_from_texts
@@ -614,7 +615,7 @@ def test_heatmap_keeps_most_hit_rows_from_earlier_steps():
 def test_accepted_chart_and_meter():
     events = [make_event(i) for i in range(3)]
     fig = accepted_chart(events, current=1)
-    assert fig.traces[0]["y"] == [3, 3, 3] and fig.traces[0]["marker"]["color"][1] == BONUS_COLOUR
+    assert fig.traces[0]["y"] == [3, 3, 3] and fig.traces[0]["marker"]["color"][1] == CURRENT_COLOUR
     (mean,) = fig.layout["annotations"]  # the mean's label: in the right margin, off the bars (a reader misread one)
     assert mean["text"] == "mean<br>3.00" and mean["x"] >= 1.0 and mean["xanchor"] == "left" and mean["y"] == 3.0
     assert fig.layout["margin"]["r"] >= 40
@@ -781,12 +782,28 @@ def test_accepted_chart_explained_has_a_legend_for_each_colour():
     fig = accepted_chart_explained(events, current=1)
     legend = {t["name"]: t["marker"]["color"] for t in fig.traces if t.get("showlegend")}
     assert legend == {"tokens a step gained (the accepted drafts it kept + bonus)": ACCEPTED_COLOUR,
-                      "step 2: the step shown in the tree": BONUS_COLOUR}
+                      "step 2: the step shown in the tree": CURRENT_COLOUR}
     assert fig.traces[0]["marker"]["color"] == accepted_chart(events, current=1).traces[0]["marker"]["color"]
     assert fig.layout["showlegend"] and fig.to_plotly()  # valid plotly
-    live = accepted_chart_explained(events)  # while streaming no step is singled out: no amber entry
+    live = accepted_chart_explained(events)  # while streaming no step is singled out: no pink entry
     assert [t["name"] for t in live.traces if t.get("showlegend")] == ["tokens a step gained (the accepted drafts it kept + bonus)"]
     assert accepted_chart_explained([]).traces == []
+
+
+def test_the_step_shown_has_one_colour_and_orange_is_the_bonus_alone():
+    """The step shown is CURRENT_COLOUR in the chart, the chat's outline and the offline replay's; the bonus token's
+    orange marks nothing else there (a reader counted four meanings of orange)."""
+    from pathlib import Path
+
+    from present import replay
+
+    css = Path(__file__).resolve().parents[1].joinpath("assets", "studio.css").read_text()
+    current_rule = next(line for line in css.splitlines() if line.startswith(".tr-run-current"))
+    replay_rule = next(line for line in inspect.getsource(replay).splitlines() if ".run.current" in line)
+    for rule in (current_rule, replay_rule):
+        assert CURRENT_COLOUR in rule and BONUS_COLOUR not in rule
+    bars = accepted_chart([make_event(i) for i in range(3)], current=2).traces[0]["marker"]["color"]
+    assert bars[2] == CURRENT_COLOUR and BONUS_COLOUR not in bars
 
 
 def test_display_token_shows_whitespace():
