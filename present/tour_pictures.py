@@ -15,8 +15,8 @@ from tr_core.verify import path_to
 
 from .chart import tick_step
 from .nodes import draft_sources, node_group, node_source
-from .style import (ACCEPTED_COLOUR, BONUS_COLOUR, MARK_COLOUR, PAST_END_COLOUR, REJECTED_COLOUR, REJECTED_TEXT, ROOT_COLOUR,
-                    visible_token)
+from .style import (ACCEPTED_COLOUR, BONUS_COLOUR, MARK_COLOUR, PAST_END_COLOUR, REJECTED_COLOUR, REJECTED_TEXT,
+                    ROOT_COLOUR, fit_token, text_em, visible_token)
 from .tree_layout import tree_layout
 
 W, H = 1200, 470
@@ -92,19 +92,33 @@ def rows_svg(rows: list[tuple[str, list[tuple[str, bool]]]], more: int, labels: 
     return svg("".join(body))
 
 
+CHIP_FONT, CHIP_PAD = 28, 32  # px: a chain chip's text, and the room around it
+
+
 def chips_svg(chips: list[tuple[str, str, str]], sum_line: str) -> str:
     """A chain of chips (token, fill, ink), seven a line, and a sum below."""
-    per, w, h, gap = 7, 150, 72, 18
+    per, h, gap = 7, 72, 18
     lines = [chips[i : i + per] for i in range(0, len(chips), per)] or [[]]
     top = (H - len(lines) * (h + 30) - 60) // 2
     body = []
     for j, line in enumerate(lines):
-        left = (W - len(line) * w - (len(line) - 1) * gap) / 2
-        for c, (label, fill, ink) in enumerate(line):
-            body.append(chip(left + c * (w + gap), top + j * (h + 30), w, h, visible_token(label, 9), fill, ink, fill,
-                             2, 28))
+        labels, widths = chip_labels([label for label, _, _ in line], gap)
+        x = (W - sum(widths) - (len(line) - 1) * gap) / 2
+        for (_, fill, ink), label, w in zip(line, labels, widths):
+            body.append(chip(x, top + j * (h + 30), w, h, label, fill, ink, fill, 2, CHIP_FONT))
+            x += w + gap
     body.append(text(W / 2, top + len(lines) * (h + 30) + 36, sum_line, 34, INK, bold=True))
     return svg("".join(body))
+
+
+def chip_labels(tokens: list[str], gap: int, least: int = 150, most_em: float = 9.0) -> tuple[list[str], list[int]]:
+    """A line of chips' labels and widths: each token whole where its chip (at least `least` px) lets the line fit
+    the picture, else every label cut to a `least`-px chip (fit_token: '…')."""
+    labels = [fit_token(t, most_em) for t in tokens]
+    widths = [max(least, round(text_em(label) * CHIP_FONT) + CHIP_PAD) for label in labels]
+    if sum(widths) + gap * (len(tokens) - 1) <= W - 40:
+        return labels, widths
+    return [fit_token(t, (least - CHIP_PAD) / CHIP_FONT) for t in tokens], [least] * len(tokens)
 
 
 def message_svg(message: str) -> str:

@@ -255,3 +255,14 @@ def test_the_cost_chart_explains_a_cost_under_1_only_where_one_is_drawn_visibly_
     near = cost_chart_svg([(1, 1.0), (2, 1.18), (6, 0.99), (8, 1.11)], (8, 3), tile, "")
     under = cost_chart_svg([(1, 1.0), (4, 0.85), (8, 1.11)], (8, 3), tile, "")
     assert "under 1:" not in near and "under 1:" in under
+
+
+def test_the_accepted_path_shows_whole_tokens_where_the_line_has_room():
+    """tour_pictures.chip_labels: a chip grows to its token (a reader met '␣situati…' in a tile with room to
+    spare); only a line too wide for the picture cuts every label, with '…'."""
+    from present.tour_pictures import W, chip_labels
+
+    labels, widths = chip_labels([" situation", " is", "<|im_end|>"], gap=18)
+    assert labels == ["␣situation", "␣is", "‹end›"] and widths[0] > widths[1] == 150
+    labels, widths = chip_labels([" understanding"] * 7, gap=18)
+    assert all(label.endswith("…") for label in labels) and sum(widths) + 6 * 18 <= W
