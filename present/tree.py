@@ -56,6 +56,7 @@ STAR_GAP_PX = 6  # px between the bonus star and the last accepted node, where t
 BONUS_DROP = 0.55  # levels from the end of the accepted path down to the bonus star
 DRAWN_LEVELS = 8  # levels drawn at least; deeper ones only down to one under the accepted path (drawn_depth)
 REJECTED_LABEL_LEN = 6  # characters of a rejected draft's label, which stands only where room allows
+ROOT_LABEL_LEN = 12  # the root's label, centred over it: half of 12 characters fits X_RANGE's room at an edge
 LABEL_GAP_PX = 4  # px between a marker and its label (plotly's), and kept clear between a label and its neighbours
 TEXT_LINE_PX = 22  # a label's height: a rejected draft's label needs levels this far from a star's label
 
@@ -138,7 +139,8 @@ def tree_labels(ev: StepEvent, token_text: TokenText) -> dict[int, str]:
     lecture hall reads; every other node shows its token on hover only."""
     nodes = [0, *ev.accepted[1:]] + ([BONUS_NODE] if ev.bonus is not None else [])
     tokens = [ev.bonus if node == BONUS_NODE else ev.tokens[node] for node in nodes]
-    return {node: html.escape(node_label(token_text(t), LABEL_LEN), quote=False) for node, t in zip(nodes, tokens)}
+    return {node: html.escape(node_label(token_text(t), ROOT_LABEL_LEN if node == 0 else LABEL_LEN), quote=False)
+            for node, t in zip(nodes, tokens)}
 
 
 def label_px(text: str) -> float:

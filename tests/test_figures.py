@@ -1043,3 +1043,13 @@ def test_rejected_drafts_are_labelled_where_room_allows_and_no_two_labels_of_a_l
         spans.setdefault(ev.depths[node], []).append(span)
     crowded = paper_tree_event((0, 1, 0), 17)
     assert not any(node_traces(tree_figure(crowded, words_of))["rejected"]["text"])
+
+
+def test_the_root_label_shows_a_longer_token_whole_and_path_labels_are_cut():
+    """The root's label stands centred over it, with room for ROOT_LABEL_LEN characters (a reader met '␣situat…'
+    with room to spare); the path's labels, beside their nodes, keep LABEL_LEN."""
+    from present.tree import LABEL_LEN, ROOT_LABEL_LEN, tree_labels
+
+    labels = tree_labels(make_event(), lambda t: " situation" if t == 0 else " understanding")
+    assert labels[0] == "␣situation" and len(labels[1]) == LABEL_LEN and labels[1].endswith("…")
+    assert len(tree_labels(make_event(), lambda t: "x" * 30)[0]) == ROOT_LABEL_LEN
