@@ -152,7 +152,7 @@ def _step_panel(ui: dict, blank: dict[str, Any]) -> None:
         ui["tour"] = gr.HTML("", elem_id="tr-tour-box")  # present/tour.py: an overlay while open
         with gr.Row(elem_id="tr-delay-row"):
             ui["delay"] = gr.Slider(0.0, 3.0, value=0.0, step=0.1, label="Slow motion: pause per step (s)", scale=3)
-            ui["colour"] = gr.Checkbox(True, label="Colour accepted runs in the chat", scale=2)
+            ui["colour"] = gr.Checkbox(True, label="Colour each step's run in the chat", scale=2)
         with gr.Row():
             ui["trace_file"] = gr.DownloadButton("Download this answer's trace (JSON)", value=None, size="sm",
                                                  interactive=False, elem_id="tr-trace-download")
