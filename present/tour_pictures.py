@@ -313,9 +313,24 @@ def path_end(ev: StepEvent, token_text: Callable[[int], str], xy: dict, col: flo
                 text(x + col - 10, y - 30, f"+ {hidden} more accepted", SMALL, ACCEPTED_COLOUR, "end", True, True))
     if ev.bonus is None:
         return ""
-    return (f'<line x1="{x:.0f}" y1="{y:.0f}" x2="{x + col:.0f}" y2="{y:.0f}" stroke="{BONUS_COLOUR}" '
-            f'stroke-width="4" stroke-dasharray="8 6"/>' + text(x + col, y, "★", 40, BONUS_COLOUR) +
-            text(x + col + 20, y, visible_token(token_text(ev.bonus), chars), 22, INK, "start", True, True))
+    sy = star_y(ev, last, xy)
+    return (f'<line x1="{x:.0f}" y1="{y:.0f}" x2="{x + col:.0f}" y2="{sy:.0f}" stroke="{BONUS_COLOUR}" '
+            f'stroke-width="4" stroke-dasharray="8 6"/>' + text(x + col, sy, "★", 40, BONUS_COLOUR) +
+            text(x + col + 20, sy, visible_token(token_text(ev.bonus), chars), 22, INK, "start", True, True))
+
+
+STAR_CLEAR = 44  # px: the bonus star's distance from a drawn node of its column (a reader found it under one)
+
+
+def star_y(ev: StepEvent, last: int, xy: dict) -> float:
+    """The bonus star's height: level with the path's last drawn node, or where that spot holds a drafted node of
+    the next level, the nearest height STAR_CLEAR from every such node (within the picture)."""
+    y = xy[last][1]
+    taken = [xy[i][1] for i in xy if ev.depths[i] == ev.depths[last] + 1]
+    for offset in sorted({0.0, *(t - y + d for t in taken for d in (STAR_CLEAR, -STAR_CLEAR))}, key=abs):
+        if 20 <= y + offset <= 400 and all(abs(y + offset - t) >= STAR_CLEAR for t in taken):
+            return y + offset
+    return y
 
 
 def node_fill(group: str, verdict: bool) -> str:

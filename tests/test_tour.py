@@ -266,3 +266,16 @@ def test_the_accepted_path_shows_whole_tokens_where_the_line_has_room():
     assert labels == ["␣situation", "␣is", "‹end›"] and widths[0] > widths[1] == 150
     labels, widths = chip_labels([" understanding"] * 7, gap=18)
     assert all(label.endswith("…") for label in labels) and sum(widths) + 6 * 18 <= W
+
+
+def test_the_bonus_star_stands_clear_of_the_drafts_drawn_where_it_would_go():
+    """tour_pictures.star_y: level with the path's end, unless a drafted node of the next level stands there (a
+    reader found the star hidden under one); then the nearest height clear of every such node."""
+    from present.tour_pictures import STAR_CLEAR, star_y
+
+    ev = StepEvent(step=0, position=5, tokens=[1, 2, 3, 4], parents=[-1, 0, 1, 2], depths=[0, 1, 2, 3],
+                   ranks=[-1, 0, 0, 0], accepted=[0, 1, 2], emitted=[2, 3, 9], bonus=9, timings={})
+    xy = {0: (60, 200), 1: (200, 200), 2: (340, 200), 3: (480, 200)}  # node 3, rejected, where the star would go
+    y = star_y(ev, 2, xy)
+    assert abs(y - 200) >= STAR_CLEAR and 20 <= y <= 400
+    assert star_y(ev, 2, {**xy, 3: (480, 100)}) == 200  # the spot is free: level with the path's end
