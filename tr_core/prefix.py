@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .divergence import first_difference
 from .invariant import storage_dtype
 from .kv_cache import TreeKVCache
 
@@ -16,12 +17,10 @@ MIN_SHARED = 8  # shared tokens worth a forward of their own (SmolLM2's chat tem
 
 
 def common_length(prompts: list[list[int]]) -> int:
-    """How many first tokens every prompt of `prompts` has in common."""
-    n = min((len(p) for p in prompts), default=0)
-    for i in range(n):
-        if any(p[i] != prompts[0][i] for p in prompts):
-            return i
-    return n
+    """How many first tokens every prompt of `prompts` has in common (where each parts from the first one:
+    divergence.first_difference)."""
+    parts = (first_difference(prompts[0], p) for p in prompts)
+    return min((len(p) if part is None else part for p, part in zip(prompts, parts)), default=0)
 
 
 class SharedPrefix:
