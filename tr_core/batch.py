@@ -30,6 +30,7 @@ from .engine import Engine
 from .events import StepEvent, SummaryEvent
 from .kernels import installed
 from .kv_cache import BatchKVCache, BatchRow, row_caches
+from . import rows_attention
 from .prefix import SharedPrefix
 from .tree import attention_bias
 
@@ -183,10 +184,11 @@ class Batch:
         return out
 
     def _forward(self, drafted: list[Drafted], forwarded: list[bool]) -> torch.Tensor:
-        """ONE forward of every forwarded row's tree (padded to the widest), each at its own positions and mask."""
+        """ONE forward of every forwarded row's tree (padded to the widest), each at its own positions and mask,
+        each row's attention reading only its own keys (rows_attention.py)."""
         runner = self.rows[0].engine.runner
         width = max(d.draft.size for d, f in zip(drafted, forwarded) if f)
-        end = self.cache.begin_forward(width)
+        starts = self.cache.begin_forward(width)
         pasts = [row.state.past for row in self.rows]
         device = runner.device
         ids = torch.zeros(len(self.rows), width, dtype=torch.long, device=device)
@@ -195,11 +197,12 @@ class Batch:
             if f:
                 ids[i, : d.draft.size] = d.draft.tokens
                 positions[i, : d.draft.size] += d.draft.depths
-        mask = batch_mask(runner, [d.draft if f else None for d, f in zip(drafted, forwarded)], pasts, end, width)
+        mask = batch_mask(runner, [d.draft if f else None for d, f in zip(drafted, forwarded)], pasts, starts, width)
         for d in drafted:
             d.timer.forward_begins()
         began = time.perf_counter()
-        logits = runner.forward_rows(ids, positions, mask, self.cache)
+        with rows_attention.rows(runner, [s + width for s in starts], needs_mask(runner, starts, width)):
+            logits = runner.forward_rows(ids, positions, mask, self.cache)
         for d in drafted:
             d.timer.forward_ends()
         if self.cost is not None:
@@ -304,28 +307,36 @@ def tree_width(curves: list[list[float]], rows: int, cost: Callable[[int, int], 
     return best
 
 
-def batch_mask(runner: Any, drafts: list, pasts: list[int], end: int, width: int) -> Any:
-    """The additive masks [B, 1, width, end + width] of a batched forward (one per layer kind for mixed models):
-    row i sees its own committed entries [0, pasts[i]), not the stale ones up to `end`, and its tree's ancestors;
-    padding queries see only themselves."""
+def batch_mask(runner: Any, drafts: list, pasts: list[int], starts: list[int], width: int) -> Any:
+    """The additive masks [B, 1, width, max(starts) + width] of a batched forward (one per layer kind for mixed
+    models): row i sees its own committed entries [0, pasts[i]) and its tree's ancestors, written from starts[i]
+    (BatchKVCache); its padding queries, and every query of a row not verified here (draft None), see only
+    themselves."""
     kinds = {"full_attention": None}
     if runner.window is not None:
         kinds = {"sliding_attention": runner.window, **(kinds if runner.mixed_layers else {})}
     masks = {}
+    pad = torch.arange(width, device=runner.device)
+    at = torch.tensor(starts, dtype=torch.long, device=runner.device)
     for kind, window in kinds.items():
-        big = torch.full((len(pasts), 1, width, end + width), torch.finfo(runner.dtype).min, dtype=runner.dtype,
-                         device=runner.device)
-        pad = torch.arange(width, device=runner.device)
-        big[:, 0, pad, end + pad] = 0
+        big = torch.full((len(pasts), 1, width, max(starts) + width), torch.finfo(runner.dtype).min,
+                         dtype=runner.dtype, device=runner.device)
+        big[torch.arange(len(pasts), device=runner.device)[:, None], 0, pad[None], at[:, None] + pad[None]] = 0
         for i, (draft, past) in enumerate(zip(drafts, pasts)):
             if draft is None:
                 continue
             n = draft.size
             bias = attention_bias(draft.tree_mask, past, runner.dtype, window, draft.depths)[0, 0]
             big[i, 0, :n, :past] = bias[:, :past]
-            big[i, 0, :n, end : end + n] = bias[:, past:]
+            big[i, 0, :n, starts[i] : starts[i] + n] = bias[:, past:]
         masks[kind] = big
     return masks if len(masks) > 1 else next(iter(masks.values()))
+
+
+def needs_mask(runner: Any, starts: list[int], width: int) -> bool:
+    """Whether a row reading only its own keys still needs its mask: not for one token a row (it sees all it
+    reads, as alone) within any sliding window."""
+    return width > 1 or (runner.window is not None and max(starts) + 1 >= runner.window)
 
 
 def generate_batch(engine: Engine, prompts: list[list[int]], cfg: DecodeConfig | None = None,

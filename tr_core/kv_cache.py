@@ -35,6 +35,8 @@ class _BufferLayer(DynamicLayer):
     _v: torch.Tensor | None = None
     length = 0
     rows: int | None = None
+    starts: tuple[torch.Tensor, torch.Tensor] | None = None  # (row, slot) indices [B, N] where the next update writes
+    starts_end = 0  # the entries a batch's forward reads: its last start + N
     keys = _used_part("_k")
     values = _used_part("_v")
 
@@ -63,11 +65,24 @@ class _BufferLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if self.starts is not None:  # a batch's forward: each row's entries go right after its own (BatchKVCache)
+            return self._update_rows(key_states, value_states)
         n = key_states.shape[2]
         self.reserve(self.length + n)
         self._k[: self.rows, :, self.length : self.length + n].copy_(key_states)
         self._v[: self.rows, :, self.length : self.length + n].copy_(value_states)
         self.length += n
+        return self.keys, self.values
+
+    def _update_rows(self, key_states: torch.Tensor, value_states: torch.Tensor):
+        """Write row r's N new entries at starts[r], starts[r] + 1, ... (once: the forward's starts are used up)."""
+        (rows, slots), end = self.starts, self.starts_end
+        self.starts = None
+        self.length = end - key_states.shape[2]  # every row's entries end by here: growing keeps them all
+        self.reserve(end)
+        self._k[rows, :, slots] = key_states.transpose(1, 2).to(self._k.dtype)  # [B, N] index: [B, N, H, D] values
+        self._v[rows, :, slots] = value_states.transpose(1, 2).to(self._v.dtype)
+        self.length = end
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -131,6 +146,15 @@ class _BufferLayer(DynamicLayer):
             return
         self._k, self._v = self._k[: self.rows].index_select(0, index), self._v[: self.rows].index_select(0, index)
         self.rows = len(index)
+
+    def close_gaps(self, keep: list[int], lengths: list[int]) -> None:
+        """Keep the rows `keep` (ascending), row keep[i] moving to row i with its first lengths[i] entries (the
+        rest of a row is stale)."""
+        for new, (old, n) in enumerate(zip(keep, lengths)):
+            if new != old:
+                self._k[new, :, :n].copy_(self._k[old, :, :n])
+                self._v[new, :, :n].copy_(self._v[old, :, :n])
+        self.rows = len(keep)
 
     def move_row(self, row: int, start: int, src: torch.Tensor) -> None:
         """Row `row`'s entries src[i] move to start + i."""
@@ -204,13 +228,14 @@ def row_caches(cache: TreeKVCache, lengths: list[int]) -> list[TreeKVCache]:
 
 class BatchKVCache(TreeKVCache):
     """Several answers' caches as the rows of one (batch.py). Row r's committed entries are [0, rows[r]); a forward
-    writes every row's tree at the common end (the longest row's length), and each row then moves its accepted
-    nodes' entries right after its own. Entries between a row's end and the common end are stale: masked out."""
+    writes each row's tree right after them, at [rows[r], rows[r] + width), so each row's keys are one run from 0
+    (row-wise attention reads no other row's padding: rows_attention.py), and a row whose accepted nodes lead its
+    tree keeps them where they are. Entries past a row's own are stale: masked out."""
 
     def __init__(self) -> None:
         super().__init__()
         self.rows: list[int] = []  # committed entries per row
-        self.written_at = 0  # where the last forward wrote the trees
+        self.written_at: list[int] = []  # where the last forward wrote each row's tree
 
     def add_row(self, solo: TreeKVCache) -> None:
         """Append an answer prefilled alone (its entries copied; the solo cache can then be dropped)."""
@@ -223,28 +248,39 @@ class BatchKVCache(TreeKVCache):
     def drop_rows(self, keep: list[int]) -> None:
         """Keep only the rows `keep` (in that order): finished or abandoned answers leave."""
         self.rows = [self.rows[r] for r in keep]
+        self.written_at = []
         if not self.rows:
             self.layers = []
+            return
+        if keep == sorted(keep):  # rows move down over the gaps: each copies only its own entries
+            for layer in self.layers:
+                layer.close_gaps(keep, self.rows)
             return
         index = torch.tensor(keep, dtype=torch.long, device=self.layers[0].device)
         for layer in self.layers:
             layer.select_rows(index)
 
-    def begin_forward(self, tree_width: int) -> int:
-        """Set the common end before a forward of `tree_width` tokens a row; returns it (where the trees go)."""
-        self.written_at = max(self.rows)
+    def begin_forward(self, tree_width: int) -> list[int]:
+        """Before a forward of `tree_width` tokens a row: each row's tree goes right after its committed entries;
+        returns where each row's starts (the forward reads max(starts) + tree_width entries)."""
+        self.written_at = list(self.rows)
+        device = self.layers[0].device
+        slots = torch.tensor(self.rows, dtype=torch.long, device=device)[:, None] + \
+            torch.arange(tree_width, device=device)[None]
+        rows = torch.arange(len(self.rows), device=device)[:, None].expand_as(slots)
         for layer in self.layers:
-            layer.length = self.written_at
-            layer.reserve(self.written_at + tree_width)
+            layer.starts, layer.starts_end = (rows, slots), max(self.rows) + tree_width
         return self.written_at
 
     def keep_row(self, row: int, start: int, accepted: list[int], forwarded: bool) -> None:
-        """Row `row` committed the accepted nodes of a tree rooted at `start`: move their entries (written at the
-        common end when `forwarded`, else already in place from its prefill) to start, start + 1, ..."""
+        """Row `row` committed the accepted nodes of a tree rooted at `start`: move their entries (written after
+        the row's own when `forwarded`, else already in place from its prefill) to start, start + 1, ..."""
         if forwarded:
-            src = torch.tensor(accepted, dtype=torch.long, device=self.layers[0].device) + self.written_at
-            for layer in self.layers:
-                layer.move_row(row, start, src)
+            at = self.written_at[row]
+            if at != start or accepted != list(range(len(accepted))):  # else already in place
+                src = torch.tensor(accepted, dtype=torch.long, device=self.layers[0].device) + at
+                for layer in self.layers:
+                    layer.move_row(row, start, src)
         self.rows[row] = start + len(accepted)
 
 

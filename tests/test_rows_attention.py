@@ -1,0 +1,81 @@
+"""Row-wise attention of a batch's forward (tr_core/rows_attention.py): each row reads only its own keys, and
+computes what it computes alone; other forwards are untouched."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from conftest import tiny_model
+from test_batch import alone, batched, ragged_prompts
+
+from tr_core import DecodeConfig, rows_attention
+from tr_core.runner import ModelRunner
+
+
+def counting(monkeypatch) -> list[int]:
+    """Record the key length of every per-row call the row-wise attention makes."""
+    from transformers import AttentionInterface
+
+    seen: list[int] = []
+    inner = AttentionInterface._global_mapping["sdpa"]
+
+    def spy(module, query, key, value, mask, **kwargs):
+        if getattr(rows_attention._LOCAL, "rows", None) is not None and query.shape[0] == 1:
+            seen.append(key.shape[2])
+        return inner(module, query, key, value, mask, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa", spy)
+    return seen
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_each_row_reads_its_own_keys_and_gets_its_tokens_alone(arch, monkeypatch):
+    """Rows of 3 to 28 prompt tokens: every per-row call reads at most its own row's keys (never the longest
+    row's), and each answer equals itself alone, greedy and with trees, as with the padded call."""
+    model = tiny_model(arch)
+    prompts = ragged_prompts(6)
+    for cfg in (DecodeConfig(max_new_tokens=24, plain=True), DecodeConfig(max_new_tokens=24, template="hybrid")):
+        seen = counting(monkeypatch)
+        tokens, _ = batched(model, prompts, cfg, max_rows=6)
+        assert tokens == alone(model, prompts, cfg)
+        assert seen and min(seen) < max(map(len, prompts))  # a short row's call never reads the longest row's
+        monkeypatch.undo()
+        monkeypatch.setattr(rows_attention, "wrappable", lambda runner: None)  # the padded call, for comparison
+        assert batched(model, prompts, cfg, max_rows=6)[0] == tokens
+        monkeypatch.undo()
+
+
+def test_the_model_gets_its_attention_back_and_other_threads_keep_theirs():
+    """While one thread's batched forward runs row-wise, another thread's forward of the same model is the usual
+    one; afterwards the model names its own attention again."""
+    model = tiny_model("llama")
+    runner = ModelRunner(model)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    expected = model(ids).logits
+    inside, outside = threading.Event(), threading.Event()
+    got = {}
+
+    def other() -> None:
+        inside.wait(10)
+        got["logits"] = model(ids).logits
+        outside.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    with rows_attention.rows(runner, [2, 4], masked=False):
+        assert model.config._attn_implementation == rows_attention.PREFIX + "sdpa"
+        inside.set()
+        assert outside.wait(10)
+    thread.join()
+    assert torch.equal(got["logits"], expected)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_not_row_wise_off_the_cpu_or_for_unregistered_attention():
+    model = tiny_model("llama", attn="eager")
+    assert rows_attention.wrappable(ModelRunner(model)) is None
+    runner = ModelRunner(tiny_model("llama"))
+    assert rows_attention.wrappable(runner) == "sdpa"
+    runner.device = torch.device("meta")
+    assert rows_attention.wrappable(runner) is None
