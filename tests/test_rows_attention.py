@@ -35,15 +35,26 @@ def test_each_row_reads_its_own_keys_and_gets_its_tokens_alone(arch, monkeypatch
     row's), and each answer equals itself alone, greedy and with trees, as with the padded call."""
     model = tiny_model(arch)
     prompts = ragged_prompts(6)
+    monkeypatch.setattr(rows_attention, "CALL_KEYS", 0)  # calls cost nothing: every row alone
+    seen = counting(monkeypatch)
     for cfg in (DecodeConfig(max_new_tokens=24, plain=True), DecodeConfig(max_new_tokens=24, template="hybrid")):
-        seen = counting(monkeypatch)
+        seen.clear()
         tokens, _ = batched(model, prompts, cfg, max_rows=6)
         assert tokens == alone(model, prompts, cfg)
         assert seen and min(seen) < max(map(len, prompts))  # a short row's call never reads the longest row's
-        monkeypatch.undo()
-        monkeypatch.setattr(rows_attention, "wrappable", lambda runner: None)  # the padded call, for comparison
-        assert batched(model, prompts, cfg, max_rows=6)[0] == tokens
-        monkeypatch.undo()
+        with monkeypatch.context() as patch:
+            patch.setattr(rows_attention, "CALL_KEYS", 12)  # rows of near lengths share calls
+            assert batched(model, prompts, cfg, max_rows=6)[0] == tokens
+        with monkeypatch.context() as patch:
+            patch.setattr(rows_attention, "wrappable", lambda runner: None)  # the padded call, for comparison
+            assert batched(model, prompts, cfg, max_rows=6)[0] == tokens
+
+
+def test_neighbours_of_near_lengths_share_a_call():
+    assert rows_attention.chunks([100, 110, 950, 940, 80], call_keys=256) == [(0, 2, 110), (2, 4, 950), (4, 5, 80)]
+    assert rows_attention.chunks([100, 110, 950], call_keys=10_000) == [(0, 3, 950)]
+    assert rows_attention.chunks([5, 5, 5], call_keys=0) == [(0, 3, 5)]  # equal lengths: one call costs no more
+    assert rows_attention.chunks([5, 6], call_keys=0) == [(0, 1, 5), (1, 2, 6)]
 
 
 def test_the_model_gets_its_attention_back_and_other_threads_keep_theirs():
