@@ -90,3 +90,33 @@ def test_not_row_wise_off_the_cpu_or_for_unregistered_attention():
     assert rows_attention.wrappable(runner) == "sdpa"
     runner.device = torch.device("meta")
     assert rows_attention.wrappable(runner) is None
+
+
+def test_a_config_with_other_attention_keeps_it():
+    """A part of the model with attention of its own (a vision tower's eager, say) is left alone, during and after."""
+    import copy
+
+    model = tiny_model("llama")
+    model.tower = torch.nn.Module()
+    model.tower.config = copy.deepcopy(model.config)
+    model.tower.config._attn_implementation_internal = "eager"
+    with rows_attention.rows(ModelRunner(model), [2, 4], masked=False):
+        assert model.tower.config._attn_implementation == "eager"
+        assert model.config._attn_implementation == rows_attention.PREFIX + "sdpa"
+    assert (model.tower.config._attn_implementation, model.config._attn_implementation) == ("eager", "sdpa")
+
+
+def test_a_grown_cache_holds_zeros_past_what_was_written():
+    """A batch's row may read slots past its own that no forward wrote (masked): they are zeros, never left over
+    memory a finite mask could not hide."""
+    from tr_core.kv_cache import _BufferLayer
+
+    states = torch.ones(2, 1, 5, 4)
+    for _ in range(20):  # freed NaN blocks of the grown size: an uninitialised buffer would often be one of them
+        junk = [torch.full((2, 1, 600, 4), float("nan")) for _ in range(2)]
+        del junk
+        layer = _BufferLayer()
+        layer.update(states, states)
+        layer.reserve(600)
+        assert torch.equal(layer._k[:, :, :5], states)
+        assert not layer._k[:, :, 5:].any() and not layer._v[:, :, 5:].any()  # NaN counts as nonzero too

@@ -190,16 +190,28 @@ def attention_configs(model: Any) -> list[Any]:
     return list(found.values())
 
 
+# held while a model's attention name is changed: here, and by rows_attention for one batched forward
+ATTENTION_LOCK = threading.RLock()
+ROWS_PREFIX = "tr_rows:"  # rows_attention's names: its prefix, then the name of the attention it calls
+
+
+def own_name(name: str | None) -> str | None:
+    """The attention a name runs: rows_attention's name without its prefix."""
+    return name[len(ROWS_PREFIX):] if name and name.startswith(ROWS_PREFIX) else name
+
+
 @contextlib.contextmanager
 def attention_installed(model: Any) -> Iterator[None]:
     """`model`'s attention computed by `attention` for the block; every config gets its own value back."""
     register()
     configs = attention_configs(model)
-    held = [config._attn_implementation_internal for config in configs]
-    try:
+    with ATTENTION_LOCK:
+        held = [own_name(config._attn_implementation_internal) for config in configs]
         for config in configs:
             config._attn_implementation_internal = NAME
+    try:
         yield
     finally:
-        for config, value in zip(configs, held):
-            config._attn_implementation_internal = value
+        with ATTENTION_LOCK:
+            for config, value in zip(configs, held):
+                config._attn_implementation_internal = value

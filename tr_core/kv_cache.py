@@ -58,7 +58,9 @@ class _BufferLayer(DynamicLayer):
         new_cap = max(needed, 2 * capacity, 256)
         for name in ("_k", "_v"):
             old = getattr(self, name)
-            new = old.new_empty(*old.shape[:2], new_cap, old.shape[3])
+            # zeros: a batch's row may read slots past its own that no forward wrote yet (masked, but an
+            # uninitialised value, NaN or 1e306 in float64, would survive a finite mask)
+            new = old.new_zeros(*old.shape[:2], new_cap, old.shape[3])
             new[:, :, : self.length].copy_(old[:, :, : self.length])
             setattr(self, name, new)
 
@@ -126,7 +128,7 @@ class _BufferLayer(DynamicLayer):
         out.device, out.is_initialized, out.length = self.device, True, length
         for name in ("_k", "_v"):
             old = getattr(self, name)
-            new = old.new_empty(count, old.shape[1], max(capacity, length), old.shape[3])
+            new = old.new_zeros(count, old.shape[1], max(capacity, length), old.shape[3])
             new[:, :, :length] = old[:1, :, :length]
             setattr(out, name, new)
         return out

@@ -22,11 +22,10 @@ from typing import Any
 
 import torch
 
-from .invariant import attention_configs
+from .invariant import ATTENTION_LOCK, ROWS_PREFIX, attention_configs, own_name
 
-PREFIX = "tr_rows:"  # registered as PREFIX + the wrapped function's name (its masks are that function's)
+PREFIX = ROWS_PREFIX  # registered as PREFIX + the wrapped function's name (its masks are that function's)
 _LOCAL = threading.local()  # .rows: (runs, lengths, masked) of this thread's batched forward
-_LOCK = threading.Lock()
 _USERS: dict[int, int] = {}  # id(config) -> forwards using the row-wise name now (the name goes when none do)
 
 
@@ -78,9 +77,7 @@ def wrappable(runner: Any) -> str | None:
     """The registered attention this runner's model uses, when row-wise calls pay (on a CPU); else None."""
     from transformers import AttentionInterface
 
-    name = getattr(runner.config, "_attn_implementation", None) or ""
-    if name.startswith(PREFIX):
-        name = name[len(PREFIX):]
+    name = own_name(getattr(runner.config, "_attn_implementation", None)) or ""
     return name if runner.device.type == "cpu" and name in AttentionInterface._global_mapping else None
 
 
@@ -102,21 +99,23 @@ def rows(runner: Any, lengths: list[int], masked: bool) -> Iterator[None]:
     """This thread's next forwards of `runner`'s model read row r's keys [0, lengths[r]) (see the module), rows
     of near lengths side by side in one call (`chunks`); `masked` False: each row sees every key it reads (one
     token a row), so a row read alone gets no mask, as alone."""
-    inner = wrappable(runner)
+    with ATTENTION_LOCK:  # exact mode's install (invariant.py) changes the names under it too
+        inner = wrappable(runner)
+        if inner is not None:
+            name = register(inner)
+            configs = [c for c in _configs(runner.model) if own_name(c._attn_implementation_internal) == inner]
+            for config in configs:  # the decoder's; a vision tower with its own attention keeps it
+                _USERS[id(config)] = _USERS.get(id(config), 0) + 1
+                config._attn_implementation_internal = name
     if inner is None:
         yield
         return
-    name, configs = register(inner), _configs(runner.model)
-    with _LOCK:
-        for config in configs:
-            _USERS[id(config)] = _USERS.get(id(config), 0) + 1
-            config._attn_implementation_internal = name
     _LOCAL.rows = (chunks(lengths), lengths, masked)
     try:
         yield
     finally:
         _LOCAL.rows = None
-        with _LOCK:
+        with ATTENTION_LOCK:
             for config in configs:
                 _USERS[id(config)] -= 1
                 if not _USERS[id(config)]:
