@@ -334,9 +334,9 @@ def batch_mask(runner: Any, drafts: list, pasts: list[int], starts: list[int], w
 
 
 def needs_mask(runner: Any, starts: list[int], width: int) -> bool:
-    """Whether a row reading only its own keys still needs its mask: not for one token a row (it sees all it
-    reads, as alone) within any sliding window."""
-    return width > 1 or (runner.window is not None and max(starts) + 1 >= runner.window)
+    """Whether a row reading only its own keys still needs its mask: not for one token a row that sees every key
+    it reads, as alone (ModelRunner.sees_every_key)."""
+    return width > 1 or not runner.sees_every_key(max(starts))
 
 
 def generate_batch(engine: Engine, prompts: list[list[int]], cfg: DecodeConfig | None = None,

@@ -141,14 +141,6 @@ class _BufferLayer(DynamicLayer):
         own.length = length
         return own
 
-    def select_rows(self, index: torch.Tensor) -> None:
-        """Keep the rows `index` (in that order); the first rows kept in place are not copied."""
-        if torch.equal(index, torch.arange(len(index), device=index.device)):
-            self.rows = len(index)
-            return
-        self._k, self._v = self._k[: self.rows].index_select(0, index), self._v[: self.rows].index_select(0, index)
-        self.rows = len(index)
-
     def close_gaps(self, keep: list[int], lengths: list[int]) -> None:
         """Keep the rows `keep` (ascending), row keep[i] moving to row i with its first lengths[i] entries (the
         rest of a row is stale)."""
@@ -248,19 +240,17 @@ class BatchKVCache(TreeKVCache):
         self.rows.append(solo.layers[0].length)
 
     def drop_rows(self, keep: list[int]) -> None:
-        """Keep only the rows `keep` (in that order): finished or abandoned answers leave."""
+        """Keep only the rows `keep` (ascending): finished or abandoned answers leave, and the rows after a gap
+        move down over it, each copying only its own entries."""
+        if keep != sorted(keep):
+            raise ValueError("rows kept must be in ascending order")
         self.rows = [self.rows[r] for r in keep]
         self.written_at = []
         if not self.rows:
             self.layers = []
             return
-        if keep == sorted(keep):  # rows move down over the gaps: each copies only its own entries
-            for layer in self.layers:
-                layer.close_gaps(keep, self.rows)
-            return
-        index = torch.tensor(keep, dtype=torch.long, device=self.layers[0].device)
         for layer in self.layers:
-            layer.select_rows(index)
+            layer.close_gaps(keep, self.rows)
 
     def begin_forward(self, tree_width: int) -> list[int]:
         """Before a forward of `tree_width` tokens a row: each row's tree goes right after its committed entries;

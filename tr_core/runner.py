@@ -136,13 +136,18 @@ class ModelRunner:
         """The additive mask for tree_mask [N, N], depths [N]: one tensor, or one per layer type for mixed sliding
         models; None for a one-token step within any window (the model keeps its fast path)."""
         n = tree_mask.shape[0]
-        if n == 1 and (self.window is None or past + 1 < self.window):
+        if n == 1 and self.sees_every_key(past):
             return None
         full = attention_bias(tree_mask, past, self.dtype)
         if self.window is None:
             return full
         sliding = attention_bias(tree_mask, past, self.dtype, self.window, depths)
         return {"full_attention": full, "sliding_attention": sliding} if self.mixed_layers else sliding
+
+    def sees_every_key(self, past: int) -> bool:
+        """Whether one token at position `past` sees every key before it (no sliding window hides any): then it
+        needs no mask."""
+        return self.window is None or past + 1 < self.window
 
     def context_limit(self) -> int:
         """The longest sequence the model takes (its position table), or 2^30 when it names none."""
