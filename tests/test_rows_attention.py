@@ -120,3 +120,24 @@ def test_a_grown_cache_holds_zeros_past_what_was_written():
         layer.reserve(600)
         assert torch.equal(layer._k[:, :, :5], states)
         assert not layer._k[:, :, 5:].any() and not layer._v[:, :, 5:].any()  # NaN counts as nonzero too
+
+
+def test_a_batch_cache_grows_before_the_forward_keeping_every_rows_entries():
+    """BatchKVCache.begin_forward makes room for the trees before the forward (whose time the batch's cost model
+    learns), keeping each row's committed entries, also a joined row longer than the last forward read."""
+    from tr_core.kv_cache import BatchKVCache, TreeKVCache
+
+    solos = []
+    for n in (3, 256):
+        solo = TreeKVCache()
+        solo.update(torch.arange(n, dtype=torch.float32).view(1, 1, n, 1).expand(1, 1, n, 2).clone(),
+                    torch.ones(1, 1, n, 2), 0)
+        solos.append(solo)
+    batch = BatchKVCache()
+    for solo in solos:
+        batch.add_row(solo)
+    layer = batch.layers[0]
+    assert layer._k.shape[2] == 256
+    batch.begin_forward(4)
+    assert layer._k.shape[2] >= 260 and layer.starts is not None  # grown, the forward not yet run
+    assert layer._k[1, 0, :256, 0].tolist() == list(range(256)) and layer._k[0, 0, :3, 0].tolist() == [0, 1, 2]

@@ -262,11 +262,15 @@ def test_cache_keeps_only_accepted_entries_in_place():
     assert layer.values[0, 1, 3:, 0].tolist() == [1100, 1102, 1104]
 
 
-def test_cache_grows_by_doubling_and_crops():
+def test_cache_grows_by_a_quarter_and_crops():
     cache = TreeKVCache()
-    for _ in range(300):
+    capacities = set()
+    for _ in range(1200):
         cache.update(torch.ones(1, 1, 1, 2), torch.ones(1, 1, 1, 2), 0)
-    assert cache.get_seq_length() == 300 and cache.layers[0]._k.shape[2] >= 300
+        capacities.add(cache.layers[0]._k.shape[2])
+    assert sorted(capacities) == [256, 512, 768, 1024, 1280]  # 256 at least, else a quarter: 1024 + 256
+    assert cache.get_seq_length() == 1200 and cache.layers[0].keys[0, 0, :, 0].eq(1).all()
+    cache.crop(300)
     cache.crop(-10)  # transformers' meaning: negative removes that many
     assert cache.get_seq_length() == 290
     cache.crop(100)  # positive keeps that many
