@@ -80,11 +80,10 @@ class _BufferLayer(DynamicLayer):
         return self.keys, self.values
 
     def _update_rows(self, key_states: torch.Tensor, value_states: torch.Tensor):
-        """Write row r's N new entries at starts[r], starts[r] + 1, ... (once: the forward's starts are used up)."""
+        """Write row r's N new entries at starts[r], starts[r] + 1, ... (once: the forward's starts are used up), in
+        room BatchKVCache.begin_forward reserved."""
         (rows, slots), end = self.starts, self.starts_end
         self.starts = None
-        self.length = end - key_states.shape[2]  # every row's entries end by here: growing keeps them all
-        self.reserve(end)
         self._k[rows, :, slots] = key_states.transpose(1, 2).to(self._k.dtype)  # [B, N] index: [B, N, H, D] values
         self._v[rows, :, slots] = value_states.transpose(1, 2).to(self._v.dtype)
         self.length = end
