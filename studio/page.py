@@ -26,7 +26,7 @@ from .decode_loop import crowd
 from .models import label
 from .session import Session, Studio, decode_slot, new_session
 from .page_js import (DOWNLOAD_JS, MICROSCOPE_JS, PRESENT_FROM_URL_JS, PRESENT_JS, PRESENT_LABELS, RACE_JS,
-                      TOUR_INSTALL_JS, TOUR_OPEN_JS)
+                      SIDES_INSTALL_JS, TOUR_INSTALL_JS, TOUR_OPEN_JS)
 from .settings import parse_settings
 from .texts import DRAFTING, EXAMPLES, HOW_IT_WORKS, PAPER, PAPER_SHORT, WHY_NUMBERS
 from .views import KEYS, blank_views, matrix_info
@@ -172,9 +172,8 @@ def _shown_step_panel(ui: dict, blank: dict[str, Any]) -> None:
     ui["story"] = gr.HTML(blank["story"], elem_id="tr-story")
     ui["cost"] = gr.HTML(blank["cost"], elem_id="tr-cost")
     ui["race"] = gr.HTML(blank["race"], elem_id="tr-race-box")
-    ui["compare_methods"] = gr.Button("The paper's method beside the hybrid, on my last question", size="sm",
+    ui["compare_methods"] = gr.Button("⚖ The paper's method beside the hybrid, on my last question", size="md",
                                       elem_id="tr-compare-methods")
-    ui["sides"] = gr.HTML("", elem_id="tr-sides")  # studio/side_by_side.py
 
 
 def _settings_panel(ui: dict, studio: Studio) -> None:
@@ -230,6 +229,8 @@ def _layout(studio: Studio) -> dict[str, Any]:
             _chat_panel(ui, studio.default_template)
         with gr.Column(scale=6, min_width=520, elem_id="tr-right"):
             _shown_step_panel(ui, blank)
+    with gr.Row(elem_id="tr-sides-row"):  # the paper's method beside the hybrid, full width (side_by_side.py)
+        ui["sides"] = gr.HTML("", elem_id="tr-sides", padding=False)
     with gr.Row(equal_height=False, elem_id="tr-steps"):
         _step_panel(ui, blank)
     _settings_panel(ui, studio)
@@ -370,6 +371,7 @@ def _wire_views(demo: gr.Blocks, registry: Registry, ui: dict) -> None:
                                                                          api_visibility="private")
     demo.load(None, js=PRESENT_FROM_URL_JS, api_visibility="private")
     demo.load(None, js=TOUR_INSTALL_JS, api_visibility="private")
+    demo.load(None, js=SIDES_INSTALL_JS, api_visibility="private")
 
 
 def build_demo(studio: Studio) -> gr.Blocks:

@@ -67,6 +67,12 @@ MICROSCOPE_JS = """() => {
 PRESENT_FROM_URL_JS = ("() => { if (new URLSearchParams(window.location.search).get('view') === 'present') "
                        f"({PRESENT_JS})(true); }}")
 
+# The side-by-side (studio/side_by_side.py) closes with its ✕ or Escape; a new comparison opens it again.
+SIDES_INSTALL_JS = """() => { if (window.trSidesInstalled) return; window.trSidesInstalled = true;
+  const close = () => document.querySelectorAll('.tr-sides.tr-sides-open').forEach((b) => b.classList.remove('tr-sides-open'));
+  document.addEventListener('click', (e) => { if (e.target.closest && e.target.closest('.tr-sides-close')) close(); });
+  document.addEventListener('keydown', (e) => { if (e.key === 'Escape') close(); }); }"""
+
 # The guided tour (present/tour.py): its script installs once with the page; a tour button opens the tour just drawn.
 TOUR_INSTALL_JS = "() => {" + TOUR_JS + "}"
 TOUR_OPEN_JS = "() => { if (window.trTourOpen) window.trTourOpen(document.querySelector('#tr-tour-box')); }"

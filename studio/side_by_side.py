@@ -13,14 +13,15 @@ from typing import Any
 from present.chart import draft_credit
 from present.glossary import gloss
 from present.meter import identity_words, ratio_class
+from present.sides import best_step, pays_svg, silhouette_svg
 from tr_core.config import DecodeConfig
 from tr_core.events import StepEvent, SummaryEvent
 
 from . import zerogpu
 
 PAPER, HYBRID = "2.2.2", "hybrid"  # the paper's static tree (the matrix alone, 80 nodes), and the studio's default
-METHODS = (("plain", "Plain decoding"), (PAPER, "The paper's method as published: the matrix alone, its 80-node tree"),
-           (HYBRID, "Hybrid: matrix + context"))
+METHODS = (("plain", "Plain decoding"), (PAPER, "The paper's method: the matrix alone, its 80-node tree"),
+           (HYBRID, "The hybrid: matrix + context, its tree sized for this machine"))
 ROUNDS = 2  # each method decodes the question this many times, in turns; its fastest run is shown
 TOKENS = 64  # new tokens per answer (greedy)
 
@@ -70,8 +71,12 @@ def run_methods(start: Callable[[], Any], prompt_ids: list[int], tokens: int = T
             yield r * len(METHODS) + i + 1, total, results
 
 
+SHORT = {"plain": "Plain decoding", PAPER: "The paper's 80-node tree", HYBRID: "The hybrid, sized here"}
+
+
 def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool | None) -> str:
-    """The paper's method and the hybrid side by side (plain decoding as their yardstick), all escaped."""
+    """The paper's method and the hybrid side by side, full width: each one's best step as a tree and its speed,
+    then why (tokens a step gains against what a step costs, present/sides.py), plain decoding the yardstick."""
     plain = results.get("plain")
     if plain is None or not all(t in results for t, _ in METHODS):
         return '<div class="tr-sides tr-sides-none">Measuring…</div>'
@@ -79,39 +84,57 @@ def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool |
     same = all(results[t].tokens == plain.tokens for t, _ in METHODS[1:])
     verdict = ("✓ Both answers are plain decoding's, token for token." if same else
                "Not every answer is plain decoding's token for token: see the cards.")
-    foot = (f"Plain decoding: {plain.tokens_per_s:.1f} tok/s. Your last question, {len(plain.tokens)} tokens each, "
-            f"fastest of {ROUNDS} runs in turns, on {machine or 'this machine'}. Each starts as a new tab would: the "
-            "matrix learned beforehand, and the hybrid copying from the question and the sample answers, not from "
-            "your conversation; so the figures differ from your answer's.")
-    return (f'<div class="tr-sides"><div class="tr-sides-cards">{cards}</div>'
-            f'<div class="tr-sides-foot">{html.escape(verdict)} {gloss(foot)}{why_paper_slower(results)}</div></div>')
+    pays = pays_svg([(SHORT[t], results[t].per_step, step_cost(results[t], plain), speed(results[t], plain))
+                     for t, _ in METHODS])
+    foot = (f"Your last question, {len(plain.tokens)} tokens each, fastest of {ROUNDS} runs in turns on "
+            f"{machine or 'this machine'}; plain decoding {plain.tokens_per_s:.1f} tok/s, a step {plain.step_ms:.0f} ms. Each starts as a new tab "
+            "would: the matrix learned beforehand, no conversation to copy from.")
+    return (f'<div class="tr-sides tr-sides-open"><div class="tr-sides-top"><span class="tr-sides-title">The '
+            f'paper\'s method beside the hybrid</span><span class="tr-sides-verdict">{html.escape(verdict)}</span>'
+            f'<button class="tr-sides-close" title="Close">✕</button></div>'
+            f'<div class="tr-sides-cards">{cards}</div>'
+            f'<div class="tr-sides-why">{pays}</div>'
+            f'<div class="tr-sides-foot">{gloss(foot)}{why_paper_slower(results)}</div></div>')
+
+
+def step_cost(run: MethodRun, plain: MethodRun) -> float:
+    """A method's mean step time in plain steps."""
+    return run.step_ms / plain.step_ms if plain.step_ms > 0 else 0.0
+
+
+def speed(run: MethodRun, plain: MethodRun) -> float:
+    """A method's speed over plain decoding's: its tokens per second over plain's (for the same tokens, its tokens
+    per step over its step cost: the bars say so)."""
+    return run.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else 0.0
 
 
 def why_paper_slower(results: dict[str, MethodRun]) -> str:
-    """Where the paper's tree lost to plain decoding here, one sentence on why, from the measured step times ("" where
-    it did not lose): a CPU's forward costs grow with its tokens; the paper's GPUs verify 80 tokens for little more."""
+    """Where the paper's tree lost to plain decoding here, one sentence on why ("" where it did not lose): a CPU's
+    forward costs grow with its tokens; the paper's GPUs verify 80 tokens for little more than one."""
     paper, plain = results[PAPER], results["plain"]
     if paper.tokens_per_s >= plain.tokens_per_s or plain.step_ms <= 0:
         return ""
     nodes = max((len(e.tokens) for e in paper.steps), default=0)
-    costs = round(paper.step_ms) / max(round(plain.step_ms), 1)  # from the cards' ms as shown: a reader's check agrees
-    return html.escape(f" Why the paper's tree is slower here: on this machine its step, a forward of up to {nodes} "
-                       f"tokens (its drafts and the last token), took {costs:.1f} plain steps on average; on the "
-                       "paper's GPUs such a forward costs little more than one, and it measured about 2×.")
+    return html.escape(f" The paper's step checks up to {nodes} tokens in one forward: "
+                       f"{step_cost(paper, plain):.2f} plain steps here, little more than one on the paper's GPUs "
+                       "(about 2× there).")
 
 
 def _card(run: MethodRun, plain: MethodRun, exact: bool | None) -> str:
-    ratio = run.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else 0.0
-    same = identity_words(run.tokens == plain.tokens, exact)
-    cls = ratio_class(ratio)
-    return (f'<div class="tr-side tr-side-{cls}"><div class="tr-side-name">{html.escape(run.name)}</div>'
-            f'<div class="tr-side-big">{ratio:.2f}×</div><div class="tr-side-lab">plain decoding\'s speed</div>'
-            f'<div class="tr-side-row"><b>{run.per_step:.2f}</b> {gloss("tokens per step")} · '
-            f'<b>{run.tokens_per_s:.1f}</b> tok/s</div>'
-            f'<div class="tr-side-row">a step took <b>{run.step_ms:.0f} ms</b> on average (plain decoding: '
-            f'{plain.step_ms:.0f} ms)</div>'
-            f'<div class="tr-side-credit">{gloss(draft_credit(run.steps))}</div>'
-            f'<div class="tr-side-same">{html.escape(same)}</div></div>')
+    """A method's card: its name and speed, its best step's tree, what that step did, where its drafts came from
+    (its tokens per step and step cost are the bars below)."""
+    ratio = speed(run, plain)
+    best = best_step(run.steps)
+    picture = silhouette_svg(best) if best is not None else ""
+    did = "" if best is None else (f"its best step: {len(best.tokens) - 1} drafts checked, "
+                                   f"{len(best.accepted) - 1} accepted" + (" + the bonus" if best.bonus is not None
+                                                                            else ""))
+    return (f'<div class="tr-side tr-side-{ratio_class(ratio)}"><div class="tr-side-head">'
+            f'<span class="tr-side-name">{html.escape(run.name)}</span>'
+            f'<span class="tr-side-big" title="its speed over plain decoding\'s">{ratio:.2f}×</span></div>'
+            f'<div class="tr-side-pic">{picture}</div><div class="tr-side-did">{html.escape(did)}</div>'
+            f'<div class="tr-side-credit">{gloss(draft_credit(run.steps))} · '
+            f'{html.escape(identity_words(run.tokens == plain.tokens, exact))}</div></div>')
 
 
 ON_ZEROGPU = ("The side-by-side comparison times three methods in this process, which on ZeroGPU has no GPU: run "

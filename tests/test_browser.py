@@ -390,7 +390,7 @@ NOT_PRESENTING_JS = "() => !document.documentElement.classList.contains('tr-pres
 
 
 PANELS = ("#tr-meter-box", "#tr-tree", "#tr-heat", "#tr-story", "#tr-cost", "#tr-nav-buttons", "#tr-decoding",
-          "#tr-input-row", "#tr-status")  # what a lecture hall must see at once
+          "#tr-input-row", "#tr-status", "#tr-compare-methods")  # what a lecture hall must see at once
 TEXT_PANELS = ("#tr-meter-box", "#tr-story", "#tr-cost", "#tr-decoding", "#tr-nav-buttons")  # nothing may be cut off
 # Every visible piece of text in the panels (HTML text and plotly's SVG text), its computed font size in px.
 FONT_SIZES_JS = """(sels) => {
@@ -518,6 +518,63 @@ def test_presentation_view_carries_a_lecture_on_one_projector_screen(app_browser
     finally:
         context.close()
     assert shot.stat().st_size > 10_000
+
+
+SIDES_OPEN_JS = "() => !!document.querySelector('#tr-sides .tr-sides-open')"
+SIDES_CLOSED_JS = "() => !document.querySelector('#tr-sides .tr-sides-open')"
+# The smallest text of each picture under `s` as drawn: its font size times the picture's scale on the screen.
+SVG_TEXT_PX_JS = """(s) => [...document.querySelectorAll(s + ' svg')].filter(g => g.querySelector('text')).map(g => {
+  const scale = g.getBoundingClientRect().width / g.viewBox.baseVal.width;
+  return Math.min(...[...g.querySelectorAll('text')].map(t => parseFloat(t.getAttribute('font-size')) * scale)); })"""
+
+
+def test_the_papers_method_beside_the_hybrid_full_width_then_over_the_projector_screen(app_browser, tmp_path):
+    """Issue 55: one button answers the last question with the paper's 80-node tree and with the hybrid; the panel
+    spans the page under the answer (two trees and the bars of why), then, presenting at 1280x720, it opens over
+    the whole screen with nothing cut off and no text under 16 px; its ✕ gives the screen back. Saves
+    $TR_SIDES_SCREENSHOT (the page's panel) and $TR_SIDES_PRESENT_SCREENSHOT (the projector's screen)."""
+    url, browser = app_browser
+    shots = {key: Path(os.environ.get(f"TR_SIDES{key}_SCREENSHOT") or tmp_path / f"sides{key}.png")
+             for key in ("", "_PRESENT")}
+    context = browser.new_context(viewport=PROJECTOR, device_scale_factor=1)
+    page = context.new_page()
+    try:
+        page.goto(url, wait_until="load", timeout=HUNG_MS)
+        box = page.locator("#tr-msg textarea, textarea#tr-msg, #tr-msg input").first
+        box.fill(os.environ.get("TR_SIDES_QUESTION", "Name three prime numbers and say why each is prime."))
+        box.press("Enter")
+        wait_meter_final(page, ("measured", "noisy", "off"))
+        wait_idle(page)
+        page.locator("#tr-compare-methods").click()
+        page.wait_for_function(SIDES_OPEN_JS, timeout=HUNG_MS)
+        wait_idle(page)
+        panel = page.evaluate(RECT_JS, "#tr-sides .tr-sides")
+        top = page.evaluate(RECT_JS, "#tr-top")
+        assert panel["width"] >= 0.95 * top["width"] and panel["top"] >= top["bottom"] - 1, (panel, top)
+        shown = page.locator("#tr-sides").inner_text()
+        assert "Both answers are plain decoding's, token for token" in shown, shown
+        assert page.locator("#tr-sides svg").count() == 3 and "×" in shown
+        page.locator("#tr-sides").screenshot(path=str(shots[""]))
+        page.locator("#tr-present").click()
+        page.wait_for_function(PRESENTING_JS, timeout=HUNG_MS)
+        page.wait_for_function(SIDES_OPEN_JS, timeout=HUNG_MS)
+        over = page.evaluate(RECT_JS, "#tr-sides .tr-sides")
+        assert over["top"] >= 0 and over["left"] >= 0 and over["bottom"] <= PROJECTOR["height"], over
+        assert over["right"] <= PROJECTOR["width"] and over["width"] >= 0.9 * PROJECTOR["width"], over
+        assert page.evaluate(CUT_JS, "#tr-sides .tr-sides") <= [1, 1], page.evaluate(CUT_JS, "#tr-sides .tr-sides")
+        small = [f for f in page.evaluate(FONT_SIZES_JS, ["#tr-sides"]) if f[3] < 16]
+        assert not small, small
+        drawn = page.evaluate(SVG_TEXT_PX_JS, "#tr-sides")
+        assert drawn and min(drawn) >= 16, drawn  # the bars' words, as the room sees them
+        page.mouse.move(640, 715)
+        page.screenshot(path=str(shots["_PRESENT"]))
+        page.locator("#tr-sides .tr-sides-close").click()
+        page.wait_for_function(SIDES_CLOSED_JS, timeout=HUNG_MS)
+        check_projector_screen(page)  # the comparison's button has its own place on the screen
+        no_error_toast(page)
+    finally:
+        context.close()
+    assert all(shot.stat().st_size > 10_000 for shot in shots.values())
 
 
 def race_trace(steps: int = 8, step_ms: float = 250.0) -> Trace:
