@@ -19,8 +19,9 @@ TREE_W, TREE_H = 600, 300  # a method's tree: shapes only; its caption says what
 
 
 def best_step(steps: list[StepEvent]) -> StepEvent | None:
-    """The step with the most accepted drafts (the earliest of equals): the one each card draws."""
-    return max(steps, key=lambda ev: len(ev.accepted), default=None)
+    """The step that gained the most tokens (the earliest of equals; a last step cut by the answer's end counts
+    what it kept): the one each card draws."""
+    return max(steps, key=lambda ev: len(ev.emitted), default=None)
 
 
 def silhouette_svg(ev: StepEvent) -> str:

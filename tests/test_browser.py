@@ -127,6 +127,7 @@ def test_example_click_streams_answer_and_draws_tree_heatmap_and_meter(tmp_path)
             answer = page.locator("#tr-chat").inner_text()
             assert len(answer.strip()) > 20
             page.mouse.move(5, 5)  # no hover label in the picture
+            page.locator("#tr-chat .message-row.user-row").last.scroll_into_view_if_needed()  # the question in sight
             shot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(shot), full_page=True)
         finally:
@@ -390,7 +391,7 @@ NOT_PRESENTING_JS = "() => !document.documentElement.classList.contains('tr-pres
 
 
 PANELS = ("#tr-meter-box", "#tr-tree", "#tr-heat", "#tr-story", "#tr-cost", "#tr-nav-buttons", "#tr-decoding",
-          "#tr-input-row", "#tr-status", "#tr-compare-methods")  # what a lecture hall must see at once
+          "#tr-input-row", "#tr-status")  # what a lecture hall must see at once
 TEXT_PANELS = ("#tr-meter-box", "#tr-story", "#tr-cost", "#tr-decoding", "#tr-nav-buttons")  # nothing may be cut off
 # Every visible piece of text in the panels (HTML text and plotly's SVG text), its computed font size in px.
 FONT_SIZES_JS = """(sels) => {
@@ -406,6 +407,8 @@ FONT_SIZES_JS = """(sels) => {
 BUTTONS_JS = ("(s) => [...document.querySelectorAll(s + ' button')].filter(b => b.getBoundingClientRect().width > 0)"
               ".map(b => { const r = b.getBoundingClientRect(); return {top: r.top, bottom: r.bottom, right: r.right,"
               " text: b.innerText}; })")
+MARKS_JS = ("(s) => [...document.querySelectorAll(s)].map(e => e.getBoundingClientRect()).filter(r => r.width > 0)"
+            ".map(r => ({top: r.top, bottom: r.bottom, left: r.left, right: r.right}))")
 CUT_JS = ("(s) => { const el = document.querySelector(s);"
           " return [el.scrollHeight - el.clientHeight, el.scrollWidth - el.clientWidth]; }")
 
@@ -458,6 +461,12 @@ def check_projector_screen(page) -> None:
             assert r["right"] <= outer["right"] + 0.5, (row, r, outer)
     chat = page.evaluate(RECT_JS, "#tr-chat")
     assert chat["bottom"] - chat["top"] >= 90, chat  # the answer's last lines, not one: 16-18 px text
+    button = page.evaluate(RECT_JS, "#tr-compare-methods")  # over the tree's top corner: clear of all it draws
+    assert button["width"] > 0 and button["top"] >= 0 and button["right"] <= PROJECTOR["width"], button
+    for r in page.evaluate(MARKS_JS, "#tr-tree text, #tr-tree .point, #tr-present"):
+        w = min(r["right"], button["right"]) - max(r["left"], button["left"])
+        h = min(r["bottom"], button["bottom"]) - max(r["top"], button["top"])
+        assert w <= 0.5 or h <= 0.5, (r, button)
 
 
 def test_presentation_view_carries_a_lecture_on_one_projector_screen(app_browser, tmp_path):

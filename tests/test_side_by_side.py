@@ -121,13 +121,13 @@ def test_the_pictures_draw_green_over_grey_and_every_node_of_the_best_step():
     assert ">1.00×<" in svg and ">0.75×<" in svg and ">1.75×<" in svg and sides.LOSS_COLOUR in svg
     assert "under 1" in svg and "under 1" not in sides.pays_svg([("a", 2.0, 1.5, 1.33)])
 
-    def step(accepted: list[int], n: int) -> StepEvent:
+    def step(accepted: list[int], n: int, bonus: int | None = 1) -> StepEvent:
         return StepEvent(step=0, position=1, tokens=list(range(n)), parents=[-1] + list(range(n - 1)),
-                         depths=list(range(n)), ranks=[-1] + [0] * (n - 1), accepted=accepted, emitted=[1],
-                         bonus=1, timings={})
+                         depths=list(range(n)), ranks=[-1] + [0] * (n - 1), accepted=accepted,
+                         emitted=[1] * (len(accepted) - 1 + (bonus is not None)), bonus=bonus, timings={})
 
-    best = sides.best_step([step([0], 5), step([0, 1, 2], 5), step([0, 1, 2], 6)])
-    assert best.accepted == [0, 1, 2] and len(best.tokens) == 5  # the first of equals
+    best = sides.best_step([step([0], 5), step([0, 1, 2], 5), step([0, 1, 2], 6), step([0, 1, 2, 3], 5, None)])
+    assert best.accepted == [0, 1, 2] and len(best.tokens) == 5  # the first of equals; a cut last step gained 3
     drawn = sides.silhouette_svg(best)
     assert drawn.count("<circle") == 5 and drawn.count("<polygon") == 1  # four drafts and the root; the star
     assert drawn.count(f'stroke="{ACCEPTED_COLOUR}"') == 2  # the two accepted edges
