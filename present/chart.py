@@ -81,6 +81,7 @@ def draft_credit(events: list[StepEvent]) -> str:
     where = ("all from the matrix" if not counts["context"] and not counts["both"] else
              f"{counts['matrix']} from the matrix, {counts['context']} copied, {counts['both']} both")
     ended = len(events) - bonuses  # steps whose answer ended inside them (its last): no bonus token
-    none = " (none where the answer ended)" if ended else ""
+    last = "the last step" if ended == 1 else f"the {ended} steps"
+    none = f" (one a step, none in {last}, where the answer ended)" if ended else ""
     return f"{tokens} tokens = {drafts} accepted drafts ({where}) + {bonuses} bonus{none}"
 

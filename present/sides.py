@@ -19,9 +19,9 @@ TREE_W, TREE_H = 600, 300  # a method's tree: shapes only; its caption says what
 
 
 def best_step(steps: list[StepEvent]) -> StepEvent | None:
-    """The step that gained the most tokens (the earliest of equals; a last step cut by the answer's end counts
-    what it kept): the one each card draws."""
-    return max(steps, key=lambda ev: len(ev.emitted), default=None)
+    """The whole step (one with its bonus: not cut by the answer's end) that gained the most tokens, the earliest
+    of equals: the one each card draws."""
+    return max(steps, key=lambda ev: (ev.bonus is not None, len(ev.emitted)), default=None)
 
 
 def silhouette_svg(ev: StepEvent) -> str:

@@ -174,7 +174,7 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
     if cost is not None:
         body.append(f'<line x1="{x:.0f}" y1="{y_of(cost):.0f}" x2="{x:.0f}" y2="{y_of(gained):.0f}" '
                     f'stroke="{ACCEPTED_COLOUR}" stroke-width="6"/>')
-        body.append(text(x - 14, y_of(cost) + 16, f"cost {cost:.2f}", SMALL, "#475569", "end", halo=True))
+        body.append(text(x, y_of(cost) + 30, f"cost {cost:.2f}", SMALL, "#475569", halo=True))  # under its point
     body.append(f'<circle cx="{x:.0f}" cy="{y_of(gained):.0f}" r="11" fill="{ACCEPTED_COLOUR}"/>')
     room_right = x + 260 < right + 60  # the label stands right of the dot where it fits before the tile
     body.append(text(x + 18 if room_right else x - 18, y_of(gained) - 4,

@@ -266,7 +266,9 @@ def _sides_fn(registry: Registry, ui: dict):
     def sides(state, request: gr.Request):
         s = registry.get(state, request)
         where = h.precision(s.engine)["machine"] if s.engine is not None else ""  # where it runs, not the trace's
-        for view in side_by_side.compare_methods(s, crowd, decode_slot, where):
+        cfg = registry.studio.config  # the meter's budget and turn length: the cards read as the meter does
+        views = side_by_side.compare_methods(s, crowd, decode_slot, where, cfg.measure_max_s, cfg.measure_chunk_ms)
+        for view in views:
             yield {**_update(ui, view), ui["state"]: s}
     return sides
 

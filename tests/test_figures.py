@@ -656,7 +656,7 @@ def test_the_chart_credits_the_answers_accepted_drafts_to_their_source():
     cut.emitted, cut.bonus = cut.emitted[:1], None
     steps = events + [cut]
     caption = draft_credit(steps)
-    assert caption.endswith("+ 3 bonus (none where the answer ended)")  # 4 steps, 3 bonuses: said why
+    assert caption.endswith("+ 3 bonus (one a step, none in the last step, where the answer ended)")  # 4 steps, 3 bonuses: said why
     tokens, credited, bonuses = map(int, re.match(r"(\d+) tokens = (\d+) accepted drafts \(.*\) \+ (\d+) bonus",
                                                   caption).groups())
     assert credited == sum(len(e.emitted) - (e.bonus is not None) for e in steps) == accepted + 1

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from conftest import TINY_VOCAB, TinyTokenizer, tiny_model, unglossed
 
 from studio import side_by_side as sbs
+from studio.meter import SpeedEstimate
 from tr_core import Engine
 
 
@@ -17,42 +18,69 @@ def tiny_session(history: list[dict] | None = None) -> SimpleNamespace:
                            history=history if history is not None else [{"role": "user", "content": "a b c d"}])
 
 
-def test_every_method_answers_from_the_same_start_and_the_drafts_are_plain_decodings_tokens():
+def estimate(ratio: float | None, error: float = 0.03, identical: bool | None = True) -> SpeedEstimate:
+    return SpeedEstimate(ratio, error, None, None, None, 24, 8, ratio is not None, "" if ratio else "noisy",
+                         identical=identical)
+
+
+def test_every_method_is_timed_against_plain_decoding_in_turns_from_the_same_start():
     s = tiny_session()
     ids = s.engine.encode_chat([{"role": "user", "content": "a b c d"}])
-    held = []
+    held, starts = [], []
 
     @contextlib.contextmanager
     def hold():
         held.append(1)
         yield
 
-    progress = list(sbs.run_methods(lambda: s.engine.fork(), ids, tokens=24, rounds=2, hold=hold))
-    assert [p[:2] for p in progress] == [(i, 6) for i in range(1, 7)] and len(held) == 6
+    def start():
+        starts.append(1)
+        return s.engine.fork()
+
+    progress = list(sbs.run_methods(start, ids, tokens=24, hold=hold, max_s=30.0, chunk_ms=5.0))
+    assert [p[:2] for p in progress] == [(1, 2), (2, 2)] and len(held) == 2 and len(starts) >= 2
     results = progress[-1][2]
-    plain = results["plain"]
-    assert len(plain.tokens) == 24 and plain.per_step == 1.0
     for template in (sbs.PAPER, sbs.HYBRID):
-        assert results[template].tokens == plain.tokens and len(results[template].steps) <= len(plain.steps)
-    shown = unglossed(sbs.side_by_side_html(results, "Test CPU, 2 threads", exact=False))
+        run = results[template]
+        assert len(run.tokens) == 24 and run.est.identical is True  # the meter's check: plain decoding's tokens
+        assert run.est.pairs >= 2 and run.est.tokens > 0  # measured in alternating turns
+        assert run.steps and all(ev.template for ev in run.steps)  # the first decode's steps, recorded
+    assert results[sbs.PAPER].steps[0].template == sbs.PAPER
+
+
+def test_the_panel_reads_as_the_meter_cards_and_bars_agree():
+    s = tiny_session()
+    ids = s.engine.encode_chat([{"role": "user", "content": "a b c d"}])
+    results = list(sbs.run_methods(lambda: s.engine.fork(), ids, tokens=24, chunk_ms=5.0))[-1][2]
+    results[sbs.PAPER].est, results[sbs.HYBRID].est = estimate(0.63, 0.02), estimate(1.73)
+    shown = unglossed(sbs.side_by_side_html(results, "Test CPU, 2 threads", exact=False, tokens=24))
     assert "The paper&#x27;s method: the matrix alone, its 80-node tree" in shown and "The hybrid: matrix + context" in shown
     assert shown.count("✓ token-identical to plain decoding") == 2 and "✓ Both answers are plain decoding" in shown
-    assert "on Test CPU, 2 threads" in shown and "24 tokens = " in shown and "Your last question, 24 tokens each" in shown  # the drafts' credit, as the chart's
-    assert f"a step {plain.step_ms:.0f} ms" in shown  # why fewer steps need not be faster: the bars' yardstick
+    assert "up to 24 new tokens, on Test CPU, 2 threads" in shown and "24 tokens = " in shown  # drafts credited
+    assert "alternating short turns, as the meter times an answer" in shown
     assert shown.count("<svg") == 3  # each method's best step, and why each is as fast as it is
-    for template in (sbs.PAPER, sbs.HYBRID):  # the picture's ratio is the card's: green over grey
+    assert ">0.63×<span" in shown and "± 0.02" in shown and ">1.73×<span" in shown
+    for template, ratio in ((sbs.PAPER, 0.63), (sbs.HYBRID, 1.73)):  # the bars: green ÷ grey is the card's speed
         run = results[template]
-        assert f"{run.per_step:.2f}" in shown and f"{sbs.step_cost(run, plain):.2f}" in shown
-        assert shown.count(f">{sbs.speed(run, plain):.2f}×<") == 2  # the card's speed and the bars' agree
+        assert f">{run.per_step:.2f}<" in shown and f">{run.per_step / ratio:.2f}<" in shown
+        assert f">{ratio:.2f}×</text>" in shown
+    results[sbs.HYBRID].est = estimate(None)  # too noisy: said, and no bar claims a speed
+    shown = unglossed(sbs.side_by_side_html(results, "Test CPU", exact=False))
+    assert "too noisy to measure" in shown and "The hybrid, sized here" not in shown
 
 
 def test_the_handler_needs_a_question_and_a_quiet_page_and_ends_with_the_panel():
     free = contextlib.nullcontext
     assert list(sbs.compare_methods(tiny_session([]), lambda: 0, free, "")) == [{"status": sbs.NEED_QUESTION}]
     assert list(sbs.compare_methods(tiny_session(), lambda: 3, free, "")) == [{"status": sbs.BUSY_NOW}]
-    views = list(sbs.compare_methods(tiny_session(), lambda: 0, free, "Test CPU"))
-    assert all("run " in v["status"] for v in views[:-1]) and len(views) == 1 + 2 * len(sbs.METHODS)
+    s = tiny_session()
+    s.trace = SimpleNamespace(settings={"max_new_tokens": 12})  # the last answer's budget
+    views = list(sbs.compare_methods(s, lambda: 0, free, "Test CPU", chunk_ms=5.0))
+    assert all("Timing" in v["status"] for v in views[:-1]) and len(views) == 1 + len(sbs.METHODS)
     assert 'class="tr-sides tr-sides-open"' in views[-1]["sides"] and "side by side" in views[-1]["status"]
+    assert "up to 12 new tokens" in views[-1]["sides"]
+    assert sbs.budget(SimpleNamespace(trace=SimpleNamespace(settings={"max_new_tokens": 900}))) == sbs.MOST_TOKENS
+    assert sbs.budget(SimpleNamespace()) == sbs.TOKENS
 
 
 def test_on_zerogpu_the_comparison_says_why_it_does_not_run(monkeypatch):
@@ -72,7 +100,7 @@ def test_a_crowd_arriving_stops_the_comparison_between_runs():
 def test_hostile_names_and_machines_are_escaped():
     s = tiny_session()
     ids = s.engine.encode_chat([{"role": "user", "content": "x"}])
-    results = list(sbs.run_methods(lambda: s.engine.fork(), ids, tokens=4, rounds=1))[-1][2]
+    results = list(sbs.run_methods(lambda: s.engine.fork(), ids, tokens=4, chunk_ms=5.0))[-1][2]
     shown = sbs.side_by_side_html(results, "<img src=x onerror=alert(1)>", exact=True)
     assert "<img" not in shown and "&lt;img" in shown
 
@@ -85,29 +113,30 @@ def test_the_comparison_names_the_machine_it_runs_on_not_a_loaded_traces(monkeyp
     s = tiny_session()
     s.trace = SimpleNamespace(settings={"machine": "Somebody's GPU"})
     seen = []
-    monkeypatch.setattr(sbs, "compare_methods", lambda s, crowd, slot, machine: seen.append(machine) or iter(()))
-    registry = SimpleNamespace(get=lambda state, request: s)
+    monkeypatch.setattr(sbs, "compare_methods", lambda s, crowd, slot, machine, *_: seen.append(machine) or iter(()))
+    registry = SimpleNamespace(get=lambda state, request: s,
+                               studio=SimpleNamespace(config=SimpleNamespace(measure_max_s=30.0, measure_chunk_ms=250.0)))
     list(page._sides_fn(registry, {"state": "state"})(None, None))
     assert seen == [precision(s.engine)["machine"]] and "Somebody" not in seen[0]
 
 
-def test_where_the_papers_tree_loses_the_foot_says_why_from_the_measured_step_times():
+def test_where_the_papers_tree_loses_the_foot_says_why_from_the_measured_figures():
     """Readers saw 0.70x for the paper's method with the reason only in a closed panel."""
     from tr_core.events import StepEvent
 
-    def run(template: str, n_steps: int, seconds: float, nodes: int) -> sbs.MethodRun:
+    def run(template: str, n_steps: int, nodes: int, ratio: float | None) -> sbs.MethodRun:
         step = StepEvent(step=0, position=1, tokens=list(range(nodes)), parents=[-1] + [0] * (nodes - 1),
-                         depths=[0] + [1] * (nodes - 1), ranks=[-1] + list(range(nodes - 1)), accepted=[0],
-                         emitted=[5], bonus=5, timings={})
-        return sbs.MethodRun(template, template, [1] * 42, [step] * n_steps, seconds)
+                         depths=[0] + [1] * (nodes - 1), ranks=[-1] + list(range(nodes - 1)), accepted=[0, 1],
+                         emitted=[5, 6], bonus=6, timings={})
+        return sbs.MethodRun(template, template, [step] * n_steps, estimate(ratio))
 
-    results = {"plain": run("plain", 42, 2.8, 1), sbs.PAPER: run(sbs.PAPER, 18, 4.2, 81),
-               sbs.HYBRID: run(sbs.HYBRID, 24, 1.7, 9)}
+    results = {sbs.PAPER: run(sbs.PAPER, 21, 81, 0.6), sbs.HYBRID: run(sbs.HYBRID, 21, 9, 1.5)}
     foot = unglossed(sbs.side_by_side_html(results, "a CPU", exact=False))
-    assert "checks up to 81 tokens in one forward: 3.50 plain steps here" in foot  # 233.3 ms / 66.7 ms
-    assert "about 2× there" in foot and ">3.50<" in foot.split("checks up to")[0]  # the bars show the same cost
-    results[sbs.PAPER] = run(sbs.PAPER, 18, 1.4, 81)  # faster than plain decoding: nothing to explain
-    assert "checks up to" not in unglossed(sbs.side_by_side_html(results, "a GPU", exact=False))
+    assert "checks up to 81 tokens in one forward: 3.33 plain steps here" in foot  # 2 tokens a step / 0.6
+    assert "(not measured here)" in foot and ">3.33<" in foot.split("checks up to")[0]  # the bars show that cost
+    for ratio in (1.2, None):  # faster than plain decoding, or not measured: nothing to explain
+        results[sbs.PAPER] = run(sbs.PAPER, 21, 81, ratio)
+        assert "checks up to" not in unglossed(sbs.side_by_side_html(results, "a GPU", exact=False))
 
 
 def test_the_pictures_draw_green_over_grey_and_every_node_of_the_best_step():
@@ -126,8 +155,8 @@ def test_the_pictures_draw_green_over_grey_and_every_node_of_the_best_step():
                          depths=list(range(n)), ranks=[-1] + [0] * (n - 1), accepted=accepted,
                          emitted=[1] * (len(accepted) - 1 + (bonus is not None)), bonus=bonus, timings={})
 
-    best = sides.best_step([step([0], 5), step([0, 1, 2], 5), step([0, 1, 2], 6), step([0, 1, 2, 3], 5, None)])
-    assert best.accepted == [0, 1, 2] and len(best.tokens) == 5  # the first of equals; a cut last step gained 3
+    best = sides.best_step([step([0], 5), step([0, 1, 2], 5), step([0, 1, 2], 6), step([0, 1, 2, 3, 4], 5, None)])
+    assert best.accepted == [0, 1, 2] and len(best.tokens) == 5  # the first of equals; not the last step, cut
     drawn = sides.silhouette_svg(best)
     assert drawn.count("<circle") == 5 and drawn.count("<polygon") == 1  # four drafts and the root; the star
     assert drawn.count(f'stroke="{ACCEPTED_COLOUR}"') == 2  # the two accepted edges
