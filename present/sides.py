@@ -9,6 +9,7 @@ from __future__ import annotations
 from tr_core.events import StepEvent
 
 from .nodes import node_group, node_source
+from .tour import telling_index
 from .style import ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, REJECTED_TEXT
 from .tour_pictures import INK, VISIBLY_UNDER_ONE, node_fill, shape, text, wrapped
 from .tree_layout import tree_layout
@@ -19,9 +20,9 @@ TREE_W, TREE_H = 600, 300  # a method's tree: shapes only; its caption says what
 
 
 def best_step(steps: list[StepEvent]) -> StepEvent | None:
-    """The whole step (one with its bonus: not cut by the answer's end) that gained the most tokens, the earliest
-    of equals: the one each card draws."""
-    return max(steps, key=lambda ev: (ev.bonus is not None, len(ev.emitted)), default=None)
+    """The step each card draws: by the rule the page picks the step it shows (present.tour.telling_step), the one
+    with the most matrix drafts accepted, then the most tokens."""
+    return steps[telling_index(steps)] if steps else None
 
 
 def silhouette_svg(ev: StepEvent) -> str:

@@ -56,9 +56,13 @@ def telling_step(trace: Trace) -> int:
     at work), the most of them, then one whose first screen can show the root's own top 8 (`root_row_is_its_own`),
     then one whose verdict turned a draft down (a chain the model took whole shows no
     verdict), then the most tokens, the biggest tree, the latest; 0 for a trace without steps."""
-    if not trace.steps:
+    return telling_index(trace.steps)
+
+
+def telling_index(steps: list[StepEvent]) -> int:
+    """`telling_step` of a list of steps (the side-by-side's cards draw theirs by the same rule)."""
+    if not steps:
         return 0
-    steps = trace.steps
     return max(range(len(steps)), key=lambda i: (matrix_kept(steps[i]), root_row_is_its_own(steps[i]),
                                                  len(steps[i].tokens) > len(steps[i].accepted),
                                                  len(steps[i].emitted), len(steps[i].tokens), i))

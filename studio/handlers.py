@@ -298,7 +298,7 @@ def _answer(studio: Studio, s: Session, text: str, settings: ChatSettings, notes
         return
     if probing:
         yield {"status": PROBING}
-    twin = engine.fork() if settings.compare else None  # the state this answer starts from, for the measurement
+    start = engine.fork()  # the state this answer starts from: for the measurement, and later the side-by-side
     trace = Trace(model=label(s.model), messages=messages, settings=dict(dataclasses.asdict(cfg), k=settings.k,
                                                                          **precision(engine)))
     try:
@@ -313,7 +313,7 @@ def _answer(studio: Studio, s: Session, text: str, settings: ChatSettings, notes
         if current and trace.steps:
             s.history = messages + [{"role": "assistant", "content": trace.answer}]
             s.display = pending[:-1] + [{"role": "assistant", "content": coloured_answer(trace, colour=settings.colour)}]
-            s.trace = trace
+            s.trace, s.last_start = trace, (start, ids, cfg)
         elif current:  # nothing generated: keep the message out of the conversation the model sees
             s.display = pending[:-2]
     if not current:
@@ -325,7 +325,7 @@ def _answer(studio: Studio, s: Session, text: str, settings: ChatSettings, notes
     if measure:
         final["status"] = "  \n".join(notes + ["Measuring the speedup: both methods in turns on the same tokens…"])
         yield final
-        for view in measure_speed(studio, s, twin, ids, cfg, trace, stop, settings, notes):
+        for view in measure_speed(studio, s, start, ids, cfg, trace, stop, settings, notes):
             if s.conversation != conversation:  # New chat while measuring: the answer is gone from the page
                 yield dropped_view(s)
                 return
@@ -353,7 +353,7 @@ def new_chat(s: Session) -> dict:
         running = s.answer_stop
         if running is not None:
             running.set()
-        s.history, s.display, s.trace = [], [], None
+        s.history, s.display, s.trace, s.last_start = [], [], None, None
     note = " The answer that was running was stopped." if running is not None else ""
     return {**blank_views(), "chat": [], "status": f"New conversation (the matrix keeps what it learned).{note}"}
 
@@ -379,7 +379,7 @@ def load_model(studio: Studio, s: Session, name: Any) -> dict:
         if s.answering:
             return {"status": f"✗ {BUSY}"}
         adopt_engine(s, engine, [], "")
-        s.model, s.history, s.display, s.trace = key, [], [], None
+        s.model, s.history, s.display, s.trace, s.last_start = key, [], [], None, None
         s.conversation += 1
         warm, info = s.warm_note, matrix_info(s.engine, s.k)
     return {"status": f"✓ Loaded {label(key)}; new conversation. {warm.rstrip('.')}.", "chat": [],

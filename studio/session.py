@@ -101,6 +101,9 @@ class Session:
     history: list[dict[str, str]] = field(default_factory=list)  # plain text turns sent to the model
     display: list[dict[str, str]] = field(default_factory=list)  # the same turns as shown (escaped, coloured)
     trace: Trace | None = None  # the last answer (or a loaded trace), for replay and download
+    # the last answer's start: (a fork of the engine as it began, its prompt ids, its DecodeConfig), from which the
+    # side-by-side times the paper's method and the hybrid on the same prompt (studio/side_by_side.py)
+    last_start: tuple[Any, list[int], Any] | None = None
     conversation: int = 0  # bumped by New chat
     answer_stop: threading.Event | None = None  # set while an answer runs; .set() asks it to stop
     warm_state: dict | None = None  # the engine's state right after its warm start (Engine.snapshot()); None = empty

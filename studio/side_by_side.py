@@ -1,11 +1,13 @@
-"""The paper's method beside the hybrid: the session's last question answered by the paper's matrix-only tree and
-by the hybrid tree, each timed against plain decoding as the meter times an answer (alternating short turns from the
-same start: studio/meter.interleave), so that a card's speed reads as the meter's does; shown side by side with each
-method's best step as a tree, its tokens per step against a step's cost, where its accepted drafts came from, and
-whether its answer is plain decoding's token for token."""
+"""The paper's method beside the hybrid, on the visitor's last answer: its prompt, from the state it started from,
+with its settings, decoded with the paper's matrix-only tree and with the hybrid tree, each timed against plain
+decoding as the meter times an answer (alternating short turns from the same start: studio/meter.interleave). Where
+the answer itself used one of the two trees and the meter measured it, it is that card, so the card and the meter
+show one figure. Shown side by side: each method's telling step as a tree (the page's rule), its tokens per step
+against a step's cost, where its accepted drafts came from, and whether it is plain decoding's token for token."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import html
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,19 +26,20 @@ from .meter import SpeedEstimate, measure_interleaved
 PAPER, HYBRID = "2.2.2", "hybrid"  # the paper's static tree (the matrix alone, 80 nodes), and the studio's default
 METHODS = ((PAPER, "The paper's method: the matrix alone, its 80-node tree"),
            (HYBRID, "The hybrid: matrix + context, its tree sized for this machine"))
-TOKENS = 128  # new tokens per answer where the last answer's budget is not known (greedy)
-MOST_TOKENS = 256  # the comparison answers with the last answer's budget, up to this
+MOST_TOKENS = 256  # the comparison decodes with the last answer's token budget, up to this
 
 
 @dataclass
 class MethodRun:
-    """One method's answer: the steps of its first decode (the trees drawn, the drafts credited) and its speed
-    against plain decoding, measured in alternating turns (the meter's SpeedEstimate)."""
+    """One method's answer: its steps (the trees drawn, the drafts credited) and its speed against plain decoding,
+    measured in alternating turns (the meter's SpeedEstimate); `own`: the visitor's answer itself, as the meter
+    measured it, not a run made for the comparison."""
 
     template: str
     name: str
     steps: list[StepEvent]
     est: SpeedEstimate
+    own: bool = False
 
     @property
     def tokens(self) -> list[int]:
@@ -68,41 +71,46 @@ def recorded(events: Iterator[Any], steps: list[StepEvent]) -> Iterator[Any]:
         events.close()
 
 
-def run_methods(start: Callable[[], Any], prompt_ids: list[int], tokens: int = TOKENS,
+def run_methods(start: Callable[[], Any], prompt_ids: list[int], cfg: DecodeConfig, have: dict[str, MethodRun],
                 hold: Callable[[], Any] = contextlib.nullcontext, should_stop: Callable[[], bool] | None = None,
                 max_s: float = 30.0, chunk_ms: float = 250.0) -> Iterator[tuple[int, int, dict[str, MethodRun]]]:
-    """Time each method against plain decoding on the prompt, in alternating turns from a fresh engine of `start()`
-    (the same starting matrix for all), inside `hold()` (the decode slot); yields (methods done, methods in all,
-    the results so far)."""
-    results: dict[str, MethodRun] = {}
-    for i, (template, name) in enumerate(METHODS):
+    """Time each method not in `have` against plain decoding on the prompt with `cfg` (its tree swapped), in
+    alternating turns from a fresh engine of `start()` (the same start for all), inside `hold()` (the decode slot);
+    yields (methods done, methods in all, the results so far, `have`'s among them)."""
+    results = dict(have)
+    todo = [(t, name) for t, name in METHODS if t not in have]
+    for i, (template, name) in enumerate(todo):
         steps: list[StepEvent] = []
-        cfg = DecodeConfig(max_new_tokens=tokens, template=template, provenance=False)
+        own = cfg.with_(template=template, plain=False, provenance=False)
 
         def runs(record: bool = True) -> tuple[Iterator, Iterator]:
             engine = start()
-            tr = engine.generate(prompt_ids, cfg)
-            return (recorded(tr, steps) if record else tr), engine.generate(prompt_ids, cfg.with_(plain=True))
+            tr = engine.generate(prompt_ids, own)
+            return (recorded(tr, steps) if record else tr), engine.generate(prompt_ids, own.with_(plain=True))
 
         with hold():
             est = measure_interleaved(*runs(), max_s=max_s, chunk_ms=chunk_ms, should_stop=should_stop,
                                       again=lambda: runs(record=False))
         results[template] = MethodRun(template, name, steps, est)
-        yield i + 1, len(METHODS), results
+        yield i + 1, len(todo), results
 
 
-def budget(s: Any) -> int:
-    """The comparison's new tokens: the last answer's budget (its trace's settings), up to MOST_TOKENS."""
-    settings = getattr(getattr(s, "trace", None), "settings", None) or {}
-    wanted = settings.get("max_new_tokens")
-    return max(1, min(int(wanted), MOST_TOKENS)) if isinstance(wanted, int) else TOKENS
+def own_run(trace: Any) -> MethodRun | None:
+    """The visitor's last answer as a card, where it used one of the compared trees and the meter measured it."""
+    settings = getattr(trace, "settings", None) or {}
+    names = dict(METHODS)
+    if not trace or not trace.steps or not trace.speed or settings.get("plain") or settings.get("template") not in names:
+        return None
+    known = {f.name for f in dataclasses.fields(SpeedEstimate)}
+    est = SpeedEstimate(**{k: v for k, v in trace.speed.items() if k in known})
+    return MethodRun(settings["template"], names[settings["template"]], list(trace.steps), est, own=True)
 
 
 SHORT = {PAPER: "The paper's 80-node tree", HYBRID: "The hybrid, sized here"}
 
 
-def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool | None, tokens: int = TOKENS) -> str:
-    """The paper's method and the hybrid side by side, full width: each one's best step as a tree and its speed,
+def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool | None, tokens: int) -> str:
+    """The paper's method and the hybrid side by side, full width: each one's telling step as a tree and its speed,
     then why (tokens a step gains against what a step costs, present/sides.py), plain decoding the yardstick."""
     if not all(t in results for t, _ in METHODS):
         return '<div class="tr-sides tr-sides-none">Measuring…</div>'
@@ -113,9 +121,9 @@ def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool |
                "Not every answer is plain decoding's token for token: see the cards.")
     bars = [("Plain decoding", 1.0, 1.0, 1.0)] + [(SHORT[r.template], r.per_step, r.cost, r.speed) for r in runs
                                                   if r.speed]
-    foot = (f"Your last question, up to {tokens} new tokens, on {machine or 'this machine'}: each method timed against "
-            "plain decoding in alternating short turns, as the meter times an answer. Each starts as a new tab "
-            "would: the matrix learned beforehand, no conversation to copy from.")
+    foot = (f"Both from your last answer's start: the same conversation, matrix and settings, up to {tokens} new "
+            f"tokens, on {machine or 'this machine'}; each timed against plain decoding in alternating short turns, "
+            "as the meter times an answer.")
     return (f'<div class="tr-sides tr-sides-open"><div class="tr-sides-top"><span class="tr-sides-title">The '
             f'paper\'s method beside the hybrid</span><span class="tr-sides-verdict">{html.escape(verdict)}</span>'
             f'<button class="tr-sides-close" title="Close">✕</button></div>'
@@ -136,18 +144,19 @@ def why_paper_slower(paper: MethodRun) -> str:
 
 
 def _card(run: MethodRun, exact: bool | None) -> str:
-    """A method's card: its name and speed, the tree of its step that gained the most, where its drafts came from
-    (its tokens per step and step cost are the bars below)."""
+    """A method's card: its name and speed, whose answer it is, the tree of its step with the most matrix drafts
+    accepted (the page's rule), where its drafts came from (its tokens per step and step cost are the bars below)."""
     best = best_step(run.steps)
     picture = silhouette_svg(best) if best is not None else ""
-    did = "" if best is None else (f"its step that gained the most: {len(best.accepted) - 1} of "
-                                   f"{len(best.tokens) - 1} drafts accepted" + (" + the bonus" if best.bonus is not None
-                                                                               else ""))
+    did = "" if best is None else (f"step {best.step + 1}, the one with the most matrix drafts accepted: "
+                                   f"{len(best.accepted) - 1} of {len(best.tokens) - 1} drafts accepted"
+                                   + (" + the bonus" if best.bonus is not None else ""))
     est = run.est
     big = (f'{run.speed:.2f}×<span class="tr-side-err"> ± {est.error:.2f}</span>' if run.speed else
            '<span class="tr-side-noisy">too noisy to measure</span>')
+    whose = "your answer above, as its meter measured it" if run.own else "decoded now, from the same start"
     return (f'<div class="tr-side tr-side-{ratio_class(run.speed or 1.0, est.error or 0.0)}"><div class="tr-side-head">'
-            f'<span class="tr-side-name">{html.escape(run.name)}</span>'
+            f'<span class="tr-side-name">{html.escape(run.name)}<span class="tr-side-whose">{whose}</span></span>'
             f'<span class="tr-side-big" title="its speed over plain decoding\'s">{big}</span></div>'
             f'<div class="tr-side-pic">{picture}</div><div class="tr-side-did">{html.escape(did)}</div>'
             f'<div class="tr-side-credit">{gloss(draft_credit(run.steps))} · '
@@ -163,10 +172,11 @@ BUSY_NOW = ("Other visitors' answers are being written: timing three methods now
 
 def compare_methods(s: Any, crowd: Callable[[], int], slot: Callable[[], Any], machine: str, max_s: float = 30.0,
                     chunk_ms: float = 250.0) -> Iterator[dict]:
-    """The handler: the session's last question answered by each method from the session's warm start (as a new
-    tab would answer it: no conversation to copy from), holding the decode slot; yields the status and the panel."""
-    question = next((m["content"] for m in reversed(s.history) if m.get("role") == "user"), None)
-    if s.engine is None or not isinstance(question, str) or not question.strip():
+    """The handler: the paper's method and the hybrid on the session's last answer's prompt, from the state it
+    started from, with its settings; the answer itself is one of the cards where it used one of the two trees
+    and the meter measured it. Holds the decode slot per measurement; yields the status and the panel."""
+    begun = s.last_start
+    if s.engine is None or begun is None:
         yield {"status": NEED_QUESTION}
         return
     if s.answering or crowd() > 0:
@@ -175,25 +185,19 @@ def compare_methods(s: Any, crowd: Callable[[], int], slot: Callable[[], Any], m
     if zerogpu.installed():  # each decode there is a GPU call of its own (zerogpu.py); this one runs in-process
         yield {"status": ON_ZEROGPU}
         return
-    engine, warm = s.engine, s.warm_state
-    ids = engine.encode_chat([{"role": "user", "content": question}])
-
-    def start() -> Any:
-        twin = engine.fork()
-        if warm is not None:
-            twin.restore(warm, keep_costs=True)
-        else:
-            twin.start_session()
-        return twin
-
-    results: dict[str, MethodRun] = {}
-    tokens, busy = budget(s), lambda: crowd() > 0
-    yield {"status": f"Timing the paper's method against plain decoding (1 of {len(METHODS)})…"}
-    for done, total, results in run_methods(start, ids, tokens, slot, busy, max_s, chunk_ms):  # slot free between
+    engine, ids, cfg = begun
+    cfg = cfg.with_(max_new_tokens=min(cfg.max_new_tokens, MOST_TOKENS))
+    own = own_run(s.trace)
+    have = {own.template: own} if own is not None and own.steps and len(own.tokens) <= cfg.max_new_tokens else {}
+    results, busy = dict(have), lambda: crowd() > 0
+    todo = [name for t, name in METHODS if t not in have]
+    if todo:
+        yield {"status": f"Timing {todo[0][0].lower() + todo[0][1:]} against plain decoding…"}
+    for done, total, results in run_methods(engine.fork, ids, cfg, have, slot, busy, max_s, chunk_ms):
         if busy():
             yield {"status": BUSY_NOW}
             return
         if done < total:
-            yield {"status": f"Timing the hybrid against plain decoding ({done + 1} of {total})…"}
-    yield {"sides": side_by_side_html(results, machine, getattr(engine, "exact", None), tokens),
+            yield {"status": f"Timing {todo[done][0].lower() + todo[done][1:]} against plain decoding…"}
+    yield {"sides": side_by_side_html(results, machine, getattr(engine, "exact", None), cfg.max_new_tokens),
            "status": "✓ The paper's method and the hybrid answered your last question side by side."}

@@ -85,7 +85,7 @@ def load_trace(studio: Studio, s: Session, path: str | None) -> dict:
     with s.lock:
         if s.answering:
             return {"status": f"✗ {BUSY}"}
-        s.trace, s.display, s.history = trace, display, []
+        s.trace, s.display, s.history, s.last_start = trace, display, [], None
         s.conversation += 1
     best = best_step(trace)
     view = step_views(trace, best, cost_curve(s, trace))

@@ -3,6 +3,7 @@ matrix, taking turns; both Token Recycling answers are plain decoding's, and the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from types import SimpleNamespace
 
 from conftest import TINY_VOCAB, TinyTokenizer, tiny_model, unglossed
@@ -10,12 +11,16 @@ from conftest import TINY_VOCAB, TinyTokenizer, tiny_model, unglossed
 from studio import side_by_side as sbs
 from studio.meter import SpeedEstimate
 from tr_core import Engine
+from tr_core.config import DecodeConfig
+from tr_core.events import StepEvent
 
 
-def tiny_session(history: list[dict] | None = None) -> SimpleNamespace:
+def tiny_session(asked: bool = True, tokens: int = 24) -> SimpleNamespace:
+    """A session after one answer (`asked`): the engine as the answer began, its prompt and settings."""
     engine = Engine(tiny_model("llama"), TinyTokenizer(TINY_VOCAB), tune_kernels=False)
-    return SimpleNamespace(engine=engine, warm_state=engine.snapshot(), answering=False,
-                           history=history if history is not None else [{"role": "user", "content": "a b c d"}])
+    ids = engine.encode_chat([{"role": "user", "content": "a b c d"}])
+    start = (engine.fork(), ids, DecodeConfig(max_new_tokens=tokens, template="hybrid")) if asked else None
+    return SimpleNamespace(engine=engine, answering=False, last_start=start, trace=None)
 
 
 def estimate(ratio: float | None, error: float = 0.03, identical: bool | None = True) -> SpeedEstimate:
@@ -25,7 +30,7 @@ def estimate(ratio: float | None, error: float = 0.03, identical: bool | None = 
 
 def test_every_method_is_timed_against_plain_decoding_in_turns_from_the_same_start():
     s = tiny_session()
-    ids = s.engine.encode_chat([{"role": "user", "content": "a b c d"}])
+    start, ids, cfg = s.last_start
     held, starts = [], []
 
     @contextlib.contextmanager
@@ -33,54 +38,69 @@ def test_every_method_is_timed_against_plain_decoding_in_turns_from_the_same_sta
         held.append(1)
         yield
 
-    def start():
+    def fork():
         starts.append(1)
-        return s.engine.fork()
+        return start.fork()
 
-    progress = list(sbs.run_methods(start, ids, tokens=24, hold=hold, max_s=30.0, chunk_ms=5.0))
+    progress = list(sbs.run_methods(fork, ids, cfg, {}, hold=hold, max_s=30.0, chunk_ms=5.0))
     assert [p[:2] for p in progress] == [(1, 2), (2, 2)] and len(held) == 2 and len(starts) >= 2
     results = progress[-1][2]
     for template in (sbs.PAPER, sbs.HYBRID):
         run = results[template]
-        assert len(run.tokens) == 24 and run.est.identical is True  # the meter's check: plain decoding's tokens
+        assert len(run.tokens) == 24 and run.est.identical is True and not run.own  # plain decoding's tokens
         assert run.est.pairs >= 2 and run.est.tokens > 0  # measured in alternating turns
-        assert run.steps and all(ev.template for ev in run.steps)  # the first decode's steps, recorded
-    assert results[sbs.PAPER].steps[0].template == sbs.PAPER
+        assert run.steps and all(ev.template == template for ev in run.steps)  # the first decode's steps
+
+
+def test_the_answer_itself_is_its_trees_card_with_the_meters_figure():
+    """A reader saw 1.73x on the hybrid's card beside 1.67x on the meter of the same answer: the card is now the
+    answer, and only the other tree is decoded for the comparison."""
+    s = tiny_session()
+    start, ids, cfg = s.last_start
+    steps = [ev for ev in start.fork().generate(ids, cfg) if isinstance(ev, StepEvent)]
+    s.trace = SimpleNamespace(steps=steps, settings={"template": "hybrid", "plain": False},
+                              speed=dataclasses.asdict(estimate(1.67)))
+    views = list(sbs.compare_methods(s, lambda: 0, contextlib.nullcontext, "Test CPU", chunk_ms=5.0))
+    assert [v["status"] for v in views[:-1]] == ["Timing the paper's method: the matrix alone, its 80-node tree "
+                                                 "against plain decoding…"]
+    shown = unglossed(views[-1]["sides"])
+    assert ">1.67×<span" in shown and "your answer above, as its meter measured it" in shown
+    assert "decoded now, from the same start" in shown and "up to 24 new tokens" in shown
+    from present.tour import telling_index
+    assert f"step {telling_index(steps) + 1}, the one with the most matrix drafts accepted" in shown
 
 
 def test_the_panel_reads_as_the_meter_cards_and_bars_agree():
     s = tiny_session()
-    ids = s.engine.encode_chat([{"role": "user", "content": "a b c d"}])
-    results = list(sbs.run_methods(lambda: s.engine.fork(), ids, tokens=24, chunk_ms=5.0))[-1][2]
+    start, ids, cfg = s.last_start
+    results = list(sbs.run_methods(start.fork, ids, cfg, {}, chunk_ms=5.0))[-1][2]
     results[sbs.PAPER].est, results[sbs.HYBRID].est = estimate(0.63, 0.02), estimate(1.73)
     shown = unglossed(sbs.side_by_side_html(results, "Test CPU, 2 threads", exact=False, tokens=24))
     assert "The paper&#x27;s method: the matrix alone, its 80-node tree" in shown and "The hybrid: matrix + context" in shown
     assert shown.count("✓ token-identical to plain decoding") == 2 and "✓ Both answers are plain decoding" in shown
     assert "up to 24 new tokens, on Test CPU, 2 threads" in shown and "24 tokens = " in shown  # drafts credited
     assert "alternating short turns, as the meter times an answer" in shown
-    assert shown.count("<svg") == 3  # each method's best step, and why each is as fast as it is
+    assert shown.count("<svg") == 3  # each method's telling step, and why each is as fast as it is
     assert ">0.63×<span" in shown and "± 0.02" in shown and ">1.73×<span" in shown
     for template, ratio in ((sbs.PAPER, 0.63), (sbs.HYBRID, 1.73)):  # the bars: green ÷ grey is the card's speed
         run = results[template]
         assert f">{run.per_step:.2f}<" in shown and f">{run.per_step / ratio:.2f}<" in shown
         assert f">{ratio:.2f}×</text>" in shown
     results[sbs.HYBRID].est = estimate(None)  # too noisy: said, and no bar claims a speed
-    shown = unglossed(sbs.side_by_side_html(results, "Test CPU", exact=False))
+    shown = unglossed(sbs.side_by_side_html(results, "Test CPU", exact=False, tokens=24))
     assert "too noisy to measure" in shown and "The hybrid, sized here" not in shown
 
 
-def test_the_handler_needs_a_question_and_a_quiet_page_and_ends_with_the_panel():
+def test_the_handler_needs_an_answer_and_a_quiet_page_and_ends_with_the_panel():
     free = contextlib.nullcontext
-    assert list(sbs.compare_methods(tiny_session([]), lambda: 0, free, "")) == [{"status": sbs.NEED_QUESTION}]
+    assert list(sbs.compare_methods(tiny_session(False), lambda: 0, free, "")) == [{"status": sbs.NEED_QUESTION}]
     assert list(sbs.compare_methods(tiny_session(), lambda: 3, free, "")) == [{"status": sbs.BUSY_NOW}]
-    s = tiny_session()
-    s.trace = SimpleNamespace(settings={"max_new_tokens": 12})  # the last answer's budget
-    views = list(sbs.compare_methods(s, lambda: 0, free, "Test CPU", chunk_ms=5.0))
+    views = list(sbs.compare_methods(tiny_session(tokens=12), lambda: 0, free, "Test CPU", chunk_ms=5.0))
     assert all("Timing" in v["status"] for v in views[:-1]) and len(views) == 1 + len(sbs.METHODS)
     assert 'class="tr-sides tr-sides-open"' in views[-1]["sides"] and "side by side" in views[-1]["status"]
     assert "up to 12 new tokens" in views[-1]["sides"]
-    assert sbs.budget(SimpleNamespace(trace=SimpleNamespace(settings={"max_new_tokens": 900}))) == sbs.MOST_TOKENS
-    assert sbs.budget(SimpleNamespace()) == sbs.TOKENS
+    views = list(sbs.compare_methods(tiny_session(tokens=900), lambda: 3 if False else 0, free, "", chunk_ms=5.0))
+    assert f"up to {sbs.MOST_TOKENS} new tokens" in views[-1]["sides"]
 
 
 def test_on_zerogpu_the_comparison_says_why_it_does_not_run(monkeypatch):
@@ -98,10 +118,9 @@ def test_a_crowd_arriving_stops_the_comparison_between_runs():
 
 
 def test_hostile_names_and_machines_are_escaped():
-    s = tiny_session()
-    ids = s.engine.encode_chat([{"role": "user", "content": "x"}])
-    results = list(sbs.run_methods(lambda: s.engine.fork(), ids, tokens=4, chunk_ms=5.0))[-1][2]
-    shown = sbs.side_by_side_html(results, "<img src=x onerror=alert(1)>", exact=True)
+    start, ids, cfg = tiny_session(tokens=4).last_start
+    results = list(sbs.run_methods(start.fork, ids, cfg, {}, chunk_ms=5.0))[-1][2]
+    shown = sbs.side_by_side_html(results, "<img src=x onerror=alert(1)>", exact=True, tokens=4)
     assert "<img" not in shown and "&lt;img" in shown
 
 
@@ -131,12 +150,12 @@ def test_where_the_papers_tree_loses_the_foot_says_why_from_the_measured_figures
         return sbs.MethodRun(template, template, [step] * n_steps, estimate(ratio))
 
     results = {sbs.PAPER: run(sbs.PAPER, 21, 81, 0.6), sbs.HYBRID: run(sbs.HYBRID, 21, 9, 1.5)}
-    foot = unglossed(sbs.side_by_side_html(results, "a CPU", exact=False))
+    foot = unglossed(sbs.side_by_side_html(results, "a CPU", exact=False, tokens=42))
     assert "checks up to 81 tokens in one forward: 3.33 plain steps here" in foot  # 2 tokens a step / 0.6
     assert "(not measured here)" in foot and ">3.33<" in foot.split("checks up to")[0]  # the bars show that cost
     for ratio in (1.2, None):  # faster than plain decoding, or not measured: nothing to explain
         results[sbs.PAPER] = run(sbs.PAPER, 21, 81, ratio)
-        assert "checks up to" not in unglossed(sbs.side_by_side_html(results, "a GPU", exact=False))
+        assert "checks up to" not in unglossed(sbs.side_by_side_html(results, "a GPU", exact=False, tokens=42))
 
 
 def test_the_pictures_draw_green_over_grey_and_every_node_of_the_best_step():
@@ -155,8 +174,8 @@ def test_the_pictures_draw_green_over_grey_and_every_node_of_the_best_step():
                          depths=list(range(n)), ranks=[-1] + [0] * (n - 1), accepted=accepted,
                          emitted=[1] * (len(accepted) - 1 + (bonus is not None)), bonus=bonus, timings={})
 
-    best = sides.best_step([step([0], 5), step([0, 1, 2], 5), step([0, 1, 2], 6), step([0, 1, 2, 3, 4], 5, None)])
-    assert best.accepted == [0, 1, 2] and len(best.tokens) == 5  # the first of equals; not the last step, cut
+    best = sides.best_step([step([0], 5), step([0, 1, 2], 5), step([0, 1, 2, 3], 5), step([0, 1], 6)])
+    assert best.accepted == [0, 1, 2, 3]  # the page's rule: the most matrix drafts accepted
     drawn = sides.silhouette_svg(best)
     assert drawn.count("<circle") == 5 and drawn.count("<polygon") == 1  # four drafts and the root; the star
-    assert drawn.count(f'stroke="{ACCEPTED_COLOUR}"') == 2  # the two accepted edges
+    assert drawn.count(f'stroke="{ACCEPTED_COLOUR}"') == 3  # the three accepted edges
