@@ -148,8 +148,8 @@ def _card(run: MethodRun, exact: bool | None) -> str:
     accepted (the page's rule), where its drafts came from (its tokens per step and step cost are the bars below)."""
     best = best_step(run.steps)
     picture = silhouette_svg(best) if best is not None else ""
-    did = "" if best is None else (f"step {best.step + 1}, the one with the most matrix drafts accepted: "
-                                   f"{len(best.accepted) - 1} of {len(best.tokens) - 1} drafts accepted"
+    did = "" if best is None else (f"step {best.step + 1} (most matrix drafts accepted): {len(best.accepted) - 1} "
+                                   f"of {len(best.tokens) - 1} drafts accepted"
                                    + (" + the bonus" if best.bonus is not None else ""))
     est = run.est
     big = (f'{run.speed:.2f}×<span class="tr-side-err"> ± {est.error:.2f}</span>' if run.speed else
