@@ -353,7 +353,7 @@ def _copied_row(copied: list[dict[str, Any]]) -> dict[str, Any]:
     MAX_COPIED_SHOWN boxes, then counted)."""
     both = sum(1 for c in copied if c["also_matrix"])
     head = f"{len(copied)} drafted from {place_of([c['origin'] for c in copied])}" + (
-        f" ({both} of them also a candidate in a matrix row)" if both else ", not from the matrix")
+        f" ({both} of them also drafted from the matrix)" if both else ", not from the matrix")
     cells = []
     for run in copy_runs(copied):
         if len(run) >= RUN_MIN:

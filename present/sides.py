@@ -59,7 +59,7 @@ def _star(x: float, y: float, r: float) -> str:
 
 
 PAYS_W, PAYS_H = 1200, 300
-PLOT = (66, 228)  # the bars' top and floor (px)
+PLOT = (80, 228)  # the bars' top and floor (px)
 
 
 def pays_svg(methods: list[tuple[str, float, float, float]]) -> str:
@@ -71,7 +71,8 @@ def pays_svg(methods: list[tuple[str, float, float, float]]) -> str:
     y_of = lambda v: floor - (floor - top) * v / high  # noqa: E731
     slot = (PAYS_W - 140) / max(len(methods), 1)  # room right of the last pair for its speed
     body = [text(20, 22, "green: tokens a step gains", 22, ACCEPTED_COLOUR, "start", bold=True),
-            text(420, 22, "grey: what a step costs, in plain steps", 22, "#475569", "start", bold=True),
+            text(398, 22, "grey: what a step costs, in plain steps", 22, "#475569", "start", bold=True),
+            text(20, 50, "both averaged over the answer", 22, "#475569", "start"),
             text(PAYS_W - 20, 22, "speed = green ÷ grey", 22, INK, "end", bold=True),
             f'<line x1="20" y1="{y_of(1):.0f}" x2="{PAYS_W - 20}" y2="{y_of(1):.0f}" stroke="{INK}" '
             f'stroke-dasharray="6 6" stroke-width="1.5"/>',
@@ -89,10 +90,11 @@ def _pair(centre: float, name: str, figures: tuple[float, float, float], y_of) -
     """One method's two bars, their values on top, its speed beside them and its name below."""
     (tokens, cost, speed), bar, gap, floor = figures, 74, 14, PLOT[1]
     parts = []
-    for x, value, colour in ((centre - gap / 2 - bar, tokens, ACCEPTED_COLOUR), (centre + gap / 2, cost, COST_COLOUR)):
+    for x, value, colour, digits in ((centre - gap / 2 - bar, tokens, ACCEPTED_COLOUR, 2),
+                                     (centre + gap / 2, cost, COST_COLOUR, 3)):  # the cost as the tour prints it
         parts.append(f'<rect x="{x:.0f}" y="{y_of(value):.0f}" width="{bar}" height="{floor - y_of(value):.0f}" '
                      f'rx="4" fill="{colour}"/>')
-        parts.append(text(x + bar / 2, y_of(value) - 14, f"{value:.2f}", 22, INK))
+        parts.append(text(x + bar / 2, y_of(value) - 14, f"{value:.{digits}f}", 22, INK))
     colour = ACCEPTED_COLOUR if speed >= 1.05 else LOSS_COLOUR if speed <= 0.95 else INK  # as the page's meter
     parts.append(text(centre + bar + gap + 30, y_of(max(tokens, cost)) + 10, f"{speed:.2f}×", 30, colour, "start",
                       bold=True))

@@ -165,8 +165,9 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
         body.append(text(x_of(n), bottom + 22, str(n), SMALL, REJECTED_TEXT))
     body.append(text((left + right) / 2, bottom + 52, "tokens checked in one forward (N)", SMALL, INK))
     points = sorted(costs)
-    body.append('<polyline fill="none" stroke="#64748b" stroke-width="3" points="'
-                + " ".join(f"{x_of(n):.0f},{y_of(c):.0f}" for n, c in points) + '"/>')
+    dash = ' stroke-dasharray="8 7"'  # between sizes not timed
+    body += [f'<line x1="{x_of(a):.0f}" y1="{y_of(ca):.0f}" x2="{x_of(b):.0f}" y2="{y_of(cb):.0f}" stroke="#64748b" '
+             f'stroke-width="3"{dash if b - a > 1 else ""}/>' for (a, ca), (b, cb) in zip(points, points[1:])]
     body += [f'<circle cx="{x_of(n):.0f}" cy="{y_of(c):.0f}" r="5" fill="#64748b"/>' for n, c in points]
     n, gained = step
     cost = dict(points).get(n)
@@ -180,7 +181,9 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
     body.append(text(x + 18 if room_right else x - 18, y_of(gained) - 4,
                      f"this step: {gained} token{'s' if gained != 1 else ''}", 24, ACCEPTED_COLOUR,
                      "start" if room_right else "end", bold=True, halo=True))
-    body.append(text(left + 8, top - 22, "grey: a step's cost in plain steps, t(N)/t(1)", SMALL, "#475569", "start"))
+    gaps = any(b - a > 1 for (a, _), (b, _) in zip(points, points[1:]))
+    body.append(text(left + 8, top - 22, "grey: a step's cost in plain steps, t(N)/t(1)"
+                     + ("; dashed: not timed" if gaps else ""), SMALL, "#475569", "start"))
     if any(c < VISIBLY_UNDER_ONE for n, c in points if n > 1):  # CPUs whose one-row product is slower than a few rows'
         body.append(text(left + 8, bottom + 92, "under 1: a step of a few tokens took less time than a plain step here",
                          SMALL, "#475569", "start"))

@@ -5,6 +5,7 @@ Launches `app.py` on a free port, asks one example question in Chromium (Playwri
   tour.png          six of the guided tour's seven 1280x720 screens of the step the page shows, in a 2 x 3 grid
   side_by_side.png  the paper's method beside the hybrid, on the same question (its panel)
   presentation.png  the presentation view at 1280x720, the same answer
+  microscope.png    the step the page shows, under the microscope
 Needs Chromium (Debian's `chromium`) and Playwright; takes 3-4 minutes on 2 cores.
 
     python scripts/readme_pictures.py [--example Conversation] [--out assets]
@@ -98,6 +99,11 @@ def main() -> None:
             page.mouse.move(5, 5)
             page.locator("#tr-chat .message-row.user-row").last.scroll_into_view_if_needed()
             page.screenshot(path=str(out / "screenshot.png"), full_page=True)
+            page.locator("#tr-micro-btn").click()
+            page.wait_for_selector("#tr-microscope", state="visible", timeout=WAIT_MS)
+            page.wait_for_timeout(800)
+            page.locator("#tr-microscope").screenshot(path=str(out / "microscope.png"))
+            page.locator("#tr-micro-btn").click()
             tour_grid(page, out, Path(tmp))
             page.set_viewport_size({"width": 1600, "height": 1000})
             page.locator("#tr-compare-methods").click()
@@ -114,8 +120,8 @@ def main() -> None:
     finally:
         app.terminate()
         app.wait(timeout=60)
-    print("saved", ", ".join(str(out / n) for n in ("screenshot.png", "tour.png", "side_by_side.png",
-                                                     "presentation.png")))
+    print("saved", ", ".join(str(out / n) for n in ("screenshot.png", "microscope.png", "tour.png",
+                                                     "side_by_side.png", "presentation.png")))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from .meter import SpeedEstimate, measure_interleaved
 
 PAPER, HYBRID = "2.2.2", "hybrid"  # the paper's static tree (the matrix alone, 80 nodes), and the studio's default
 METHODS = ((PAPER, "The paper's method: the matrix alone, its 80-node tree"),
-           (HYBRID, "The hybrid: matrix + context, its tree sized for this machine"))
+           (HYBRID, "The hybrid: matrix + context, its tree sized each step for this machine"))
 MOST_TOKENS = 256  # the comparison decodes with the last answer's token budget, up to this
 
 

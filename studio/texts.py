@@ -4,7 +4,7 @@ from __future__ import annotations
 from present.meter import METHOD_NAMES
 
 EXAMPLES = [
-    ("Conversation", "I have a job interview tomorrow. Give me three short tips to stay calm."),
+    ("Conversation", "Why is the sky blue? Answer in a short paragraph."),
     ("Code", "Write a Python function that checks whether two words are anagrams, with a short docstring."),
     ("Translation", "Translate to French: My brother forgot his umbrella, so he came home soaking wet."),
     ("Summarization", "Summarize in two sentences: Token Recycling stores the top-k next-token candidates of every "

@@ -175,7 +175,7 @@ def test_tree_figure_shows_where_each_draft_token_came_from():
     assert nodes["accepted"]["customdata"] == [1, 3]
     assert nodes["rejected"]["marker"]["color"] == REJECTED_COLOUR
     names = legend_names(fig)
-    for name in ("from the matrix", "copied from the context", "in a matrix row and copied", "accepted",
+    for name in ("from the matrix", "copied from the context", "from the matrix and copied", "accepted",
                  "rejected", "root (last committed token)", "bonus token"):
         assert names.count(name) == 1, name
     keys = {t["name"]: t["marker"]["symbol"] for t in fig.traces if t.get("mode") == "markers"}
@@ -183,7 +183,7 @@ def test_tree_figure_shows_where_each_draft_token_came_from():
     # shape = where from, its key outlined and unfilled in one neutral colour; colour = the verdict, its key a
     # stroke of no shape; the bonus an amber star
     assert keys == {"from the matrix": "circle-open", "copied from the context": "square-open",
-                    "in a matrix row and copied": "diamond-open", "bonus token": "star"}
+                    "from the matrix and copied": "diamond-open", "bonus token": "star"}
     shapes = [t["marker"] for t in fig.traces if t.get("name") in SOURCE_NAMES.values()]
     assert {m["color"] for m in shapes} == {SHAPE_LEGEND} and all(m["line"]["width"] > 0 for m in shapes)
     strokes = {t["name"]: t["line"]["color"] for t in fig.traces if t.get("mode") == "lines" and "name" in t}

@@ -98,8 +98,10 @@ def test_the_screens_agree_with_the_step_and_the_meter(trace):
     assert "1.62× as fast as plain decoding" in words_of(chart) and "t(N)/t(1)" in words_of(chart)
     other = len(ev.tokens) + 1  # a size the meter timed once: noise, left off the curve; this step's own stays
     measured.speed["step_ms"] = [[len(ev.tokens), 60.0, 1], [other, 90.0, 1], [other + 1, 75.0, 3]]
-    points = re.search(r'<polyline[^>]*points="([^"]+)"', tour_screens(measured, i)[-1].picture)[1].split()
+    chart = tour_screens(measured, i)[-1].picture
+    points = re.findall(r'<circle[^>]*r="5" fill="#64748b"/>', chart)
     assert len(points) == 3  # plain decoding's own step (1, 1.0), this step's size and the size timed 3 times
+    assert chart.count('stroke-dasharray="8 7"') == 2 and "dashed: not timed" in words_of(chart)  # gaps: 1 to N, N to N + 2
 
 
 def words_of(picture: str) -> str:
