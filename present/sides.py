@@ -71,8 +71,8 @@ def pays_svg(methods: list[tuple[str, float, float, float]]) -> str:
     y_of = lambda v: floor - (floor - top) * v / high  # noqa: E731
     slot = (PAYS_W - 140) / max(len(methods), 1)  # room right of the last pair for its speed
     body = [text(20, 22, "green: tokens a step gains", 22, ACCEPTED_COLOUR, "start", bold=True),
-            text(398, 22, "grey: what a step costs, in plain steps", 22, "#475569", "start", bold=True),
-            text(20, 50, "both averaged over the answer", 22, "#475569", "start"),
+            text(398, 22, "grey: a step's time, in plain steps", 22, "#475569", "start", bold=True),
+            text(20, 50, "both averaged over the answer, as timed against plain decoding", 22, "#475569", "start"),
             text(PAYS_W - 20, 22, "speed = green ÷ grey", 22, INK, "end", bold=True),
             f'<line x1="20" y1="{y_of(1):.0f}" x2="{PAYS_W - 20}" y2="{y_of(1):.0f}" stroke="{INK}" '
             f'stroke-dasharray="6 6" stroke-width="1.5"/>',

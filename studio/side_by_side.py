@@ -148,7 +148,7 @@ def _card(run: MethodRun, exact: bool | None) -> str:
     accepted (the page's rule), where its drafts came from (its tokens per step and step cost are the bars below)."""
     best = best_step(run.steps)
     picture = silhouette_svg(best) if best is not None else ""
-    did = "" if best is None else (f"step {best.step + 1} (most matrix drafts accepted): {len(best.accepted) - 1} "
+    did = "" if best is None else (f"step {best.step + 1} (most drafts from the matrix alone accepted): {len(best.accepted) - 1} "
                                    f"of {len(best.tokens) - 1} drafts accepted"
                                    + (" + the bonus" if best.bonus is not None else ""))
     est = run.est

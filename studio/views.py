@@ -194,7 +194,7 @@ def done_status(notes: list[str], trace: Trace) -> str:
         return "✓ Done."
     best = best_step(trace)
     gained, matrix = len(trace.steps[best].emitted), matrix_kept(trace.steps[best])
-    why = (f"the one with the most matrix drafts accepted ({matrix}; {gained} tokens)" if matrix else
+    why = (f"the one with the most drafts from the matrix alone accepted ({matrix}; {gained} tokens)" if matrix else
            f"the one that gained the most tokens ({gained})")
     return f"✓ Done. Showing step {best + 1} of {len(trace.steps)}, {why}.{answer_end(trace)}"
 

@@ -752,7 +752,7 @@ def test_message_streams_answer_with_measured_speedup_and_marked_tree(client):
     if trace.summary.stop_reason == "eos" and len(trace.steps) > 1 and not trace.step_texts[-1].strip():
         limit = f" Step {len(trace.steps)} gave only the end-of-turn token, which the chat does not show."
     gained, matrix = len(trace.steps[best].emitted), matrix_kept(trace.steps[best])
-    why = (f"the one with the most matrix drafts accepted ({matrix}; {gained} tokens)" if matrix else
+    why = (f"the one with the most drafts from the matrix alone accepted ({matrix}; {gained} tokens)" if matrix else
            f"the one that gained the most tokens ({gained})")
     assert status == f"✓ Done. Showing step {best + 1} of {len(trace.steps)}, {why}.{limit}"  # why this step
     assert fig["layout"]["title"]["text"].startswith(f"Step {best + 1}:")

@@ -67,7 +67,7 @@ def test_the_answer_itself_is_its_trees_card_with_the_meters_figure():
     assert ">1.67×<span" in shown and "your answer above, as its meter measured it" in shown
     assert "decoded now, from the same start" in shown and "up to 24 new tokens" in shown
     from present.tour import telling_index
-    assert f"step {telling_index(steps) + 1} (most matrix drafts accepted)" in shown
+    assert f"step {telling_index(steps) + 1} (most drafts from the matrix alone accepted)" in shown
 
 
 def test_the_panel_reads_as_the_meter_cards_and_bars_agree():

@@ -702,10 +702,10 @@ def test_the_status_says_when_the_token_limit_ended_the_answer():
                             method="recycling", template="adaptive", matrix_rows_filled=5, matrix_mb=0.1)
 
     trace.summary = summary("length")
-    assert done_status([], trace) == ("✓ Done. Showing step 1 of 2, the one with the most matrix drafts accepted (1; 3 tokens). "
+    assert done_status([], trace) == ("✓ Done. Showing step 1 of 2, the one with the most drafts from the matrix alone accepted (1; 3 tokens). "
                                       "It stopped at its 5-token limit (Max new tokens).")
     trace.summary = summary("eos")
-    assert done_status([], trace) == ("✓ Done. Showing step 1 of 2, the one with the most matrix drafts accepted "
+    assert done_status([], trace) == ("✓ Done. Showing step 1 of 2, the one with the most drafts from the matrix alone accepted "
                                       "(1; 3 tokens).")
     trace.step_texts = [" a b c", ""]  # the last step gave only the end-of-turn token: no run of its own in the chat
     assert done_status([], trace).endswith("tokens). Step 2 gave only the end-of-turn token, which the chat does not show.")
