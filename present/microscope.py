@@ -303,13 +303,15 @@ def _read_section(m: dict[str, Any]) -> dict[str, Any]:
     blocks = [_b("div", "trm-h", head)]
     if reads:
         blocks.append(_b("div", "trm-note", f"Each row: the {m['k']} tokens last seen after its token, with the "
-                                            "probability stored when it was last written (every step rewrites the row of each token in "
-                                            "its tree, drafted or accepted). Outlined: drafted. The tree keeps the candidates it rates "
-                                            "likeliest to be accepted, as many as pay on this machine: each rated by how often candidates "
-                                            "stored with a probability like its own were accepted so far (rows written before this answer "
-                                            "have rates of their own), times its parent's rating, so a lower percentage can be drafted before a "
-                                            "higher one. Green ✓: accepted. 'prompt': put first by the prompt's own text (the token "
-                                            "that followed it there), at a flat 50% prior, before the model scored it."))
+                                            "probability stored when it was last written. Outlined: drafted. Green ✓: accepted."))
+        blocks.append(_b("details", "trm-more", [
+            _b("summary", "", "Why these were drafted, and a lower percentage before a higher one"),
+            _b("div", "trm-note", "Every step rewrites the row of each token in its tree, drafted or accepted. The "
+                                  "tree keeps the candidates it rates likeliest to be accepted, as many as pay on this "
+                                  "machine: each rated by how often candidates stored with a probability like its own "
+                                  "were accepted so far (rows written before this answer have rates of their own), "
+                                  "times its parent's rating. 'prompt': put first by the prompt's own text (the token "
+                                  "that followed it there), at a flat 50% prior, before the model scored it.")]))
     blocks += _folded([_read_row(r) for r in reads[:MAX_READS_LISTED]], n, "rows read", MAX_READS_SHOWN)
     if reads and m["copied"] and not any(c["nodes"] for r in reads for c in r["candidates"]):
         place = place_of([c["origin"] for c in m["copied"]])

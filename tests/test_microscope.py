@@ -175,7 +175,7 @@ def test_view_is_escaped_text_in_known_tags_and_readable_in_a_hall():
     assert "<b>eight" in text and "<img␣src=x" in text  # shown as text (␣: a space, as the figures show it)
     assert "Step 1 under the microscope" in text and "2 rows of the adjacency matrix" in text
     # a row read may have been written by a step where its token was only drafted: the note says every tree token's is
-    assert "every step rewrites the row of each token in its tree, drafted or accepted" in text
+    assert "Every step rewrites the row of each token in its tree, drafted or accepted" in text  # behind a fold
     assert "First disagreement after 'seven': the draft offered '<b>eight</b>'; the model chose 'three'" in text
     sizes = [int(x) for x in re.findall(r"font-size:\s*(\d+)px", CSS)]
     assert sizes and min(sizes) >= 16 and not re.search(r"font-size:\s*[\d.]+(rem|em|%)", CSS)
