@@ -28,7 +28,8 @@ DRAFTING = (
     ("adaptive", METHOD_NAMES["adaptive"],
      "the paper's drafting, in a tree sized for this machine (the paper's own: 80 nodes)."),
     ("hybrid", METHOD_NAMES["hybrid"],
-     "not in the paper: also copies runs of earlier text (squares; diamonds: both)."),
+     "not in the paper: also copies runs of earlier text, from the conversation or the sample answers learned "
+     "beforehand (squares; diamonds: both)."),
 )
 
 WHY_NUMBERS = """
