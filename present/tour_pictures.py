@@ -275,7 +275,7 @@ def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mas
     shown = [i for i in range(len(ev.tokens)) if ev.depths[i] <= levels]
     tail = verdict and (ev.bonus is not None or levels < max(ev.depths, default=0))
     col = min(380.0, (540.0 if mask else 930.0) / max(levels + tail, 1))
-    chars = max(3, min(12, int((col - 34) / 13)))
+    chars = max(3, min(12, int((col - 40) / 14.5)))  # bold path labels run about 14 px a character
     layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
     xy = {i: (ROOT_X + ev.depths[i] * col, 30 + layout.x[i] * 370) for i in shown}
     body = [f'<line x1="{xy[ev.parents[i]][0]:.0f}" y1="{xy[ev.parents[i]][1]:.0f}" x2="{xy[i][0]:.0f}" '
