@@ -58,8 +58,8 @@ def _star(x: float, y: float, r: float) -> str:
     return f'<polygon points="{points}" fill="{BONUS_COLOUR}"/>'
 
 
-PAYS_W, PAYS_H = 1200, 300
-PLOT = (80, 228)  # the bars' top and floor (px)
+PAYS_W, PAYS_H = 1200, 330  # four pairs fit: plain decoding and three methods
+PLOT = (118, 258)  # the bars' top and floor (px)
 
 
 def pays_svg(methods: list[tuple[str, float, float, float]]) -> str:
@@ -69,7 +69,7 @@ def pays_svg(methods: list[tuple[str, float, float, float]]) -> str:
     top, floor = PLOT
     high = max([v for _, tokens, cost, _ in methods for v in (tokens, cost)] + [1.0]) * 1.12
     y_of = lambda v: floor - (floor - top) * v / high  # noqa: E731
-    slot = (PAYS_W - 140) / max(len(methods), 1)  # room right of the last pair for its speed
+    slot = (PAYS_W - 40) / max(len(methods), 1)
     body = [text(20, 22, "green: tokens a step gains", 22, ACCEPTED_COLOUR, "start", bold=True),
             text(398, 22, "grey: a step's time, in plain steps", 22, "#475569", "start", bold=True),
             text(20, 50, "both averaged over the answer, as timed against plain decoding", 22, "#475569", "start"),
@@ -87,7 +87,7 @@ def pays_svg(methods: list[tuple[str, float, float, float]]) -> str:
 
 
 def _pair(centre: float, name: str, figures: tuple[float, float, float], y_of) -> str:
-    """One method's two bars, their values on top, its speed beside them and its name below."""
+    """One method's two bars, their values on top, its speed above them and its name below."""
     (tokens, cost, speed), bar, gap, floor = figures, 74, 14, PLOT[1]
     parts = []
     for x, value, colour, digits in ((centre - gap / 2 - bar, tokens, ACCEPTED_COLOUR, 2),
@@ -96,7 +96,6 @@ def _pair(centre: float, name: str, figures: tuple[float, float, float], y_of) -
                      f'rx="4" fill="{colour}"/>')
         parts.append(text(x + bar / 2, y_of(value) - 14, f"{value:.{digits}f}", 22, INK))
     colour = ACCEPTED_COLOUR if speed >= 1.05 else LOSS_COLOUR if speed <= 0.95 else INK  # as the page's meter
-    parts.append(text(centre + bar + gap + 30, y_of(max(tokens, cost)) + 10, f"{speed:.2f}×", 30, colour, "start",
-                      bold=True))
+    parts.append(text(centre, y_of(max(tokens, cost)) - 50, f"{speed:.2f}×", 30, colour, bold=True))  # above both
     parts += [text(centre, floor + 24 + 24 * i, line, 22, INK) for i, line in enumerate(wrapped(name, 34)[:1])]
     return "".join(parts)

@@ -23,9 +23,12 @@ from tr_core.events import StepEvent
 from . import zerogpu
 from .meter import SpeedEstimate, measure_interleaved
 
-PAPER, HYBRID = "2.2.2", "hybrid"  # the paper's static tree (the matrix alone, 80 nodes), and the studio's default
+# the paper's static tree (the matrix alone, 80 nodes); the same drafting in a tree sized for this machine; and the
+# studio's default, which also copies: one change at a time, from the paper's method to the hybrid
+PAPER, SIZED, HYBRID = "2.2.2", "adaptive", "hybrid"
 METHODS = ((PAPER, "The paper's method: the matrix alone, its 80-node tree"),
-           (HYBRID, "The hybrid: matrix + context, its tree sized each step for this machine"))
+           (SIZED, "Matrix only: the paper's drafting, its tree sized each step for this machine"),
+           (HYBRID, "Matrix + context: also copies earlier text, its tree sized each step"))
 MOST_TOKENS = 256  # the comparison decodes with the last answer's token budget, up to this
 
 
@@ -106,7 +109,7 @@ def own_run(trace: Any) -> MethodRun | None:
     return MethodRun(settings["template"], names[settings["template"]], list(trace.steps), est, own=True)
 
 
-SHORT = {PAPER: "The paper's 80-node tree", HYBRID: "The hybrid, sized here"}
+SHORT = {PAPER: "The paper's 80 nodes", SIZED: "Matrix only, sized", HYBRID: "Matrix + context"}
 
 
 def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool | None, tokens: int) -> str:
@@ -117,15 +120,15 @@ def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool |
     runs = [results[t] for t, _ in METHODS]
     cards = "".join(_card(run, exact) for run in runs)
     same = all(run.est.identical for run in runs)
-    verdict = ("✓ Both answers are plain decoding's, token for token." if same else
+    verdict = (f"✓ All {len(runs)} answers are plain decoding's, token for token." if same else
                "Not every answer is plain decoding's token for token: see the cards.")
     bars = [("Plain decoding", 1.0, 1.0, 1.0)] + [(SHORT[r.template], r.per_step, r.cost, r.speed) for r in runs
                                                   if r.speed]
-    foot = (f"Both from your last answer's start: the same conversation, matrix and settings, up to {tokens} new "
+    foot = (f"All from your last answer's start: the same conversation, matrix and settings, up to {tokens} new "
             f"tokens, on {machine or 'this machine'}; each timed against plain decoding in alternating short turns, "
             "as the meter times an answer.")
     return (f'<div class="tr-sides tr-sides-open"><div class="tr-sides-top"><span class="tr-sides-title">The '
-            f'paper\'s method beside the hybrid</span><span class="tr-sides-verdict">{html.escape(verdict)}</span>'
+            f'paper\'s method, sized, and the hybrid</span><span class="tr-sides-verdict">{html.escape(verdict)}</span>'
             f'<button class="tr-sides-close" title="Close">✕</button></div>'
             f'<div class="tr-sides-cards">{cards}</div>'
             f'<div class="tr-sides-why">{pays_svg(bars)}</div>'
@@ -156,8 +159,8 @@ def _card(run: MethodRun, exact: bool | None) -> str:
            '<span class="tr-side-noisy">too noisy to measure</span>')
     whose = "your answer above, as its meter measured it" if run.own else "decoded now, from the same start"
     return (f'<div class="tr-side tr-side-{ratio_class(run.speed or 1.0, est.error or 0.0)}"><div class="tr-side-head">'
-            f'<span class="tr-side-name">{html.escape(run.name)}<span class="tr-side-whose">{whose}</span></span>'
-            f'<span class="tr-side-big" title="its speed over plain decoding\'s">{big}</span></div>'
+            f'<span class="tr-side-big" title="its speed over plain decoding\'s">{big}</span>'
+            f'<span class="tr-side-name">{html.escape(run.name)}<span class="tr-side-whose">{whose}</span></span></div>'
             f'<div class="tr-side-pic">{picture}</div><div class="tr-side-did">{html.escape(did)}</div>'
             f'<div class="tr-side-credit">{gloss(draft_credit(run.steps))} · '
             f'{html.escape(identity_words(est.identical, exact))}</div></div>')
@@ -165,7 +168,7 @@ def _card(run: MethodRun, exact: bool | None) -> str:
 
 ON_ZEROGPU = ("The side-by-side comparison times three methods in this process, which on ZeroGPU has no GPU: run "
               "the studio on your own machine to compare them.")
-NEED_QUESTION = "Ask a question first: the comparison answers your last question with both methods."
+NEED_QUESTION = "Ask a question first: the comparison answers your last question with each method."
 BUSY_NOW = ("Other visitors' answers are being written: timing three methods now would slow them, and the figures "
             "would favour none fairly. Try again when the page is quiet.")
 
@@ -200,4 +203,4 @@ def compare_methods(s: Any, crowd: Callable[[], int], slot: Callable[[], Any], m
         if done < total:
             yield {"status": f"Timing {todo[done][0].lower() + todo[done][1:]} against plain decoding…"}
     yield {"sides": side_by_side_html(results, machine, getattr(engine, "exact", None), cfg.max_new_tokens),
-           "status": "✓ The paper's method and the hybrid answered your last question side by side."}
+           "status": "✓ The paper's method, sized and not, and the hybrid answered your last question side by side."}

@@ -533,7 +533,8 @@ SIDES_OPEN_JS = "() => !!document.querySelector('#tr-sides .tr-sides-open')"
 SIDES_CLOSED_JS = "() => !document.querySelector('#tr-sides .tr-sides-open')"
 # The smallest text of each picture under `s` as drawn: its font size times the picture's scale on the screen.
 SVG_TEXT_PX_JS = """(s) => [...document.querySelectorAll(s + ' svg')].filter(g => g.querySelector('text')).map(g => {
-  const scale = g.getBoundingClientRect().width / g.viewBox.baseVal.width;
+  const r = g.getBoundingClientRect(), box = g.viewBox.baseVal;  // drawn to fit both sides (letterboxed)
+  const scale = Math.min(r.width / box.width, r.height / box.height);
   return Math.min(...[...g.querySelectorAll('text')].map(t => parseFloat(t.getAttribute('font-size')) * scale)); })"""
 
 
@@ -561,8 +562,8 @@ def test_the_papers_method_beside_the_hybrid_full_width_then_over_the_projector_
         top = page.evaluate(RECT_JS, "#tr-top")
         assert panel["width"] >= 0.95 * top["width"] and panel["top"] >= top["bottom"] - 1, (panel, top)
         shown = page.locator("#tr-sides").inner_text()
-        assert "Both answers are plain decoding's, token for token" in shown, shown
-        assert page.locator("#tr-sides svg").count() == 3 and "×" in shown
+        assert "All 3 answers are plain decoding's, token for token" in shown, shown
+        assert page.locator("#tr-sides svg").count() == 4 and "×" in shown  # three trees and the bars
         page.locator("#tr-sides").screenshot(path=str(shots[""]))
         page.locator("#tr-present").click()
         page.wait_for_function(PRESENTING_JS, timeout=HUNG_MS)

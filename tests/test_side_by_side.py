@@ -43,9 +43,9 @@ def test_every_method_is_timed_against_plain_decoding_in_turns_from_the_same_sta
         return start.fork()
 
     progress = list(sbs.run_methods(fork, ids, cfg, {}, hold=hold, max_s=30.0, chunk_ms=5.0))
-    assert [p[:2] for p in progress] == [(1, 2), (2, 2)] and len(held) == 2 and len(starts) >= 2
+    assert [p[:2] for p in progress] == [(1, 3), (2, 3), (3, 3)] and len(held) == 3 and len(starts) >= 3
     results = progress[-1][2]
-    for template in (sbs.PAPER, sbs.HYBRID):
+    for template in (sbs.PAPER, sbs.SIZED, sbs.HYBRID):
         run = results[template]
         assert len(run.tokens) == 24 and run.est.identical is True and not run.own  # plain decoding's tokens
         assert run.est.pairs >= 2 and run.est.tokens > 0  # measured in alternating turns
@@ -62,7 +62,9 @@ def test_the_answer_itself_is_its_trees_card_with_the_meters_figure():
                               speed=dataclasses.asdict(estimate(1.67)))
     views = list(sbs.compare_methods(s, lambda: 0, contextlib.nullcontext, "Test CPU", chunk_ms=5.0))
     assert [v["status"] for v in views[:-1]] == ["Timing the paper's method: the matrix alone, its 80-node tree "
-                                                 "against plain decoding…"]
+                                                 "against plain decoding…",
+                                                 "Timing matrix only: the paper's drafting, its tree sized each step "
+                                                 "for this machine against plain decoding…"]
     shown = unglossed(views[-1]["sides"])
     assert ">1.67×<span" in shown and "your answer above, as its meter measured it" in shown
     assert "decoded now, from the same start" in shown and "up to 24 new tokens" in shown
@@ -75,14 +77,16 @@ def test_the_panel_reads_as_the_meter_cards_and_bars_agree():
     start, ids, cfg = s.last_start
     results = list(sbs.run_methods(start.fork, ids, cfg, {}, chunk_ms=5.0))[-1][2]
     results[sbs.PAPER].est, results[sbs.HYBRID].est = estimate(0.63, 0.02), estimate(1.73)
+    results[sbs.SIZED].est = estimate(1.31)
     shown = unglossed(sbs.side_by_side_html(results, "Test CPU, 2 threads", exact=False, tokens=24))
-    assert "The paper&#x27;s method: the matrix alone, its 80-node tree" in shown and "The hybrid: matrix + context" in shown
-    assert shown.count("✓ token-identical to plain decoding") == 2 and "✓ Both answers are plain decoding" in shown
+    assert "The paper&#x27;s method: the matrix alone, its 80-node tree" in shown and "Matrix + context: also copies" in shown
+    assert "Matrix only: the paper&#x27;s drafting, its tree sized each step" in shown
+    assert shown.count("✓ token-identical to plain decoding") == 3 and "✓ All 3 answers are plain decoding" in shown
     assert "up to 24 new tokens, on Test CPU, 2 threads" in shown and "24 tokens = " in shown  # drafts credited
     assert "alternating short turns, as the meter times an answer" in shown
-    assert shown.count("<svg") == 3  # each method's telling step, and why each is as fast as it is
+    assert shown.count("<svg") == 4  # each method's telling step, and why each is as fast as it is
     assert ">0.63×<span" in shown and "± 0.02" in shown and ">1.73×<span" in shown
-    for template, ratio in ((sbs.PAPER, 0.63), (sbs.HYBRID, 1.73)):  # the bars: green ÷ grey is the card's speed
+    for template, ratio in ((sbs.PAPER, 0.63), (sbs.SIZED, 1.31), (sbs.HYBRID, 1.73)):  # the bars: green ÷ grey is the card's speed
         run = results[template]
         assert f">{run.per_step:.2f}<" in shown and f">{run.per_step / ratio:.3f}<" in shown
         assert f">{ratio:.2f}×</text>" in shown
@@ -96,7 +100,7 @@ def test_the_handler_needs_an_answer_and_a_quiet_page_and_ends_with_the_panel():
     assert list(sbs.compare_methods(tiny_session(False), lambda: 0, free, "")) == [{"status": sbs.NEED_QUESTION}]
     assert list(sbs.compare_methods(tiny_session(), lambda: 3, free, "")) == [{"status": sbs.BUSY_NOW}]
     views = list(sbs.compare_methods(tiny_session(tokens=12), lambda: 0, free, "Test CPU", chunk_ms=5.0))
-    assert all("Timing" in v["status"] for v in views[:-1]) and len(views) == 1 + len(sbs.METHODS)
+    assert all("Timing" in v["status"] for v in views[:-1]) and len(views) == 1 + len(sbs.METHODS)  # one a method
     assert 'class="tr-sides tr-sides-open"' in views[-1]["sides"] and "side by side" in views[-1]["status"]
     assert "up to 12 new tokens" in views[-1]["sides"]
     views = list(sbs.compare_methods(tiny_session(tokens=900), lambda: 3 if False else 0, free, "", chunk_ms=5.0))
@@ -149,7 +153,8 @@ def test_where_the_papers_tree_loses_the_foot_says_why_from_the_measured_figures
                          emitted=[5, 6], bonus=6, timings={})
         return sbs.MethodRun(template, template, [step] * n_steps, estimate(ratio))
 
-    results = {sbs.PAPER: run(sbs.PAPER, 21, 81, 0.6), sbs.HYBRID: run(sbs.HYBRID, 21, 9, 1.5)}
+    results = {sbs.PAPER: run(sbs.PAPER, 21, 81, 0.6), sbs.SIZED: run(sbs.SIZED, 21, 7, 1.3),
+               sbs.HYBRID: run(sbs.HYBRID, 21, 9, 1.5)}
     foot = unglossed(sbs.side_by_side_html(results, "a CPU", exact=False, tokens=42))
     assert "checks up to 81 tokens in one forward: 3.33 plain steps here" in foot  # 2 tokens a step / 0.6
     assert "(not measured here)" in foot and ">3.333<" in foot.split("checks up to")[0]  # the bars show that cost
