@@ -80,8 +80,8 @@ def pays_svg(methods: list[tuple[str, float, float, float]]) -> str:
     for j, (name, tokens, cost, speed) in enumerate(methods):
         body.append(_pair(20 + slot * (j + 0.5), name, (tokens, cost, speed), y_of))
     if any(cost < VISIBLY_UNDER_ONE for _, _, cost, _ in methods):
-        body.append(text(PAYS_W / 2, PAYS_H - 12, "a grey bar under 1: a step of a few tokens took less time than a "
-                         "plain step here", 22, REJECTED_TEXT))
+        body.append(text(PAYS_W / 2, PAYS_H - 12, "a grey bar under 1: on this CPU a forward of one token runs slower "
+                         "products than one of a few", 22, REJECTED_TEXT))
     return (f'<svg width="{PAYS_W}" height="{PAYS_H}" viewBox="0 0 {PAYS_W} {PAYS_H}" role="img" '
             f'font-family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif">{"".join(body)}</svg>')
 

@@ -126,7 +126,7 @@ def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool |
                                                   if r.speed]
     foot = (f"All from your last answer's start: the same conversation, matrix and settings, up to {tokens} new "
             f"tokens, on {machine or 'this machine'}; each timed against plain decoding in alternating short turns, "
-            "as the meter times an answer.")
+            "as the meter times an answer (±: one standard error).")
     return (f'<div class="tr-sides tr-sides-open"><div class="tr-sides-top"><span class="tr-sides-title">The '
             f'paper\'s method, sized, and the hybrid</span><span class="tr-sides-verdict">{html.escape(verdict)}</span>'
             f'<button class="tr-sides-close" title="Close">✕</button></div>'
@@ -141,7 +141,7 @@ def why_paper_slower(paper: MethodRun) -> str:
     if paper.speed is None or paper.speed >= 1.0 or paper.cost is None:
         return ""
     nodes = max((len(e.tokens) for e in paper.steps), default=0)
-    return html.escape(f" The paper's step checks up to {nodes} tokens in one forward: {paper.cost:.2f} plain steps "
+    return html.escape(f" The paper's step checks up to {nodes} tokens in one forward: {paper.cost:.3f} plain steps "
                        "here. On the paper's GPUs such a forward costs little more than one step, and the paper "
                        "reports about 2× plain decoding's speed there (not measured here).")
 

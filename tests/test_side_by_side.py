@@ -156,7 +156,7 @@ def test_where_the_papers_tree_loses_the_foot_says_why_from_the_measured_figures
     results = {sbs.PAPER: run(sbs.PAPER, 21, 81, 0.6), sbs.SIZED: run(sbs.SIZED, 21, 7, 1.3),
                sbs.HYBRID: run(sbs.HYBRID, 21, 9, 1.5)}
     foot = unglossed(sbs.side_by_side_html(results, "a CPU", exact=False, tokens=42))
-    assert "checks up to 81 tokens in one forward: 3.33 plain steps here" in foot  # 2 tokens a step / 0.6
+    assert "checks up to 81 tokens in one forward: 3.333 plain steps here" in foot  # 2 tokens a step / 0.6
     assert "(not measured here)" in foot and ">3.333<" in foot.split("checks up to")[0]  # the bars show that cost
     for ratio in (1.2, None):  # faster than plain decoding, or not measured: nothing to explain
         results[sbs.PAPER] = run(sbs.PAPER, 21, 81, ratio)
