@@ -6,12 +6,14 @@ where green stands above grey, the method beats plain decoding. The tour's last 
 """
 from __future__ import annotations
 
+import math
+
 from tr_core.events import StepEvent
 
 from .nodes import node_group, node_source
 from .tour import telling_index
 from .style import ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, REJECTED_TEXT
-from .tour_pictures import INK, VISIBLY_UNDER_ONE, node_fill, shape, text, wrapped
+from .tour_pictures import INK, UNDER_ONE, VISIBLY_UNDER_ONE, node_fill, shape, text, wrapped
 from .tree_layout import tree_layout
 
 COST_COLOUR = "#94a3b8"  # the grey of a step's cost (the tour's cost curve is this family)
@@ -51,8 +53,8 @@ def _widest(ev: StepEvent) -> int:
 
 
 def _star(x: float, y: float, r: float) -> str:
-    import math
-
+    """The bonus token's star as a shape (the tour writes "★" as text; a silhouette holds no text, so that a card
+    scaled down on a projector has none to read)."""
     points = " ".join(f"{x + (r if k % 2 == 0 else r * 0.45) * math.sin(k * math.pi / 5):.1f},"
                       f"{y - (r if k % 2 == 0 else r * 0.45) * math.cos(k * math.pi / 5):.1f}" for k in range(10))
     return f'<polygon points="{points}" fill="{BONUS_COLOUR}"/>'
@@ -65,7 +67,7 @@ PLOT = (118, 258)  # the bars' top and floor (px)
 def pays_svg(methods: list[tuple[str, float, float, float]]) -> str:
     """Why each method is as fast as it is: (name, tokens per step, a step's cost in plain steps, the measured
     speed over plain decoding, their ratio) a pair of bars each, green (gained) beside grey (cost), the speed
-    beside them."""
+    above them."""
     top, floor = PLOT
     high = max([v for _, tokens, cost, _ in methods for v in (tokens, cost)] + [1.0]) * 1.12
     y_of = lambda v: floor - (floor - top) * v / high  # noqa: E731
@@ -80,8 +82,7 @@ def pays_svg(methods: list[tuple[str, float, float, float]]) -> str:
     for j, (name, tokens, cost, speed) in enumerate(methods):
         body.append(_pair(20 + slot * (j + 0.5), name, (tokens, cost, speed), y_of))
     if any(cost < VISIBLY_UNDER_ONE for _, _, cost, _ in methods):
-        body.append(text(PAYS_W / 2, PAYS_H - 12, "a grey bar under 1: on this CPU a forward of one token runs slower "
-                         "products than one of a few", 22, REJECTED_TEXT))
+        body.append(text(PAYS_W / 2, PAYS_H - 12, f"a grey bar under 1: {UNDER_ONE}", 22, REJECTED_TEXT))
     return (f'<svg width="{PAYS_W}" height="{PAYS_H}" viewBox="0 0 {PAYS_W} {PAYS_H}" role="img" '
             f'font-family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif">{"".join(body)}</svg>')
 

@@ -22,6 +22,7 @@ from .tree_layout import tree_layout
 W, H = 1200, 470
 SMALL = 22  # px: the smallest text of a picture (the tour's rule is 20)
 INK = "#0f172a"
+UNDER_ONE = "a step of a few tokens took less time than a plain step here"  # what a cost under 1 means (measured)
 VISIBLY_UNDER_ONE = 0.95  # a cost the chart draws visibly under 1 (one plain step): its note says why (a reader
 # found the note beside a curve that touched 1 at 0.99 and stood nowhere visibly under it)
 DRAFT = "#334155"  # a draft before the verdict
@@ -185,8 +186,7 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
     body.append(text(left + 8, top - 22, "grey: a step's cost in plain steps, t(N)/t(1)"
                      + ("; dashed: not timed" if gaps else ""), SMALL, "#475569", "start"))
     if any(c < VISIBLY_UNDER_ONE for n, c in points if n > 1):  # CPUs whose one-row product is slower than a few rows'
-        body.append(text(left + 8, bottom + 92, "under 1: a step of a few tokens took less time than a plain step here",
-                         SMALL, "#475569", "start"))
+        body.append(text(left + 8, bottom + 92, f"under 1: {UNDER_ONE}", SMALL, "#475569", "start"))
     body.append(_tile(790, 40, 370, 320, *tile))
     body += [text(975, 388 + 28 * i, line, SMALL, INK) for i, line in enumerate(wrapped(footer, 30)[:2])]
     return svg("".join(body))

@@ -13,31 +13,19 @@ Needs Chromium (Debian's `chromium`) and Playwright; takes 3-4 minutes on 2 core
 from __future__ import annotations
 
 import argparse
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from crowd import free_port, launch  # noqa: E402 - the crowd script's app launcher, here not in public mode
 
 WAIT_MS = 1_800_000  # a hung app fails instead of blocking forever; no estimate of how long an answer takes
 FINAL_JS = ("() => { const m = document.querySelector('#tr-meter');"
             " return !!(m && ['measured', 'noisy', 'off'].includes(m.dataset.state)); }")
 IDLE_JS = "() => !document.querySelector('.gradio-container .wrap.generating, .gradio-container .wrap.pending')"
 TOUR_SCREENS = (0, 1, 3, 4, 5, 6)  # the seven screens but the third (the tree before the verdict, as the fourth)
-
-
-def launch() -> tuple[subprocess.Popen, str]:
-    """The studio as a user starts it (`python app.py`), on a free port; returns the process and its address."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    app = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(port)],
-                           cwd=ROOT, env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"},
-                           stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    return app, f"http://127.0.0.1:{port}/"
 
 
 def wait_up(page, url: str) -> None:
@@ -89,7 +77,8 @@ def main() -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    app, url = launch()
+    port = free_port()
+    app, url = launch(port, public=False), f"http://127.0.0.1:{port}/"
     try:
         with sync_playwright() as pw, tempfile.TemporaryDirectory() as tmp:
             browser = pw.chromium.launch(executable_path=args.chromium, headless=True, args=["--no-sandbox"])

@@ -1,13 +1,13 @@
-"""The paper's method beside the hybrid, on the visitor's last answer: its prompt, from the state it started from,
-with its settings, decoded with the paper's matrix-only tree and with the hybrid tree, each timed against plain
-decoding as the meter times an answer (alternating short turns from the same start: studio/meter.interleave). Where
-the answer itself used one of the two trees and the meter measured it, it is that card, so the card and the meter
-show one figure. Shown side by side: each method's telling step as a tree (the page's rule), its tokens per step
-against a step's cost, where its accepted drafts came from, and whether it is plain decoding's token for token."""
+"""The paper's method, sized, and the hybrid, on the visitor's last answer: its prompt, from the state it started
+from, with its settings, decoded with the paper's 80-node tree, the same drafting in a tree sized for this machine,
+and the hybrid tree, each timed against plain decoding as the meter times an answer (alternating short turns from
+the same start: studio/meter.interleave). Where the answer itself used one of the three trees and the meter
+measured it, it is that card, so the card and the meter show one figure. Shown side by side: each method's telling
+step as a tree (the page's rule), its tokens per step against a step's cost, where its accepted drafts came from,
+and whether it is plain decoding's token for token."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import html
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -102,11 +102,11 @@ def own_run(trace: Any) -> MethodRun | None:
     """The visitor's last answer as a card, where it used one of the compared trees and the meter measured it."""
     settings = getattr(trace, "settings", None) or {}
     names = dict(METHODS)
-    if not trace or not trace.steps or not trace.speed or settings.get("plain") or settings.get("template") not in names:
+    if (not trace or not trace.steps or not trace.speed or settings.get("plain")
+            or settings.get("template") not in names):
         return None
-    known = {f.name for f in dataclasses.fields(SpeedEstimate)}
-    est = SpeedEstimate(**{k: v for k, v in trace.speed.items() if k in known})
-    return MethodRun(settings["template"], names[settings["template"]], list(trace.steps), est, own=True)
+    return MethodRun(settings["template"], names[settings["template"]], list(trace.steps),
+                     SpeedEstimate(**trace.speed), own=True)  # as the meter reads it back (views.trace_meter)
 
 
 SHORT = {PAPER: "The paper's 80 nodes", SIZED: "Matrix only, sized", HYBRID: "Matrix + context"}
@@ -151,8 +151,8 @@ def _card(run: MethodRun, exact: bool | None) -> str:
     accepted (the page's rule), where its drafts came from (its tokens per step and step cost are the bars below)."""
     best = best_step(run.steps)
     picture = silhouette_svg(best) if best is not None else ""
-    did = "" if best is None else (f"step {best.step + 1} (most drafts from the matrix alone accepted): {len(best.accepted) - 1} "
-                                   f"of {len(best.tokens) - 1} drafts accepted"
+    did = "" if best is None else (f"step {best.step + 1} (most drafts from the matrix alone accepted): "
+                                   f"{len(best.accepted) - 1} of {len(best.tokens) - 1} drafts accepted"
                                    + (" + the bonus" if best.bonus is not None else ""))
     est = run.est
     big = (f'{run.speed:.2f}×<span class="tr-side-err"> ± {est.error:.2f}</span>' if run.speed else
@@ -175,9 +175,9 @@ BUSY_NOW = ("Other visitors' answers are being written: timing three methods now
 
 def compare_methods(s: Any, crowd: Callable[[], int], slot: Callable[[], Any], machine: str, max_s: float = 30.0,
                     chunk_ms: float = 250.0) -> Iterator[dict]:
-    """The handler: the paper's method and the hybrid on the session's last answer's prompt, from the state it
-    started from, with its settings; the answer itself is one of the cards where it used one of the two trees
-    and the meter measured it. Holds the decode slot per measurement; yields the status and the panel."""
+    """The handler: the three trees on the session's last answer's prompt, from the state it started from, with its
+    settings; the answer itself is one of the cards where it used one of the three trees and the meter measured
+    it. Holds the decode slot per measurement; yields the status and the panel."""
     begun = s.last_start
     if s.engine is None or begun is None:
         yield {"status": NEED_QUESTION}
@@ -191,7 +191,7 @@ def compare_methods(s: Any, crowd: Callable[[], int], slot: Callable[[], Any], m
     engine, ids, cfg = begun
     cfg = cfg.with_(max_new_tokens=min(cfg.max_new_tokens, MOST_TOKENS))
     own = own_run(s.trace)
-    have = {own.template: own} if own is not None and own.steps and len(own.tokens) <= cfg.max_new_tokens else {}
+    have = {own.template: own} if own is not None and len(own.tokens) <= cfg.max_new_tokens else {}
     results, busy = dict(have), lambda: crowd() > 0
     todo = [name for t, name in METHODS if t not in have]
     if todo:
