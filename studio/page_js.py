@@ -52,6 +52,16 @@ PRESENT_JS = """(on) => {
   const url = new URL(window.location.href);
   if (on) url.searchParams.set('view', 'present'); else url.searchParams.delete('view');
   window.history.replaceState(null, '', url);
+  // plotly writes the page's address into its paint references (url("<address>#id"), for the <base> gradio sets)
+  // and keeps it for redraws: with the address changed they pointed at another document and the matrix's colour
+  // bar drew empty. The plots take the new address, and what they drew is pointed at it.
+  const base = window.location.href.split('#')[0];
+  const here = (v) => v && v.replace(/url\\((["']?)[^#"')]*#/g, 'url($1' + base + '#');
+  document.querySelectorAll('.js-plotly-plot').forEach((gd) => {
+    if (gd._context && gd._context._baseUrl) gd._context._baseUrl = base; });
+  document.querySelectorAll('.js-plotly-plot [style*="url("], .js-plotly-plot [clip-path], .js-plotly-plot [fill^="url"]')
+    .forEach((n) => { if (n.style.fill) n.style.fill = here(n.style.fill);
+      for (const a of ['clip-path', 'fill']) if (n.hasAttribute(a)) n.setAttribute(a, here(n.getAttribute(a))); });
   const el = document.querySelector('#tr-present');
   const b = el && (el.tagName === 'BUTTON' ? el : el.querySelector('button'));
   if (b) b.textContent = on ? %s : %s;

@@ -428,6 +428,14 @@ QUESTION_WHOLE_JS = """() => {
           lastRun: runs.length ? runs[runs.length - 1].getBoundingClientRect().bottom : 0}; }"""
 
 
+# The paint references (url(...#id)) in the plots that point at another address than this page's: plotly writes the
+# page's address into them, and the presentation view changes it (a cold reader saw the colour bar drawn empty).
+FOREIGN_PAINT_JS = """() => { const here = window.location.href.split('#')[0];
+  return [...document.querySelectorAll('.js-plotly-plot *')].flatMap((n) =>
+    [n.style.fill, n.getAttribute('fill'), n.getAttribute('clip-path')]).filter((v) => v && v.includes('url('))
+    .filter((v) => { const m = v.match(/url\\(["']?([^#"')]*)#/); return m && m[1] !== '' && m[1] !== here; }); }"""
+
+
 def check_projector_screen(page) -> None:
     """Every panel lies inside the 1280x720 screen by its computed geometry, no two overlap, text panels hold all
     their text, and no text in them is under 16 px. It first waits for the layout to settle: a redrawn plot is
@@ -439,6 +447,7 @@ def check_projector_screen(page) -> None:
     except Exception:  # noqa: BLE001 - the geometry asserts report the panel
         pass
     rects = {sel: page.evaluate(RECT_JS, sel) for sel in PANELS}
+    assert page.evaluate(FOREIGN_PAINT_JS) == [], page.evaluate(FOREIGN_PAINT_JS)  # the colour bar drawn, not empty
     for sel, r in rects.items():
         assert r["width"] > 0 and r["top"] >= 0 and r["left"] >= 0, (sel, r)
         assert r["bottom"] <= PROJECTOR["height"] and r["right"] <= PROJECTOR["width"], (sel, r)
