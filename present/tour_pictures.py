@@ -269,7 +269,9 @@ def mask_svg(ev: StepEvent, token_text: Callable[[int], str], left: float, width
 
 def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mask: bool = False) -> str:
     """The step's draft tree, depth across: markers by source; with `verdict`, the accepted path green, the rest
-    grey, and the bonus token as an amber star after the path. Crowded columns label only the path; levels past
+    grey, and the bonus token as an amber star after the path. A level's labels never touch (LABEL_GAP: the
+    path's first, then the likelier drafts; beside the mask, a few letters wide, the path's alone), and its markers
+    shrink to fit (the paper's 80 nodes); levels past
     MAX_LEVELS are counted at the end of the path, not drawn (a long copied run)."""
     levels, groups, on_path = min(max(ev.depths, default=0), MAX_LEVELS), node_group(ev), set(ev.accepted)
     shown = [i for i in range(len(ev.tokens)) if ev.depths[i] <= levels]
@@ -278,24 +280,50 @@ def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mas
     chars = max(3, min(12, int((col - 40) / 14.5)))  # bold path labels run about 14 px a character
     layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
     xy = {i: (ROOT_X + ev.depths[i] * col, 30 + layout.x[i] * 370) for i in shown}
+    path = set(on_path) if verdict else set()
     body = [f'<line x1="{xy[ev.parents[i]][0]:.0f}" y1="{xy[ev.parents[i]][1]:.0f}" x2="{xy[i][0]:.0f}" '
-            f'y2="{xy[i][1]:.0f}" stroke="{ACCEPTED_COLOUR if verdict and i in on_path else REJECTED_COLOUR}" '
-            f'stroke-width="{5 if verdict and i in on_path else 2}"/>' for i in shown if i]
+            f'y2="{xy[i][1]:.0f}" stroke="{ACCEPTED_COLOUR if i in path else REJECTED_COLOUR}" '
+            f'stroke-width="{5 if i in path else 2}"/>' for i in shown if i]
     body.append(path_end(ev, token_text, xy, col, chars, verdict))
-    body += [shape("root" if i == 0 else node_source(ev, i) or "matrix", *xy[i], node_fill(groups[i], verdict))
-             for i in shown]
-    crowded = {d for d, c in Counter(ev.depths[i] for i in shown).items() if c > 13}
-    for i in shown:
-        if i == 0:  # left of the root, clear of its edges
-            body.append(text(ROOT_X - 24, xy[0][1], visible_token(token_text(ev.tokens[0]), 6), 24, INK, "end", True))
-        elif ev.depths[i] not in crowded or i in on_path:
-            ink = REJECTED_TEXT if verdict and groups[i] == "rejected" else INK
-            body.append(text(xy[i][0] + 18, xy[i][1], visible_token(token_text(ev.tokens[i]), chars), 22, ink,
-                             "start", i in on_path and verdict, True))
+    r = marker_radius([xy[i][1] for i in shown if i], [ev.depths[i] for i in shown if i])
+    body += [shape("root" if i == 0 else node_source(ev, i) or "matrix", *xy[i], node_fill(groups[i], verdict),
+                   11 if i in path or i == 0 else r)
+             for i in sorted(shown, key=lambda i: i in path)]  # the path's markers over the rest
+    body.append(text(ROOT_X - 24, xy[0][1], visible_token(token_text(ev.tokens[0]), 6), 24, INK, "end", True))
+    narrow = chars < 5  # a column of a few letters (the paper's tree beside the mask): the path's labels only
+    for i in labelled_nodes(ev, {i: p for i, p in xy.items() if i in path or not (verdict and narrow)}, path):
+        ink = REJECTED_TEXT if verdict and groups[i] == "rejected" else INK
+        body.append(text(xy[i][0] + 18, xy[i][1], visible_token(token_text(ev.tokens[i]), chars), 22, ink, "start",
+                         i in path, True))
     body.append(tree_legend(ev, verdict and levels == max(ev.depths, default=0), verdict))
     if mask:
         body.append(mask_svg(ev, token_text, W - MASK_W - 10, MASK_W))
     return svg("".join(body))
+
+
+LABEL_GAP = 25  # px between two labels of one level: 22 px type that does not touch its neighbour's
+
+
+def labelled_nodes(ev: StepEvent, xy: dict, path: set[int]) -> list[int]:
+    """The drawn nodes (not the root) whose tokens are written beside them: in each level the path's node first,
+    then the others in tree order (the likelier first), each at least LABEL_GAP from every label kept."""
+    kept: dict[int, list[float]] = {}
+    out = []
+    for i in sorted((i for i in xy if i), key=lambda i: (i not in path, i)):
+        ys = kept.setdefault(ev.depths[i], [])
+        if all(abs(xy[i][1] - y) >= LABEL_GAP for y in ys):
+            ys.append(xy[i][1])
+            out.append(i)
+    return out
+
+
+def marker_radius(ys: list[float], depths: list[int]) -> float:
+    """The drafts' marker radius: 11 px, or less where a level's nodes stand closer (never under 4 px)."""
+    by_level: dict[int, list[float]] = {}
+    for y, d in zip(ys, depths):
+        by_level.setdefault(d, []).append(y)
+    gaps = [b - a for level in by_level.values() for a, b in zip(sorted(level), sorted(level)[1:])]
+    return max(4.0, min(11.0, min(gaps, default=30.0) / 2 - 1))
 
 
 def path_end(ev: StepEvent, token_text: Callable[[int], str], xy: dict, col: float, chars: int,

@@ -80,7 +80,10 @@ PRESENT_FROM_URL_JS = ("() => { if (new URLSearchParams(window.location.search).
 # The side-by-side (studio/side_by_side.py) closes with its ✕ or Escape; a new comparison opens it again.
 SIDES_INSTALL_JS = """() => { if (window.trSidesInstalled) return; window.trSidesInstalled = true;
   const close = () => document.querySelectorAll('.tr-sides.tr-sides-open').forEach((b) => b.classList.remove('tr-sides-open'));
-  document.addEventListener('click', (e) => { if (e.target.closest && e.target.closest('.tr-sides-close')) close(); });
+  document.addEventListener('click', (e) => { if (!e.target.closest) return;
+    if (e.target.closest('.tr-sides-close')) close();
+    const tour = e.target.closest('.tr-side-tour');  // a card's guided tour (present/tour.py: its own overlay)
+    if (tour && window.trTourOpen) window.trTourOpen(tour.closest('.tr-side').querySelector('.tr-tour')); });
   document.addEventListener('keydown', (e) => { if (e.key === 'Escape') close(); }); }"""
 
 # The guided tour (present/tour.py): its script installs once with the page; a tour button opens the tour just drawn.

@@ -10,15 +10,17 @@ from __future__ import annotations
 import contextlib
 import html
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from present.chart import draft_credit
 from present.glossary import gloss
 from present.meter import identity_words, ratio_class
 from present.sides import best_step, pays_svg, silhouette_svg
+from present.tour import telling_index, tour_html
 from tr_core.config import DecodeConfig
 from tr_core.events import StepEvent
+from tr_core.trace import Trace
 
 from . import zerogpu
 from .meter import SpeedEstimate, measure_interleaved
@@ -87,8 +89,10 @@ def run_methods(start: Callable[[], Any], prompt_ids: list[int], cfg: DecodeConf
         own = cfg.with_(template=template, plain=False, provenance=False)
 
         def runs(record: bool = True) -> tuple[Iterator, Iterator]:
+            # the recorded pass keeps what the card's tour shows (the rows each step read: provenance), at +0.30 ms
+            # a step of the paper's tree (~0.2% of its step) and +0.05 ms of a sized one (scripts/microscope_overhead)
             engine = start()
-            tr = engine.generate(prompt_ids, own)
+            tr = engine.generate(prompt_ids, own.with_(provenance=record))
             return (recorded(tr, steps) if record else tr), engine.generate(prompt_ids, own.with_(plain=True))
 
         with hold():
@@ -109,16 +113,38 @@ def own_run(trace: Any) -> MethodRun | None:
                      SpeedEstimate(**trace.speed), own=True)  # as the meter reads it back (views.trace_meter)
 
 
+def method_trace(run: MethodRun, answer: Trace, token_text: Callable[[int], str]) -> Trace:
+    """A method's run as a trace the guided tour reads: the answer's conversation and settings with the method's
+    tree, its steps, and its measurement against plain decoding (its cost curve: a step of each size it timed). The
+    visitor's own answer is its card's trace."""
+    if run.own:
+        return answer
+    trace = Trace(model=answer.model, settings={**answer.settings, "template": run.template, "plain": False},
+                  messages=list(answer.messages), speed=asdict(run.est))
+    trace.record_texts(token_text, run.steps)
+    trace.steps = list(run.steps)
+    return trace
+
+
+def card_tour(run: MethodRun, answer: Trace | None, token_text: Callable[[int], str]) -> str:
+    """The guided tour of a card's step (the one its tree draws), as markup that stays closed until its button."""
+    if answer is None or not run.steps:
+        return ""
+    return tour_html(method_trace(run, answer, token_text), telling_index(run.steps), token_text)
+
+
 SHORT = {PAPER: "The paper's 80 nodes", SIZED: "Matrix only, sized", HYBRID: "Matrix + context"}
 
 
-def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool | None, tokens: int) -> str:
-    """The paper's method and the hybrid side by side, full width: each one's telling step as a tree and its speed,
-    then why (tokens a step gains against what a step costs, present/sides.py), plain decoding the yardstick."""
+def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool | None, tokens: int,
+                      tour: Callable[[MethodRun], str] = lambda run: "") -> str:
+    """The paper's method and the hybrid side by side, full width: each one's telling step as a tree and its speed
+    (with `tour(run)`: the guided tour of that step behind a button), then why (tokens a step gains against what a
+    step costs, present/sides.py), plain decoding the yardstick."""
     if not all(t in results for t, _ in METHODS):
         return '<div class="tr-sides tr-sides-none">Measuring…</div>'
     runs = [results[t] for t, _ in METHODS]
-    cards = "".join(_card(run, exact) for run in runs)
+    cards = "".join(_card(run, exact, tour(run)) for run in runs)
     same = all(run.est.identical for run in runs)
     verdict = (f"✓ All {len(runs)} answers are plain decoding's, token for token." if same else
                "Not every answer is plain decoding's token for token: see the cards.")
@@ -146,7 +172,7 @@ def why_paper_slower(paper: MethodRun) -> str:
                        "reports about 2× plain decoding's speed there (not measured here).")
 
 
-def _card(run: MethodRun, exact: bool | None) -> str:
+def _card(run: MethodRun, exact: bool | None, tour: str = "") -> str:
     """A method's card: its name and speed, whose answer it is, the tree of its step with the most matrix drafts
     accepted (the page's rule), where its drafts came from (its tokens per step and step cost are the bars below)."""
     best = best_step(run.steps)
@@ -163,7 +189,13 @@ def _card(run: MethodRun, exact: bool | None) -> str:
             f'<span class="tr-side-name">{html.escape(run.name)}<span class="tr-side-whose">{whose}</span></span></div>'
             f'<div class="tr-side-pic">{picture}</div><div class="tr-side-did">{html.escape(did)}</div>'
             f'<div class="tr-side-credit">{gloss(draft_credit(run.steps))} · '
-            f'{html.escape(identity_words(est.identical, exact))}</div></div>')
+            f'{html.escape(identity_words(est.identical, exact))}</div>{_tour_button(tour)}</div>')
+
+
+def _tour_button(tour: str) -> str:
+    """A card's "Tour this step" button and its tour (studio/page_js.SIDES_INSTALL_JS opens it), or ""."""
+    return (f'<button type="button" class="tr-side-tour" title="the guided tour of this step, seven screens">▶ Tour '
+            f'this step</button>{tour}' if tour else "")
 
 
 ON_ZEROGPU = ("The side-by-side comparison times three methods in this process, which on ZeroGPU has no GPU: run "
@@ -202,5 +234,6 @@ def compare_methods(s: Any, crowd: Callable[[], int], slot: Callable[[], Any], m
             return
         if done < total:
             yield {"status": f"Timing {todo[done][0].lower() + todo[done][1:]} against plain decoding…"}
-    yield {"sides": side_by_side_html(results, machine, getattr(engine, "exact", None), cfg.max_new_tokens),
+    tour = lambda run: card_tour(run, s.trace, engine.token_text)  # noqa: E731 - one card's tour
+    yield {"sides": side_by_side_html(results, machine, getattr(engine, "exact", None), cfg.max_new_tokens, tour),
            "status": "✓ The paper's method, sized and not, and the hybrid answered your last question side by side."}

@@ -541,7 +541,8 @@ def test_presentation_view_carries_a_lecture_on_one_projector_screen(app_browser
 SIDES_OPEN_JS = "() => !!document.querySelector('#tr-sides .tr-sides-open')"
 SIDES_CLOSED_JS = "() => !document.querySelector('#tr-sides .tr-sides-open')"
 # The smallest text of each picture under `s` as drawn: its font size times the picture's scale on the screen.
-SVG_TEXT_PX_JS = """(s) => [...document.querySelectorAll(s + ' svg')].filter(g => g.querySelector('text')).map(g => {
+SVG_TEXT_PX_JS = """(s) => [...document.querySelectorAll(s + ' svg')].filter(g => g.querySelector('text')
+  && g.getBoundingClientRect().width > 0).map(g => {  // drawn ones (a card's tour is closed)
   const r = g.getBoundingClientRect(), box = g.viewBox.baseVal;  // drawn to fit both sides (letterboxed)
   const scale = Math.min(r.width / box.width, r.height / box.height);
   return Math.min(...[...g.querySelectorAll('text')].map(t => parseFloat(t.getAttribute('font-size')) * scale)); })"""
@@ -572,8 +573,10 @@ def test_the_papers_method_beside_the_hybrid_full_width_then_over_the_projector_
         assert panel["width"] >= 0.95 * top["width"] and panel["top"] >= top["bottom"] - 1, (panel, top)
         shown = page.locator("#tr-sides").inner_text()
         assert "All 3 answers are plain decoding's, token for token" in shown, shown
-        assert page.locator("#tr-sides svg").count() == 4 and "×" in shown  # three trees and the bars
+        pictures = page.locator("#tr-sides .tr-side-pic svg, #tr-sides .tr-sides-why svg")
+        assert pictures.count() == 4 and "×" in shown  # three trees and the bars
         page.locator("#tr-sides").screenshot(path=str(shots[""]))
+        check_card_tour(page)
         page.locator("#tr-present").click()
         page.wait_for_function(PRESENTING_JS, timeout=HUNG_MS)
         page.wait_for_function(SIDES_OPEN_JS, timeout=HUNG_MS)
@@ -594,6 +597,26 @@ def test_the_papers_method_beside_the_hybrid_full_width_then_over_the_projector_
     finally:
         context.close()
     assert all(shot.stat().st_size > 10_000 for shot in shots.values())
+
+
+def check_card_tour(page) -> None:
+    """The paper's card opens the guided tour of the step it draws (a cold reader asked for the paper's 80-node step
+    legible at 1280x720): seven screens, no text under 20 px, nothing cut off; Escape closes the tour, not the panel."""
+    from conftest import walk_tour
+
+    card = page.locator("#tr-sides .tr-side").first
+    step = re.search(r"step (\d+) \(", card.locator(".tr-side-did").inner_text()).group(1)
+    card.locator(".tr-side-tour").click()
+    page.wait_for_selector(".tr-tour.tr-tour-open", timeout=HUNG_MS)
+    assert page.locator(".tr-tour-open .tr-tour-step").inner_text().startswith(f"Step {step} of ")
+    screens = walk_tour(page)
+    assert [s["count"] for s in screens] == [f"{i} / 7" for i in range(1, 8)], screens
+    assert "Matrix only (the paper's)" in page.locator(".tr-tour-open .tr-tour-note").first.inner_text()
+    for s in screens:
+        assert s["smallest"] >= 20 and s["cut"] == [] and s["onNav"] == [] and s["stage"] == [1280, 720], s
+    page.keyboard.press("Escape")
+    page.wait_for_function("() => !document.querySelector('.tr-tour.tr-tour-open')", timeout=HUNG_MS)
+    assert page.evaluate(SIDES_OPEN_JS)
 
 
 def race_trace(steps: int = 8, step_ms: float = 250.0) -> Trace:

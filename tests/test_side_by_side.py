@@ -13,6 +13,8 @@ from studio.meter import SpeedEstimate
 from tr_core import Engine
 from tr_core.config import DecodeConfig
 from tr_core.events import StepEvent
+from tr_core.trace import Trace
+from present.tour import telling_index, tour_html
 
 
 def tiny_session(asked: bool = True, tokens: int = 24) -> SimpleNamespace:
@@ -57,9 +59,8 @@ def test_the_answer_itself_is_its_trees_card_with_the_meters_figure():
     answer, and only the other tree is decoded for the comparison."""
     s = tiny_session()
     start, ids, cfg = s.last_start
-    steps = [ev for ev in start.fork().generate(ids, cfg) if isinstance(ev, StepEvent)]
-    s.trace = SimpleNamespace(steps=steps, settings={"template": "hybrid", "plain": False},
-                              speed=dataclasses.asdict(estimate(1.67)))
+    s.trace = answered(s, 1.67)
+    steps = s.trace.steps
     views = list(sbs.compare_methods(s, lambda: 0, contextlib.nullcontext, "Test CPU", chunk_ms=5.0))
     assert [v["status"] for v in views[:-1]] == ["Timing the paper's method: the matrix alone, its 80-node tree "
                                                  "against plain decoding…",
@@ -70,6 +71,43 @@ def test_the_answer_itself_is_its_trees_card_with_the_meters_figure():
     assert "decoded now, from the same start" in shown and "up to 24 new tokens" in shown
     from present.tour import telling_index
     assert f"step {telling_index(steps) + 1} (most drafts from the matrix alone accepted)" in shown
+
+
+def answered(s: SimpleNamespace, ratio: float) -> Trace:
+    """The session's answer as the studio records it (the microscope's provenance on), measured at `ratio`."""
+    start, ids, cfg = s.last_start
+    trace = Trace(model="tiny", settings={**dataclasses.asdict(cfg), "k": 8, "machine": "Test CPU"},
+                  messages=[{"role": "user", "content": "a b c d"}], speed=dataclasses.asdict(estimate(ratio)))
+    for ev in start.fork().generate(ids, cfg.with_(provenance=True)):
+        if isinstance(ev, StepEvent):
+            trace.add_step(ev, s.engine.token_text)
+    return trace
+
+
+def test_each_card_opens_the_guided_tour_of_the_step_it_draws():
+    """A cold reader asked for the paper's own 80-node step made legible at 1280x720: each card's button opens the
+    seven-screen tour of the step its card draws, from that method's own decode (the rows its steps read recorded),
+    with the method named and its measured cost; the hybrid's card tours the answer itself."""
+    s = tiny_session()
+    s.trace = answered(s, 1.67)
+    views = list(sbs.compare_methods(s, lambda: 0, contextlib.nullcontext, "Test CPU", chunk_ms=5.0))
+    shown = views[-1]["sides"]
+    assert shown.count('class="tr-side-tour"') == 3 and shown.count('class="tr-tour"') == 3
+    assert shown.count('class="tr-tour-screen"') == 3 * 7
+    start, ids, cfg = s.last_start
+    paper = list(sbs.run_methods(start.fork, ids, cfg, {sbs.SIZED: None, sbs.HYBRID: None}, chunk_ms=5.0))[-1][2]
+    paper = paper[sbs.PAPER]
+    assert any(ev.rows_read for ev in paper.steps)  # what its tour's second screen shows: the rows each step read
+    tour = sbs.card_tour(paper, s.trace, s.engine.token_text)
+    best = telling_index(paper.steps)
+    assert f"Step {best + 1} of {len(paper.steps)}" in tour  # the step its card draws
+    assert tour.split("</section>")[0] in shown  # the same step's screens (the panel's run was timed on its own)
+    assert "Matrix only (the paper&#x27;s)" in tour and "Matrix + context" not in tour
+    if paper.steps[best].rows_read:
+        assert "This step read no matrix row" not in tour
+    own = sbs.card_tour(sbs.own_run(s.trace), s.trace, s.engine.token_text)
+    assert own == tour_html(s.trace, telling_index(s.trace.steps)) and own in shown
+    assert sbs.card_tour(paper, None, s.engine.token_text) == ""  # no answer: no tour
 
 
 def test_the_panel_reads_as_the_meter_cards_and_bars_agree():

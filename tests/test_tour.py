@@ -281,3 +281,31 @@ def test_the_bonus_star_stands_clear_of_the_drafts_drawn_where_it_would_go():
     y = star_y(ev, 2, xy)
     assert abs(y - 200) >= STAR_CLEAR and 20 <= y <= 400
     assert star_y(ev, 2, {**xy, 3: (480, 100)}) == 200  # the spot is free: level with the path's end
+
+
+def test_the_papers_80_node_tree_keeps_its_labels_apart_and_its_whole_path_named():
+    """A cold reader could not read the paper's own 80-node step at 1280x720 (labels over labels, markers over
+    markers): in each level no two labels closer than LABEL_GAP, every node of the accepted path named, markers
+    shrunk to their level's spacing (the path's full size)."""
+    from test_figures import paper_tree_event
+
+    from present.tour_pictures import LABEL_GAP, tree_svg
+
+    ev = paper_tree_event((0, 1, 0, 0, 0))
+    names = {i: f"w{i}" for i in range(len(ev.tokens))}
+    token_text = lambda t: names[ev.tokens.index(t)] if t in ev.tokens else "bonus"  # noqa: E731
+    for verdict in (False, True):
+        drawn = tree_svg(ev, token_text, verdict=verdict, mask=verdict)
+        labels = re.findall(r'<text x="([\d.]+)" y="([\d.]+)"[^>]*>(w\d+)</text>', drawn)
+        by_x: dict[str, list[float]] = {}
+        for x, y, _ in labels:
+            by_x.setdefault(x, []).append(float(y))
+        for ys in by_x.values():
+            ys.sort()
+            assert all(b - a >= LABEL_GAP - 1 for a, b in zip(ys, ys[1:])), ys  # drawn at whole pixels
+        named = {name for _, _, name in labels}
+        if verdict:
+            assert {f"w{i}" for i in ev.accepted[1:]} <= named
+        radii = [float(r) for r in re.findall(r'<circle [^>]*r="([\d.]+)"', drawn)]
+        assert min(radii) >= 4 and (max(radii) == 15)  # the root's 11 + 4
+        assert sorted(radii).count(11.0) >= (len(ev.accepted) - 1 if verdict else 0)
