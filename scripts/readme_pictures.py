@@ -4,6 +4,7 @@ Launches `app.py` on a free port, asks one example question in Chromium (Playwri
   screenshot.png    the page after the answer (1600 px wide, the question in sight)
   tour.png          six of the guided tour's seven 1280x720 screens of the step the page shows, in a 2 x 3 grid
   side_by_side.png  the paper's method beside the hybrid, on the same question (its panel)
+  paper_tour.png    the tour of the paper's card: the rows it read, its 80-node tree, its verdict and mask, its cost
   presentation.png  the presentation view at 1280x720, the same answer
   microscope.png    the step the page shows, under the microscope
 Needs Chromium (Debian's `chromium`) and Playwright; takes 3-4 minutes on 2 cores.
@@ -67,6 +68,32 @@ def tour_grid(page, out: Path, tmp: Path) -> None:
     grid.save(out / "tour.png", optimize=True)
 
 
+PAPER_SCREENS = (1, 2, 3, 6)  # the paper's card's tour: rows read, its tree, one forward checks it, what it bought
+
+
+def paper_tour(page, out: Path, tmp: Path) -> None:
+    """Open the tour of the paper's card (the side-by-side's first) at 1280x720 and tile four of its screens, 2 x 2."""
+    from PIL import Image
+
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.locator("#tr-sides .tr-side-tour").first.click()
+    page.wait_for_selector(".tr-tour.tr-tour-open", timeout=WAIT_MS)
+    tiles = []
+    for i in range(max(PAPER_SCREENS) + 1):
+        page.wait_for_timeout(400)
+        if i in PAPER_SCREENS:
+            tiles.append(tmp / f"paper{i}.png")
+            page.screenshot(path=str(tiles[-1]))
+        page.keyboard.press("ArrowRight")
+    page.keyboard.press("Escape")
+    w, h, gap = 640, 360, 12
+    grid = Image.new("RGB", (2 * w + gap, 2 * h + gap), "#0f172a")
+    for j, shot in enumerate(tiles):
+        grid.paste(Image.open(shot).convert("RGB").resize((w, h), Image.LANCZOS), ((j % 2) * (w + gap),
+                                                                                   (j // 2) * (h + gap)))
+    grid.save(out / "paper_tour.png", optimize=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--example", default="Conversation", help="the example button to click")
@@ -99,6 +126,8 @@ def main() -> None:
             page.wait_for_selector("#tr-sides .tr-sides-open", timeout=WAIT_MS)
             page.wait_for_function(IDLE_JS, timeout=WAIT_MS)
             page.locator("#tr-sides").screenshot(path=str(out / "side_by_side.png"))
+            paper_tour(page, out, Path(tmp))
+            page.set_viewport_size({"width": 1600, "height": 1000})
             page.locator("#tr-sides .tr-sides-close").click()
             page.set_viewport_size({"width": 1280, "height": 720})
             page.locator("#tr-present").click()
@@ -110,7 +139,7 @@ def main() -> None:
         app.terminate()
         app.wait(timeout=60)
     print("saved", ", ".join(str(out / n) for n in ("screenshot.png", "microscope.png", "tour.png",
-                                                     "side_by_side.png", "presentation.png")))
+                                                     "side_by_side.png", "paper_tour.png", "presentation.png")))
 
 
 if __name__ == "__main__":
