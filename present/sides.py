@@ -13,7 +13,7 @@ from tr_core.events import StepEvent
 from .nodes import node_group, node_source
 from .tour import telling_index
 from .style import ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, REJECTED_TEXT
-from .tour_pictures import INK, UNDER_ONE, VISIBLY_UNDER_ONE, node_fill, shape, text, wrapped
+from .tour_pictures import INK, UNDER_ONE, node_fill, shape, text, wrapped
 from .tree_layout import tree_layout
 
 COST_COLOUR = "#94a3b8"  # the grey of a step's cost (the tour's cost curve is this family)
@@ -81,7 +81,7 @@ def pays_svg(methods: list[tuple[str, float, float, float]]) -> str:
             f'<line x1="20" y1="{floor}" x2="{PAYS_W - 20}" y2="{floor}" stroke="{INK}" stroke-width="2"/>']
     for j, (name, tokens, cost, speed) in enumerate(methods):
         body.append(_pair(20 + slot * (j + 0.5), name, (tokens, cost, speed), y_of))
-    if any(cost < VISIBLY_UNDER_ONE for _, _, cost, _ in methods):
+    if any(cost < 0.9995 for _, _, cost, _ in methods):  # printed to three decimals: any cost shown under 1.000
         body.append(text(PAYS_W / 2, PAYS_H - 12, f"a grey bar under 1: {UNDER_ONE}", 22, REJECTED_TEXT))
     return (f'<svg width="{PAYS_W}" height="{PAYS_H}" viewBox="0 0 {PAYS_W} {PAYS_H}" role="img" '
             f'font-family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif">{"".join(body)}</svg>')

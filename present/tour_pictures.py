@@ -23,15 +23,17 @@ W, H = 1200, 470
 SMALL = 22  # px: the smallest text of a picture (the tour's rule is 20)
 INK = "#0f172a"
 UNDER_ONE = "a step of a few tokens took less time than a plain step here"  # what a cost under 1 means (measured)
-VISIBLY_UNDER_ONE = 0.95  # a cost the chart draws visibly under 1 (one plain step): its note says why (a reader
-# found the note beside a curve that touched 1 at 0.99 and stood nowhere visibly under it)
+VISIBLY_UNDER_ONE = 0.97  # a cost the chart draws visibly under 1 (one plain step): its note says why (a reader
+# found the note beside a curve that touched 1 at 0.99 and stood nowhere visibly under it; another a point at 0.95
+# under 1 with no note)
 DRAFT = "#334155"  # a draft before the verdict
 ROOT_X = 110  # the root's x in a tree picture (its label stands left of it)
 MASK_NODES = 14  # nodes the attention-mask picture shows at most (a cell of 24 px)
 MASK_W = 450  # px of the mask picture: 14 rows of 24 px, each labelled with its token in 22 px type
 MAX_LEVELS = 7  # tree levels a picture draws (the labels of more would not fit 20 px type across 1200 px)
 SOURCE_WORDS = {"matrix": "from the matrix", "context": "copied", "both": "both"}  # the studio's tree legend's
-# words (present/tree.py SOURCE_NAMES), short: a legend line holds them beside the verdict's colours
+# words (present/tree.py SOURCE_NAMES), short: a legend line holds them beside the verdict's colours, after "shape:"
+PATH_TOP = 80  # a tree's top when the accepted path is written out above it (narrow columns beside the mask)
 
 
 def svg(body: str, height: int = H) -> str:
@@ -162,7 +164,10 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
         body.append(f'<line x1="{left}" y1="{y:.0f}" x2="{right}" y2="{y:.0f}" stroke="#e2e8f0" stroke-width="1"/>')
         body.append(text(left - 12, y, f"{j * dy:g}", SMALL, REJECTED_TEXT, "end"))
     dx = tick_step(n_max - 1, 6)
-    for n in [1, *range(dx, n_max + 1, dx)]:
+    ticks = [1, *range(dx, n_max + 1, dx)]
+    if ticks[-1] != n_max:  # the largest size timed gets its own tick (a reader read 81 tokens plotted at "80")
+        ticks = ticks[:-1] + [n_max] if n_max - ticks[-1] < dx / 2 else ticks + [n_max]
+    for n in ticks:
         body.append(text(x_of(n), bottom + 22, str(n), SMALL, REJECTED_TEXT))
     body.append(text((left + right) / 2, bottom + 52, "tokens checked in one forward (N)", SMALL, INK))
     points = sorted(costs)
@@ -248,8 +253,9 @@ def mask_svg(ev: StepEvent, token_text: Callable[[int], str], left: float, width
     grid = left + (110 if labelled else 0)
     cell = min(26.0, (width - (110 if labelled else 10)) / max(n, 1))
     top = 70
-    body = [text(left, 24, "attention mask: a row sees itself", SMALL, INK, "start"),
-            text(left, 50, "and its ancestors (filled)", SMALL, INK, "start")]
+    some = f", first {n} of {len(ev.tokens)}" if len(ev.tokens) > n else ""  # said at the top, clear of the legend
+    body = [text(left, 24, f"attention mask{some}: a row sees", SMALL, INK, "start"),
+            text(left, 50, "itself and its ancestors (filled)", SMALL, INK, "start")]
     x = tree_layout(tuple(ev.parents), tuple(ev.ranks)).x  # rows level by level, each level as the tree draws it
     order = sorted(range(len(ev.tokens)), key=lambda i: (ev.depths[i], x[i]))[:n]
     on_path, labels = set(ev.accepted), mask_labels([token_text(ev.tokens[i]) for i in order])
@@ -261,9 +267,6 @@ def mask_svg(ev: StepEvent, token_text: Callable[[int], str], left: float, width
             fill = (ACCEPTED_COLOUR if i in on_path else REJECTED_COLOUR) if j in seen else "#ffffff"
             body.append(f'<rect x="{grid + c * cell:.1f}" y="{top + r * cell:.1f}" width="{cell - 1:.1f}" '
                         f'height="{cell - 1:.1f}" fill="{fill}" stroke="#e2e8f0"/>')
-    if len(ev.tokens) > n:
-        body.append(text(left, top + n * cell + 20, f"first {n} of {len(ev.tokens)} tokens", SMALL, REJECTED_TEXT,
-                         "start"))
     return "".join(body)
 
 
@@ -279,7 +282,11 @@ def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mas
     col = min(380.0, (540.0 if mask else 930.0) / max(levels + tail, 1))
     chars = max(3, min(12, int((col - 40) / 14.5)))  # bold path labels run about 14 px a character
     layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
-    xy = {i: (ROOT_X + ev.depths[i] * col, 30 + layout.x[i] * 370) for i in shown}
+    narrow = chars < 5  # a column of a few letters (the paper's tree beside the mask): the path's labels only
+    # and the path written out whole above the tree (where every level is drawn: else "+ n more accepted" ends it)
+    strip = verdict and narrow and len(ev.accepted) > 1 and levels == max(ev.depths, default=0)
+    top = PATH_TOP if strip else 30
+    xy = {i: (ROOT_X + ev.depths[i] * col, top + layout.x[i] * (400 - top)) for i in shown}
     path = set(on_path) if verdict else set()
     body = [f'<line x1="{xy[ev.parents[i]][0]:.0f}" y1="{xy[ev.parents[i]][1]:.0f}" x2="{xy[i][0]:.0f}" '
             f'y2="{xy[i][1]:.0f}" stroke="{ACCEPTED_COLOUR if i in path else REJECTED_COLOUR}" '
@@ -289,9 +296,11 @@ def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mas
     body += [shape("root" if i == 0 else node_source(ev, i) or "matrix", *xy[i], node_fill(groups[i], verdict),
                    11 if i in path or i == 0 else r)
              for i in sorted(shown, key=lambda i: i in path)]  # the path's markers over the rest
-    body.append(text(ROOT_X - 24, xy[0][1], visible_token(token_text(ev.tokens[0]), 6), 24, INK, "end", True))
-    narrow = chars < 5  # a column of a few letters (the paper's tree beside the mask): the path's labels only
-    for i in labelled_nodes(ev, {i: p for i, p in xy.items() if i in path or not (verdict and narrow)}, path):
+    body.append(text(ROOT_X - 24, xy[0][1], visible_token(token_text(ev.tokens[0]), 5), SMALL, INK, "end", True))
+    if strip:
+        body.append(path_strip(ev, token_text, (W - MASK_W - 40) if mask else W - 40))
+    named = {} if strip else {i: p for i, p in xy.items() if i in path or not (verdict and narrow)}  # the strip says
+    for i in labelled_nodes(ev, named, path):
         ink = REJECTED_TEXT if verdict and groups[i] == "rejected" else INK
         body.append(text(xy[i][0] + 18, xy[i][1], visible_token(token_text(ev.tokens[i]), chars), 22, ink, "start",
                          i in path, True))
@@ -299,6 +308,16 @@ def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mas
     if mask:
         body.append(mask_svg(ev, token_text, W - MASK_W - 10, MASK_W))
     return svg("".join(body))
+
+
+def path_strip(ev: StepEvent, token_text: Callable[[int], str], width: float) -> str:
+    """The accepted path written out above a tree whose columns are too narrow to name it: its tokens in order,
+    then the bonus (★), in bold green, on at most two lines of `width` px."""
+    words = [visible_token(token_text(ev.tokens[i]), 12) for i in ev.accepted[1:]]
+    if ev.bonus is not None:
+        words.append(f"+ ★ {visible_token(token_text(ev.bonus), 12)}")
+    lines = wrapped("accepted: " + "  ".join(words), int(width / 12.5))[:2]
+    return "".join(text(20, 22 + 27 * j, line, SMALL, ACCEPTED_COLOUR, "start", True) for j, line in enumerate(lines))
 
 
 LABEL_GAP = 25  # px between two labels of one level: 22 px type that does not touch its neighbour's
@@ -382,9 +401,13 @@ def tree_legend(ev: StepEvent, bonus_drawn: bool, verdict: bool) -> str:
             items.append(("star", BONUS_COLOUR, "bonus token"))
     elif len(ev.tokens) > 1:
         items.append(("swatch", DRAFT, "not checked yet"))
+    first_shape = len(items)
     items += [(s, DRAFT, SOURCE_WORDS[s]) for s in draft_sources(ev)]
     body, x = [], 20.0
-    for key, fill, words in items:
+    for j, (key, fill, words) in enumerate(items):
+        if j == first_shape:  # a shape says where a draft came from, whatever its colour
+            body.append(text(x - 13, 445, "shape:", SMALL, INK, "start"))
+            x += 84
         body.append(text(x, 445, "★", 32, fill) if key == "star" else swatch(x, 445, fill) if key == "swatch"
                     else shape(key, x, 445, fill, 10, outline=True))
         body.append(text(x + 22, 445, words, SMALL, INK, "start"))

@@ -20,8 +20,9 @@ from .tree_layout import TreeLayout, tree_layout
 
 # Where a draft token came from (StepEvent.sources), shown as the marker's symbol; colour keeps accepted/rejected.
 SOURCE_SYMBOLS = {"root": "circle", "matrix": "circle", "context": "square", "both": "diamond"}
-SOURCE_NAMES = {"matrix": "from the matrix", "context": "copied from the context",
-                "both": "from the matrix and copied"}  # the legend draws each with its marker symbol in front; not
+SOURCE_NAMES = {"matrix": "shape: from the matrix", "context": "shape: copied from the context",
+                "both": "shape: from the matrix and copied"}  # the legend draws each with its marker symbol in front
+# ("shape:": a reader found no drawn node like the outlined key, whatever its colour); not
 # "matrix + context", the name of the drafting setting whose trees hold all three
 SHAPE_LEGEND = "#475569"  # the source legend's shapes: outlined in slate, unfilled (a shape says where from, never
 # the verdict: a reader took a filled grey circle "from the matrix" for the tour's grey "rejected")

@@ -131,7 +131,7 @@ def test_tree_figure_handles_any_tree_shape_and_missing_event():
     fig = tree_figure(ev, text_of)
     assert "rejected" in node_traces(fig) and "bonus token" not in node_traces(fig)
     assert "accepted" not in node_traces(fig) and "accepted" not in legend_names(fig)  # none to show
-    assert tree_legend_names(ev) == ["root (last committed token)", "rejected", "from the matrix"]
+    assert tree_legend_names(ev) == ["root (last committed token)", "rejected", "shape: from the matrix"]
     ev.accepted = [0, 1]
     assert "rejected" not in legend_names(tree_figure(ev, text_of))  # a lone accepted chain: no grey entry
     assert len(tree_figure(None, text_of).traces) == 0
@@ -175,15 +175,15 @@ def test_tree_figure_shows_where_each_draft_token_came_from():
     assert nodes["accepted"]["customdata"] == [1, 3]
     assert nodes["rejected"]["marker"]["color"] == REJECTED_COLOUR
     names = legend_names(fig)
-    for name in ("from the matrix", "copied from the context", "from the matrix and copied", "accepted",
+    for name in ("shape: from the matrix", "shape: copied from the context", "shape: from the matrix and copied", "accepted",
                  "rejected", "root (last committed token)", "bonus token"):
         assert names.count(name) == 1, name
     keys = {t["name"]: t["marker"]["symbol"] for t in fig.traces if t.get("mode") == "markers"}
     # one rule (a reader took the page's filled grey "from the matrix" circle for the tour's grey "rejected"):
     # shape = where from, its key outlined and unfilled in one neutral colour; colour = the verdict, its key a
     # stroke of no shape; the bonus an amber star
-    assert keys == {"from the matrix": "circle-open", "copied from the context": "square-open",
-                    "from the matrix and copied": "diamond-open", "bonus token": "star"}
+    assert keys == {"shape: from the matrix": "circle-open", "shape: copied from the context": "square-open",
+                    "shape: from the matrix and copied": "diamond-open", "bonus token": "star"}
     shapes = [t["marker"] for t in fig.traces if t.get("name") in SOURCE_NAMES.values()]
     assert {m["color"] for m in shapes} == {SHAPE_LEGEND} and all(m["line"]["width"] > 0 for m in shapes)
     strokes = {t["name"]: t["line"]["color"] for t in fig.traces if t.get("mode") == "lines" and "name" in t}
