@@ -126,11 +126,14 @@ def method_name(trace: Any) -> str:
 
 
 def drafting_words(trace: Any) -> str:
-    """Which drafting made a trace's answer and whether it is the paper's: "Matrix only (the paper's)" (the matrix
-    alone, in any tree: 2.2.2, adaptive) or "Matrix + context (not in the paper)"; "" when the trace does not say."""
+    """Which drafting made a trace's answer and whether it is the paper's: "Paper's 80-node tree (the paper's own)",
+    "Matrix only (the paper's)" (the matrix alone, in another tree) or "Matrix + context (not in the paper)"; ""
+    when the trace does not say."""
     template = str((trace.settings if trace is not None else {}).get("template") or "")
     if template.startswith("hybrid"):
         return f"{METHOD_NAMES['hybrid']} (not in the paper)"
+    if template == "2.2.2":
+        return f"{METHOD_NAMES['2.2.2']} (the paper's own)"
     return f"{METHOD_NAMES['adaptive']} (the paper's)" if template else ""
 
 

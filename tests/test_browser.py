@@ -611,7 +611,7 @@ def check_card_tour(page) -> None:
     assert page.locator(".tr-tour-open .tr-tour-step").inner_text().startswith(f"Step {step} of ")
     screens = walk_tour(page)
     assert [s["count"] for s in screens] == [f"{i} / 7" for i in range(1, 8)], screens
-    assert "Matrix only (the paper's)" in page.locator(".tr-tour-open .tr-tour-note").first.inner_text()
+    assert "Paper's 80-node tree (the paper's own)" in page.locator(".tr-tour-open .tr-tour-note").first.inner_text()
     for s in screens:
         assert s["smallest"] >= 20 and s["cut"] == [] and s["onNav"] == [] and s["stage"] == [1280, 720], s
     page.keyboard.press("Escape")

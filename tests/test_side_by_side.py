@@ -102,7 +102,7 @@ def test_each_card_opens_the_guided_tour_of_the_step_it_draws():
     best = telling_index(paper.steps)
     assert f"Step {best + 1} of {len(paper.steps)}" in tour  # the step its card draws
     assert tour.split("</section>")[0] in shown  # the same step's screens (the panel's run was timed on its own)
-    assert "Matrix only (the paper&#x27;s)" in tour and "Matrix + context" not in tour
+    assert "Paper&#x27;s 80-node tree (the paper&#x27;s own)" in tour and "Matrix + context" not in tour
     if paper.steps[best].rows_read:
         assert "This step read no matrix row" not in tour
     own = sbs.card_tour(sbs.own_run(s.trace), s.trace, s.engine.token_text)

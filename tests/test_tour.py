@@ -223,7 +223,10 @@ def test_the_tile_works_out_a_speedup_above_tokens_a_step_from_the_two_measured_
 
 def test_every_screen_names_the_drafting_and_whether_it_is_the_papers(trace):
     paper = html.unescape(tour_html(trace, telling_step(trace)))
-    assert paper.count("Matrix only (the paper's)") == 7 and "not in the paper" not in paper
+    assert paper.count("Paper's 80-node tree (the paper's own)") == 7 and "not in the paper" not in paper
+    sized = copy.copy(trace)
+    sized.settings = {**trace.settings, "template": "adaptive"}
+    assert html.unescape(tour_html(sized, 0)).count("Matrix only (the paper's)") == 7
     hybrid = copy.copy(trace)
     hybrid.settings = {**trace.settings, "template": "hybrid"}
     assert html.unescape(tour_html(hybrid, 0)).count("Matrix + context (not in the paper)") == 7
