@@ -463,6 +463,10 @@ def check_projector_screen(page) -> None:
     small = [f for f in page.evaluate(FONT_SIZES_JS, list(PANELS)) if f[3] < 16]
     assert not small, small
     assert rects["#tr-tree"]["width"] >= 640  # the tree's labels are placed for 640 px or more
+    form = page.evaluate(RECT_JS, "div.form:has(> #tr-drafting)")  # the drafting choices on one line, all in sight
+    for r in page.evaluate(BUTTONS_JS.replace(" button'", " label'"), "#tr-drafting"):
+        assert r["top"] >= form["top"] - 0.5 and r["bottom"] <= form["bottom"] + 0.5, (r, form)
+        assert r["right"] <= form["right"] + 0.5, (r, form)
     for row in ("#tr-input-row", "#tr-nav-buttons"):  # every button on its row's one line, none wrapped out of it
         outer = rects[row]
         for r in page.evaluate(BUTTONS_JS, row):
