@@ -291,7 +291,7 @@ def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mas
     body = [f'<line x1="{xy[ev.parents[i]][0]:.0f}" y1="{xy[ev.parents[i]][1]:.0f}" x2="{xy[i][0]:.0f}" '
             f'y2="{xy[i][1]:.0f}" stroke="{ACCEPTED_COLOUR if i in path else REJECTED_COLOUR}" '
             f'stroke-width="{5 if i in path else 2}"/>' for i in shown if i]
-    body.append(path_end(ev, token_text, xy, col, chars, verdict))
+    body.append(path_end(ev, token_text, xy, col, chars, verdict, named=not strip))
     r = marker_radius([xy[i][1] for i in shown if i], [ev.depths[i] for i in shown if i])
     body += [shape("root" if i == 0 else node_source(ev, i) or "matrix", *xy[i], node_fill(groups[i], verdict),
                    11 if i in path or i == 0 else r)
@@ -346,9 +346,10 @@ def marker_radius(ys: list[float], depths: list[int]) -> float:
 
 
 def path_end(ev: StepEvent, token_text: Callable[[int], str], xy: dict, col: float, chars: int,
-             verdict: bool) -> str:
+             verdict: bool, named: bool = True) -> str:
     """What follows the drawn tree: before the verdict, how many deeper drafts are not drawn; after it, the
-    accepted drafts past the last drawn level, then the bonus token (an amber star)."""
+    accepted drafts past the last drawn level, then the bonus token (an amber star; `named`: its token beside it,
+    not where the path is written out above the tree)."""
     deeper = sum(1 for i in range(len(ev.tokens)) if i not in xy)
     if not verdict:
         last_y = max(y for _, y in xy.values())
@@ -366,7 +367,8 @@ def path_end(ev: StepEvent, token_text: Callable[[int], str], xy: dict, col: flo
     sy = star_y(ev, last, xy)
     return (f'<line x1="{x:.0f}" y1="{y:.0f}" x2="{x + col:.0f}" y2="{sy:.0f}" stroke="{BONUS_COLOUR}" '
             f'stroke-width="4" stroke-dasharray="8 6"/>' + text(x + col, sy, "★", 40, BONUS_COLOUR) +
-            text(x + col + 20, sy, visible_token(token_text(ev.bonus), chars), 22, INK, "start", True, True))
+            (text(x + col + 20, sy, visible_token(token_text(ev.bonus), chars), 22, INK, "start", True, True)
+             if named else ""))
 
 
 STAR_CLEAR = 44  # px: the bonus star's distance from a drawn node of its column (a reader found it under one)
