@@ -6,6 +6,7 @@ tree laid out left to right (depth across, siblings down: a tree is wider than d
 from __future__ import annotations
 
 import html
+import math
 import textwrap
 from collections import Counter
 from typing import Callable
@@ -154,6 +155,7 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
     left, top, right, bottom = CHART
     n_max = max([n for n, _ in costs] + [step[0], 2])
     y_max = max([c for _, c in costs] + [step[1], 2.0]) * 1.12
+    y_max = math.ceil(y_max / tick_step(y_max, 4)) * tick_step(y_max, 4)  # a tick above the tallest point
     x_of = lambda n: left + (right - left) * (n - 1) / max(n_max - 1, 1)  # noqa: E731
     y_of = lambda v: bottom - (bottom - top) * v / y_max  # noqa: E731
     body = [f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="{INK}" stroke-width="2"/>',
@@ -296,7 +298,9 @@ def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mas
     body += [shape("root" if i == 0 else node_source(ev, i) or "matrix", *xy[i], node_fill(groups[i], verdict),
                    11 if i in path or i == 0 else r)
              for i in sorted(shown, key=lambda i: i in path)]  # the path's markers over the rest
-    body.append(text(ROOT_X - 24, xy[0][1], visible_token(token_text(ev.tokens[0]), 5), SMALL, INK, "end", True))
+    over = xy[0][1] - 34 >= top - 14  # over the root, where ten letters fit (left of it, five were cut at the edge);
+    body.append(text(ROOT_X, xy[0][1] + (-34 if over else 34), visible_token(token_text(ev.tokens[0]), 10), SMALL,
+                     INK, "middle", True, True))  # under it where it stands at the top
     if strip:
         body.append(path_strip(ev, token_text, (W - MASK_W - 40) if mask else W - 40))
     named = {} if strip else {i: p for i, p in xy.items() if i in path or not (verdict and narrow)}  # the strip says

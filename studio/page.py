@@ -25,8 +25,8 @@ from . import side_by_side, traces
 from .decode_loop import crowd
 from .models import label
 from .session import Session, Studio, decode_slot, new_session
-from .page_js import (DOWNLOAD_JS, MICROSCOPE_JS, PRESENT_FROM_URL_JS, PRESENT_JS, PRESENT_LABELS, RACE_JS,
-                      SIDES_INSTALL_JS, TOUR_INSTALL_JS, TOUR_OPEN_JS)
+from .page_js import (CHAT_FOLLOW_JS, DOWNLOAD_JS, MICROSCOPE_JS, PRESENT_FROM_URL_JS, PRESENT_JS, PRESENT_LABELS,
+                      RACE_JS, SIDES_INSTALL_JS, TOUR_INSTALL_JS, TOUR_OPEN_JS)
 from .settings import parse_settings
 from .texts import DRAFTING, EXAMPLES, HOW_IT_WORKS, PAPER, PAPER_SHORT, WHY_NUMBERS
 from .views import KEYS, blank_views, matrix_info
@@ -374,6 +374,7 @@ def _wire_views(demo: gr.Blocks, registry: Registry, ui: dict) -> None:
     demo.load(None, js=PRESENT_FROM_URL_JS, api_visibility="private")
     demo.load(None, js=TOUR_INSTALL_JS, api_visibility="private")
     demo.load(None, js=SIDES_INSTALL_JS, api_visibility="private")
+    demo.load(None, js=CHAT_FOLLOW_JS, api_visibility="private")
 
 
 def build_demo(studio: Studio) -> gr.Blocks:

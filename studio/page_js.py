@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from present.chat import CURRENT_RUN_CLASS
 from present.tour import TOUR_JS
 
 # Click the hidden download button once the replay file is set (it is disabled when there is no file).
@@ -76,6 +77,25 @@ MICROSCOPE_JS = """() => {
 }"""
 PRESENT_FROM_URL_JS = ("() => { if (new URLSearchParams(window.location.search).get('view') === 'present') "
                        f"({PRESENT_JS})(true); }}")
+
+# The presentation view's chat follows the step shown: the answer's last message scrolls (its row clips, nothing
+# scrolls by hand) to put the outlined run of the step in the tree in sight, or its end while none is (readers saw
+# the tree's step and its text never on one screen).
+CHAT_FOLLOW_JS = """() => { if (window.trChatFollow) return; window.trChatFollow = true;
+  const follow = () => {
+    if (!document.documentElement.classList.contains('tr-present')) return;
+    const rows = document.querySelectorAll('#tr-chat .message-row.bot-row'), row = rows[rows.length - 1];
+    if (!row) return;
+    const run = row.querySelector('.%s'), box = row.getBoundingClientRect();
+    let to = row.scrollHeight;
+    if (run) { const r = run.getBoundingClientRect(); to = row.scrollTop + r.top - box.top - (box.height - r.height) / 2; }
+    row.scrollTop = Math.max(0, Math.min(to, row.scrollHeight - row.clientHeight));
+  };
+  const later = () => requestAnimationFrame(follow);
+  const chat = document.querySelector('#tr-chat');
+  if (chat) new MutationObserver(later).observe(chat, {subtree: true, childList: true, characterData: true,
+                                                      attributes: true, attributeFilter: ['class']});
+  window.addEventListener('resize', later); }""" % CURRENT_RUN_CLASS
 
 # The side-by-side (studio/side_by_side.py) closes with its ✕ or Escape; a new comparison opens it again.
 SIDES_INSTALL_JS = """() => { if (window.trSidesInstalled) return; window.trSidesInstalled = true;

@@ -426,6 +426,19 @@ QUESTION_WHOLE_JS = """() => {
   return {masked, questionBottom: q.getBoundingClientRect().bottom, answerTop: a.getBoundingClientRect().top,
           answerOverflow: getComputedStyle(a).overflowY,
           lastRun: runs.length ? runs[runs.length - 1].getBoundingClientRect().bottom : 0}; }"""
+# The outlined run of the step the tree shows, in the presentation view's chat: its box, and the chat's text box.
+CURRENT_RUN_JS = """() => { const run = document.querySelector('#tr-chat .tr-run-current');
+  const rows = document.querySelectorAll('#tr-chat .message-row.bot-row'), row = rows[rows.length - 1];
+  const r = run && run.getBoundingClientRect(), b = row.getBoundingClientRect();
+  return r && {top: r.top, bottom: r.bottom, rowTop: b.top, rowBottom: b.bottom}; }"""
+
+
+def check_step_in_chat(page) -> None:
+    """The presentation view's chat shows the run of the step in the tree (readers saw the tree's step and its
+    text never on one screen): the outlined run lies inside the answer's box."""
+    page.wait_for_timeout(300)  # the chat scrolls on the next frame after the update
+    run = page.evaluate(CURRENT_RUN_JS)
+    assert run and run["top"] >= run["rowTop"] - 0.5 and run["bottom"] <= run["rowBottom"] + 0.5, run
 
 
 # The paint references (url(...#id)) in the plots that point at another address than this page's: plotly writes the
@@ -521,7 +534,8 @@ def test_presentation_view_carries_a_lecture_on_one_projector_screen(app_browser
         assert "Translate to French" in page.locator("#tr-chat .message-row.user-row").last.inner_text()
         whole = page.evaluate(QUESTION_WHOLE_JS)  # a cold reader saw its bubble cut, and answer lines under it
         assert whole["masked"] == [] and whole["answerTop"] >= whole["questionBottom"] - 0.5, whole
-        assert whole["answerOverflow"] == "hidden" and whole["lastRun"] <= chat["bottom"] + 0.5, whole
+        assert whole["answerOverflow"] == "hidden", whole
+        check_step_in_chat(page)
         small = [f for f in page.evaluate(FONT_SIZES_JS, ["#tr-chat", "#tr-head"]) if f[3] < 16]
         assert not small, small  # the chat and the leave button read from the back row too
         page.mouse.move(640, 715)  # no hover label or plotly toolbar in the picture
@@ -531,6 +545,7 @@ def test_presentation_view_carries_a_lecture_on_one_projector_screen(app_browser
         wait_status(page, "Replaying step")
         wait_idle(page)
         check_projector_screen(page)
+        check_step_in_chat(page)
         page.locator("#tr-micro-btn").click()  # the microscope opens over the tree, inside the screen
         page.wait_for_function("() => document.documentElement.classList.contains('tr-micro')", timeout=HUNG_MS)
         r = page.evaluate(RECT_JS, "#tr-microscope")
@@ -597,6 +612,7 @@ def test_the_papers_method_beside_the_hybrid_full_width_then_over_the_projector_
         page.locator("#tr-sides .tr-sides-close").click()
         page.wait_for_function(SIDES_CLOSED_JS, timeout=HUNG_MS)
         check_projector_screen(page)  # the comparison's button has its own place on the screen
+        check_step_in_chat(page)  # a long answer, presented after it was written: scrolled to the step shown
         no_error_toast(page)
     finally:
         context.close()
