@@ -165,11 +165,7 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
         y = y_of(j * dy)
         body.append(f'<line x1="{left}" y1="{y:.0f}" x2="{right}" y2="{y:.0f}" stroke="#e2e8f0" stroke-width="1"/>')
         body.append(text(left - 12, y, f"{j * dy:g}", SMALL, REJECTED_TEXT, "end"))
-    dx = tick_step(n_max - 1, 6)
-    ticks = [1, *range(dx, n_max + 1, dx)]
-    if ticks[-1] != n_max:  # the largest size timed gets its own tick (a reader read 81 tokens plotted at "80")
-        ticks = ticks[:-1] + [n_max] if n_max - ticks[-1] < dx / 2 else ticks + [n_max]
-    for n in ticks:
+    for n in size_ticks(n_max):
         body.append(text(x_of(n), bottom + 22, str(n), SMALL, REJECTED_TEXT))
     body.append(text((left + right) / 2, bottom + 52, "tokens checked in one forward (N)", SMALL, INK))
     points = sorted(costs)
@@ -197,6 +193,16 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
     body.append(_tile(790, 40, 370, 320, *tile))
     body += [text(975, 388 + 28 * i, line, SMALL, INK) for i, line in enumerate(wrapped(footer, 30)[:2])]
     return svg("".join(body))
+
+
+def size_ticks(n_max: int) -> list[int]:
+    """The cost chart's sizes ticked: 1, round steps, and the largest size timed (a reader read 81 tokens plotted at
+    the tick "80"), in place of a round step too close to it."""
+    dx = tick_step(n_max - 1, 6)
+    ticks = sorted({1, *range(dx, n_max + 1, dx)})
+    if ticks[-1] != n_max:
+        ticks = ticks[:-1] + [n_max] if n_max - ticks[-1] < dx / 2 else ticks + [n_max]
+    return ticks
 
 
 def _tile(x: float, y: float, w: float, h: float, big: str, small: str) -> str:

@@ -313,3 +313,12 @@ def test_the_papers_80_node_tree_keeps_its_labels_apart_and_its_whole_path_named
         radii = [float(r) for r in re.findall(r'<circle [^>]*r="([\d.]+)"', drawn)]
         assert min(radii) >= 4 and (max(radii) == 15)  # the root's 11 + 4
         assert sorted(radii).count(11.0) >= (len(ev.accepted) - 1 if verdict else 0)
+
+
+def test_the_cost_chart_ticks_the_largest_size_it_timed():
+    """A reader read the paper's 81-token step plotted at the tick "80": the largest size gets its own tick, in place
+    of a round one too close to it; no tick twice."""
+    from present.tour_pictures import size_ticks
+
+    assert size_ticks(81) == [1, 20, 40, 60, 81] and size_ticks(8) == [1, 2, 4, 6, 8]
+    assert size_ticks(33) == [1, 10, 20, 33] and size_ticks(2) == [1, 2]
