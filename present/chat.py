@@ -154,8 +154,11 @@ def _run_piece(text: str, i: int, j: int, mode: str, cls: str) -> str:
     lead = ""
     if i == 0 or text[i - 1] == "\n":
         lead, piece = _block_lead(piece)
-    body = _inert(piece)
-    return lead + (f'<span class="{cls}">{body}</span>' if piece.strip() and cls else body)
+    if not (piece.strip() and cls):
+        return lead + _inert(piece)
+    gap = piece[: len(piece) - len(piece.lstrip(" "))]  # the space before a run's first word stays outside its span:
+    # outlined, a run wrapped after it drew an empty box at the line's end (a reader's "stray pink box")
+    return lead + gap + f'<span class="{cls}">{_inert(piece[len(gap):])}</span>'
 
 
 def run_markdown(text: str, boundaries: list[int], span_class: Callable[[int], str]) -> str:

@@ -181,10 +181,7 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
                     f'stroke="{ACCEPTED_COLOUR}" stroke-width="6"/>')
         body.append(text(x, y_of(cost) + 30, f"cost {cost:.2f}", SMALL, "#475569", halo=True))  # under its point
     body.append(f'<circle cx="{x:.0f}" cy="{y_of(gained):.0f}" r="11" fill="{ACCEPTED_COLOUR}"/>')
-    room_right = x + 260 < right + 60  # the label stands right of the dot where it fits before the tile
-    body.append(text(x + 18 if room_right else x - 18, y_of(gained) - 4,
-                     f"this step: {gained} token{'s' if gained != 1 else ''}", 24, ACCEPTED_COLOUR,
-                     "start" if room_right else "end", bold=True, halo=True))
+    body.append(step_label(x, y_of(gained), gained, cost, room_right=x + 260 < right + 60))
     gaps = any(b - a > 1 for (a, _), (b, _) in zip(points, points[1:]))
     body.append(text(left + 8, top - 22, "grey: a step's cost in plain steps, t(N)/t(1)"
                      + ("; dashed: not timed" if gaps else ""), SMALL, "#475569", "start"))
@@ -193,6 +190,18 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
     body.append(_tile(790, 40, 370, 320, *tile))
     body += [text(975, 388 + 28 * i, line, SMALL, INK) for i, line in enumerate(wrapped(footer, 30)[:2])]
     return svg("".join(body))
+
+
+def step_label(x: float, y: float, gained: int, cost: float | None, room_right: bool) -> str:
+    """This step's tokens beside its dot (right of it where it fits before the tile), and under them what the step
+    alone gave: its tokens over its cost, as the page's cost panel says it (a reader missed it beside 0.63×)."""
+    tx, anchor = (x + 18, "start") if room_right else (x - 18, "end")
+    out = text(tx, y - 4, f"this step: {gained} token{'s' if gained != 1 else ''}", 24, ACCEPTED_COLOUR, anchor,
+               bold=True, halo=True)
+    if cost:
+        out += text(tx, y + 24, f"alone ≈ {gained} ÷ {cost:.2f} = {gained / round(cost, 2):.2f}× plain", SMALL,
+                    ACCEPTED_COLOUR, anchor, halo=True)
+    return out
 
 
 def size_ticks(n_max: int) -> list[int]:
@@ -405,7 +414,8 @@ def node_fill(group: str, verdict: bool) -> str:
 
 def tree_legend(ev: StepEvent, bonus_drawn: bool, verdict: bool) -> str:
     """One line under the tree, one rule: colour = the verdict (swatches: root, accepted, rejected; drafts not yet
-    checked before the verdict; the amber star, the bonus), shape = where a draft came from (outlined, unfilled)."""
+    checked before the verdict; the amber star, the bonus), shape = where a draft came from ("shape:", then each
+    shape filled in slate, as the drafts are drawn before the verdict: readers found no drawn node like an outline)."""
     items = [("swatch", ROOT_COLOUR, "root")]
     if verdict:
         items += [("swatch", ACCEPTED_COLOUR, "accepted"), ("swatch", REJECTED_COLOUR, "rejected")]
@@ -421,7 +431,7 @@ def tree_legend(ev: StepEvent, bonus_drawn: bool, verdict: bool) -> str:
             body.append(text(x - 13, 445, "shape:", SMALL, INK, "start"))
             x += 84
         body.append(text(x, 445, "★", 32, fill) if key == "star" else swatch(x, 445, fill) if key == "swatch"
-                    else shape(key, x, 445, fill, 10, outline=True))
+                    else shape(key, x, 445, fill, 10))
         body.append(text(x + 22, 445, words, SMALL, INK, "start"))
         x += 58 + len(words) * 11.5
     return "".join(body)

@@ -24,8 +24,9 @@ SOURCE_NAMES = {"matrix": "shape: from the matrix", "context": "shape: copied fr
                 "both": "shape: from the matrix and copied"}  # the legend draws each with its marker symbol in front
 # ("shape:": a reader found no drawn node like the outlined key, whatever its colour); not
 # "matrix + context", the name of the drafting setting whose trees hold all three
-SHAPE_LEGEND = "#475569"  # the source legend's shapes: outlined in slate, unfilled (a shape says where from, never
-# the verdict: a reader took a filled grey circle "from the matrix" for the tour's grey "rejected")
+SHAPE_LEGEND = "#475569"  # the source legend's shapes: filled in slate, after "shape:" (a shape says where from,
+# never the verdict: a reader took a light grey circle "from the matrix" for the tour's grey "rejected", and later
+# readers found no drawn node like an outlined key)
 LEGEND_GROUPS = ("root", "accepted", "past end", "rejected")  # the colour legend's order: a swatch each
 NODE_GROUPS = {  # the tree's node traces, drawn in this order (accepted on top); size: marker px, font: label px
     "rejected": dict(color=REJECTED_COLOUR, size=12, font=MIN_FONT, text=REJECTED_TEXT, name="rejected"),
@@ -347,8 +348,7 @@ def _add_legend(fig: Figure, ev: StepEvent) -> None:
                 legendgroup="bonus", hoverinfo="skip", marker=dict(color=BONUS_COLOUR, size=16, symbol="star"))
     for source in draft_sources(ev):
         fig.add(type="scatter", x=[None], y=[None], mode="markers", name=SOURCE_NAMES[source], hoverinfo="skip",
-                legendgroup=source, marker=dict(color=SHAPE_LEGEND, size=12, symbol=SOURCE_SYMBOLS[source] + "-open",
-                                                line=dict(color=SHAPE_LEGEND, width=2)))
+                legendgroup=source, marker=dict(color=SHAPE_LEGEND, size=12, symbol=SOURCE_SYMBOLS[source]))
 
 
 def _add_bonus(fig: Figure, ev: StepEvent, layout: TreeLayout, star: tuple[float, float], level_px: float,

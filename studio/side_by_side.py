@@ -17,7 +17,7 @@ from present.chart import draft_credit
 from present.glossary import gloss
 from present.meter import identity_words, ratio_class
 from present.sides import best_step, pays_svg, silhouette_svg
-from present.tour import telling_index, tour_html
+from present.tour import step_cost, telling_index, tour_html
 from tr_core.config import DecodeConfig
 from tr_core.events import StepEvent
 from tr_core.trace import Trace
@@ -167,7 +167,8 @@ def why_paper_slower(paper: MethodRun) -> str:
     if paper.speed is None or paper.speed >= 1.0 or paper.cost is None:
         return ""
     nodes = max((len(e.tokens) for e in paper.steps), default=0)
-    return html.escape(f" The paper's step checks up to {nodes} tokens in one forward: {paper.cost:.3f} plain steps "
+    return html.escape(f" The paper's step checks up to {nodes} tokens in one forward: "
+                       f"{step_cost(paper.per_step, paper.speed)} plain steps "
                        "here. On the paper's GPUs such a forward costs little more than one step, and the paper "
                        "reports about 2× plain decoding's speed there (not measured here).")
 

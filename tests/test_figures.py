@@ -179,13 +179,13 @@ def test_tree_figure_shows_where_each_draft_token_came_from():
                  "rejected", "root (last committed token)", "bonus token"):
         assert names.count(name) == 1, name
     keys = {t["name"]: t["marker"]["symbol"] for t in fig.traces if t.get("mode") == "markers"}
-    # one rule (a reader took the page's filled grey "from the matrix" circle for the tour's grey "rejected"):
-    # shape = where from, its key outlined and unfilled in one neutral colour; colour = the verdict, its key a
-    # stroke of no shape; the bonus an amber star
-    assert keys == {"shape: from the matrix": "circle-open", "shape: copied from the context": "square-open",
-                    "shape: from the matrix and copied": "diamond-open", "bonus token": "star"}
+    # one rule (a reader took the page's light grey "from the matrix" circle for the tour's grey "rejected"; later
+    # ones found no drawn node like an outlined key): shape = where from, its key filled in one dark neutral colour
+    # after "shape:"; colour = the verdict, its key a stroke of no shape; the bonus an amber star
+    assert keys == {"shape: from the matrix": "circle", "shape: copied from the context": "square",
+                    "shape: from the matrix and copied": "diamond", "bonus token": "star"}
     shapes = [t["marker"] for t in fig.traces if t.get("name") in SOURCE_NAMES.values()]
-    assert {m["color"] for m in shapes} == {SHAPE_LEGEND} and all(m["line"]["width"] > 0 for m in shapes)
+    assert {m["color"] for m in shapes} == {SHAPE_LEGEND} and SHAPE_LEGEND not in (REJECTED_COLOUR, ACCEPTED_COLOUR)
     strokes = {t["name"]: t["line"]["color"] for t in fig.traces if t.get("mode") == "lines" and "name" in t}
     assert strokes == {"accepted": ACCEPTED_COLOUR, "rejected": REJECTED_COLOUR,
                        "root (last committed token)": ROOT_COLOUR}
@@ -209,7 +209,7 @@ def test_tree_figure_without_context_drafts_keeps_its_legend():
     assert set(symbols.values()) == {"circle"} and "from the matrix: candidate #2 after" in hovers[3]
     assert not any(n.startswith(("●", "■", "◆")) for n in legend_names(fig))
     shapes = [t["marker"]["symbol"] for t in fig.traces if t.get("name") in SOURCE_NAMES.values()]
-    assert shapes == ["circle-open"]  # the one shape drawn, explained: the same rule as a hybrid tree's
+    assert shapes == ["circle"]  # the one shape drawn, explained: the same rule as a hybrid tree's
     plain = tree_figure(make_event(), text_of)  # no sources: as before, rank in the hover, one symbol per trace
     assert [t["marker"]["symbol"] for t in node_traces(plain).values()] == ["circle"] * 3 + ["star"]
     assert not any("from the matrix" in h for h in node_markers(plain)[1].values())
@@ -1053,3 +1053,14 @@ def test_the_root_label_shows_a_longer_token_whole_and_path_labels_are_cut():
     labels = tree_labels(make_event(), lambda t: " situation" if t == 0 else " understanding")
     assert labels[0] == "␣situation" and len(labels[1]) == LABEL_LEN and labels[1].endswith("…")
     assert len(tree_labels(make_event(), lambda t: "x" * 30)[0]) == ROOT_LABEL_LEN
+
+
+def test_a_run_starts_at_its_first_word_not_at_the_space_before_it():
+    """A reader saw an empty outlined box at a line's end: the step shown began with a space and wrapped right after
+    it. The space before a run's first word stays outside its span; the text is unchanged."""
+    from present.chat import marked_markdown
+
+    out = marked_markdown("Blue light scatters more", [4, 10, 24], current=1)
+    assert '<span class="tr-run-b tr-run-current"> light</span>' not in out
+    assert ' <span class="tr-run-b tr-run-current">light</span>' in out
+    assert re.sub(r"<[^>]+>", "", out) == "Blue light scatters more"

@@ -236,15 +236,17 @@ def test_every_screen_names_the_drafting_and_whether_it_is_the_papers(trace):
 
 
 def test_the_tree_legends_keep_one_rule_shape_is_where_from_colour_is_the_verdict():
-    """A reader found a filled grey circle "from the matrix" on the page and a grey circle "rejected" in the tour:
-    the legend's colours are swatches of no shape, its shapes outlined and unfilled, in the tour as on the page."""
+    """A reader found a light grey circle "from the matrix" on the page and a grey circle "rejected" in the tour;
+    later ones found no drawn node like an outlined key: the legend's colours are swatches of no shape, its shapes
+    after "shape:", filled in the slate the drafts are drawn in before the verdict, in the tour as on the page."""
     ev = step([1, 2, 3, 4, 5], [-1, 0, 0, 1, 0], [0, 1, 3], [2, 4, 9], ["root", "matrix", "context", "both", "matrix"])
     trace = Trace(steps=[ev], token_texts={t: f"w{t}" for t in range(10)}, settings={"template": "hybrid"})
     tree, verdict = tour_screens(trace, 0)[2:4]
     for picture, words in ((tree, ("root", "not checked yet")), (verdict, ("root", "accepted", "rejected", "bonus"))):
         legend = re.findall(r'<(circle|rect|polygon)([^>]*(?:cy="445"|y="439"|y="435"|,445 )[^>]*)/>', picture.picture)
         shapes = [attrs for tag, attrs in legend if 'width="26"' not in attrs]  # the swatches are 26 px strokes
-        assert len(shapes) == 3 and all('fill="#ffffff" stroke=' in attrs for attrs in shapes), legend
+        assert len(shapes) == 3 and all('fill="#334155"' in attrs for attrs in shapes), legend
+        assert "shape:" in words_of(picture.picture)
         assert sum('width="26"' in attrs for _, attrs in legend) == len(words) - ("bonus" in words), legend
         shown = words_of(picture.picture)
         for w in (*words, "from the matrix", "copied", "both"):
