@@ -13,7 +13,7 @@ from tr_core.events import StepEvent
 from .nodes import node_group, node_source
 from .tour import telling_index
 from .style import ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, REJECTED_TEXT
-from .tour import step_cost
+from .tour import step_figures
 from .tour_pictures import INK, UNDER_ONE, node_fill, shape, text, wrapped
 from .tree_layout import tree_layout
 
@@ -82,7 +82,7 @@ def pays_svg(methods: list[tuple[str, float, float, float]]) -> str:
             f'<line x1="20" y1="{floor}" x2="{PAYS_W - 20}" y2="{floor}" stroke="{INK}" stroke-width="2"/>']
     for j, (name, tokens, cost, speed) in enumerate(methods):
         body.append(_pair(20 + slot * (j + 0.5), name, (tokens, cost, speed), y_of))
-    if any(float(step_cost(tokens, speed)) < 1 for _, tokens, _, speed in methods):  # any cost printed under 1
+    if any(float(step_figures(tokens, speed)[1]) < 1 for _, tokens, _, speed in methods):  # a cost printed under 1
         body.append(text(PAYS_W / 2, PAYS_H - 12, f"a grey bar under 1: {UNDER_ONE}", 22, REJECTED_TEXT))
     return (f'<svg width="{PAYS_W}" height="{PAYS_H}" viewBox="0 0 {PAYS_W} {PAYS_H}" role="img" '
             f'font-family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif">{"".join(body)}</svg>')
@@ -92,9 +92,10 @@ def _pair(centre: float, name: str, figures: tuple[float, float, float], y_of) -
     """One method's two bars, their values on top, its speed above them and its name below."""
     (tokens, cost, speed), bar, gap, floor = figures, 74, 14, PLOT[1]
     parts = []
-    # the cost as the tour's tile prints it: the digits that give the speed back from the figures shown
-    for x, value, colour, shown in ((centre - gap / 2 - bar, tokens, ACCEPTED_COLOUR, f"{tokens:.2f}"),
-                                    (centre + gap / 2, cost, COST_COLOUR, step_cost(tokens, speed))):
+    # as the tour's tile prints them: the digits that give the speed back from the figures shown
+    shown_tokens, shown_cost = step_figures(tokens, speed)
+    for x, value, colour, shown in ((centre - gap / 2 - bar, tokens, ACCEPTED_COLOUR, shown_tokens),
+                                    (centre + gap / 2, cost, COST_COLOUR, shown_cost)):
         parts.append(f'<rect x="{x:.0f}" y="{y_of(value):.0f}" width="{bar}" height="{floor - y_of(value):.0f}" '
                      f'rx="4" fill="{colour}"/>')
         parts.append(text(x + bar / 2, y_of(value) - 14, shown, 22, INK))

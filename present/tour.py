@@ -228,22 +228,30 @@ def answer_tile(trace: Trace, speed: dict[str, Any]) -> tuple[str, str]:
     timed."""
     per_step = sum(len(e.emitted) for e in trace.steps) / max(len(trace.steps), 1)
     if speed.get("trusted") and speed.get("ratio") and trace.steps:
-        ratio, cost = speed["ratio"], step_cost(per_step, speed["ratio"])
-        return f"{ratio:.2f}×", (f"as fast as plain decoding, measured: {per_step:.2f} tokens a step ÷ {cost} = "
+        ratio = speed["ratio"]
+        tokens, cost = step_figures(per_step, ratio)
+        return f"{ratio:.2f}×", (f"as fast as plain decoding, measured: {tokens} tokens a step ÷ {cost} = "
                                  f"{ratio:.2f}×, as a step took on average {cost} of a plain step's time")
     return f"{per_step:.2f}", "tokens a step, the whole answer (its speed was not measured)"
 
 
+def step_figures(per_step: float, ratio: float) -> tuple[str, str]:
+    """Tokens a step and a step's mean time in plain steps (tokens a step ÷ the speedup), as the tile and the
+    side-by-side's bars write them: the fewest digits with which the tokens shown ÷ the cost shown give the speedup
+    shown back (readers divided 1.58 by 1.035 and got 1.53, 2.20 by 3.354 and got 0.66, against 1.52 and 0.65)."""
+    cost, want = per_step / ratio, round(ratio, 2)
+    for token_digits in (2, 3):
+        tokens = f"{per_step:.{token_digits}f}"
+        for digits in (2, 3, 4):
+            shown = f"{cost:.{digits}f}"
+            if float(shown) and round(float(tokens) / float(shown), 2) == want:
+                return tokens, shown
+    return f"{per_step:.2f}", f"{cost:.3f}"
+
+
 def step_cost(per_step: float, ratio: float) -> str:
-    """A step's mean time in plain steps, derived from the two measured figures (tokens a step ÷ the speedup), as
-    the tile and the side-by-side's bars write it: two decimals, or three or four where two would not give the
-    shown speedup back (a reader divided 1.58 by 1.035 and got 1.53, not the 1.52 shown)."""
-    cost = per_step / ratio
-    for digits in (2, 3, 4):  # the fewest that give the speedup back from the figures shown
-        shown = f"{cost:.{digits}f}"
-        if float(shown) and round(round(per_step, 2) / float(shown), 2) == round(ratio, 2):
-            return shown
-    return f"{cost:.3f}"
+    """A step's mean time in plain steps as `step_figures` writes it."""
+    return step_figures(per_step, ratio)[1]
 
 
 def tour_screens(trace: Trace, step: int, token_text: TokenText | None = None) -> list[Screen]:

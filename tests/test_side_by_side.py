@@ -14,7 +14,7 @@ from tr_core import Engine
 from tr_core.config import DecodeConfig
 from tr_core.events import StepEvent
 from tr_core.trace import Trace
-from present.tour import step_cost, telling_index, tour_html
+from present.tour import step_figures, telling_index, tour_html
 
 
 def tiny_session(asked: bool = True, tokens: int = 24) -> SimpleNamespace:
@@ -126,9 +126,9 @@ def test_the_panel_reads_as_the_meter_cards_and_bars_agree():
     assert ">0.63×<span" in shown and "± 0.02" in shown and ">1.73×<span" in shown
     for template, ratio in ((sbs.PAPER, 0.63), (sbs.SIZED, 1.31), (sbs.HYBRID, 1.73)):  # the bars: green ÷ grey is the card's speed
         run = results[template]
-        cost = step_cost(run.per_step, ratio)  # a reader divided the figures shown: they give the speed back
-        assert f">{run.per_step:.2f}<" in shown and f">{cost}<" in shown
-        assert round(round(run.per_step, 2) / float(cost), 2) == ratio
+        tokens, cost = step_figures(run.per_step, ratio)  # readers divided the figures shown: they give it back
+        assert f">{tokens}<" in shown and f">{cost}<" in shown
+        assert round(float(tokens) / float(cost), 2) == ratio
         assert f">{ratio:.2f}×</text>" in shown
     results[sbs.HYBRID].est = estimate(None)  # too noisy: said, and no bar claims a speed
     shown = unglossed(sbs.side_by_side_html(results, "Test CPU", exact=False, tokens=24))

@@ -324,3 +324,15 @@ def test_the_cost_chart_ticks_the_largest_size_it_timed():
 
     assert size_ticks(81) == [1, 20, 40, 60, 81] and size_ticks(8) == [1, 2, 4, 6, 8]
     assert size_ticks(33) == [1, 10, 20, 33] and size_ticks(2) == [1, 2]
+
+
+def test_the_figures_shown_divide_to_the_speedup_shown():
+    """Readers divided the shown figures with a calculator: 1.58 ÷ 1.035 gave 1.53 and 2.20 ÷ 3.354 gave 0.66, against
+    1.52 and 0.65 shown. Tokens a step and a step's cost take the fewest digits that give the speedup back."""
+    from present.tour import step_figures
+
+    for tokens, ratio in ((112 / 71, 1.524), (112 / 51, 0.6549), (1.6, 1.6), (2.0, 0.6), (1.0, 1.0), (1.49, 1.51)):
+        shown_tokens, shown_cost = step_figures(tokens, ratio)
+        assert round(float(shown_tokens) / float(shown_cost), 2) == round(ratio, 2), (tokens, ratio)
+    assert step_figures(112 / 71, 1.524) == ("1.58", "1.04") and step_figures(2.0, 0.6) == ("2.00", "3.33")
+    assert step_figures(112 / 51, 0.6549)[0] == "2.196"  # two digits of tokens give no cost back
