@@ -11,9 +11,8 @@ import math
 from tr_core.events import StepEvent
 
 from .nodes import node_group, node_source
-from .tour import telling_index
 from .style import ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, REJECTED_TEXT
-from .tour import step_figures
+from .tour import step_figures, telling_index
 from .tour_pictures import INK, UNDER_ONE, node_fill, shape, text, wrapped
 from .tree_layout import tree_layout
 
@@ -80,20 +79,20 @@ def pays_svg(methods: list[tuple[str, float, float, float]]) -> str:
             f'<line x1="20" y1="{y_of(1):.0f}" x2="{PAYS_W - 20}" y2="{y_of(1):.0f}" stroke="{INK}" '
             f'stroke-dasharray="6 6" stroke-width="1.5"/>',
             f'<line x1="20" y1="{floor}" x2="{PAYS_W - 20}" y2="{floor}" stroke="{INK}" stroke-width="2"/>']
-    for j, (name, tokens, cost, speed) in enumerate(methods):
-        body.append(_pair(20 + slot * (j + 0.5), name, (tokens, cost, speed), y_of))
-    if any(float(step_figures(tokens, speed)[1]) < 1 for _, tokens, _, speed in methods):  # a cost printed under 1
+    # as the tour's tile prints them: the digits that give the speed back from the figures shown
+    shown = [step_figures(tokens, speed) for _, tokens, _, speed in methods]
+    for j, ((name, tokens, cost, speed), words) in enumerate(zip(methods, shown)):
+        body.append(_pair(20 + slot * (j + 0.5), name, (tokens, cost, speed), words, y_of))
+    if any(float(cost) < 1 for _, cost in shown):  # a cost printed under 1
         body.append(text(PAYS_W / 2, PAYS_H - 12, f"a grey bar under 1: {UNDER_ONE}", 22, REJECTED_TEXT))
     return (f'<svg width="{PAYS_W}" height="{PAYS_H}" viewBox="0 0 {PAYS_W} {PAYS_H}" role="img" '
             f'font-family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif">{"".join(body)}</svg>')
 
 
-def _pair(centre: float, name: str, figures: tuple[float, float, float], y_of) -> str:
-    """One method's two bars, their values on top, its speed above them and its name below."""
+def _pair(centre: float, name: str, figures: tuple[float, float, float], words: tuple[str, str], y_of) -> str:
+    """One method's two bars, their values on top (`words`: as printed), its speed above them and its name below."""
     (tokens, cost, speed), bar, gap, floor = figures, 74, 14, PLOT[1]
-    parts = []
-    # as the tour's tile prints them: the digits that give the speed back from the figures shown
-    shown_tokens, shown_cost = step_figures(tokens, speed)
+    (shown_tokens, shown_cost), parts = words, []
     for x, value, colour, shown in ((centre - gap / 2 - bar, tokens, ACCEPTED_COLOUR, shown_tokens),
                                     (centre + gap / 2, cost, COST_COLOUR, shown_cost)):
         parts.append(f'<rect x="{x:.0f}" y="{y_of(value):.0f}" width="{bar}" height="{floor - y_of(value):.0f}" '

@@ -231,10 +231,9 @@ def wrapped(s: str, width: int) -> list[str]:
     return textwrap.wrap(s, width, break_long_words=False, break_on_hyphens=False)
 
 
-def shape(source: str, x: float, y: float, fill: str, r: float = 11, outline: bool = False) -> str:
-    """A node's marker: circle (the matrix), square (copied), diamond (both); the root a larger circle. `outline`:
-    unfilled, stroked in `fill` (the legend's shapes: a shape says where from, a colour the verdict)."""
-    paint = f'fill="#ffffff" stroke="{fill}" stroke-width="2.5"' if outline else f'fill="{fill}"'
+def shape(source: str, x: float, y: float, fill: str, r: float = 11) -> str:
+    """A node's marker: circle (the matrix), square (copied), diamond (both); the root a larger circle."""
+    paint = f'fill="{fill}"'
     if source == "context":
         return f'<rect x="{x - r:.0f}" y="{y - r:.0f}" width="{2 * r:.0f}" height="{2 * r:.0f}" {paint}/>'
     if source == "both":

@@ -127,7 +127,6 @@ def main() -> None:
             page.wait_for_function(IDLE_JS, timeout=WAIT_MS)
             page.locator("#tr-sides").screenshot(path=str(out / "side_by_side.png"))
             paper_tour(page, out, Path(tmp))
-            page.set_viewport_size({"width": 1600, "height": 1000})
             page.locator("#tr-sides .tr-sides-close").click()
             page.set_viewport_size({"width": 1280, "height": 720})
             page.locator("#tr-present").click()

@@ -130,7 +130,7 @@ def card_tour(run: MethodRun, answer: Trace | None, token_text: Callable[[int], 
     """The guided tour of a card's step (the one its tree draws), as markup that stays closed until its button."""
     if answer is None or not run.steps:
         return ""
-    return tour_html(method_trace(run, answer, token_text), telling_index(run.steps), token_text)
+    return tour_html(method_trace(run, answer, token_text), telling_index(run.steps))  # its recorded texts
 
 
 SHORT = {PAPER: "The paper's 80 nodes", SIZED: "Matrix only, sized", HYBRID: "Matrix + context"}
