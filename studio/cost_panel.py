@@ -19,6 +19,7 @@ from typing import Callable
 from present.glossary import gloss
 from present.meter import machine_of, ratio_class
 from present.reasons import no_draft_reason
+from present.tour_pictures import UNDER_ONE
 from tr_core.cost import interpolate
 from tr_core.events import StepEvent
 from tr_core.trace import Trace
@@ -113,6 +114,11 @@ def no_draft_text(ev: StepEvent) -> str:
     return f"This step drafted nothing: {reason.rstrip('.')}." if reason else "This step drafted nothing."
 
 
+def under_one(c: float) -> str:
+    """Why a cost is shown under 1 (a reader expects more tokens to cost more): the meter timed it so."""
+    return f" (under 1: {UNDER_ONE})" if c < 1 else ""
+
+
 def cost_text(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None, machine: str = "") -> tuple[str, str]:
     """(what the step cost against what it gained, its colour class up/par/down/none); see the section's comment.
     `machine`: the one the answer was timed on, named beside the estimate ("": "this machine")."""
@@ -128,7 +134,8 @@ def cost_text(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None,
     c = round(curve.cost(n), 2)  # the shown figure, so that the division on screen is exact to its last digit
     speed_x = gained / c
     if curve.metered:
-        cost = (f"a step of that size cost {c:.2f}× a plain decoding step, as the meter timed this answer")
+        cost = (f"a step of that size cost {c:.2f}× a plain decoding step, as the meter timed this answer"
+                f"{under_one(c)}")
         tail = "This step alone; the meter's figure is for the whole answer."
     else:
         cost = f"on {machine or 'this machine'} that costs {c:.2f}× {curve.unit}"
@@ -249,7 +256,8 @@ def cost_brief(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None
         return f"Cost: {n} tokens in one forward gained {_tokens(gained)}; no speed claimed: the meter says too noisy"
     c = round(curve.cost(n), 2)  # as cost_text
     unit, kind = ("a plain step's time", "timed by the meter") if curve.metered else ("one token's", "estimate")
-    return (f"Cost: {n - 1} drafted + the last token in one forward = {c:.2f}× {unit}; gained {gained} → this step alone ≈ "
+    return (f"Cost: {n - 1} drafted + the last token in one forward = {c:.2f}× {unit}{under_one(c)}; gained "
+            f"{gained} → this step alone ≈ "
             f"{gained} ÷ {c:.2f} = {gained / c:.2f}× plain speed ({kind})")
 
 

@@ -270,10 +270,10 @@ def test_a_prefill_group_fills_free_rows_within_its_padded_budget():
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_exact_bfloat16_batch_with_a_shared_prefill_equals_alone(arch):
-    """In exact mode (row-invariant products and attention, invariant.py) a bfloat16 batch, prompts prefilled
-    together after the tokens they share (prefilled once where the model has no sliding window: prefix.py), gives
-    every answer the tokens it gives alone."""
+def test_exact_bfloat16_batch_of_prompts_sharing_their_start_equals_alone(arch):
+    """In exact mode (row-invariant products and attention, invariant.py) a bfloat16 batch of prompts that share
+    their first tokens gives every answer the tokens it gives alone: each prompt's forward runs as it runs alone (a
+    prompt's forward is not row-invariant: invariant.relaxed), the steps share one forward."""
     model = tiny_model(arch).to(torch.bfloat16)
     head = torch.randint(2, TINY_VOCAB, (10,), generator=torch.Generator().manual_seed(4)).tolist()
     prompts = [head + [7 + i] + p for i, p in enumerate(ragged_prompts(6, seed=3))]

@@ -263,3 +263,22 @@ def test_a_layout_is_probed_once_per_process(monkeypatch):
     monkeypatch.setattr(invariant, "_probe", lambda *a: probes.append(1) or real(*a))
     first = kernels.exact_plan(raw("llama", torch.bfloat16))
     assert kernels.exact_plan(raw("llama", torch.bfloat16, seed=1)).exact == first.exact and len(probes) == 1
+
+
+def test_a_prompts_forward_takes_the_models_dtype_and_the_steps_float64(monkeypatch):
+    """Exact mode runs a prompt's forward (all but its last token) in the model's dtype through the library's
+    products (invariant.relaxed: 1.8x faster there), and every step, the first included, in float64 attention
+    through row-invariant products; plain decoding's first step is a forward of its own, as a tree's is."""
+    model = raw("llama", torch.bfloat16)
+    engine = Engine(model, TinyTokenizer(TINY_VOCAB), exact=True)
+    prompt = list(range(3, 20))
+    list(engine.generate(prompt, DecodeConfig(max_new_tokens=2, plain=True)))  # tuning and probes first
+    seen, sdpa = [], F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda q, *a, **kw: seen.append((q.shape[2], q.dtype)) or sdpa(q, *a, **kw))
+    for plain in (True, False):
+        seen.clear()
+        list(engine.generate(prompt, DecodeConfig(max_new_tokens=3, plain=plain, template="2.2.2")))
+        layers = model.config.num_hidden_layers
+        assert seen[:layers] == [(len(prompt) - 1, torch.bfloat16)] * layers
+        assert {dtype for _, dtype in seen[layers:]} == {torch.float64}

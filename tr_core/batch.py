@@ -274,8 +274,10 @@ def prefill_together(opened: list[tuple[Engine, DecodeState]], prefix: SharedPre
     todo = [(engine, state) for engine, state in opened if state.prefill_ids]
     runner = opened[0][0].runner if opened else None
     ids = [state.prefill_ids for _, state in todo]
-    past, start = prefix.take(runner, ids) if prefix is not None and todo and shares_prefix(runner) else (None, 0)
-    if (len(todo) > 1 or past is not None) and runner.has_logits_to_keep:
+    # exact mode: each prompt's forward as it runs alone (they are not row-invariant: invariant.relaxed)
+    together = bool(todo) and not any(engine.exact for engine, _ in todo) and runner.has_logits_to_keep
+    past, start = prefix.take(runner, ids) if prefix is not None and together and shares_prefix(runner) else (None, 0)
+    if (len(todo) > 1 or past is not None) and together:
         logits, shared = runner.prefill_rows([p[start:] for p in ids], past, start)
         for i, (solo, (engine, state)) in enumerate(zip(row_caches(shared, [len(p) for p in ids]), todo)):
             state.cache = solo

@@ -56,12 +56,22 @@ def explain(engine: Any, prompt: list[int], first: list[int], second: list[int])
 def explain_at(engine: Any, context: list[int], index: int, first_token: int, second_token: int) -> Divergence:
     """Two answers that agree up to `context` (the prompt and the common prefix, `index` tokens of answer) chose
     `first_token` and `second_token` next: one forward of the context scores both."""
-    logits = engine.runner.prefill(list(context), TreeKVCache())[-1].float()
+    logits = _scores_after(engine.runner, list(context), len(context) - index)
     low = engine.dtype in LOW_PRECISION
     fix = UNKNOWN if engine.exact else EXACT_MODE if exact_available(engine) else FLOAT32 if low else UNKNOWN
     a, b = float(logits[first_token]), float(logits[second_token])
     return Divergence(index=index, first_token=first_token, second_token=second_token, first_logit=a, second_logit=b, gap=abs(a - b),
                       dtype=str(engine.dtype).removeprefix("torch."), fix=fix)
+
+
+def _scores_after(runner: Any, context: list[int], prompt_len: int) -> torch.Tensor:
+    """The logits [V] after `context` as the answers' forwards gave them: the prompt but its last token prefilled
+    (Engine._begin), the rest in one causal forward (rows that round as one-token forwards in exact mode)."""
+    cache, split = TreeKVCache(), max(prompt_len - 1, 0)
+    runner.prefill(context[:split], cache)
+    rest = torch.tensor([context[split:]], dtype=torch.long, device=runner.device)
+    positions = torch.arange(split, len(context), device=runner.device)[None]
+    return runner.forward(rest, positions, None, cache, last_only=True)[-1].float()
 
 
 def exact_available(engine: Any) -> bool:

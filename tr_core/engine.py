@@ -195,8 +195,8 @@ class Engine(EngineState):
         active = self._active(state, drafter)
         draft = active.draft(state.root, self.matrix)
         # the prompt's forward: the whole prompt when the first draft is the root alone (its last logits verify the
-        # step; the cache then holds what that step commits), else all but the last token, for the tree's forward
-        verifies = draft.size == 1 and self.first_step_from_prompt
+        # step), else, and always in exact mode (invariant.relaxed), all but the last token, for the step's forward
+        verifies = draft.size == 1 and self.first_step_from_prompt and not self.exact
         state.first, state.prefill_ids = (active, draft, None), prompt if verifies else prompt[:-1]
         if prefill:
             self.finish_prefill(state, self.runner.prefill(state.prefill_ids, state.cache))

@@ -177,7 +177,7 @@ def _exact_forward(layer: torch.nn.Module, chunking: invariant.Chunking, x: torc
     row-invariant chunks."""
     weight = linear_weight(layer)
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if not rows:
+    if not rows or invariant.is_relaxed():  # a prompt's forward: the library's product (invariant.relaxed)
         return F.linear(x, weight, layer.bias)
     return invariant.chunked_linear(x, weight, layer.bias, rows, chunking, EXACT_PRODUCTS[chunking.product])
 

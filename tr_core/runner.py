@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from . import invariant
 from .kv_cache import TreeKVCache, repeated_cache
 from .tree import attention_bias
 
@@ -104,11 +105,13 @@ class ModelRunner:
                           **{self.cache_arg: cache}, use_cache=True).logits
 
     def prefill(self, ids: list[int], cache: TreeKVCache) -> torch.Tensor | None:
-        """Run `ids` from position 0 into the cache (causal mask); the last token's logits [1, V], None if empty."""
+        """Run `ids` from position 0 into the cache (causal mask); the last token's logits [1, V], None if empty. In
+        exact mode, through the library's products (`invariant.relaxed`)."""
         if not ids:
             return None
         t = torch.tensor([ids], dtype=torch.long, device=self.device)
-        return self.forward(t, torch.arange(len(ids), device=self.device)[None], None, cache, last_only=True)
+        with invariant.relaxed():  # exact mode's prompts: the library's products (invariant.relaxed says why)
+            return self.forward(t, torch.arange(len(ids), device=self.device)[None], None, cache, last_only=True)
 
     def prefill_rows(self, rows: list[list[int]], past: TreeKVCache | None = None,
                      start: int = 0) -> tuple[torch.Tensor, TreeKVCache]:
@@ -127,8 +130,9 @@ class ModelRunner:
         positions = torch.arange(start, start + ids.shape[1], device=self.device)[None].expand(len(rows), -1)
         keep = sorted({n - 1 for n in lengths})  # the positions whose logits are read, shared by all rows
         cache = TreeKVCache() if past is None else repeated_cache(past, len(rows), start, start + ids.shape[1])
-        logits = self.model(input_ids=ids, position_ids=positions, attention_mask=None, use_cache=True,
-                            logits_to_keep=torch.tensor(keep, device=self.device), **{self.cache_arg: cache}).logits
+        with invariant.relaxed():
+            logits = self.model(input_ids=ids, position_ids=positions, attention_mask=None, use_cache=True,
+                                logits_to_keep=torch.tensor(keep, device=self.device), **{self.cache_arg: cache}).logits
         pick = torch.tensor([keep.index(n - 1) for n in lengths], device=self.device)
         return logits[torch.arange(len(rows), device=self.device), pick], cache
 
