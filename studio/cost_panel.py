@@ -256,9 +256,18 @@ def cost_brief(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None
         return f"Cost: {n} tokens in one forward gained {_tokens(gained)}; no speed claimed: the meter says too noisy"
     c = round(curve.cost(n), 2)  # as cost_text
     unit, kind = ("a plain step's time", "timed by the meter") if curve.metered else ("one token's", "estimate")
-    return (f"Cost: {n - 1} drafted + the last token in one forward = {c:.2f}× {unit}{under_one(c)}; gained "
-            f"{gained} → this step alone ≈ "
+    return (f"Cost: {n - 1} drafted + the last token in one forward = {c:.2f}× {unit}; gained {gained} → this step alone ≈ "
             f"{gained} ÷ {c:.2f} = {gained / c:.2f}× plain speed ({kind})")
+
+
+def brief_note(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None) -> str:
+    """The sentence after cost_brief that says why its cost is under 1 ("" when it is not, or none is shown); the
+    page shows it, the presentation view has no room for it (assets/studio.css)."""
+    n = len(ev.tokens)
+    if n <= 1 or not _usable(curve) or speed_state(speed) == "noisy" or not curve.metered:
+        return ""
+    c = round(curve.cost(n), 2)
+    return f"Under 1: {UNDER_ONE}." if c < 1 else ""
 
 
 def cost_html(ev: StepEvent | None, curve: CostCurve | None, trace: Trace | None = None) -> str:
@@ -272,4 +281,9 @@ def cost_html(ev: StepEvent | None, curve: CostCurve | None, trace: Trace | None
     rule = formula_text(trace.steps if trace is not None else [], curve, speed)  # no trace: the bare formula
     return (f'<div class="tr-cost tr-cost-{cls}"><div class="tr-cost-full"><span class="tr-cost-head">'
             f'Cost of this step:</span> {gloss(main)}<div class="tr-cost-rule">{gloss(rule)}</div></div>'
-            f'<div class="tr-cost-brief">{gloss(cost_brief(ev, curve, speed))}</div></div>')
+            f'<div class="tr-cost-brief">{gloss(cost_brief(ev, curve, speed))}{_note_span(ev, curve, speed)}</div></div>')
+
+
+def _note_span(ev: StepEvent, curve: CostCurve | None, speed: dict | None) -> str:
+    note = brief_note(ev, curve, speed)
+    return f' <span class="tr-cost-note">{gloss(note)}</span>' if note else ""

@@ -778,12 +778,13 @@ def test_every_speed_figure_names_the_machine_it_was_timed_on(monkeypatch):
 def test_a_cost_the_meter_timed_under_one_says_why():
     """A step the meter timed at under one plain step (0.97x) says why, in the panel and its brief: a reader
     expects more tokens to cost more."""
-    from studio.cost_panel import CostCurve, PLAIN_STEP, cost_brief, cost_text
+    from studio.cost_panel import CostCurve, PLAIN_STEP, brief_note, cost_html, cost_text
 
     metered = CostCurve(lambda n: 0.97, source="the meter", unit=PLAIN_STEP)
     ev = story_step(0, 6, 3)
     assert "0.97× a plain decoding step, as the meter timed this answer (under 1: a step of a few tokens took less" \
         in cost_text(ev, metered, trusted())[0]
-    assert "= 0.97× a plain step's time (under 1: a step of a few tokens took less" in cost_brief(ev, metered, trusted())
+    assert brief_note(ev, metered, trusted()).startswith("Under 1: a step of a few tokens took less time")
+    assert unglossed(cost_html(ev, metered)).count('<span class="tr-cost-note">Under 1: a step of a few') == 1
     above = CostCurve(lambda n: 1.2, source="the meter", unit=PLAIN_STEP)
-    assert "under 1" not in cost_text(ev, above, trusted())[0] + cost_brief(ev, above, trusted())
+    assert "nder 1" not in cost_text(ev, above, trusted())[0] + brief_note(ev, above, trusted()) + cost_html(ev, above)
