@@ -96,8 +96,8 @@ def plain_screen(ev: StepEvent, text: TokenText) -> Screen:
     pick = model_pick(ev)
     rows = [(text(t), p, t == pick) for t, p in cands]
     return Screen("Plain decoding keeps one token", bars_svg(rows),
-                  f"After {q(text(ev.tokens[0]))} the model scored every token of its vocabulary (its top "
-                  f"{len(cands)} here). Plain decoding keeps {q(text(pick))} and throws all the others away.")
+                  f"In this step's forward the model scored every token after {q(text(ev.tokens[0]))} (its top "
+                  f"{len(cands)} here). Plain decoding keeps {q(text(pick))} and throws the others away.")
 
 
 def read_rows(ev: StepEvent) -> list[tuple[int, list[int]]]:
@@ -126,7 +126,7 @@ def matrix_screen(ev: StepEvent, text: TokenText, k: int) -> Screen:
     shown = [(text(row), [(text(t), t in used.get(row, set())) for t in values]) for row, values in rows]
     more = len(ev.rows_read) - len(rows)
     root = q(text(ev.tokens[0]))
-    return Screen(title, rows_svg(shown, more, key="as earlier steps left them · outlined: drafted now"),
+    return Screen(title, rows_svg(shown, more, key="as an earlier forward left them (screen 1: this one's) · outlined: drafted now"),
                   f"Row {root} holds the model's top {k} after {root}, from the last forward that scored it. This "
                   f"step read {len(ev.rows_read)} such row{'s' if len(ev.rows_read) != 1 else ''}; screen 6 "
                   "shows one it writes back.")

@@ -24,9 +24,9 @@ W, H = 1200, 470
 SMALL = 22  # px: the smallest text of a picture (the tour's rule is 20)
 INK = "#0f172a"
 UNDER_ONE = "a step of a few tokens took less time than a plain step here"  # what a cost under 1 means (measured)
-VISIBLY_UNDER_ONE = 0.97  # a cost the chart draws visibly under 1 (one plain step): its note says why (a reader
-# found the note beside a curve that touched 1 at 0.99 and stood nowhere visibly under it; another a point at 0.95
-# under 1 with no note)
+VISIBLY_UNDER_ONE = 0.97  # a cost the chart draws visibly under 1 (one plain step), or prints under 1: its note
+# says why (a reader found the note beside a curve that touched 1 at 0.99 and stood nowhere visibly under it;
+# another a point at 0.95 under 1 with no note; another the step's "cost 0.97" with none)
 DRAFT = "#334155"  # a draft before the verdict
 ROOT_X = 110  # the root's x in a tree picture (its label stands left of it)
 MASK_NODES = 14  # nodes the attention-mask picture shows at most (a cell of 24 px)
@@ -185,7 +185,8 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
     gaps = any(b - a > 1 for (a, _), (b, _) in zip(points, points[1:]))
     body.append(text(left + 8, top - 22, "grey: a step's cost in plain steps, t(N)/t(1)"
                      + ("; dashed: not timed" if gaps else ""), SMALL, "#475569", "start"))
-    if any(c < VISIBLY_UNDER_ONE for n, c in points if n > 1):  # CPUs whose one-row product is slower than a few rows'
+    printed = cost is not None and n > 1 and round(cost, 2) < 1  # "cost 0.97" under the step's point
+    if printed or any(c < VISIBLY_UNDER_ONE for n, c in points if n > 1):  # CPUs whose one-row product is slower
         body.append(text(left + 8, bottom + 92, f"under 1: {UNDER_ONE}", SMALL, "#475569", "start"))
     body.append(_tile(790, 40, 370, 320, *tile))
     body += [text(975, 388 + 28 * i, line, SMALL, INK) for i, line in enumerate(wrapped(footer, 30)[:2])]
@@ -297,7 +298,7 @@ def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mas
     tail = verdict and (ev.bonus is not None or levels < max(ev.depths, default=0))
     col = min(380.0, (540.0 if mask else 930.0) / max(levels + tail, 1))
     chars = max(3, min(12, int((col - 40) / 14.5)))  # bold path labels run about 14 px a character
-    layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
+    layout = tree_layout(tuple(ev.parents), tuple(ev.ranks), SPREAD)
     narrow = chars < 5  # a column of a few letters (the paper's tree beside the mask): the path's labels only
     # and the path written out whole above the tree (where every level is drawn: else "+ n more accepted" ends it)
     strip = verdict and narrow and len(ev.accepted) > 1 and levels == max(ev.depths, default=0)
@@ -339,6 +340,8 @@ def path_strip(ev: StepEvent, token_text: Callable[[int], str], width: float) ->
 
 
 LABEL_GAP = 25  # px between two labels of one level: 22 px type that does not touch its neighbour's
+SPREAD = 0.5  # a subtree's share of its parent's band: leaves ** SPREAD (tree_layout; the root's 8 candidates of the
+# paper's tree named: 3 of 8 were with shares by leaves)
 
 
 def labelled_nodes(ev: StepEvent, xy: dict, path: set[int]) -> list[int]:

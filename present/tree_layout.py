@@ -30,14 +30,16 @@ def _stepped_in(parent_x: float) -> float:
 
 
 @lru_cache(maxsize=64)
-def tree_layout(parents: tuple[int, ...], ranks: tuple[int, ...] | None = None) -> TreeLayout:
+def tree_layout(parents: tuple[int, ...], ranks: tuple[int, ...] | None = None, spread: float = 1.0) -> TreeLayout:
     """Layered layout of a tree given by parent indices (root: -1), computed once per tree shape.
 
     Each leaf of the tree owns an equal slot of the width, so a subtree owns a band as wide as its leaves; children
     divide their parent's band in candidate-rank order (`ranks`, else node index: candidate #0 leftmost,
     context-only drafts of hybrid trees, rank >= k, after the matrix's candidates) and a node stands over the
     middle of its band. So a node's children sit under it, no two edges cross, and two nodes of one depth are at
-    least a slot apart. A node alone at its depth stands under its parent (or steps toward LONE_X, where its label
+    least a slot apart. `spread` < 1 shares a band by leaves ** spread instead: a big subtree gives its small
+    siblings room (the paper's 80-node tree: its first candidate's subtree held most leaves, and five of the
+    root's eight candidates stood too close to be named). A node alone at its depth stands under its parent (or steps toward LONE_X, where its label
     has room on either side, _stepped_in): a long copied run hangs straight down from where it starts. Every node
     under it is its descendant, so its band is the whole width again.
     """
@@ -55,6 +57,7 @@ def tree_layout(parents: tuple[int, ...], ranks: tuple[int, ...] | None = None) 
         leaves[i] = leaves[i] or 1  # a leaf counts itself; an inner node, its subtree's leaves (added below)
         if parents[i] >= 0:
             leaves[parents[i]] += leaves[i]
+    shares = {i: sum(leaves[c] ** spread for c in children[i]) for i in order}
     x, y = [0.5] * n, [0.0] * n
     bands = {0: (0.0, 1.0)}
     for i in order:
@@ -66,6 +69,6 @@ def tree_layout(parents: tuple[int, ...], ranks: tuple[int, ...] | None = None) 
         y[i] = -float(depth[i])
         pos = a
         for c in children[i]:
-            width = (b - a) * leaves[c] / leaves[i]
+            width = (b - a) * leaves[c] ** spread / shares[i]
             bands[c], pos = (pos, pos + width), pos + width
     return TreeLayout(tuple(x), tuple(y))

@@ -28,7 +28,7 @@ from .meter import SpeedEstimate, measure_interleaved
 # the paper's static tree (the matrix alone, 80 nodes); the same drafting in a tree sized for this machine; and the
 # studio's default, which also copies: one change at a time, from the paper's method to the hybrid
 PAPER, SIZED, HYBRID = "2.2.2", "adaptive", "hybrid"
-METHODS = ((PAPER, "The paper's method: the matrix alone, its 80-node tree"),
+METHODS = ((PAPER, "Paper's 80-node tree: the paper's method, the matrix alone"),
            (SIZED, "Matrix only: the paper's drafting, its tree sized each step for this machine"),
            (HYBRID, "Matrix + context: also copies earlier text, its tree sized each step"))
 MOST_TOKENS = 256  # the comparison decodes with the last answer's token budget, up to this
@@ -133,7 +133,7 @@ def card_tour(run: MethodRun, answer: Trace | None, token_text: Callable[[int], 
     return tour_html(method_trace(run, answer, token_text), telling_index(run.steps))  # its recorded texts
 
 
-SHORT = {PAPER: "The paper's 80 nodes", SIZED: "Matrix only, sized", HYBRID: "Matrix + context"}
+SHORT = {PAPER: "Paper's 80-node tree", SIZED: "Matrix only", HYBRID: "Matrix + context"}  # the drafting choices
 
 
 def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool | None, tokens: int,
@@ -226,15 +226,15 @@ def compare_methods(s: Any, crowd: Callable[[], int], slot: Callable[[], Any], m
     own = own_run(s.trace)
     have = {own.template: own} if own is not None and len(own.tokens) <= cfg.max_new_tokens else {}
     results, busy = dict(have), lambda: crowd() > 0
-    todo = [name for t, name in METHODS if t not in have]
+    todo = [SHORT[t] for t, _ in METHODS if t not in have]  # the drafting choices' names
     if todo:
-        yield {"status": f"Timing {todo[0][0].lower() + todo[0][1:]} against plain decoding…"}
+        yield {"status": f"Timing {todo[0]} against plain decoding…"}
     for done, total, results in run_methods(engine.fork, ids, cfg, have, slot, busy, max_s, chunk_ms):
         if busy():
             yield {"status": BUSY_NOW}
             return
         if done < total:
-            yield {"status": f"Timing {todo[done][0].lower() + todo[done][1:]} against plain decoding…"}
+            yield {"status": f"Timing {todo[done]} against plain decoding…"}
     tour = lambda run: card_tour(run, s.trace, engine.token_text)  # noqa: E731 - one card's tour
     yield {"sides": side_by_side_html(results, machine, getattr(engine, "exact", None), cfg.max_new_tokens, tour),
            "status": "✓ The paper's method, sized and not, and the hybrid answered your last question side by side."}

@@ -62,10 +62,8 @@ def test_the_answer_itself_is_its_trees_card_with_the_meters_figure():
     s.trace = answered(s, 1.67)
     steps = s.trace.steps
     views = list(sbs.compare_methods(s, lambda: 0, contextlib.nullcontext, "Test CPU", chunk_ms=5.0))
-    assert [v["status"] for v in views[:-1]] == ["Timing the paper's method: the matrix alone, its 80-node tree "
-                                                 "against plain decoding…",
-                                                 "Timing matrix only: the paper's drafting, its tree sized each step "
-                                                 "for this machine against plain decoding…"]
+    assert [v["status"] for v in views[:-1]] == ["Timing Paper's 80-node tree against plain decoding…",
+                                                 "Timing Matrix only against plain decoding…"]
     shown = unglossed(views[-1]["sides"])
     assert ">1.67×<span" in shown and "your answer above, as its meter measured it" in shown
     assert "decoded now, from the same start" in shown and "up to 24 new tokens" in shown
@@ -117,7 +115,7 @@ def test_the_panel_reads_as_the_meter_cards_and_bars_agree():
     results[sbs.PAPER].est, results[sbs.HYBRID].est = estimate(0.63, 0.02), estimate(1.73)
     results[sbs.SIZED].est = estimate(1.31)
     shown = unglossed(sbs.side_by_side_html(results, "Test CPU, 2 threads", exact=False, tokens=24))
-    assert "The paper&#x27;s method: the matrix alone, its 80-node tree" in shown and "Matrix + context: also copies" in shown
+    assert "Paper&#x27;s 80-node tree: the paper&#x27;s method, the matrix alone" in shown and "Matrix + context: also copies" in shown
     assert "Matrix only: the paper&#x27;s drafting, its tree sized each step" in shown
     assert shown.count("✓ token-identical to plain decoding") == 3 and "✓ All 3 answers are plain decoding" in shown
     assert "up to 24 new tokens, on Test CPU, 2 threads" in shown and "24 tokens = " in shown  # drafts credited
