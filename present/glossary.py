@@ -34,8 +34,8 @@ TERMS = (
          "forward: every step gains at least this one token."),
     Term("tokens per step", r"tokens per step", "Accepted guesses plus the bonus token, per forward: plain decoding "
          "gets exactly 1."),
-    Term("t(N)/t(1)", r"t\(N\)/t\(1\)", "What a forward of N tokens costs against a forward of one token, timed on "
-         "this machine."),
+    Term("t(N)/t(1)", r"t\(N\)/t\(1\)", "What a step checking N tokens costs against a plain decoding step (one "
+         "token), timed on this machine."),
     Term("learned beforehand", r"(?:sample answers?|answers to (?:the project's )?sample questions)(?: learned "
          r"beforehand)?|learned beforehand", "The model's own answers to the project's sample questions, decoded "
          "before any visitor: the matrix starts from them and the hybrid copies runs of them."),

@@ -182,7 +182,7 @@ main {display: grid; grid-template-columns: minmax(320px, 5fr) 7fr; gap: 16px; p
 .answer {white-space: pre-wrap; overflow-wrap: anywhere; font-size: 1.05rem; line-height: 1.6; background: white; border: 1px solid #e2e8f0;
          border-radius: 10px; padding: 10px 12px; max-height: 46vh; overflow-y: auto}
 .run {border-radius: 3px; cursor: pointer}
-.run-a {background: #bbf7d0}
+.run-a {background: #e5ded0}  /* not green: "accepted" in the tree */
 .run-b {background: #bfdbfe}
 .run.future {background: none; color: #94a3b8}
 .run.current {outline: 3px solid #db2777; background: #fce7f3}

@@ -183,7 +183,7 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
     body.append(f'<circle cx="{x:.0f}" cy="{y_of(gained):.0f}" r="11" fill="{ACCEPTED_COLOUR}"/>')
     body.append(step_label(x, y_of(gained), gained, cost, room_right=x + 260 < right + 60))
     gaps = any(b - a > 1 for (a, _), (b, _) in zip(points, points[1:]))
-    body.append(text(left + 8, top - 22, "grey: a step's cost in plain steps, t(N)/t(1)"
+    body.append(text(left + 8, top - 22, "grey: a step's time ÷ a plain step's"
                      + ("; dashed: not timed" if gaps else ""), SMALL, "#475569", "start"))
     printed = cost is not None and n > 1 and round(cost, 2) < 1  # "cost 0.97" under the step's point
     if printed or any(c < VISIBLY_UNDER_ONE for n, c in points if n > 1):  # CPUs whose one-row product is slower
@@ -294,9 +294,11 @@ def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mas
     shrink to fit (the paper's 80 nodes); levels past
     MAX_LEVELS are counted at the end of the path, not drawn (a long copied run)."""
     levels, groups, on_path = min(max(ev.depths, default=0), MAX_LEVELS), node_group(ev), set(ev.accepted)
-    shown = [i for i in range(len(ev.tokens)) if ev.depths[i] <= levels]
+    shown, counts = folded(ev, [i for i in range(len(ev.tokens)) if ev.depths[i] <= levels],
+                           on_path if verdict else set())
     tail = verdict and (ev.bonus is not None or levels < max(ev.depths, default=0))
-    col = min(380.0, (540.0 if mask else 930.0) / max(levels + tail, 1))
+    span = max([ev.depths[i] for i in shown] + [ev.depths[a] + 1 for a in counts])  # the columns drawn
+    col = min(380.0, (540.0 if mask else 930.0) / max(span + tail, 1))
     chars = max(3, min(12, int((col - 40) / 14.5)))  # bold path labels run about 14 px a character
     layout = tree_layout(tuple(ev.parents), tuple(ev.ranks), SPREAD)
     narrow = chars < 5  # a column of a few letters (the paper's tree beside the mask): the path's labels only
@@ -308,7 +310,8 @@ def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mas
     body = [f'<line x1="{xy[ev.parents[i]][0]:.0f}" y1="{xy[ev.parents[i]][1]:.0f}" x2="{xy[i][0]:.0f}" '
             f'y2="{xy[i][1]:.0f}" stroke="{ACCEPTED_COLOUR if i in path else REJECTED_COLOUR}" '
             f'stroke-width="{5 if i in path else 2}"/>' for i in shown if i]
-    body.append(path_end(ev, token_text, xy, col, chars, verdict, named=not strip))
+    body.append(path_end(ev, token_text, xy, col, chars, verdict, named=not strip, folded=sum(counts.values())))
+    body += [text(x + col, y, f"+{n}", SMALL, REJECTED_TEXT, "middle") for x, y, n in count_marks(counts, xy)]
     r = marker_radius([xy[i][1] for i in shown if i], [ev.depths[i] for i in shown if i])
     body += [shape("root" if i == 0 else node_source(ev, i) or "matrix", *xy[i], node_fill(groups[i], verdict),
                    11 if i in path or i == 0 else r)
@@ -323,7 +326,7 @@ def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mas
         ink = REJECTED_TEXT if verdict and groups[i] == "rejected" else INK
         body.append(text(xy[i][0] + 18, xy[i][1], visible_token(token_text(ev.tokens[i]), chars), 22, ink, "start",
                          i in path, True))
-    body.append(tree_legend(ev, verdict and levels == max(ev.depths, default=0), verdict))
+    body.append(tree_legend(ev, verdict and levels == max(ev.depths, default=0), verdict, bool(counts)))
     if mask:
         body.append(mask_svg(ev, token_text, W - MASK_W - 10, MASK_W))
     return svg("".join(body))
@@ -337,6 +340,40 @@ def path_strip(ev: StepEvent, token_text: Callable[[int], str], width: float) ->
         words.append(f"+ ★ {visible_token(token_text(ev.bonus), 12)}")
     lines = wrapped("accepted: " + "  ".join(words), int(width / 12.5))[:2]
     return "".join(text(20, 22 + 27 * j, line, SMALL, ACCEPTED_COLOUR, "start", True) for j, line in enumerate(lines))
+
+
+FOLD_OVER, FOLD_DEPTH = 40, 2  # a tree of more nodes draws its first FOLD_DEPTH levels and its path, the rest counted
+
+
+def folded(ev: StepEvent, shown: list[int], path: set[int]) -> tuple[list[int], dict[int, int]]:
+    """(the nodes drawn, {drawn node: its drafts not drawn}): `shown` whole for a small tree; for one of more than
+    FOLD_OVER nodes (the paper's 80: its deep levels merged into bars of markers), the first FOLD_DEPTH levels and
+    `path`, every other draft counted at its nearest drawn ancestor ("+12" where its branch goes on)."""
+    if len(shown) <= FOLD_OVER:
+        return shown, {}
+    keep = [i for i in shown if ev.depths[i] <= FOLD_DEPTH or i in path]
+    kept, counts = set(keep), {}
+    for i in shown:
+        if i not in kept:
+            a = ev.parents[i]
+            while a not in kept:
+                a = ev.parents[a]
+            counts[a] = counts.get(a, 0) + 1
+    return keep, counts
+
+
+def count_marks(counts: dict[int, int], xy: dict) -> list[tuple[float, float, int]]:
+    """(x, y, n) of the "+n" marks, one per branch, or one for neighbouring branches of a level closer than
+    LABEL_GAP (their counts summed at the first)."""
+    marks: list[list] = []
+    for a in sorted(counts, key=lambda a: xy[a]):
+        x, y = xy[a]
+        if marks and marks[-1][0] == x and y - marks[-1][3] < LABEL_GAP:
+            marks[-1][2] += counts[a]
+            marks[-1][3] = y
+        else:
+            marks.append([x, y, counts[a], y])
+    return [(x, y, n) for x, y, n, _ in marks]
 
 
 LABEL_GAP = 25  # px between two labels of one level: 22 px type that does not touch its neighbour's
@@ -367,11 +404,12 @@ def marker_radius(ys: list[float], depths: list[int]) -> float:
 
 
 def path_end(ev: StepEvent, token_text: Callable[[int], str], xy: dict, col: float, chars: int,
-             verdict: bool, named: bool = True) -> str:
-    """What follows the drawn tree: before the verdict, how many deeper drafts are not drawn; after it, the
-    accepted drafts past the last drawn level, then the bonus token (an amber star; `named`: its token beside it,
-    not where the path is written out above the tree)."""
-    deeper = sum(1 for i in range(len(ev.tokens)) if i not in xy)
+             verdict: bool, named: bool = True, folded: int = 0) -> str:
+    """What follows the drawn tree: before the verdict, how many deeper drafts are not drawn (past the levels
+    drawn; `folded` others are counted beside their branches); after it, the accepted drafts past the last drawn
+    level, then the bonus token (an amber star; `named`: its token beside it, not where the path is written out
+    above the tree)."""
+    deeper = sum(1 for i in range(len(ev.tokens)) if i not in xy) - folded
     if not verdict:
         last_y = max(y for _, y in xy.values())
         return text(W - 10, min(last_y + 40, 410), f"+ {deeper} deeper drafts, not drawn", SMALL, REJECTED_TEXT,
@@ -414,7 +452,7 @@ def node_fill(group: str, verdict: bool) -> str:
     return {"accepted": ACCEPTED_COLOUR, "past end": PAST_END_COLOUR}.get(group, REJECTED_COLOUR)
 
 
-def tree_legend(ev: StepEvent, bonus_drawn: bool, verdict: bool) -> str:
+def tree_legend(ev: StepEvent, bonus_drawn: bool, verdict: bool, counted: bool = False) -> str:
     """One line under the tree, one rule: colour = the verdict (swatches: root, accepted, rejected; drafts not yet
     checked before the verdict; the amber star, the bonus), shape = where a draft came from ("shape:", then each
     shape filled in slate, as the drafts are drawn before the verdict: readers found no drawn node like an outline)."""
@@ -425,6 +463,8 @@ def tree_legend(ev: StepEvent, bonus_drawn: bool, verdict: bool) -> str:
             items.append(("star", BONUS_COLOUR, "bonus token"))
     elif len(ev.tokens) > 1:
         items.append(("swatch", DRAFT, "not checked yet"))
+    if counted:
+        items.append(("count", REJECTED_TEXT, "not drawn"))
     first_shape = len(items)
     items += [(s, DRAFT, SOURCE_WORDS[s]) for s in draft_sources(ev)]
     body, x = [], 20.0
@@ -433,7 +473,7 @@ def tree_legend(ev: StepEvent, bonus_drawn: bool, verdict: bool) -> str:
             body.append(text(x - 13, 445, "shape:", SMALL, INK, "start"))
             x += 84
         body.append(text(x, 445, "★", 32, fill) if key == "star" else swatch(x, 445, fill) if key == "swatch"
-                    else shape(key, x, 445, fill, 10))
+                    else text(x, 445, "+n", SMALL, fill) if key == "count" else shape(key, x, 445, fill, 10))
         body.append(text(x + 22, 445, words, SMALL, INK, "start"))
         x += 58 + len(words) * 11.5
     return "".join(body)

@@ -136,6 +136,28 @@ def label_positions(ev: StepEvent, layout: TreeLayout, level_px: float) -> tuple
     return positions, star
 
 
+def clear_of_markers(ev: StepEvent, layout: TreeLayout, level_px: float,
+                     labels: dict[int, tuple[str, str]]) -> dict[int, tuple[str, str]]:
+    """The path's labels, each moved to its marker's other side where it would cover another marker of its level
+    and that side is clear (a reader found '␣property' hidden under '␣aspect'); the last one keeps its side, which
+    the bonus star steps away from."""
+    scale, groups, out = (TREE_WIDTH - 20) / (X_RANGE[1] - X_RANGE[0]), node_group(ev), dict(labels)
+    for node in ev.accepted[1:-1]:
+        text, side = labels[node]
+        x, r = layout.x[node] * scale, marker_px(groups[node], level_px) / 2
+        others = [(layout.x[i] * scale, marker_px(groups[i], level_px) / 2) for i in range(1, len(ev.tokens))
+                  if i != node and ev.depths[i] == ev.depths[node]]
+
+        def covers(where: str) -> bool:
+            left, right = _label_span(x, r, label_px(text), where)
+            return any(a - q < right and left < a + q for a, q in others)
+
+        other = {"middle right": "middle left", "middle left": "middle right"}.get(side)
+        if other and covers(side) and not covers(other):
+            out[node] = (text, other)
+    return out
+
+
 def tree_labels(ev: StepEvent, token_text: TokenText) -> dict[int, str]:
     """Node -> its label (HTML-escaped) for the root, the accepted path and the bonus (BONUS_NODE): the nodes a
     lecture hall reads; every other node shows its token on hover only."""
@@ -240,7 +262,7 @@ def tree_figure(ev: StepEvent | None, token_text: TokenText, height: int = TREE_
     depth = drawn_depth(ev)
     level, y_range = tree_levels(depth, height - TITLE_PX - bottom)
     positions, star = label_positions(ev, layout, level)
-    labels = {node: (texts[node], side) for node, side in positions.items()}
+    labels = clear_of_markers(ev, layout, level, {node: (texts[node], side) for node, side in positions.items()})
     labels.update(rejected_labels(ev, layout, level, depth, labels, star, token_text))
     _add_edges(fig, ev, layout, depth)
     for group, nodes in node_groups(ev).items():

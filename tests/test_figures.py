@@ -292,9 +292,12 @@ def test_the_80_node_tree_labels_its_root_accepted_path_and_bonus_and_every_node
     fig.to_plotly()
 
 
-def test_a_label_stands_away_from_the_edge_into_its_node_and_the_root_is_labelled_above():
+def test_a_label_stands_away_from_the_edge_into_its_node_and_the_root_is_labelled_above(monkeypatch):
+    """The rule before a label moves off a marker it would cover (test_a_path_label_moves_off_a_sibling_marker...)."""
+    import present.tree as tree
     from present.tree import UNDER_X, X_RANGE
 
+    monkeypatch.setattr(tree, "clear_of_markers", lambda ev, layout, level, labels: labels)
     for turns in ((0, 1, 0), (1, 0), (7,), (0, 0, 1)):
         ev = paper_tree_event(turns, 17)
         layout = tree_layout(tuple(ev.parents), tuple(ev.ranks))
@@ -1064,3 +1067,24 @@ def test_a_run_starts_at_its_first_word_not_at_the_space_before_it():
     assert '<span class="tr-run-b tr-run-current"> light</span>' not in out
     assert ' <span class="tr-run-b tr-run-current">light</span>' in out
     assert re.sub(r"<[^>]+>", "", out) == "Blue light scatters more"
+
+
+def test_a_path_label_moves_off_a_sibling_marker_it_would_cover():
+    """A reader found '␣property' hidden under '␣aspect': a path label that would cover another marker of its level
+    stands on its marker's other side where that is clear (the path's last keeps its side: the star steps from it)."""
+    from present.tree import X_RANGE, TREE_WIDTH, marker_px, label_px
+
+    # root -> A (rank 0, six children), B (rank 1, on the path, one child C), D (rank 2): B and D stand close
+    parents = [-1, 0, 0, 0] + [1] * 6 + [2]
+    ranks = [-1, 0, 1, 2] + list(range(6)) + [0]
+    tokens = [0, 1, 4, 5, 10, 11, 12, 13, 14, 15, 2]
+    depths = [0, 1, 1, 1] + [2] * 7
+    ev = StepEvent(step=0, position=10, tokens=tokens, parents=parents, depths=depths, ranks=ranks,
+                   accepted=[0, 2, 10], emitted=[4, 2, 8], bonus=8, timings={"total": 10.0}, template="tiny")
+    words = {4: " aspect", 5: " property"}
+    fig = tree_figure(ev, lambda t: words.get(t, text_of(t)))
+    layout = tree_layout(tuple(parents), tuple(ranks))
+    scale = (TREE_WIDTH - 20) / (X_RANGE[1] - X_RANGE[0])
+    assert (layout.x[3] - layout.x[2]) * scale < label_px(" aspect") + marker_px("accepted", 80)  # it would cover
+    assert layout.x[2] > layout.x[0]  # the edge comes in from the left: its label went right before
+    assert drawn_labels(fig)[2][1] == "middle left"

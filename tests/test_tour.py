@@ -95,7 +95,7 @@ def test_the_screens_agree_with_the_step_and_the_meter(trace):
     measured.speed["step_ms"] = [[len(ev.tokens), 60.0, 7], [1, 24.0, 3]]  # the meter's mean ms by step size
     chart = tour_screens(measured, i)[-1].picture  # the meter's cost curve: 60 ms / 25 ms, and this step's tokens
     assert "cost 2.4" in words_of(chart) and f"this step: {len(ev.emitted)} tokens" in words_of(chart)
-    assert "1.62× as fast as plain decoding" in words_of(chart) and "t(N)/t(1)" in words_of(chart)
+    assert "1.62× as fast as plain decoding" in words_of(chart) and "a step&#x27;s time ÷ a plain step&#x27;s" in words_of(chart)
     other = len(ev.tokens) + 1  # a size the meter timed once: noise, left off the curve; this step's own stays
     measured.speed["step_ms"] = [[len(ev.tokens), 60.0, 1], [other, 90.0, 1], [other + 1, 75.0, 3]]
     chart = tour_screens(measured, i)[-1].picture
@@ -319,6 +319,28 @@ def test_the_papers_80_node_tree_keeps_its_labels_apart_and_its_whole_path_named
         radii = [float(r) for r in re.findall(r'<circle [^>]*r="([\d.]+)"', drawn)]
         assert min(radii) >= 4 and (max(radii) == 15)  # the root's 11 + 4
         assert sorted(radii).count(11.0) >= (len(ev.accepted) - 1 if verdict else 0)
+
+
+def test_the_papers_tree_folds_its_deep_levels_into_counts_beside_their_branches():
+    """Readers found the paper's levels 3 to 6 merged into bars of markers: a tree of more than FOLD_OVER nodes
+    draws its first FOLD_DEPTH levels (and, after the verdict, its path), every other draft counted as "+n" where
+    its branch goes on; the counts add up to the drafts not drawn, and the columns widen to the levels drawn."""
+    from test_figures import paper_tree_event
+
+    from present.tour_pictures import FOLD_DEPTH, tree_svg
+
+    ev = paper_tree_event((0, 1, 0, 0, 0))
+    names = {i: f"w{i}" for i in range(len(ev.tokens))}
+    token_text = lambda t: names[ev.tokens.index(t)] if t in ev.tokens else "bonus"  # noqa: E731
+    for verdict in (False, True):
+        drawn = tree_svg(ev, token_text, verdict=verdict, mask=verdict)
+        counts = [int(n) for n in re.findall(r'>\+(\d+)</text>', drawn)]
+        kept = [i for i in range(len(ev.tokens)) if ev.depths[i] <= FOLD_DEPTH or (verdict and i in ev.accepted)]
+        assert sum(counts) == len(ev.tokens) - len(kept) > 0, (verdict, counts)
+        markers = re.findall(r'<circle ', drawn)
+        assert len(markers) == len(kept) + 1, (verdict, len(markers), len(kept))  # and the legend's "from the matrix"
+        if not verdict:  # three columns (two levels and the counts) across the picture: labels of 12 letters
+            assert re.search(r'>w\d+</text>', drawn) and "+n" in drawn and "not drawn" in drawn
 
 
 def test_the_cost_chart_ticks_the_largest_size_it_timed():
