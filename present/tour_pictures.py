@@ -296,8 +296,9 @@ def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mas
     levels, groups, on_path = min(max(ev.depths, default=0), MAX_LEVELS), node_group(ev), set(ev.accepted)
     shown, counts = folded(ev, [i for i in range(len(ev.tokens)) if ev.depths[i] <= levels],
                            on_path if verdict else set())
+    marks = {} if verdict else counts  # beside the verdict's path, one total (a branch's count split along it)
     tail = verdict and (ev.bonus is not None or levels < max(ev.depths, default=0))
-    span = max([ev.depths[i] for i in shown] + [ev.depths[a] + 1 for a in counts])  # the columns drawn
+    span = max([ev.depths[i] for i in shown] + [ev.depths[a] + 1 for a in marks])  # the columns drawn
     col = min(380.0, (540.0 if mask else 930.0) / max(span + tail, 1))
     chars = max(3, min(12, int((col - 40) / 14.5)))  # bold path labels run about 14 px a character
     layout = tree_layout(tuple(ev.parents), tuple(ev.ranks), SPREAD)
@@ -311,7 +312,9 @@ def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mas
             f'y2="{xy[i][1]:.0f}" stroke="{ACCEPTED_COLOUR if i in path else REJECTED_COLOUR}" '
             f'stroke-width="{5 if i in path else 2}"/>' for i in shown if i]
     body.append(path_end(ev, token_text, xy, col, chars, verdict, named=not strip, folded=sum(counts.values())))
-    body += [text(x + col, y, f"+{n}", SMALL, REJECTED_TEXT, "middle") for x, y, n in count_marks(counts, xy)]
+    body += [text(x + col, y, f"+{n}", SMALL, REJECTED_TEXT, "middle") for x, y, n in count_marks(marks, xy)]
+    if counts and verdict:
+        body.append(text(20, 418, f"+ {sum(counts.values())} more drafts, not drawn", SMALL, REJECTED_TEXT, "start"))
     r = marker_radius([xy[i][1] for i in shown if i], [ev.depths[i] for i in shown if i])
     body += [shape("root" if i == 0 else node_source(ev, i) or "matrix", *xy[i], node_fill(groups[i], verdict),
                    11 if i in path or i == 0 else r)
@@ -326,7 +329,7 @@ def tree_svg(ev: StepEvent, token_text: Callable[[int], str], verdict: bool, mas
         ink = REJECTED_TEXT if verdict and groups[i] == "rejected" else INK
         body.append(text(xy[i][0] + 18, xy[i][1], visible_token(token_text(ev.tokens[i]), chars), 22, ink, "start",
                          i in path, True))
-    body.append(tree_legend(ev, verdict and levels == max(ev.depths, default=0), verdict, bool(counts)))
+    body.append(tree_legend(ev, verdict and levels == max(ev.depths, default=0), verdict, bool(marks)))
     if mask:
         body.append(mask_svg(ev, token_text, W - MASK_W - 10, MASK_W))
     return svg("".join(body))
@@ -464,7 +467,7 @@ def tree_legend(ev: StepEvent, bonus_drawn: bool, verdict: bool, counted: bool =
     elif len(ev.tokens) > 1:
         items.append(("swatch", DRAFT, "not checked yet"))
     if counted:
-        items.append(("count", REJECTED_TEXT, "not drawn"))
+        items.append(("count", REJECTED_TEXT, "deeper drafts, not drawn"))
     first_shape = len(items)
     items += [(s, DRAFT, SOURCE_WORDS[s]) for s in draft_sources(ev)]
     body, x = [], 20.0
