@@ -20,7 +20,7 @@ from .tree_layout import TreeLayout, tree_layout
 
 # Where a draft token came from (StepEvent.sources), shown as the marker's symbol; colour keeps accepted/rejected.
 SOURCE_SYMBOLS = {"root": "circle", "matrix": "circle", "context": "square", "both": "diamond"}
-SOURCE_NAMES = {"matrix": "shape: from the matrix", "context": "shape: copied from the context",
+SOURCE_NAMES = {"matrix": "shape: from the matrix", "context": "shape: copied from earlier text",
                 "both": "shape: from the matrix and copied"}  # the legend draws each with its marker symbol in front
 # ("shape:": a reader found no drawn node like the outlined key, whatever its colour); not
 # "matrix + context", the name of the drafting setting whose trees hold all three

@@ -446,7 +446,7 @@ def test_hybrid_steps_keep_their_sources_live_in_the_trace_and_in_replays(tmp_pa
     def shows_sources(fig) -> bool:
         names = {t.get("name") for t in fig.traces}
         hover = " ".join(h for t in fig.traces for h in t.get("hovertext", []))
-        return ({"shape: copied from the context", "shape: from the matrix and copied"} <= names and "and the matrix (candidate #0)" in hover
+        return ({"shape: copied from earlier text", "shape: from the matrix and copied"} <= names and "and the matrix (candidate #0)" in hover
                 and "copied from the prompt, its 4th token, in a run from its 3rd (after a 2-token match)" in hover)
 
     assert all(shows_sources(fig) for fig in live)  # live steps

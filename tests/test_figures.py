@@ -175,14 +175,14 @@ def test_tree_figure_shows_where_each_draft_token_came_from():
     assert nodes["accepted"]["customdata"] == [1, 3]
     assert nodes["rejected"]["marker"]["color"] == REJECTED_COLOUR
     names = legend_names(fig)
-    for name in ("shape: from the matrix", "shape: copied from the context", "shape: from the matrix and copied", "accepted",
+    for name in ("shape: from the matrix", "shape: copied from earlier text", "shape: from the matrix and copied", "accepted",
                  "rejected", "root (last committed token)", "bonus token"):
         assert names.count(name) == 1, name
     keys = {t["name"]: t["marker"]["symbol"] for t in fig.traces if t.get("mode") == "markers"}
     # one rule (a reader took the page's light grey "from the matrix" circle for the tour's grey "rejected"; later
     # ones found no drawn node like an outlined key): shape = where from, its key filled in one dark neutral colour
     # after "shape:"; colour = the verdict, its key a stroke of no shape; the bonus an amber star
-    assert keys == {"shape: from the matrix": "circle", "shape: copied from the context": "square",
+    assert keys == {"shape: from the matrix": "circle", "shape: copied from earlier text": "square",
                     "shape: from the matrix and copied": "diamond", "bonus token": "star"}
     shapes = [t["marker"] for t in fig.traces if t.get("name") in SOURCE_NAMES.values()]
     assert {m["color"] for m in shapes} == {SHAPE_LEGEND} and SHAPE_LEGEND not in (REJECTED_COLOUR, ACCEPTED_COLOUR)
