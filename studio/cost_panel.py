@@ -267,7 +267,7 @@ def brief_note(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None
     if n <= 1 or not _usable(curve) or speed_state(speed) == "noisy" or not curve.metered:
         return ""
     c = round(curve.cost(n), 2)
-    return f"Under 1: {UNDER_ONE}." if c < 1 else ""
+    return "Under 1: this step ran faster than a plain step here." if c < 1 else ""
 
 
 def cost_html(ev: StepEvent | None, curve: CostCurve | None, trace: Trace | None = None) -> str:

@@ -28,7 +28,7 @@ from .session import Session, Studio, decode_slot, new_session
 from .page_js import (CHAT_FOLLOW_JS, DOWNLOAD_JS, MICROSCOPE_JS, PRESENT_FROM_URL_JS, PRESENT_JS, PRESENT_LABELS,
                       RACE_JS, SIDES_INSTALL_JS, TOUR_INSTALL_JS, TOUR_OPEN_JS)
 from .settings import parse_settings
-from .texts import DRAFTING, EXAMPLES, HOW_IT_WORKS, PAPER, PAPER_SHORT, WHY_NUMBERS
+from .texts import DRAFTING, DRAFTING_INFO, EXAMPLES, HOW_IT_WORKS, PAPER, PAPER_SHORT, WHY_NUMBERS
 from .views import KEYS, blank_views, matrix_info
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
@@ -125,9 +125,9 @@ def _chat_panel(ui: dict, template: str) -> None:
         ui["race_btn"] = gr.Button("⚑ Race", scale=1, min_width=80, elem_id="tr-race")
     ui["decoding"] = gr.HTML("", elem_id="tr-decoding")  # greedy or sampling: said where the answer is
     ui["status"] = gr.Markdown("", elem_id="tr-status", latex_delimiters=[])
-    ui["drafting"] = gr.Radio([(label, name) for name, label, _ in DRAFTING], label="Drafting",
-                              value=template if template in {name for name, _, _ in DRAFTING} else None,
-                              info=" ".join(f"{label}: {why}" for _, label, why in DRAFTING), elem_id="tr-drafting")
+    ui["drafting"] = gr.Radio([(label, name) for name, label in DRAFTING], label="Drafting",
+                              value=template if template in {name for name, _ in DRAFTING} else None,
+                              info=DRAFTING_INFO, elem_id="tr-drafting")
     ui["examples"] = gr.Dataset(components=[gr.Textbox(visible=False)], samples=[[t] for _, t in EXAMPLES],
                                 sample_labels=[lab for lab, _ in EXAMPLES], type="index", label="Examples",
                                 elem_id="tr-examples", samples_per_page=6)
@@ -351,7 +351,7 @@ def _wire(demo: gr.Blocks, studio: Studio, registry: Registry, ui: dict) -> None
     # the drafting switch and the template dropdown show the same choice (`input`: a visitor's change only, no loop)
     ui["drafting"].input(lambda name: name, inputs=ui["drafting"], outputs=ui["template"], queue=False,
                          api_visibility="private")
-    names = {name for name, _, _ in DRAFTING}
+    names = {name for name, _ in DRAFTING}
     ui["template"].input(lambda name: name if name in names else None, inputs=ui["template"],
                          outputs=ui["drafting"], queue=False, api_visibility="private")
     ui["reset"].click(_simple(registry, ui, h.reset_matrix), inputs=state, outputs=outs, api_name="reset_matrix")
