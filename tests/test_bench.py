@@ -336,7 +336,7 @@ def test_the_results_grid_reads_a_folder_of_runs_and_profiles(tmp_path):
     text = tables.folder_tables(tmp_path)
     assert "| method | development, 1 thread | development, 2 threads | harder, 2 threads |" in text
     assert "| plain decoding, tokens/s | 20.0 | 20.0 | 20.0 |" in text
-    assert ("| Token Recycling, `hybrid` (matrix + context; the CPU default) | 1.50x (2.50) | 2.90x ⚠ noisy (2.50) | "
+    assert ("| Token Recycling, `hybrid` (the page's Matrix + context; the CPU default) | 1.50x (2.50) | 2.90x ⚠ noisy (2.50) | "
             "1.25x (2.50) |") in text and "load changed" in text
     assert "| answers identical to plain decoding's | 2/3 | 3/3 | 3/3 |" in text and "0.50x" not in text
     assert "| Zen, 2 threads | 40.0 (38.0) | 1.25 |" in text

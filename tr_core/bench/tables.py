@@ -21,8 +21,8 @@ PROFILE_NAME = re.compile(r"^profile-(?P<machine>[a-z]+)-(?P<threads>\d+)t$")  #
 CONCURRENCY_NAME = re.compile(r"^(?P<machine>[a-z]+)-(?P<threads>\d+)t-concurrency(?P<rows>\d+)$")  # -concurrency8
 QUESTION_SETS = {"dev": "development", "harder": "harder"}
 LABELS = {  # the rows of the grid; other methods show their own name
-    "recycling[adaptive]": "Token Recycling, `adaptive` (the matrix alone)",
-    "recycling[hybrid]": "Token Recycling, `hybrid` (matrix + context; the CPU default)",
+    "recycling[adaptive]": "Token Recycling, `adaptive` (the page's Matrix only)",
+    "recycling[hybrid]": "Token Recycling, `hybrid` (the page's Matrix + context; the CPU default)",
     "hf": "transformers `generate`",
     "pld": "prompt lookup decoding (transformers)",
 }
