@@ -39,9 +39,9 @@ def tree_layout(parents: tuple[int, ...], ranks: tuple[int, ...] | None = None, 
     middle of its band. So a node's children sit under it, no two edges cross, and two nodes of one depth are at
     least a slot apart. `spread` < 1 shares a band by leaves ** spread instead: a big subtree gives its small
     siblings room (the paper's 80-node tree: its first candidate's subtree held most leaves, and five of the
-    root's eight candidates stood too close to be named). A node alone at its depth stands under its parent (or steps toward LONE_X, where its label
-    has room on either side, _stepped_in): a long copied run hangs straight down from where it starts. Every node
-    under it is its descendant, so its band is the whole width again.
+    root's eight candidates stood too close to be named). A node alone at its depth stands under its parent (or
+    steps toward LONE_X, where its label has room on either side, _stepped_in): a long copied run hangs straight
+    down from where it starts. Every node under it is its descendant, so its band is the whole width again.
     """
     n = len(parents)
     graph = nx.DiGraph()

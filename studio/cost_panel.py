@@ -254,20 +254,26 @@ def cost_brief(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None
                 + ("was timed on a busy machine: not shown" if busy else "was not measured here"))
     if speed_state(speed) == "noisy":
         return f"Cost: {n} tokens in one forward gained {_tokens(gained)}; no speed claimed: the meter says too noisy"
-    c = round(curve.cost(n), 2)  # as cost_text
+    c = shown_cost(ev, curve, speed)
     unit, kind = ("a plain step's time", "timed by the meter") if curve.metered else ("one token's", "estimate")
     return (f"Cost: {n - 1} drafted + the last token in one forward = {c:.2f}× {unit}; gained {gained} → this step alone ≈ "
             f"{gained} ÷ {c:.2f} = {gained / c:.2f}× plain speed ({kind})")
 
 
-def brief_note(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None) -> str:
-    """The sentence after cost_brief that says why its cost is under 1 ("" when it is not, or none is shown); the
-    page shows it, the presentation view has no room for it (assets/studio.css)."""
+def shown_cost(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None) -> float | None:
+    """The step's cost as cost_brief prints it (rounded as cost_text, so that the division on screen is exact), or
+    None where it prints none (no draft, no usable curve, a noisy meter)."""
     n = len(ev.tokens)
-    if n <= 1 or not _usable(curve) or speed_state(speed) == "noisy" or not curve.metered:
-        return ""
-    c = round(curve.cost(n), 2)
-    return "Under 1: this step ran faster than a plain step here." if c < 1 else ""
+    if n <= 1 or not _usable(curve) or speed_state(speed) == "noisy":
+        return None
+    return round(curve.cost(n), 2)
+
+
+def brief_note(ev: StepEvent, curve: CostCurve | None, speed: dict | None = None) -> str:
+    """The sentence after cost_brief that says why its cost is under 1 ("" when it is not, or none is shown; only
+    the meter's costs go under 1); the page shows it, the presentation view has no room for it (assets/studio.css)."""
+    c = shown_cost(ev, curve, speed)
+    return "Under 1: this step ran faster than a plain step here." if c is not None and c < 1 else ""
 
 
 def cost_html(ev: StepEvent | None, curve: CostCurve | None, trace: Trace | None = None) -> str:

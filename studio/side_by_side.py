@@ -15,7 +15,7 @@ from typing import Any
 
 from present.chart import draft_credit
 from present.glossary import gloss
-from present.meter import identity_words, ratio_class
+from present.meter import METHOD_NAMES, identity_words, ratio_class
 from present.sides import best_step, pays_svg, silhouette_svg
 from present.tour import step_cost, telling_index, tour_html
 from tr_core.config import DecodeConfig
@@ -133,7 +133,7 @@ def card_tour(run: MethodRun, answer: Trace | None, token_text: Callable[[int], 
     return tour_html(method_trace(run, answer, token_text), telling_index(run.steps))  # its recorded texts
 
 
-SHORT = {PAPER: "Paper's 80-node tree", SIZED: "Matrix only", HYBRID: "Matrix + context"}  # the drafting choices
+SHORT = {t: METHOD_NAMES[t] for t in (PAPER, SIZED, HYBRID)}  # as the drafting choices name them
 
 
 def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool | None, tokens: int,

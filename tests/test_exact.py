@@ -267,7 +267,7 @@ def test_a_layout_is_probed_once_per_process(monkeypatch):
 
 def test_a_prompts_forward_takes_the_models_dtype_and_the_steps_float64(monkeypatch):
     """Exact mode runs a prompt's forward (all but its last token) in the model's dtype through the library's
-    products (invariant.relaxed: 1.8x faster there), and every step, the first included, in float64 attention
+    products (invariant.relaxed: 1.4-1.8x faster there), and every step, the first included, in float64 attention
     through row-invariant products; plain decoding's first step is a forward of its own, as a tree's is."""
     model = raw("llama", torch.bfloat16)
     engine = Engine(model, TinyTokenizer(TINY_VOCAB), exact=True)

@@ -162,8 +162,9 @@ def relaxed() -> Iterator[None]:
     """This thread's forwards in the block take the library's products and attention in the model's dtype: a
     prompt's forward (all but its last token). Plain decoding and every tree run it alike, with the same rows, and
     no other forward's rows are compared with its rows, so it needs no row-invariant products; the prompt's last
-    token goes through the first step's forward, which has them. 1.8x faster than float64 attention and chunked
-    products over 298 prompt tokens (SmolLM2-135M in bfloat16, 2 AMD EPYC cores, 2026-12-07)."""
+    token goes through the first step's forward, which has them. 1.4-1.8x faster than float64 attention and chunked
+    products over 298 prompt tokens (SmolLM2-135M in bfloat16, 2 AMD EPYC cores, 2026-12-07, two runs). A batch in
+    exact mode runs each prompt's forward alone (batch.prefill_together), so that its rows equal those alone."""
     _RELAXED.depth = getattr(_RELAXED, "depth", 0) + 1
     try:
         yield

@@ -130,9 +130,8 @@ class ModelRunner:
         positions = torch.arange(start, start + ids.shape[1], device=self.device)[None].expand(len(rows), -1)
         keep = sorted({n - 1 for n in lengths})  # the positions whose logits are read, shared by all rows
         cache = TreeKVCache() if past is None else repeated_cache(past, len(rows), start, start + ids.shape[1])
-        with invariant.relaxed():
-            logits = self.model(input_ids=ids, position_ids=positions, attention_mask=None, use_cache=True,
-                                logits_to_keep=torch.tensor(keep, device=self.device), **{self.cache_arg: cache}).logits
+        logits = self.model(input_ids=ids, position_ids=positions, attention_mask=None, use_cache=True,
+                            logits_to_keep=torch.tensor(keep, device=self.device), **{self.cache_arg: cache}).logits
         pick = torch.tensor([keep.index(n - 1) for n in lengths], device=self.device)
         return logits[torch.arange(len(rows), device=self.device), pick], cache
 
