@@ -102,6 +102,34 @@ def test_the_probe_rejects_a_product_whose_rows_depend_on_the_count(monkeypatch)
     assert not Engine(raw("llama", torch.bfloat16), TinyTokenizer(TINY_VOCAB), exact=True).exact
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_each_row_alone_multiplies_as_the_library_does_and_keeps_its_bits_at_any_count(dtype):
+    """bmm_product: each row its own product in one batched call, so a row's bits do not move with the count."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(40, 24, generator=g).to(dtype)
+    chunking = invariant.Chunking(invariant.ANY, 8, invariant.BMM)
+    x = torch.randn(19, 24, generator=g).to(dtype)
+    out = invariant.chunked_linear(x, w, None, 19, chunking, invariant.bmm_product)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(out.float(), F.linear(x, w).float(), rtol=tol, atol=tol)
+    assert invariant.is_row_invariant(w, chunking, invariant.bmm_product)
+    assert "each row alone" in chunking.describe()
+
+
+def test_without_a_whole_product_the_fastest_invariant_fallback_is_chosen(monkeypatch):
+    """No FAST chunking holds: the fallbacks are timed, and the cheapest that is row-invariant wins, not the first
+    listed; one that is cheaper but not invariant is passed over."""
+    costs = {(invariant.BMM, 32): 3.0, (invariant.MM, 32): 4.0, (invariant.MM, 16): 1.0, (invariant.MM, 8): 2.0}
+    real = invariant.is_row_invariant
+    monkeypatch.setattr(invariant, "FAST", ())
+    monkeypatch.setattr(invariant, "_CHOSEN", {})
+    monkeypatch.setattr(invariant, "fallback_cost", lambda samples, c, product: costs[(c.product, c.width)])
+    monkeypatch.setattr(invariant, "is_row_invariant",
+                        lambda w, c, product=invariant.mm_product: c.width != 16 and real(w, c, product))
+    chosen = invariant.choose([torch.randn(8, 8), torch.randn(8, 8)])
+    assert (chosen.product, chosen.kind, chosen.width) == (invariant.MM, invariant.PADDED, 8)
+
+
 @pytest.mark.parametrize("softcap", [None, 30.0])
 @pytest.mark.parametrize("masked", ["none", "additive", "bool"])
 def test_float64_attention_agrees_with_eager_attention(masked, softcap):

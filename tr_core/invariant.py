@@ -4,7 +4,8 @@ A tree forward multiplies N rows at once, plain decoding one; most BLAS kernels 
 row count, and in bfloat16 near ties between the two best tokens then flip (docs/exactness.md). Exact mode routes
 both through products whose rows do not depend on how many share them:
 - linear layers in chunks of at most `width` rows, a product this machine's kernels were *probed* to round the
-  same at every count up to `width` (`choose`), on the model's own layer shapes;
+  same at every count up to `width` (`choose`), on the model's own layer shapes: whole matrix products where they
+  hold, else the faster here of each row alone (`bmm_product`) and chunks padded to a fixed width;
 - attention in float64, where q.k of bfloat16 or float32 inputs is exact and a sum's order moves it by 1e-16,
   rounded back to the model's dtype (`attention`); the KV cache stores its entries in float64 meanwhile (exactly:
   they are bfloat16 or float32 values), so that each forward converts only its new entries (`wide_storage`).
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,12 +29,16 @@ NAME = "tr_row_invariant"  # the attention implementation registered with transf
 # chunks of any count up to width (ANY: one row as it is; RAGGED: one row as two, off the matrix-vector path), or
 # padded to width
 ANY, RAGGED, PADDED = "any", "ragged", "padded"
-MM, ONEDNN = "mm", "onednn"  # W @ c^T by torch.mm, or oneDNN on weights packed once (kernels.py supplies it)
-# tried in this order, the first row-invariant on every layer shape is used: oneDNN is the fastest tree product on
-# CPUs that have it; fixed widths (padded) are the batch-invariant fallback for BLAS whose rows depend on the count
-CANDIDATES = ((ONEDNN, ANY, 32), (ONEDNN, RAGGED, 32), (MM, RAGGED, 64), (MM, RAGGED, 32), (MM, RAGGED, 16),
-              (MM, PADDED, 32),
-              (MM, PADDED, 16), (MM, PADDED, 8))
+MM, ONEDNN, BMM = "mm", "onednn", "bmm"  # W @ c^T by torch.mm, by oneDNN on weights packed once (kernels.py
+# supplies it), or each row alone in one batched call (bmm_product)
+# the first of FAST row-invariant on every layer shape is used: oneDNN is the fastest tree product on CPUs that
+# have it, then whole matrix products of ragged chunks
+FAST = ((ONEDNN, ANY, 32), (ONEDNN, RAGGED, 32), (MM, RAGGED, 64), (MM, RAGGED, 32), (MM, RAGGED, 16))
+# else the fastest of these that is row-invariant, timed on this device (`fallback_cost`): each row alone (a CPU
+# without bfloat16 matrix products multiplies a row at a time anyway), or chunks padded to a fixed width (the
+# batch-invariant way, cheap where a product of 32 rows costs about one of 1, as on a GPU)
+FALLBACKS = ((BMM, ANY, 32), (MM, PADDED, 32), (MM, PADDED, 16), (MM, PADDED, 8))
+CANDIDATES = FAST + FALLBACKS
 Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (chunk [n, d], weight [out, d]) -> [n, out]
 
 
@@ -44,12 +51,21 @@ class Chunking:
     product: str = MM
 
     def describe(self) -> str:
+        if self.product == BMM:
+            return f"row-invariant products: each row alone, {self.width} rows a batched call (probed on this device)"
         how = {ANY: "any count up to", RAGGED: "any count (one row as two) up to"}.get(self.kind, "padded to")
         return f"row-invariant products: {self.product}, chunks of {how} {self.width} rows (probed on this device)"
 
 
 def mm_product(chunk: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.mm(weight, chunk.t()).t()
+
+
+def bmm_product(chunk: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Each row of chunk [n, d] times weight^T on its own, in one batched call: no two rows share a sum, so a row
+    gets the same bits at any n wherever the batched kernel multiplies its batch entries alike (probed)."""
+    n = chunk.shape[0]
+    return torch.bmm(chunk.unsqueeze(1), weight.t().unsqueeze(0).expand(n, -1, -1)).squeeze(1)
 
 
 def chunked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int,
@@ -94,10 +110,12 @@ def is_row_invariant(weight: torch.Tensor, chunking: Chunking, product: Product 
 
 
 def choose(weights: list[torch.Tensor], products: dict[str, Product] | None = None) -> Chunking | None:
-    """The first chunking of CANDIDATES, among `products` (default: torch.mm), that is row-invariant on every
-    distinct layer shape of `weights` (None: none is)."""
-    products = products or {MM: mm_product}
-    layouts = tuple(sorted({(tuple(w.shape), w.stride(), w.dtype, w.device) for w in weights}, key=str))
+    """The chunking exact mode multiplies `weights` by, among `products` (default: torch.mm and bmm_product): the
+    first of FAST that is row-invariant on every distinct layer shape, else the fastest of FALLBACKS here that is
+    (None: none is)."""
+    products = products or {MM: mm_product, BMM: bmm_product}
+    layers = Counter((tuple(w.shape), w.stride(), w.dtype, w.device) for w in weights)
+    layouts = tuple(sorted(layers.items(), key=str))
     key = (layouts, tuple(sorted(products)))
     if key not in _CHOSEN:  # the probe depends only on the layouts and products: once per process
         _CHOSEN[key] = _probe(layouts, products)
@@ -108,13 +126,45 @@ _CHOSEN: dict[tuple, Chunking | None] = {}
 
 
 def _probe(layouts: tuple, products: dict[str, Product]) -> Chunking | None:
-    samples = [torch.empty_strided(shape, stride, dtype=dtype, device=device).normal_(0, 0.05)
-               for shape, stride, dtype, device in layouts]
-    for name, kind, width in CANDIDATES:
-        chunking = Chunking(kind, width, name)
-        if name in products and all(is_row_invariant(w, chunking, products[name]) for w in samples):
-            return chunking
-    return None
+    samples = [(torch.empty_strided(shape, stride, dtype=dtype, device=device).normal_(0, 0.05), count)
+               for (shape, stride, dtype, device), count in layouts]
+
+    def holds(chunking: Chunking) -> bool:
+        return chunking.product in products and all(is_row_invariant(w, chunking, products[chunking.product])
+                                                    for w, _ in samples)
+
+    for name, kind, width in FAST:
+        if holds(Chunking(kind, width, name)):
+            return Chunking(kind, width, name)
+    offered = [Chunking(kind, width, name) for name, kind, width in FALLBACKS if name in products]
+    if len(offered) > 1:  # timed first (a probe of wide padded chunks takes longer than timing them)
+        offered.sort(key=lambda chunking: fallback_cost(samples, chunking, products[chunking.product]))
+    return next((chunking for chunking in offered if holds(chunking)), None)
+
+
+COST_ROWS = (1, 8)  # a plain step's row, and a tree's rows on a CPU: what a fallback is timed on
+
+
+def fallback_cost(samples: list[tuple[torch.Tensor, int]], chunking: Chunking, product: Product) -> float:
+    """Seconds one forward's products take by `chunking`, at each of COST_ROWS rows (their sum): every (weight,
+    number of layers of its shape), the median of 3 after a first call."""
+    total = 0.0
+    for weight, count in samples:
+        for rows in COST_ROWS:
+            x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+            times = []
+            for _ in range(4):
+                began = _now(weight.device)
+                chunked_linear(x, weight, None, rows, chunking, product)
+                times.append(_now(weight.device) - began)
+            total += count * sorted(times[1:])[1]
+    return total
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
