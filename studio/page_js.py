@@ -81,21 +81,40 @@ PRESENT_FROM_URL_JS = ("() => { if (new URLSearchParams(window.location.search).
 # The presentation view's chat follows the step shown: the answer's last message scrolls (its row clips, nothing
 # scrolls by hand) to put the outlined run of the step in the tree in sight, or its end while none is (readers saw
 # the tree's step and its text never on one screen).
+LINE_MARGIN = 4  # px shown above a line's top: the shown step's outline (2 px, 1 px off its text)
 CHAT_FOLLOW_JS = """() => { if (window.trChatFollow) return; window.trChatFollow = true;
+  const lines = (el, origin) => {  // each line's top of el's text, and its last line's bottom, in el's scrolled box
+    const range = document.createRange(), tops = [];
+    let bottom = 0;
+    range.selectNodeContents(el);
+    for (const r of range.getClientRects()) {
+      if (r.height < 4) continue;
+      const t = r.top - origin, near = tops.findIndex((u) => Math.abs(u - t) < 6);
+      if (near < 0) tops.push(t); else tops[near] = Math.min(tops[near], t);
+      bottom = Math.max(bottom, r.bottom - origin);
+    }
+    return {tops: tops.sort((a, b) => a - b), bottom};
+  };
   const follow = () => {
     if (!document.documentElement.classList.contains('tr-present')) return;
     const rows = document.querySelectorAll('#tr-chat .message-row.bot-row'), row = rows[rows.length - 1];
     if (!row) return;
-    const run = row.querySelector('.%s'), box = row.getBoundingClientRect();
-    let to = row.scrollHeight;
-    if (run) { const r = run.getBoundingClientRect(); to = row.scrollTop + r.top - box.top - (box.height - r.height) / 2; }
-    row.scrollTop = Math.max(0, Math.min(to, row.scrollHeight - row.clientHeight));
+    const run = row.querySelector('.%s'), box = row.getBoundingClientRect(), origin = box.top - row.scrollTop;
+    const {tops, bottom} = lines(row, origin), end = bottom - row.clientHeight;
+    if (end <= 0 || !tops.length) { row.scrollTop = 0; return; }
+    // the shown step's run in the middle, or the answer's end in view; snapped to a line's top, so that no line
+    // shows cut in half at the top (the answer's room below lets it scroll there)
+    let to = end;
+    if (run) { const r = run.getBoundingClientRect(); to = Math.min(end, r.top - origin - (box.height - r.height) / 2); }
+    const snap = (y) => tops.find((t) => t - %d >= y - 1);
+    const last = snap(end) ?? tops[tops.length - 1];
+    row.scrollTop = Math.max(0, Math.min(snap(to) ?? last, last) - %d);
   };
   const later = () => requestAnimationFrame(follow);
   const chat = document.querySelector('#tr-chat');
   if (chat) new MutationObserver(later).observe(chat, {subtree: true, childList: true, characterData: true,
                                                       attributes: true, attributeFilter: ['class']});
-  window.addEventListener('resize', later); }""" % CURRENT_RUN_CLASS
+  window.addEventListener('resize', later); }""" % (CURRENT_RUN_CLASS, LINE_MARGIN, LINE_MARGIN)
 
 # The side-by-side (studio/side_by_side.py) closes with its ✕ or Escape; a new comparison opens it again.
 SIDES_INSTALL_JS = """() => { if (window.trSidesInstalled) return; window.trSidesInstalled = true;

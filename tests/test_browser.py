@@ -433,12 +433,22 @@ CURRENT_RUN_JS = """() => { const run = document.querySelector('#tr-chat .tr-run
   return r && {top: r.top, bottom: r.bottom, rowTop: b.top, rowBottom: b.bottom}; }"""
 
 
+# The answer's lines that its box's top edge cuts through (the presentation view's chat): each line's rectangles.
+CUT_AT_TOP_JS = """() => { const rows = document.querySelectorAll('#tr-chat .message-row.bot-row');
+  const row = rows[rows.length - 1], top = row.getBoundingClientRect().top, range = document.createRange();
+  range.selectNodeContents(row);
+  return [...range.getClientRects()].filter((r) => r.height >= 4 && r.top < top - 1 && r.bottom > top + 1)
+    .map((r) => [r.top, r.bottom, top]); }"""
+
+
 def check_step_in_chat(page) -> None:
     """The presentation view's chat shows the run of the step in the tree (readers saw the tree's step and its
-    text never on one screen): the outlined run lies inside the answer's box."""
+    text never on one screen): the outlined run lies inside the answer's box, and no line shows cut in half at
+    the box's top (readers read half a line as hidden by the question)."""
     page.wait_for_timeout(300)  # the chat scrolls on the next frame after the update
     run = page.evaluate(CURRENT_RUN_JS)
     assert run and run["top"] >= run["rowTop"] - 0.5 and run["bottom"] <= run["rowBottom"] + 0.5, run
+    assert page.evaluate(CUT_AT_TOP_JS) == []
 
 
 # The paint references (url(...#id)) in the plots that point at another address than this page's: plotly writes the
