@@ -83,38 +83,46 @@ PRESENT_FROM_URL_JS = ("() => { if (new URLSearchParams(window.location.search).
 # the tree's step and its text never on one screen).
 LINE_MARGIN = 4  # px shown above a line's top: the shown step's outline (2 px, 1 px off its text)
 CHAT_FOLLOW_JS = """() => { if (window.trChatFollow) return; window.trChatFollow = true;
-  const lines = (el, origin) => {  // each line's top of el's text, and its last line's bottom, in el's scrolled box
-    const range = document.createRange(), tops = [];
-    let bottom = 0;
-    range.selectNodeContents(el);
-    for (const r of range.getClientRects()) {
-      if (r.height < 4) continue;
-      const t = r.top - origin, near = tops.findIndex((u) => Math.abs(u - t) < 6);
-      if (near < 0) tops.push(t); else tops[near] = Math.min(tops[near], t);
-      bottom = Math.max(bottom, r.bottom - origin);
+  const lines = (el, origin) => {  // each line of el's text as [top, bottom], in el's scrolled box, top to bottom
+    const range = document.createRange(), found = [], walk = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+    const rects = [];  // the text's own boxes, a line's piece each (an element's box would span its lines)
+    for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+      range.selectNodeContents(node);
+      rects.push(...range.getClientRects());
     }
-    return {tops: tops.sort((a, b) => a - b), bottom};
+    for (const r of rects) {
+      if (r.height < 4) continue;
+      const t = r.top - origin, line = found.find((l) => Math.abs(l[0] - t) < 6);
+      if (line) { line[0] = Math.min(line[0], t); line[1] = Math.max(line[1], r.bottom - origin); }
+      else found.push([t, r.bottom - origin]);
+    }
+    return found.sort((a, b) => a[0] - b[0]);
   };
   const follow = () => {
     if (!document.documentElement.classList.contains('tr-present')) return;
     const rows = document.querySelectorAll('#tr-chat .message-row.bot-row'), row = rows[rows.length - 1];
     if (!row) return;
     const run = row.querySelector('.%s'), box = row.getBoundingClientRect(), origin = box.top - row.scrollTop;
-    const {tops, bottom} = lines(row, origin), end = bottom - row.clientHeight;
-    if (end <= 0 || !tops.length) { row.scrollTop = 0; return; }
+    const chatBox = document.querySelector('#tr-chat').getBoundingClientRect();
+    const seen = Math.min(box.bottom, chatBox.bottom) - box.top;  // the chat clips the row's foot
+    const found = lines(row, origin), end = (found.length ? found[found.length - 1][1] : 0) - seen;
     // the shown step's run in the middle, or the answer's end in view; snapped to a line's top, so that no line
-    // shows cut in half at the top (the answer's room below lets it scroll there)
-    let to = end;
-    if (run) { const r = run.getBoundingClientRect(); to = Math.min(end, r.top - origin - (box.height - r.height) / 2); }
-    const snap = (y) => tops.find((t) => t - %d >= y - 1);
-    const last = snap(end) ?? tops[tops.length - 1];
-    row.scrollTop = Math.max(0, Math.min(snap(to) ?? last, last) - %d);
+    // shows cut in half at the top (the answer's room below lets it scroll there), and the lines that do not fit
+    // whole at the bottom clipped off
+    let to = Math.max(end, 0);
+    if (run) { const r = run.getBoundingClientRect(); to = Math.min(to, r.top - origin - (seen - r.height) / 2); }
+    const snap = (y) => found.find((l) => l[0] - %d >= y - 1);
+    const last = snap(Math.max(end, 0)) || found[found.length - 1] || [%d, 0];
+    const top = Math.max(0, Math.min((snap(to) || last)[0], last[0]) - %d);
+    row.scrollTop = top;
+    const cut = found.find((l) => l[1] > top + seen + 0.5);
+    row.style.setProperty('--tr-cut', cut ? `${box.height - (cut[0] - top) + 2}px` : '0px');  // studio.css
   };
   const later = () => requestAnimationFrame(follow);
   const chat = document.querySelector('#tr-chat');
   if (chat) new MutationObserver(later).observe(chat, {subtree: true, childList: true, characterData: true,
                                                       attributes: true, attributeFilter: ['class']});
-  window.addEventListener('resize', later); }""" % (CURRENT_RUN_CLASS, LINE_MARGIN, LINE_MARGIN)
+  window.addEventListener('resize', later); }""" % (CURRENT_RUN_CLASS, LINE_MARGIN, LINE_MARGIN, LINE_MARGIN)
 
 # The side-by-side (studio/side_by_side.py) closes with its ✕ or Escape; a new comparison opens it again.
 SIDES_INSTALL_JS = """() => { if (window.trSidesInstalled) return; window.trSidesInstalled = true;

@@ -433,22 +433,33 @@ CURRENT_RUN_JS = """() => { const run = document.querySelector('#tr-chat .tr-run
   return r && {top: r.top, bottom: r.bottom, rowTop: b.top, rowBottom: b.bottom}; }"""
 
 
-# The answer's lines that its box's top edge cuts through (the presentation view's chat): each line's rectangles.
-CUT_AT_TOP_JS = """() => { const rows = document.querySelectorAll('#tr-chat .message-row.bot-row');
+# The answer's lines that its box's top edge, or its clip's bottom edge, cuts through (the presentation view's
+# chat), how many lines show whole, and where the clip ends.
+CUT_LINES_JS = """() => { const rows = document.querySelectorAll('#tr-chat .message-row.bot-row');
   const row = rows[rows.length - 1], top = row.getBoundingClientRect().top, range = document.createRange();
-  range.selectNodeContents(row);
-  return [...range.getClientRects()].filter((r) => r.height >= 4 && r.top < top - 1 && r.bottom > top + 1)
-    .map((r) => [r.top, r.bottom, top]); }"""
+  const walk = document.createTreeWalker(row, NodeFilter.SHOW_TEXT), rects = [];
+  for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+    range.selectNodeContents(node);
+    rects.push(...range.getClientRects());
+  }
+  const cut = parseFloat(getComputedStyle(row).getPropertyValue('--tr-cut')) || 0;
+  const bottom = Math.min(row.getBoundingClientRect().bottom - cut,  // what the clip and the chat leave
+    document.querySelector('#tr-chat').getBoundingClientRect().bottom);
+  const text = rects.filter((r) => r.height >= 4);
+  return {cut: text.filter((r) => (r.top < top - 1 && r.bottom > top + 1) || (r.top < bottom - 1 && r.bottom > bottom + 1))
+    .map((r) => [r.top, r.bottom, top, bottom]), shown: text.filter((r) => r.top >= top - 1 && r.bottom <= bottom + 1).length,
+    bottom}; }"""
 
 
 def check_step_in_chat(page) -> None:
     """The presentation view's chat shows the run of the step in the tree (readers saw the tree's step and its
     text never on one screen): the outlined run lies inside the answer's box, and no line shows cut in half at
-    the box's top (readers read half a line as hidden by the question)."""
+    the box's top or bottom (readers read half a line as hidden by the question)."""
     page.wait_for_timeout(300)  # the chat scrolls on the next frame after the update
     run = page.evaluate(CURRENT_RUN_JS)
     assert run and run["top"] >= run["rowTop"] - 0.5 and run["bottom"] <= run["rowBottom"] + 0.5, run
-    assert page.evaluate(CUT_AT_TOP_JS) == []
+    lines = page.evaluate(CUT_LINES_JS)
+    assert lines["cut"] == [] and lines["shown"] > 0 and run["bottom"] <= lines["bottom"] + 0.5, (lines, run)
 
 
 # The paint references (url(...#id)) in the plots that point at another address than this page's: plotly writes the
