@@ -105,14 +105,16 @@ CHAT_FOLLOW_JS = """() => { if (window.trChatFollow) return; window.trChatFollow
     const run = row.querySelector('.%s'), box = row.getBoundingClientRect(), origin = box.top - row.scrollTop;
     const chatBox = document.querySelector('#tr-chat').getBoundingClientRect();
     const seen = Math.min(box.bottom, chatBox.bottom) - box.top;  // the chat clips the row's foot
-    const found = lines(row, origin), end = (found.length ? found[found.length - 1][1] : 0) - seen;
+    const found = lines(row, origin);
+    if (!found.length) { row.scrollTop = 0; row.style.setProperty('--tr-cut', '0px'); return; }
+    const end = found[found.length - 1][1] - seen;
     // the shown step's run in the middle, or the answer's end in view; snapped to a line's top, so that no line
     // shows cut in half at the top (the answer's room below lets it scroll there), and the lines that do not fit
     // whole at the bottom clipped off
     let to = Math.max(end, 0);
     if (run) { const r = run.getBoundingClientRect(); to = Math.min(to, r.top - origin - (seen - r.height) / 2); }
     const snap = (y) => found.find((l) => l[0] - %d >= y - 1);
-    const last = snap(Math.max(end, 0)) || found[found.length - 1] || [%d, 0];
+    const last = snap(Math.max(end, 0)) || found[found.length - 1];
     const top = Math.max(0, Math.min((snap(to) || last)[0], last[0]) - %d);
     row.scrollTop = top;
     const cut = found.find((l) => l[1] > top + seen + 0.5);
@@ -122,7 +124,7 @@ CHAT_FOLLOW_JS = """() => { if (window.trChatFollow) return; window.trChatFollow
   const chat = document.querySelector('#tr-chat');
   if (chat) new MutationObserver(later).observe(chat, {subtree: true, childList: true, characterData: true,
                                                       attributes: true, attributeFilter: ['class']});
-  window.addEventListener('resize', later); }""" % (CURRENT_RUN_CLASS, LINE_MARGIN, LINE_MARGIN, LINE_MARGIN)
+  window.addEventListener('resize', later); }""" % (CURRENT_RUN_CLASS, LINE_MARGIN, LINE_MARGIN)
 
 # The side-by-side (studio/side_by_side.py) closes with its ✕ or Escape; a new comparison opens it again.
 SIDES_INSTALL_JS = """() => { if (window.trSidesInstalled) return; window.trSidesInstalled = true;

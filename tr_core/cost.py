@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .kv_cache import TreeKVCache
+from .machine import sync
 from .runner import ModelRunner
 from .tree import chain_tree
 
@@ -28,12 +29,6 @@ def interpolate(points: dict[int, float], n: float) -> float:
     lo, hi = sizes[i - 1], sizes[i]
     w = (n - lo) / (hi - lo)
     return points[lo] * (1 - w) + points[hi] * w
-
-
-def sync(device: torch.device) -> None:
-    """Wait for queued GPU work (no-op on a CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 STEADY_SPREAD = 0.25  # a curve whose repeats varied more than this (relative_spread) is not shown as fact

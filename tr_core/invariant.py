@@ -24,6 +24,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .machine import sync
+
 LOW_PRECISION = (torch.bfloat16, torch.float16)  # the dtypes exact mode is on in by default (near ties are common)
 NAME = "tr_row_invariant"  # the attention implementation registered with transformers while exact mode runs
 # chunks of any count up to width (ANY: one row as it is; RAGGED: one row as two, off the matrix-vector path), or
@@ -38,7 +40,6 @@ FAST = ((ONEDNN, ANY, 32), (ONEDNN, RAGGED, 32), (MM, RAGGED, 64), (MM, RAGGED, 
 # without bfloat16 matrix products multiplies a row at a time anyway), or chunks padded to a fixed width (the
 # batch-invariant way, cheap where a product of 32 rows costs about one of 1, as on a GPU)
 FALLBACKS = ((BMM, ANY, 32), (MM, PADDED, 32), (MM, PADDED, 16), (MM, PADDED, 8))
-CANDIDATES = FAST + FALLBACKS
 Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (chunk [n, d], weight [out, d]) -> [n, out]
 
 
@@ -66,6 +67,9 @@ def bmm_product(chunk: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     gets the same bits at any n wherever the batched kernel multiplies its batch entries alike (probed)."""
     n = chunk.shape[0]
     return torch.bmm(chunk.unsqueeze(1), weight.t().unsqueeze(0).expand(n, -1, -1)).squeeze(1)
+
+
+PRODUCTS: dict[str, Product] = {MM: mm_product, BMM: bmm_product}  # what every device has (kernels.py adds oneDNN)
 
 
 def chunked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int,
@@ -113,7 +117,7 @@ def choose(weights: list[torch.Tensor], products: dict[str, Product] | None = No
     """The chunking exact mode multiplies `weights` by, among `products` (default: torch.mm and bmm_product): the
     first of FAST that is row-invariant on every distinct layer shape, else the fastest of FALLBACKS here that is
     (None: none is)."""
-    products = products or {MM: mm_product, BMM: bmm_product}
+    products = products or PRODUCTS
     layers = Counter((tuple(w.shape), w.stride(), w.dtype, w.device) for w in weights)
     layouts = tuple(sorted(layers.items(), key=str))
     key = (layouts, tuple(sorted(products)))
@@ -133,9 +137,10 @@ def _probe(layouts: tuple, products: dict[str, Product]) -> Chunking | None:
         return chunking.product in products and all(is_row_invariant(w, chunking, products[chunking.product])
                                                     for w, _ in samples)
 
-    for name, kind, width in FAST:
-        if holds(Chunking(kind, width, name)):
-            return Chunking(kind, width, name)
+    fast = (Chunking(kind, width, name) for name, kind, width in FAST)
+    chosen = next((chunking for chunking in fast if holds(chunking)), None)
+    if chosen is not None:
+        return chosen
     offered = [Chunking(kind, width, name) for name, kind, width in FALLBACKS if name in products]
     if len(offered) > 1:  # timed first (a probe of wide padded chunks takes longer than timing them)
         offered.sort(key=lambda chunking: fallback_cost(samples, chunking, products[chunking.product]))
@@ -154,17 +159,13 @@ def fallback_cost(samples: list[tuple[torch.Tensor, int]], chunking: Chunking, p
             x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
             times = []
             for _ in range(4):
-                began = _now(weight.device)
+                sync(weight.device)
+                began = time.perf_counter()
                 chunked_linear(x, weight, None, rows, chunking, product)
-                times.append(_now(weight.device) - began)
+                sync(weight.device)
+                times.append(time.perf_counter() - began)
             total += count * sorted(times[1:])[1]
     return total
-
-
-def _now(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

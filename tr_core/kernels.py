@@ -169,8 +169,7 @@ def onednn_chunk(chunk: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return onednn_linear(chunk, weight, None, chunk.shape[0])
 
 
-EXACT_PRODUCTS = {invariant.MM: invariant.mm_product, invariant.BMM: invariant.bmm_product,
-                  invariant.ONEDNN: onednn_chunk}
+EXACT_PRODUCTS = {**invariant.PRODUCTS, invariant.ONEDNN: onednn_chunk}
 
 
 def _exact_forward(layer: torch.nn.Module, chunking: invariant.Chunking, x: torch.Tensor) -> torch.Tensor:
@@ -197,7 +196,7 @@ def exact_plan(model: Any) -> LinearPlan | None:
     """A plan making every product of `model` row-invariant, probed on its layer shapes (None: no chunking is)."""
     layers = exact_layers(model)
     weights = [linear_weight(m) for m in layers]
-    products = {invariant.MM: invariant.mm_product, invariant.BMM: invariant.bmm_product}
+    products = dict(invariant.PRODUCTS)
     if all(w.device.type == "cpu" and w.is_contiguous() for w in weights) and not no_room_for_packs(model):
         products[invariant.ONEDNN] = onednn_chunk  # packed once per weight (a Conv1D's transposed view is not)
     chunking = invariant.choose(weights, products)

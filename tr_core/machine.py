@@ -9,6 +9,12 @@ from typing import Any
 import torch
 
 
+def sync(device: torch.device) -> None:
+    """Wait for queued GPU work (no-op on a CPU): before and after anything timed."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def cpu_name() -> str:
     """The CPU's model name (Linux: /proc/cpuinfo), else what the platform says."""
     found = re.search(r"^model name\s*:(.*)$", _read_text("/proc/cpuinfo", "utf-8"), re.MULTILINE)
