@@ -168,6 +168,8 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
     for n in size_ticks(n_max):
         body.append(text(x_of(n), bottom + 22, str(n), SMALL, REJECTED_TEXT))
     body.append(text((left + right) / 2, bottom + 52, "tokens checked in one forward (N)", SMALL, INK))
+    mid = (top + bottom) / 2  # the y axis: a step's time and its tokens, both counted in plain steps
+    body.append(f'<g transform="rotate(-90 {left - 58} {mid:.0f})">{text(left - 58, mid, "plain steps", SMALL, INK)}</g>')
     points = sorted(costs)
     dash = ' stroke-dasharray="8 7"'  # between sizes not timed
     body += [f'<line x1="{x_of(a):.0f}" y1="{y_of(ca):.0f}" x2="{x_of(b):.0f}" y2="{y_of(cb):.0f}" stroke="#64748b" '

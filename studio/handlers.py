@@ -422,6 +422,24 @@ def empty_matrix(s: Session) -> dict:
                       "from the next answer on.", "matrix": info, "warm": "The matrix was emptied on request."}
 
 
+PAPER_TREE = "2.2.2"  # the paper's static 80-node tree (tr_core.tree), drafting from the matrix alone
+
+
+def paper_mode(studio: Studio, s: Session, k: int) -> dict:
+    """The paper's setting in one click: its 80-node tree, drafting from the matrix alone, and the matrix emptied
+    (nothing learned beforehand), so that it learns from this conversation only, as in the paper."""
+    if s.answering:
+        return {"status": f"✗ {BUSY}"}
+    notes: list[str] = []
+    ensure_engine(studio, s, k, notes)  # a fresh tab has no matrix yet: make it, then empty it
+    view = empty_matrix(s)
+    if view["status"].startswith("✗"):
+        return view
+    return {**view, "drafting": PAPER_TREE, "template": PAPER_TREE, "warm": "Paper mode emptied the matrix.",
+            "status": "📄 Paper mode: the paper's 80-node tree, drafting from the matrix alone, and an empty matrix "
+                      "that learns from your next answers, as in the paper."}
+
+
 def save_matrix(s: Session) -> dict:
     """Write the session's matrix to its folder and offer it for download: a copy taken under the session lock
     (no answer changes it meanwhile), written outside it."""

@@ -128,6 +128,7 @@ def _chat_panel(ui: dict, template: str) -> None:
     ui["drafting"] = gr.Radio([(label, name) for name, label in DRAFTING], label="Drafting",
                               value=template if template in {name for name, _ in DRAFTING} else None,
                               info=DRAFTING_INFO, elem_id="tr-drafting")
+    ui["paper_mode"] = gr.Button("📄 Paper mode: its tree, an empty matrix", size="sm", elem_id="tr-paper-mode")
     ui["examples"] = gr.Dataset(components=[gr.Textbox(visible=False)], samples=[[t] for _, t in EXAMPLES],
                                 sample_labels=[lab for lab, _ in EXAMPLES], type="index", label="Examples",
                                 elem_id="tr-examples", samples_per_page=6)
@@ -172,7 +173,7 @@ def _shown_step_panel(ui: dict, blank: dict[str, Any]) -> None:
     ui["story"] = gr.HTML(blank["story"], elem_id="tr-story")
     ui["cost"] = gr.HTML(blank["cost"], elem_id="tr-cost")
     ui["race"] = gr.HTML(blank["race"], elem_id="tr-race-box")
-    ui["compare_methods"] = gr.Button("⚖ The paper's method beside the hybrid, on my last question", size="md",
+    ui["compare_methods"] = gr.Button(f"⚖ {side_by_side.TITLE}", size="md",
                                       elem_id="tr-compare-methods")
 
 
@@ -356,6 +357,8 @@ def _wire(demo: gr.Blocks, studio: Studio, registry: Registry, ui: dict) -> None
                          outputs=ui["drafting"], queue=False, api_visibility="private")
     ui["reset"].click(_simple(registry, ui, h.reset_matrix), inputs=state, outputs=outs, api_name="reset_matrix")
     ui["empty"].click(_simple(registry, ui, h.empty_matrix), inputs=state, outputs=outs, api_name="empty_matrix")
+    ui["paper_mode"].click(_simple(registry, ui, lambda s, k: h.paper_mode(studio, s, k)), inputs=[state, ui["k"]],
+                           outputs=outs + [ui["drafting"], ui["template"]], api_name="paper_mode")
     ui["save"].click(_simple(registry, ui, h.save_matrix), inputs=state, outputs=outs, api_name="save_matrix")
     ui["matrix_upload"].upload(_simple(registry, ui, lambda s, f, k: h.load_matrix(studio, s, _file_path(f), k)),
                                inputs=[state, ui["matrix_upload"], ui["k"]], outputs=outs, api_name="load_matrix")

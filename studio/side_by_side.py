@@ -1,4 +1,4 @@
-"""The paper's method, sized, and the hybrid, on the visitor's last answer: its prompt, from the state it started
+"""The paper vs the hybrid (TITLE), on the visitor's last answer: its prompt, from the state it started
 from, with its settings, decoded with the paper's 80-node tree, the same drafting in a tree sized for this machine,
 and the hybrid tree, each timed against plain decoding as the meter times an answer (alternating short turns from
 the same start: studio/meter.interleave). Where the answer itself used one of the three trees and the meter
@@ -31,6 +31,7 @@ PAPER, SIZED, HYBRID = "2.2.2", "adaptive", "hybrid"
 METHODS = ((PAPER, "Paper's 80-node tree: the paper's method, the matrix alone"),
            (SIZED, "Matrix only: the paper's drafting, its tree sized each step for this machine"),
            (HYBRID, "Matrix + context: also copies earlier text, its tree sized each step"))
+TITLE = "The paper vs the hybrid"  # the comparison's one name: its button, its panel, its status line and the README
 MOST_TOKENS = 256  # the comparison decodes with the last answer's token budget, up to this
 
 
@@ -153,8 +154,8 @@ def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool |
     foot = (f"All from your last answer's start: the same conversation, matrix and settings, up to {tokens} new "
             f"tokens, on {machine or 'this machine'}; each timed against plain decoding in alternating short turns, "
             "as the meter times an answer (±: one standard error).")
-    return (f'<div class="tr-sides tr-sides-open"><div class="tr-sides-top"><span class="tr-sides-title">The '
-            f'paper\'s method, sized, and the hybrid</span><span class="tr-sides-verdict">{html.escape(verdict)}</span>'
+    return (f'<div class="tr-sides tr-sides-open"><div class="tr-sides-top"><span class="tr-sides-title">{TITLE}</span>'
+            f'<span class="tr-sides-verdict">{html.escape(verdict)}</span>'
             f'<button class="tr-sides-close" title="Close">✕</button></div>'
             f'<div class="tr-sides-cards">{cards}</div>'
             f'<div class="tr-sides-why">{pays_svg(bars)}</div>'
@@ -237,4 +238,4 @@ def compare_methods(s: Any, crowd: Callable[[], int], slot: Callable[[], Any], m
             yield {"status": f"Timing {todo[done]} against plain decoding…"}
     tour = lambda run: card_tour(run, s.trace, engine.token_text)  # noqa: E731 - one card's tour
     yield {"sides": side_by_side_html(results, machine, getattr(engine, "exact", None), cfg.max_new_tokens, tour),
-           "status": "✓ The paper's method, sized and not, and the hybrid answered your last question side by side."}
+           "status": f"✓ {TITLE}: your last question, answered three ways."}

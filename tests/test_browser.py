@@ -508,12 +508,27 @@ def check_projector_screen(page) -> None:
             assert r["right"] <= outer["right"] + 0.5, (row, r, outer)
     chat = page.evaluate(RECT_JS, "#tr-chat")
     assert chat["bottom"] - chat["top"] >= 90, chat  # the answer's last lines, not one: 16-18 px text
-    button = page.evaluate(RECT_JS, "#tr-compare-methods")  # over the tree's top corner: clear of all it draws
-    assert button["width"] > 0 and button["top"] >= 0 and button["right"] <= PROJECTOR["width"], button
-    for r in page.evaluate(MARKS_JS, "#tr-tree text, #tr-tree .point, #tr-present"):
-        w = min(r["right"], button["right"]) - max(r["left"], button["left"])
-        h = min(r["bottom"], button["bottom"]) - max(r["top"], button["top"])
-        assert w <= 0.5 or h <= 0.5, (r, button)
+    check_corner_buttons(page, rects)
+
+
+def overlap(a: dict, b: dict) -> bool:
+    """Two rectangles share more than half a pixel each way."""
+    w = min(a["right"], b["right"]) - max(a["left"], b["left"])
+    h = min(a["bottom"], b["bottom"]) - max(a["top"], b["top"])
+    return w > 0.5 and h > 0.5
+
+
+def check_corner_buttons(page, rects: dict) -> None:
+    """The two buttons that are not about the step (leave, the paper vs the hybrid): in the screen, in the status
+    line's corner, over no other panel (readers saw them over the tree), no status text and not each other."""
+    buttons = [page.evaluate(RECT_JS, sel) for sel in ("#tr-compare-methods", "#tr-present")]
+    assert not overlap(*buttons), buttons
+    text = page.evaluate(MARKS_JS, "#tr-status p, #tr-status li")
+    for b in buttons:
+        assert b["width"] > 0 and b["top"] >= 0 and b["bottom"] <= PROJECTOR["height"], b
+        assert b["right"] <= PROJECTOR["width"], b
+        assert [s for s, r in rects.items() if s != "#tr-status" and overlap(r, b)] == [], (b, rects)
+        assert [r for r in text if overlap(r, b)] == [], (b, text)
 
 
 def test_presentation_view_carries_a_lecture_on_one_projector_screen(app_browser, tmp_path):

@@ -139,7 +139,7 @@ def test_the_handler_needs_an_answer_and_a_quiet_page_and_ends_with_the_panel():
     assert list(sbs.compare_methods(tiny_session(), lambda: 3, free, "")) == [{"status": sbs.BUSY_NOW}]
     views = list(sbs.compare_methods(tiny_session(tokens=12), lambda: 0, free, "Test CPU", chunk_ms=5.0))
     assert all("Timing" in v["status"] for v in views[:-1]) and len(views) == 1 + len(sbs.METHODS)  # one a method
-    assert 'class="tr-sides tr-sides-open"' in views[-1]["sides"] and "side by side" in views[-1]["status"]
+    assert 'class="tr-sides tr-sides-open"' in views[-1]["sides"] and views[-1]["status"].startswith(f"✓ {sbs.TITLE}")
     assert "up to 12 new tokens" in views[-1]["sides"]
     views = list(sbs.compare_methods(tiny_session(tokens=900), lambda: 3 if False else 0, free, "", chunk_ms=5.0))
     assert f"up to {sbs.MOST_TOKENS} new tokens" in views[-1]["sides"]

@@ -188,9 +188,10 @@ def test_a_new_engine_starts_warm_reset_returns_there_and_empty_empties(monkeypa
     go = threading.Event()
 
     def warm_up(engine, name, learn, progress=None):
-        progress(1, 2)
+        tell = progress or (lambda done, total: None)  # paper mode's engine is made with no page to tell
+        tell(1, 2)
         assert go.wait(10), "the page never showed the warm start's progress"
-        progress(2, 2)
+        tell(2, 2)
         engine.matrix.table[5, 0], engine.matrix.filled[5] = 6, True  # a learned row, as tr_core.warm writes
         return h.WarmStart(engine.snapshot(), "Warm start: test rows")
 
@@ -214,6 +215,15 @@ def test_a_new_engine_starts_warm_reset_returns_there_and_empty_empties(monkeypa
     view = h.empty_matrix(session)
     assert "emptied" in view["status"] and session.engine.matrix.rows_filled == 0
     session.close()
+    fresh = Session(model="m", k=8)  # paper mode in a tab that has not asked yet: its warm-started matrix, emptied
+    view = h.paper_mode(studio, fresh, 8)
+    assert view["drafting"] == view["template"] == "2.2.2" and view["status"].startswith("📄 Paper mode")
+    assert fresh.engine is not None and fresh.engine.matrix.rows_filled == 0
+    assert "0 / 96 rows filled" in view["matrix"]
+    with fresh.lock:  # refused while an answer runs, the matrix kept
+        fresh.answer_stop = threading.Event()
+    assert h.paper_mode(studio, fresh, 8)["status"].startswith("✗") and "drafting" not in h.paper_mode(studio, fresh, 8)
+    fresh.close()
 
 
 def test_an_answer_waiting_for_the_preload_shows_what_it_does():
