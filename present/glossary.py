@@ -49,6 +49,8 @@ TERMS = (
          "other one."),
     Term("short turns", r"short turns?|pairs of (?:short )?turns", "The meter times Token Recycling and plain "
          "decoding taking turns, a short stretch of the same tokens each, so a change of load hits both alike."),
+    Term("tok/s", r"tok/s", "Tokens per second, measured on the machine serving this page while it also draws the "
+         "page: a benchmark of the engine alone (the README's table) runs faster, so compare ratios, not tok/s."),
     Term("standard error", r"standard error", "How far the measured speedup would likely move if measured again: "
          "the ± after it."),
 )

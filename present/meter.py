@@ -174,8 +174,8 @@ def meter_html(v: MeterView) -> str:
         f'<div class="tr-big"><span class="tr-ratio tr-ratio-{cls}" id="tr-ratio">{html.escape(ratio_text)}</span>'
         f'<span class="tr-biglabel">{gloss(label)}{live}</span></div>'
         '<div class="tr-cells">'
-        f'<div class="tr-cell"><span class="tr-val" id="tr-tps">{num(v.tr_tps, tps)}</span><span class="tr-lab">{html.escape(v.method)} tok/s</span></div>'
-        f'<div class="tr-cell"><span class="tr-val" id="tr-plain">{num(plain, tps)}</span><span class="tr-lab">plain tok/s, same tokens</span></div>'
+        f'<div class="tr-cell"><span class="tr-val" id="tr-tps">{num(v.tr_tps, tps)}</span><span class="tr-lab">{html.escape(v.method)} {gloss("tok/s")}</span></div>'
+        f'<div class="tr-cell"><span class="tr-val" id="tr-plain">{num(plain, tps)}</span><span class="tr-lab">{gloss("plain tok/s, same tokens")}</span></div>'
         f'<div class="tr-cell"><span class="tr-val" id="tr-mat">{num(v.mean_accepted, "{:.2f}")}</span><span class="tr-lab">tokens per step</span></div>'
         f'</div>{flag}{note}</div>'
     )

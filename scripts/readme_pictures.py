@@ -3,10 +3,10 @@
 Launches `app.py` on a free port, asks one example question in Chromium (Playwright), and saves into assets/:
   screenshot.png    the page after the answer (1600 px wide, the question in sight)
   tour.png          six of the guided tour's seven 1280x720 screens of the step the page shows, in a 2 x 3 grid
-  side_by_side.png  the paper's method beside the hybrid, on the same question (its panel)
+  side_by_side.png  the paper vs the hybrid, on the same question (its panel over the presentation view, 1280x720)
   paper_tour.png    the tour of the paper's card: the rows it read, its 80-node tree, its verdict and mask, its cost
   presentation.png  the presentation view at 1280x720, the same answer
-  microscope.png    the step the page shows, under the microscope
+  microscope.png    the step the page shows, under the microscope (over the presentation view, 1280x720)
 Needs Chromium (Debian's `chromium`) and Playwright; takes 3-4 minutes on 2 cores.
 
     python scripts/readme_pictures.py [--example Conversation] [--out assets]
@@ -68,6 +68,26 @@ def tour_grid(page, out: Path, tmp: Path) -> None:
     grid.save(out / "tour.png", optimize=True)
 
 
+def presenting(page, out: Path) -> None:
+    """The presentation view at 1280x720 (16:9, as projected), then over it the microscope and the paper vs the
+    hybrid, each shot as the whole screen a hall sees."""
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.locator("#tr-present").click()
+    page.wait_for_timeout(1500)  # the plots resize to their cells
+    page.mouse.move(614, 700)  # between the columns: over no plot, so no plot's toolbar shows
+    page.screenshot(path=str(out / "presentation.png"))
+    page.locator("#tr-micro-btn").click()
+    page.wait_for_selector("#tr-microscope", state="visible", timeout=WAIT_MS)
+    page.wait_for_timeout(800)
+    page.screenshot(path=str(out / "microscope.png"))
+    page.locator("#tr-micro-btn").click()
+    page.locator("#tr-compare-methods").click()
+    page.wait_for_selector("#tr-sides .tr-sides-open", timeout=WAIT_MS)
+    page.wait_for_function(IDLE_JS, timeout=WAIT_MS)
+    page.wait_for_timeout(800)
+    page.screenshot(path=str(out / "side_by_side.png"))
+
+
 PAPER_SCREENS = (1, 2, 3, 6)  # the paper's card's tour: rows read, its tree, one forward checks it, what it bought
 
 
@@ -115,24 +135,9 @@ def main() -> None:
             page.mouse.move(5, 5)
             page.locator("#tr-chat .message-row.user-row").last.scroll_into_view_if_needed()
             page.screenshot(path=str(out / "screenshot.png"), full_page=True)
-            page.locator("#tr-micro-btn").click()
-            page.wait_for_selector("#tr-microscope", state="visible", timeout=WAIT_MS)
-            page.wait_for_timeout(800)
-            page.locator("#tr-microscope").screenshot(path=str(out / "microscope.png"))
-            page.locator("#tr-micro-btn").click()
             tour_grid(page, out, Path(tmp))
-            page.set_viewport_size({"width": 1600, "height": 1000})
-            page.locator("#tr-compare-methods").click()
-            page.wait_for_selector("#tr-sides .tr-sides-open", timeout=WAIT_MS)
-            page.wait_for_function(IDLE_JS, timeout=WAIT_MS)
-            page.locator("#tr-sides").screenshot(path=str(out / "side_by_side.png"))
+            presenting(page, out)
             paper_tour(page, out, Path(tmp))
-            page.locator("#tr-sides .tr-sides-close").click()
-            page.set_viewport_size({"width": 1280, "height": 720})
-            page.locator("#tr-present").click()
-            page.wait_for_timeout(1500)  # the plots resize to their cells
-            page.mouse.move(640, 715)
-            page.screenshot(path=str(out / "presentation.png"))
             browser.close()
     finally:
         app.terminate()
