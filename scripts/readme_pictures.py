@@ -74,7 +74,7 @@ def presenting(page, out: Path) -> None:
     page.set_viewport_size({"width": 1280, "height": 720})
     page.locator("#tr-present").click()
     page.wait_for_timeout(1500)  # the plots resize to their cells
-    page.mouse.move(614, 700)  # between the columns: over no plot, so no plot's toolbar shows
+    page.mouse.move(800, 705)  # over the status line: no plot, so no plot toolbar shows
     page.screenshot(path=str(out / "presentation.png"))
     page.locator("#tr-micro-btn").click()
     page.wait_for_selector("#tr-microscope", state="visible", timeout=WAIT_MS)

@@ -124,6 +124,11 @@ CHAT_FOLLOW_JS = """() => { if (window.trChatFollow) return; window.trChatFollow
   const chat = document.querySelector('#tr-chat');
   if (chat) new MutationObserver(later).observe(chat, {subtree: true, childList: true, characterData: true,
                                                       attributes: true, attributeFilter: ['class']});
+  // entering the presentation view lays the chat out anew, and the chat settles its own layout after it (a code
+  // answer's line was left cut): follow at once, when the chat's box changes, and once more when that has settled
+  const settle = () => { later(); setTimeout(later, 600); };
+  new MutationObserver(settle).observe(document.documentElement, {attributes: true, attributeFilter: ['class']});
+  if (chat && window.ResizeObserver) new ResizeObserver(later).observe(chat);
   window.addEventListener('resize', later); }""" % (CURRENT_RUN_CLASS, LINE_MARGIN, LINE_MARGIN)
 
 # The side-by-side (studio/side_by_side.py) closes with its ✕ or Escape; a new comparison opens it again.

@@ -392,7 +392,8 @@ NOT_PRESENTING_JS = "() => !document.documentElement.classList.contains('tr-pres
 
 PANELS = ("#tr-meter-box", "#tr-tree", "#tr-heat", "#tr-story", "#tr-cost", "#tr-nav-buttons", "#tr-decoding",
           "#tr-input-row", "#tr-status")  # what a lecture hall must see at once
-TEXT_PANELS = ("#tr-meter-box", "#tr-story", "#tr-cost", "#tr-decoding", "#tr-nav-buttons")  # nothing may be cut off
+TEXT_PANELS = ("#tr-meter-box", "#tr-story", "#tr-cost", "#tr-decoding", "#tr-nav-buttons",
+               "#tr-status")  # nothing may be cut off
 # Every visible piece of text in the panels (HTML text and plotly's SVG text), its computed font size in px.
 FONT_SIZES_JS = """(sels) => {
   const out = [];
