@@ -34,12 +34,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(port: int, public: bool = True) -> subprocess.Popen:
-    """`app.py` on `port` (in public mode, as a Space serves it, unless `public` is False)."""
+def launch(port: int, public: bool = True, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    """`app.py` on `port` (in public mode, as a Space serves it, unless `public` is False), with `extra` options."""
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
     return subprocess.Popen([sys.executable, str(ROOT / "app.py"), *(["--public"] if public else []), "--host",
-                             "127.0.0.1", "--port", str(port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT)
+                             "127.0.0.1", "--port", str(port), *extra], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
 def connect(url: str, timeout_s: float = 300.0):

@@ -119,13 +119,16 @@ def main() -> None:
     ap.add_argument("--example", default="Conversation", help="the example button to click")
     ap.add_argument("--out", default=str(ROOT / "assets"))
     ap.add_argument("--chromium", default="/usr/bin/chromium")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads of the app (0: its default); on a 2-core "
+                    "machine 1 leaves Chromium a core of its own, as a visitor's browser has on a Space")
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    app, url = launch(port, public=False), f"http://127.0.0.1:{port}/"
+    extra = ("--threads", str(args.threads)) if args.threads else ()
+    app, url = launch(port, public=False, extra=extra), f"http://127.0.0.1:{port}/"
     try:
         with sync_playwright() as pw, tempfile.TemporaryDirectory() as tmp:
             browser = pw.chromium.launch(executable_path=args.chromium, headless=True, args=["--no-sandbox"])
