@@ -436,7 +436,7 @@ def paper_mode(studio: Studio, s: Session, k: int) -> dict:
     if view["status"].startswith("✗"):
         return view
     return {**view, "drafting": PAPER_TREE, "template": PAPER_TREE, "warm": "Paper mode emptied the matrix.",
-            "status": "📄 Paper mode: the paper's 80-node tree, drafting from the matrix alone, and an empty matrix "
+            "status": "✓ Paper mode: the paper's 80-node tree, drafting from the matrix alone, and an empty matrix "
                       "that learns from your next answers, as in the paper."}
 
 

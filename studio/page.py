@@ -128,7 +128,7 @@ def _chat_panel(ui: dict, template: str) -> None:
     ui["drafting"] = gr.Radio([(label, name) for name, label in DRAFTING], label="Drafting",
                               value=template if template in {name for name, _ in DRAFTING} else None,
                               info=DRAFTING_INFO, elem_id="tr-drafting")
-    ui["paper_mode"] = gr.Button("📄 Paper mode: its tree, an empty matrix", size="sm", elem_id="tr-paper-mode")
+    ui["paper_mode"] = gr.Button("Paper mode: its tree, an empty matrix", size="sm", elem_id="tr-paper-mode")
     ui["examples"] = gr.Dataset(components=[gr.Textbox(visible=False)], samples=[[t] for _, t in EXAMPLES],
                                 sample_labels=[lab for lab, _ in EXAMPLES], type="index", label="Examples",
                                 elem_id="tr-examples", samples_per_page=6)

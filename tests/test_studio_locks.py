@@ -217,7 +217,7 @@ def test_a_new_engine_starts_warm_reset_returns_there_and_empty_empties(monkeypa
     session.close()
     fresh = Session(model="m", k=8)  # paper mode in a tab that has not asked yet: its warm-started matrix, emptied
     view = h.paper_mode(studio, fresh, 8)
-    assert view["drafting"] == view["template"] == "2.2.2" and view["status"].startswith("📄 Paper mode")
+    assert view["drafting"] == view["template"] == "2.2.2" and view["status"].startswith("✓ Paper mode")
     assert fresh.engine is not None and fresh.engine.matrix.rows_filled == 0
     assert "0 / 96 rows filled" in view["matrix"]
     with fresh.lock:  # refused while an answer runs, the matrix kept
