@@ -431,7 +431,10 @@ def paper_mode(studio: Studio, s: Session, k: int) -> dict:
     if s.answering:
         return {"status": f"✗ {BUSY}"}
     notes: list[str] = []
-    ensure_engine(studio, s, k, notes)  # a fresh tab has no matrix yet: make it, then empty it
+    try:  # a fresh tab has no matrix yet: make it, then empty it
+        ensure_engine(studio, s, clamp("k", k, notes, int), notes)
+    except Exception as exc:  # noqa: BLE001 - the model could not be loaded
+        return {"status": _error_text(studio, exc), "matrix": matrix_info(s.engine, s.k)}
     view = empty_matrix(s)
     if view["status"].startswith("✗"):
         return view

@@ -222,8 +222,12 @@ def test_a_new_engine_starts_warm_reset_returns_there_and_empty_empties(monkeypa
     assert "0 / 96 rows filled" in view["matrix"]
     with fresh.lock:  # refused while an answer runs, the matrix kept
         fresh.answer_stop = threading.Event()
-    assert h.paper_mode(studio, fresh, 8)["status"].startswith("✗") and "drafting" not in h.paper_mode(studio, fresh, 8)
+    refused = h.paper_mode(studio, fresh, 8)
+    assert refused["status"].startswith("✗") and "drafting" not in refused
     fresh.close()
+    broken = Session(model="gone", k=8)  # a model that cannot load: said, the tab goes on
+    studio.catalog._loader = lambda name: (_ for _ in ()).throw(OSError("no such model"))
+    assert h.paper_mode(studio, broken, 8)["status"].startswith("✗") and broken.engine is None
 
 
 def test_an_answer_waiting_for_the_preload_shows_what_it_does():
