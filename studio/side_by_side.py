@@ -145,7 +145,8 @@ def side_by_side_html(results: dict[str, MethodRun], machine: str, exact: bool |
     if not all(t in results for t, _ in METHODS):
         return '<div class="tr-sides tr-sides-none">Measuring…</div>'
     runs = [results[t] for t, _ in METHODS]
-    cards = "".join(_card(run, exact, tour(run)) for run in runs)
+    longest = max(len(run.tokens) for run in runs)
+    cards = "".join(_card(run, exact, tour(run), longest) for run in runs)
     same = all(run.est.identical for run in runs)
     verdict = (f"✓ All {len(runs)} answers are plain decoding's, token for token." if same else
                "Not every answer is plain decoding's token for token: see the cards.")
@@ -174,14 +175,18 @@ def why_paper_slower(paper: MethodRun) -> str:
                        "reports about 2× plain decoding's speed there (not measured here).")
 
 
-def _card(run: MethodRun, exact: bool | None, tour: str = "") -> str:
+def _card(run: MethodRun, exact: bool | None, tour: str = "", longest: int = 0) -> str:
     """A method's card: its name and speed, whose answer it is, the tree of its step with the most matrix drafts
-    accepted (the page's rule), where its drafts came from (its tokens per step and step cost are the bars below)."""
+    accepted (the page's rule), where its drafts came from (its tokens per step and step cost are the bars below),
+    and, where the time cap stopped it before the longest of the answers, how far it got (a reader divided the whole
+    answer by its steps)."""
     best = best_step(run.steps)
     picture = silhouette_svg(best) if best is not None else ""
     did = "" if best is None else (f"step {best.step + 1} (most drafts from the matrix alone accepted): "
                                    f"{len(best.accepted) - 1} of {len(best.tokens) - 1} drafts accepted"
                                    + (" + the bonus" if best.bonus is not None else ""))
+    if len(run.tokens) < longest:
+        did += f" · timed over its first {len(run.tokens)} of {longest} tokens in {len(run.steps)} steps (time cap)"
     est = run.est
     big = (f'{run.speed:.2f}×<span class="tr-side-err"> ± {est.error:.2f}</span>' if run.speed else
            '<span class="tr-side-noisy">too noisy to measure</span>')

@@ -222,3 +222,19 @@ def test_the_pictures_draw_green_over_grey_and_every_node_of_the_best_step():
     drawn = sides.silhouette_svg(best)
     assert drawn.count("<circle") == 5 and drawn.count("<polygon") == 1  # four drafts and the root; the star
     assert drawn.count(f'stroke="{ACCEPTED_COLOUR}"') == 3  # the three accepted edges
+
+
+def test_a_card_the_time_cap_stopped_says_how_far_it_got():
+    """A reader divided a whole answer by the steps of a run the 30 s cap had stopped: such a card says over how many
+    of the answer's tokens and steps it was timed; a whole run's card does not."""
+    s = tiny_session()
+    start, ids, cfg = s.last_start
+    results = list(sbs.run_methods(start.fork, ids, cfg, {}, chunk_ms=5.0))[-1][2]
+    paper = results[sbs.PAPER]
+    cut = dataclasses.replace(paper, steps=paper.steps[:2])
+    longest = max(len(run.tokens) for run in results.values())
+    assert len(cut.tokens) < longest
+    shown = sbs.side_by_side_html({**results, sbs.PAPER: cut}, "Test CPU", None, cfg.max_new_tokens)
+    note = f"timed over its first {len(cut.tokens)} of {longest} tokens in 2 steps (time cap)"
+    assert shown.count("(time cap)") == 1 and note in shown
+    assert "(time cap)" not in sbs.side_by_side_html(results, "Test CPU", None, cfg.max_new_tokens)
