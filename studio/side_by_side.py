@@ -30,7 +30,7 @@ from .meter import SpeedEstimate, measure_interleaved
 PAPER, SIZED, HYBRID = "2.2.2", "adaptive", "hybrid"
 METHODS = ((PAPER, "Paper's 80-node tree: the paper's method, the matrix alone"),
            (SIZED, "Matrix only: the paper's drafting, its tree sized each step for this machine"),
-           (HYBRID, "Matrix + context: also copies earlier text, its tree sized each step"))
+           (HYBRID, "Matrix + context, the hybrid: also copies earlier text, its tree sized each step"))
 TITLE = "The paper vs the hybrid"  # the comparison's one name: its button, its panel, its status line and the README
 MOST_TOKENS = 256  # the comparison decodes with the last answer's token budget, up to this
 

@@ -115,7 +115,7 @@ def test_the_panel_reads_as_the_meter_cards_and_bars_agree():
     results[sbs.PAPER].est, results[sbs.HYBRID].est = estimate(0.63, 0.02), estimate(1.73)
     results[sbs.SIZED].est = estimate(1.31)
     shown = unglossed(sbs.side_by_side_html(results, "Test CPU, 2 threads", exact=False, tokens=24))
-    assert "Paper&#x27;s 80-node tree: the paper&#x27;s method, the matrix alone" in shown and "Matrix + context: also copies" in shown
+    assert "Paper&#x27;s 80-node tree: the paper&#x27;s method, the matrix alone" in shown and "Matrix + context, the hybrid: also copies" in shown
     assert "Matrix only: the paper&#x27;s drafting, its tree sized each step" in shown
     assert shown.count("✓ token-identical to plain decoding") == 3 and "✓ All 3 answers are plain decoding" in shown
     assert "up to 24 new tokens, on Test CPU, 2 threads" in shown and "24 tokens = " in shown  # drafts credited
