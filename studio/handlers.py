@@ -30,6 +30,7 @@ from .measure import measure_note, measure_speed, measuring_status  # noqa: F401
 from .models import REFUSED, ModelRefused, canonical, label
 from .session import BUSY, InputError, Session, SlotAbandoned, Studio, clean_text, decode_slot
 from .settings import ChatSettings, clamp, parse_settings, trim_to_context  # noqa: F401 - and parse_settings
+from .side_by_side import PAPER  # the paper's static 80-node tree, the comparison's first card
 from .views import RENDER_EVERY_S, blank_views, coloured_answer, matrix_info, message, race_html
 
 # ------------------------------------------------------------------------------------- the session's engine
@@ -422,9 +423,6 @@ def empty_matrix(s: Session) -> dict:
                       "from the next answer on.", "matrix": info, "warm": "The matrix was emptied on request."}
 
 
-PAPER_TREE = "2.2.2"  # the paper's static 80-node tree (tr_core.tree), drafting from the matrix alone
-
-
 def paper_mode(studio: Studio, s: Session, k: int) -> dict:
     """The paper's setting in one click: its 80-node tree, drafting from the matrix alone, and the matrix emptied
     (nothing learned beforehand), so that it learns from this conversation only, as in the paper."""
@@ -438,7 +436,7 @@ def paper_mode(studio: Studio, s: Session, k: int) -> dict:
     view = empty_matrix(s)
     if view["status"].startswith("✗"):
         return view
-    return {**view, "drafting": PAPER_TREE, "template": PAPER_TREE, "warm": "Paper mode emptied the matrix.",
+    return {**view, "drafting": PAPER, "template": PAPER, "warm": "Paper mode emptied the matrix.",
             "status": "✓ Paper mode: the paper's 80-node tree, drafting from the matrix alone, and an empty matrix "
                       "that learns from your next answers, as in the paper."}
 
