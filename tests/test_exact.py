@@ -116,6 +116,24 @@ def test_each_row_alone_multiplies_as_the_library_does_and_keeps_its_bits_at_any
     assert "each row alone" in chunking.describe()
 
 
+@pytest.mark.parametrize("lone_holds", [True, False])
+def test_each_row_alone_takes_a_plain_steps_product_only_where_it_rounds_alike(monkeypatch, lone_holds):
+    """Each row alone chosen: a lone row goes through F.linear (bmv_product) where the probe finds it rounds as the
+    batched call does, else it stays in the batched call."""
+    monkeypatch.setattr(invariant, "FAST", ())
+    monkeypatch.setattr(invariant, "FALLBACKS", ((invariant.BMM, invariant.ANY, 8),))
+    monkeypatch.setattr(invariant, "_CHOSEN", {})
+    monkeypatch.setattr(invariant, "is_row_invariant",  # what the probe finds on this imagined device
+                        lambda w, c, product=invariant.mm_product: lone_holds or c.product != invariant.BMV)
+    chosen = invariant.choose([torch.randn(8, 8), torch.randn(16, 8)])
+    assert chosen.product == (invariant.BMV if lone_holds else invariant.BMM)
+    g = torch.Generator().manual_seed(2)
+    w, x = torch.randn(40, 24, generator=g).bfloat16(), torch.randn(5, 24, generator=g).bfloat16()
+    assert torch.equal(invariant.bmv_product(x[:1], w), F.linear(x[:1], w))  # a lone row: the library's product
+    assert torch.equal(invariant.bmv_product(x, w), invariant.bmm_product(x, w))  # rows: the batched call
+    assert ("a lone row" in chosen.describe()) == lone_holds
+
+
 def test_without_a_whole_product_the_fastest_invariant_fallback_is_chosen(monkeypatch):
     """No FAST chunking holds: the fallbacks are timed, and the cheapest that is row-invariant wins, not the first
     listed; one that is cheaper but not invariant is passed over."""
@@ -126,7 +144,7 @@ def test_without_a_whole_product_the_fastest_invariant_fallback_is_chosen(monkey
     monkeypatch.setattr(invariant, "fallback_cost", lambda samples, c, product: costs[(c.product, c.width)])
     monkeypatch.setattr(invariant, "is_row_invariant",
                         lambda w, c, product=invariant.mm_product: c.width != 16 and real(w, c, product))
-    chosen = invariant.choose([torch.randn(8, 8), torch.randn(8, 8)])
+    chosen = invariant.choose([torch.randn(8, 8), torch.randn(8, 8)])  # each row alone not chosen: no lone-row form
     assert (chosen.product, chosen.kind, chosen.width) == (invariant.MM, invariant.PADDED, 8)
 
 
