@@ -181,9 +181,11 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
     if cost is not None:
         body.append(f'<line x1="{x:.0f}" y1="{y_of(cost):.0f}" x2="{x:.0f}" y2="{y_of(gained):.0f}" '
                     f'stroke="{ACCEPTED_COLOUR}" stroke-width="6"/>')
-        body.append(text(x, y_of(cost) + 30, f"cost {cost:.2f}", SMALL, "#475569", halo=True))  # under its point
+    room_right = x + 260 < right + 60
+    if cost is not None:
+        body.append(cost_label(x, y_of(cost), cost, step_box(x, y_of(gained), room_right)))
     body.append(f'<circle cx="{x:.0f}" cy="{y_of(gained):.0f}" r="11" fill="{ACCEPTED_COLOUR}"/>')
-    body.append(step_label(x, y_of(gained), gained, cost, room_right=x + 260 < right + 60))
+    body.append(step_label(x, y_of(gained), gained, cost, room_right=room_right))
     gaps = any(b - a > 1 for (a, _), (b, _) in zip(points, points[1:]))
     body.append(text(left + 8, top - 22, "grey: a step's time ÷ a plain step's"
                      + ("; dashed: not timed" if gaps else ""), SMALL, "#475569", "start"))
@@ -193,6 +195,28 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
     body.append(_tile(790, 40, 370, 320, *tile))
     body += [text(975, 388 + 28 * i, line, SMALL, INK) for i, line in enumerate(wrapped(footer, 30)[:2])]
     return svg("".join(body))
+
+
+def cost_label(x: float, y: float, cost: float, step_box: tuple[float, float, float, float]) -> str:
+    """"cost 2.98" beside the step's point on the grey curve: above left where it fits, else below right (where a
+    rising curve never runs), below left or above right; never over the step's own label (`step_box`: x0, y0, x1,
+    y1) nor past the plot (a reader saw it meet the dashed line under the point)."""
+    label, (left, top, right, bottom) = f"cost {cost:.2f}", CHART
+    w, h = 0.58 * SMALL * len(label), SMALL + 6  # the label's box, estimated
+    spots = ((x - 14 - w, y - 20), (x + 14, y + 24), (x - 14 - w, y + 24), (x + 14, y - 20))  # (box left, centre y)
+
+    def fits(x0: float, cy: float) -> bool:
+        sx0, sy0, sx1, sy1 = step_box
+        inside = left + 4 <= x0 and x0 + w <= right + 70 and top <= cy - h / 2 and cy + h / 2 <= bottom - 4
+        return inside and (x0 + w < sx0 or x0 > sx1 or cy + h / 2 < sy0 or cy - h / 2 > sy1)
+
+    x0, cy = next((spot for spot in spots if fits(*spot)), spots[0])
+    return text(x0, cy, label, SMALL, "#475569", "start", halo=True)
+
+
+def step_box(x: float, y: float, room_right: bool) -> tuple[float, float, float, float]:
+    """The box `step_label` fills (x0, y0, x1, y1), estimated: two lines of up to about 300 px."""
+    return (x + 18, y - 22, x + 330, y + 40) if room_right else (x - 330, y - 22, x - 18, y + 40)
 
 
 def step_label(x: float, y: float, gained: int, cost: float | None, room_right: bool) -> str:

@@ -364,3 +364,23 @@ def test_the_figures_shown_divide_to_the_speedup_shown():
         assert round(float(shown_tokens) / float(shown_cost), 2) == round(ratio, 2), (tokens, ratio)
     assert step_figures(112 / 71, 1.524) == ("1.58", "1.04") and step_figures(2.0, 0.6) == ("2.00", "3.33")
     assert step_figures(112 / 51, 0.6549)[0] == "2.196"  # two digits of tokens give no cost back
+
+
+def test_a_steps_cost_label_sits_where_a_rising_curve_and_the_step_label_are_not():
+    """'cost 2.98' beside its point: above left (a rising curve runs below left and above right), below right where
+    the y axis leaves no room on the left, and never over the step's own label."""
+    from present.tour_pictures import CHART, cost_label, step_box
+
+    def spot(x, y, box):
+        m = re.search(r'x="(\d+)" y="(\d+)"', cost_label(x, y, 2.98, box))
+        return int(m[1]), int(m[2])
+
+    far = step_box(400, 60, room_right=True)  # the step's label high above, to the right
+    x0, y0 = spot(400, 250, far)
+    assert x0 < 400 - 14 - 100 and y0 < 250  # above left, the whole label before the point
+    x0, y0 = spot(CHART[0] + 30, 250, far)  # beside the y axis: below right
+    assert x0 > CHART[0] + 30 and y0 > 250
+    near = step_box(400, 235, room_right=False)  # the step's label on the left, at the point's height
+    x0, y0 = spot(400, 250, near)
+    assert x0 > 400 and y0 > 250  # below right, clear of it
+    assert not (near[0] <= x0 <= near[2] and near[1] <= y0 <= near[3])
