@@ -31,8 +31,10 @@ def tour(s: Session, step: Any) -> dict:
     if trace is None or not trace.steps:
         return {"status": "No answer to tour yet: send a message or load a trace.", "tour": ""}
     i = slider_step(step, len(trace.steps))
-    return {"tour": tour_html(trace, i), "status": f"Guided tour of step {i + 1} of {len(trace.steps)}: "
-                                                   "→ or space for the next screen, Esc to close."}
+    # said as done, not as an instruction: the tour covers this line while open, and after it closes the line stays
+    # (a reader found "→ or space for the next screen" under the microscope)
+    return {"tour": tour_html(trace, i), "status": f"Toured step {i + 1} of {len(trace.steps)} (in the tour, → or "
+                                                   "space for the next screen, Esc to close)."}
 
 
 def slider_step(step: Any, n: int) -> int:

@@ -384,3 +384,17 @@ def test_a_steps_cost_label_sits_where_a_rising_curve_and_the_step_label_are_not
     x0, y0 = spot(400, 250, near)
     assert x0 > 400 and y0 > 250  # below right, clear of it
     assert not (near[0] <= x0 <= near[2] and near[1] <= y0 <= near[3])
+
+
+def test_the_tour_buttons_status_says_what_was_done_not_keys_that_stop_working_when_it_closes(trace):
+    """The tour covers the status line while open; after it closes the line stays (a reader found its key hints under
+    the microscope), so it says which step was toured, the keys only as what they do inside the tour."""
+    from studio.session import Session
+    from studio.traces import tour
+
+    s = Session(model="m", k=8)
+    assert tour(s, 1) == {"status": "No answer to tour yet: send a message or load a trace.", "tour": ""}
+    s.trace = trace
+    shown = tour(s, 2)
+    assert shown["status"].startswith(f"Toured step 2 of {len(trace.steps)} (in the tour,")
+    assert 'class="tr-tour' in shown["tour"]
