@@ -20,7 +20,8 @@ from tr_core.trace import Trace
 from .meter import drafting_words, machine_of
 from .nodes import node_group, node_source
 from .style import ACCEPTED_COLOUR, BONUS_COLOUR, REJECTED_COLOUR, ROOT_COLOUR, symbol_note, visible_token
-from .tour_pictures import bars_svg, chips_svg, cost_chart_svg, message_svg, rows_svg, tiles_svg, tree_svg
+from .cost_chart import cost_chart_svg
+from .tour_pictures import bars_svg, chips_svg, message_svg, rows_svg, tiles_svg, tree_svg
 
 TokenText = Callable[[int], str]
 MAX_WORDS = 30  # a screen's words: its caption (the picture carries tokens and figures, the title four to six words)

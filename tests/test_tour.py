@@ -256,7 +256,7 @@ def test_the_tree_legends_keep_one_rule_shape_is_where_from_colour_is_the_verdic
 def test_the_cost_chart_explains_a_cost_under_1_only_where_one_is_drawn_visibly_under_it():
     """A reader met 'under 1: a step of a few tokens took less time…' beside a curve at 0.99, nowhere visibly under
     1; the note stands where a cost is drawn visibly under one plain step."""
-    from present.tour_pictures import cost_chart_svg
+    from present.cost_chart import cost_chart_svg
 
     tile = ("1.50×", "as fast as plain decoding")
     near = cost_chart_svg([(1, 1.0), (2, 1.18), (6, 0.99), (8, 1.11)], (8, 3), tile, "")
@@ -348,7 +348,7 @@ def test_the_papers_tree_folds_its_deep_levels_into_counts_beside_their_branches
 def test_the_cost_chart_ticks_the_largest_size_it_timed():
     """A reader read the paper's 81-token step plotted at the tick "80": the largest size gets its own tick, in place
     of a round one too close to it; no tick twice."""
-    from present.tour_pictures import size_ticks
+    from present.cost_chart import size_ticks
 
     assert size_ticks(81) == [1, 20, 40, 60, 81] and size_ticks(8) == [1, 2, 4, 6, 8]
     assert size_ticks(33) == [1, 10, 20, 33] and size_ticks(2) == [1, 2]
@@ -369,7 +369,7 @@ def test_the_figures_shown_divide_to_the_speedup_shown():
 def test_a_steps_cost_label_sits_where_a_rising_curve_and_the_step_label_are_not():
     """'cost 2.98' beside its point: above left (a rising curve runs below left and above right), below right where
     the y axis leaves no room on the left, and never over the step's own label."""
-    from present.tour_pictures import CHART, cost_label, step_box
+    from present.cost_chart import CHART, cost_label, step_box
 
     def spot(x, y, box):
         m = re.search(r'x="(\d+)" y="(\d+)"', cost_label(x, y, 2.98, box))
