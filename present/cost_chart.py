@@ -43,11 +43,10 @@ def cost_chart_svg(costs: list[tuple[int, float]], step: tuple[int, int], tile: 
     n, gained = step
     cost = dict(points).get(n)
     x = x_of(n)
+    room_right = x + 260 < right + 60
     if cost is not None:
         body.append(f'<line x1="{x:.0f}" y1="{y_of(cost):.0f}" x2="{x:.0f}" y2="{y_of(gained):.0f}" '
                     f'stroke="{ACCEPTED_COLOUR}" stroke-width="6"/>')
-    room_right = x + 260 < right + 60
-    if cost is not None:
         body.append(cost_label(x, y_of(cost), cost, step_box(x, y_of(gained), room_right)))
     body.append(f'<circle cx="{x:.0f}" cy="{y_of(gained):.0f}" r="11" fill="{ACCEPTED_COLOUR}"/>')
     body.append(step_label(x, y_of(gained), gained, cost, room_right=room_right))
