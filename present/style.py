@@ -29,11 +29,15 @@ SYMBOL_NOTES = {"␣": "␣ = space", "↵": "↵ = new line", "⇥": "⇥ = tab
 
 
 def visible_token(text: str, max_len: int = 10) -> str:
-    """A token string as a label shows it (not HTML-escaped yet): spaces '␣', newlines '↵', tabs '⇥', cut to max_len."""
+    """A token string as a label shows it (not HTML-escaped yet): spaces '␣', newlines '↵', tabs '⇥', cut to max_len
+    (a special token that would be cut: its short sign, `short_special`; one that fits stays whole)."""
     shown = text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "")
     if shown == "":
         shown = "∅"
-    return shown if len(shown) <= max_len else shown[: max_len - 1] + "…"
+    if len(shown) <= max_len:
+        return shown
+    sign = short_special(text)  # a tokenizer's marker too long to show whole: its sign, as the heatmap's ("‹end›",
+    return sign if sign != text and len(sign) <= max_len else shown[: max_len - 1] + "…"  # not "<|im_…")
 
 
 SPECIAL = re.compile(r"<\|?(/?)(?:[A-Za-z0-9]+_)*([A-Za-z0-9]+)\|?>")  # a tokenizer's marker: <|im_end|>, </s>

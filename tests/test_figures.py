@@ -1090,3 +1090,15 @@ def test_a_path_label_moves_off_a_sibling_marker_it_would_cover():
     assert (layout.x[3] - layout.x[2]) * scale < label_px(" aspect") + marker_px("accepted", 80)  # it would cover
     assert layout.x[2] > layout.x[0]  # the edge comes in from the left: its label went right before
     assert drawn_labels(fig)[2][1] == "middle left"
+
+
+def test_a_special_token_too_long_for_its_label_shows_its_sign_not_a_cut_name():
+    """A cold reader met three names for the end token (‹end› in the heatmap, '<|im_…' in the tree, '<|im_e…'):
+    cut, a tokenizer's marker becomes the heatmap's sign; whole where it fits; a visitor's short literal '<b>' and
+    ordinary text stay as they are."""
+    from present.style import visible_token
+
+    assert visible_token("<|im_end|>", 7) == "‹end›" and visible_token("<|im_start|>", 8) == "‹start›"
+    assert visible_token("<|im_end|>", 12) == "<|im_end|>"  # fits: the token's own text
+    assert visible_token("<|im_start|>", 5) == "<|im…"  # not even the sign fits
+    assert visible_token("<b>", 3) == "<b>" and visible_token(" a<b>long", 5) == "␣a<b…"
