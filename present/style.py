@@ -29,8 +29,8 @@ SYMBOL_NOTES = {"␣": "␣ = space", "↵": "↵ = new line", "⇥": "⇥ = tab
 
 
 def visible_token(text: str, max_len: int = 10) -> str:
-    """A token string as a label shows it (not HTML-escaped yet): spaces '␣', newlines '↵', tabs '⇥', cut to max_len
-    (a special token that would be cut: its short sign, `short_special`; one that fits stays whole)."""
+    """A token string as a label shows it (not HTML-escaped yet): spaces '␣', newlines '↵', tabs '⇥', cut to
+    max_len (a special token that would be cut: its short sign, `short_special`; one that fits stays whole)."""
     shown = text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "")
     if shown == "":
         shown = "∅"

@@ -79,7 +79,8 @@ def bmv_product(chunk: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(chunk, weight) if chunk.shape[0] == 1 else bmm_product(chunk, weight)
 
 
-PRODUCTS: dict[str, Product] = {MM: mm_product, BMM: bmm_product, BMV: bmv_product}  # what every device has (kernels.py adds oneDNN)
+# what every device has (kernels.py adds oneDNN)
+PRODUCTS: dict[str, Product] = {MM: mm_product, BMM: bmm_product, BMV: bmv_product}
 
 
 def chunked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int,
